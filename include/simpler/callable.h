@@ -1,0 +1,72 @@
+// Kernels and chip callables. A KernelLibrary maps func_ids to kernels (loaded
+// from .so files or registered in-process); a ChipCallable bundles an
+// orchestration function, its kernels and its signature, identified by a
+// SHA-256 digest of its contents. Built on one thread, then immutable.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "simpler/kernel.h"
+#include "simpler/task_args.h"
+
+namespace simpler {
+
+class ChipOrchestrator;
+
+using Digest = std::array<uint8_t, 32>;
+std::string digest_hex(const Digest& d);
+
+struct KernelInfo {
+  uint32_t func_id = 0;
+  CoreType core = CoreType::AIV;
+  std::string name;        // symbol or file name, part of the identity
+  simpler_kernel_fn fn = nullptr;
+  Digest content{};        // SHA-256 of the .so bytes, or of the name for in-process kernels
+};
+
+class KernelLibrary {
+ public:
+  // Loads one kernel .so exporting kernel_entry (see simpler_add_kernel).
+  Status add_file(uint32_t func_id, CoreType core, const std::string& path);
+  // Registers an in-process function; `name` must identify its code.
+  Status add_function(uint32_t func_id, CoreType core, std::string name, simpler_kernel_fn fn);
+
+  const KernelInfo* find(uint32_t func_id) const;
+  const std::map<uint32_t, KernelInfo>& all() const { return kernels_; }
+
+ private:
+  std::map<uint32_t, KernelInfo> kernels_;
+  std::vector<std::shared_ptr<void>> handles_;  // dlopen handles, closed with the last copy
+};
+
+// The orchestration of a chip callable: submits tasks for one run. A returned
+// error fails the run before anything is launched.
+using OrchestrationFn = std::function<Status(ChipOrchestrator& o, const TaskArgs& run_args)>;
+
+class ChipCallable {
+ public:
+  ChipCallable(std::string name, OrchestrationFn orchestrate, KernelLibrary kernels,
+               std::vector<Param> signature);
+
+  const std::string& name() const { return name_; }
+  const OrchestrationFn& orchestrate() const { return orchestrate_; }
+  const KernelLibrary& kernels() const { return kernels_; }
+  const std::vector<Param>& signature() const { return signature_; }
+  // SHA-256 over the name, the signature and every kernel's identity.
+  const Digest& digest() const { return digest_; }
+
+ private:
+  std::string name_;
+  OrchestrationFn orchestrate_;
+  KernelLibrary kernels_;
+  std::vector<Param> signature_;
+  Digest digest_{};
+};
+
+}  // namespace simpler

@@ -1,0 +1,12 @@
+// Umbrella header of simpler's public API. Include this and link simpler::simpler.
+#pragma once
+
+#include "simpler/callable.h"
+#include "simpler/kernel.h"
+#include "simpler/orchestrator.h"
+#include "simpler/status.h"
+#include "simpler/task_args.h"
+#include "simpler/tensor.h"
+#include "simpler/types.h"
+#include "simpler/version.h"
+#include "simpler/worker.h"

@@ -1,0 +1,59 @@
+// TaskArgs: the ordered arguments of a run or a task (tensors with tags, and
+// scalars). A value type, built by one thread and then read-only.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "simpler/tensor.h"
+
+namespace simpler {
+
+inline constexpr size_t kMaxTaskArgs = 32;
+
+struct TaskArg {
+  enum class Kind : uint8_t { Tensor = 0, Scalar = 1 };
+  Kind kind = Kind::Scalar;
+  Tag tag = Tag::NoDep;  // tensors only
+  TensorView tensor;     // tensors only
+  uint64_t scalar = 0;   // scalars only: raw 64 bits
+};
+
+class TaskArgs {
+ public:
+  TaskArgs& add_tensor(const TensorView& view, Tag tag);
+  // A runtime-allocated output of the given shape (Tag::Output, no buffer).
+  TaskArgs& add_output(const std::vector<int64_t>& shape, DType dtype);
+  TaskArgs& add_scalar(int64_t v);
+  TaskArgs& add_scalar_u64(uint64_t v);
+  TaskArgs& add_scalar_f64(double v);
+  TaskArgs& add_scalar_f32(float v);
+
+  size_t size() const { return args_.size(); }
+  bool empty() const { return args_.empty(); }
+  const TaskArg& operator[](size_t i) const { return args_[i]; }
+  TaskArg& operator[](size_t i) { return args_[i]; }
+  const std::vector<TaskArg>& all() const { return args_; }
+  void clear() { args_.clear(); }
+
+  // Each argument well-formed: at most kMaxTaskArgs, tensors valid and inside
+  // their buffers (unless an unbound Output). Names the offending index.
+  Status validate() const;
+
+ private:
+  std::vector<TaskArg> args_;
+};
+
+// One parameter of a callable's signature: a tensor with its direction, or a
+// scalar. Run arguments are checked against it at submit.
+struct Param {
+  TaskArg::Kind kind = TaskArg::Kind::Scalar;
+  Tag tag = Tag::NoDep;
+  static Param input() { return {TaskArg::Kind::Tensor, Tag::Input}; }
+  static Param output() { return {TaskArg::Kind::Tensor, Tag::OutputExisting}; }
+  static Param inout() { return {TaskArg::Kind::Tensor, Tag::InOut}; }
+  static Param scalar() { return {TaskArg::Kind::Scalar, Tag::NoDep}; }
+};
+
+}  // namespace simpler

@@ -1,0 +1,76 @@
+// Doorbell: a futex word to park on, and the spin-then-park wait every simpler
+// thread uses. Any thread may ring; any thread may wait. The word may live in
+// process-shared memory (the futex calls are not FUTEX_PRIVATE). Owns nothing.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#include "base/clock.h"
+
+namespace simpler {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// sched_yield(): lets another runnable thread (a simulated core) have this CPU.
+void yield_cpu();
+
+class Doorbell {
+ public:
+  // The value to pass to park(): read it, re-check the condition, then park.
+  uint32_t arm() { return seq_.load(std::memory_order_seq_cst); }
+  // Wakes every parked waiter; costs one atomic load when nobody is parked.
+  void ring();
+  // Parks until ring() was called after arm() returned `armed`, or until
+  // `deadline_ns` (absolute now_ns() time, 0 = none) passes. Spurious returns happen.
+  void park(uint32_t armed, uint64_t deadline_ns = 0);
+
+ private:
+  std::atomic<uint32_t> seq_{0};
+  std::atomic<uint32_t> waiters_{0};
+};
+static_assert(sizeof(Doorbell) == 8, "Doorbell lives in shared memory");
+
+struct SpinPolicy {
+  // Busy iterations (with a pause) before each yield, and the spin window
+  // before parking. The window is what keeps a hand-off off the ~16 µs futex path.
+  uint32_t pauses_per_yield = 64;
+  uint64_t spin_ns = 20'000;
+};
+
+// Waits until ready() is true: spins for policy.spin_ns (yielding so that a
+// 2-core machine with many simulated cores makes progress), then parks on
+// `bell`, whose producers ring it after making ready() true. Returns false
+// when `deadline_ns` (0 = none) passed first.
+template <typename Ready>
+bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns = 0) {
+  if (ready()) return true;
+  const uint64_t spin_until = now_ns() + policy.spin_ns;
+  uint32_t n = 0;
+  for (;;) {
+    if (ready()) return true;
+    if (++n % policy.pauses_per_yield == 0) {
+      const uint64_t t = now_ns();
+      if (deadline_ns != 0 && t >= deadline_ns) return false;
+      if (t >= spin_until) break;
+      yield_cpu();
+    } else {
+      cpu_relax();
+    }
+  }
+  for (;;) {
+    const uint32_t armed = bell.arm();
+    if (ready()) return true;
+    if (deadline_ns != 0 && now_ns() >= deadline_ns) return false;
+    bell.park(armed, deadline_ns);
+  }
+}
+
+}  // namespace simpler

@@ -1,0 +1,31 @@
+// RunState: the shared completion record behind a RunHandle. Completed exactly
+// once by whichever thread finishes the run (an AICPU thread, or the submitting
+// thread for a refusal); read by any number of waiters on any thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+
+#include "base/doorbell.h"
+#include "simpler/worker.h"
+
+namespace simpler::detail {
+
+struct RunState {
+  explicit RunState(uint64_t id) : run_id(id) {}
+
+  // Publishes the terminal result; a second call is a broken invariant and aborts.
+  void complete(Status status, const RunStats& stats);
+  bool is_done() const { return done.load(std::memory_order_acquire) != 0; }
+
+  const uint64_t run_id;
+  std::atomic<uint32_t> done{0};
+  Doorbell bell;
+  Status result;   // written before `done`, immutable after
+  RunStats stats;  // likewise
+};
+
+// A handle that is already terminal with `status` (a refused submission).
+RunHandle refused_run(uint64_t run_id, Status status);
+
+}  // namespace simpler::detail

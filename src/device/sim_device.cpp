@@ -1,0 +1,73 @@
+#include "device/sim_device.h"
+
+namespace simpler {
+
+Result<std::unique_ptr<SimDevice>> SimDevice::create(const Geometry& geometry, uint64_t memory_bytes) {
+  if (Status s = geometry.validate(); !s.ok()) return s;
+  auto memory = GlobalMemory::create(memory_bytes);
+  if (!memory.ok()) return memory.status();
+  return std::unique_ptr<SimDevice>(new SimDevice(geometry, std::move(memory).value()));
+}
+
+SimDevice::SimDevice(Geometry geometry, std::unique_ptr<GlobalMemory> memory)
+    : geometry_(std::move(geometry)),
+      memory_(std::move(memory)),
+      bells_(new PaddedBell[geometry_.aicpu_threads]) {
+  for (uint32_t c = 0; c < geometry_.clusters; ++c) {
+    Doorbell* owner = &bells_[owner_of_cluster(c)].bell;
+    cores_.push_back(std::make_unique<Core>(3 * c, CoreType::AIC, c, owner));
+    cores_.push_back(std::make_unique<Core>(3 * c + 1, CoreType::AIV, c, owner));
+    cores_.push_back(std::make_unique<Core>(3 * c + 2, CoreType::AIV, c, owner));
+  }
+}
+
+SimDevice::~SimDevice() { stop(); }
+
+void SimDevice::start(AicpuProgram* program) {
+  program_ = program;
+  stop_.store(false);
+  for (auto& c : cores_) c->start(policy_);
+  for (uint32_t a = 0; a < geometry_.aicpu_threads; ++a) {
+    aicpu_.emplace_back([this, a] { aicpu_loop(a); });
+  }
+}
+
+void SimDevice::stop() {
+  if (aicpu_.empty()) return;
+  stop_.store(true, std::memory_order_seq_cst);
+  ring_all_aicpu();
+  for (auto& t : aicpu_) t.join();
+  aicpu_.clear();
+  for (auto& c : cores_) c->stop();
+}
+
+void SimDevice::ring_all_aicpu() {
+  for (uint32_t a = 0; a < geometry_.aicpu_threads; ++a) bells_[a].bell.ring();
+}
+
+void SimDevice::aicpu_loop(uint32_t index) {
+  Doorbell& bell = bells_[index].bell;
+  uint64_t idle_since = 0;
+  uint32_t idle_polls = 0;
+  while (!stop_.load(std::memory_order_acquire)) {
+    // Armed before polling: a ring that lands after this point (a FIN, a launch)
+    // makes the park below return at once, so no wake-up is lost.
+    const uint32_t armed = bell.arm();
+    if (program_->poll(index)) {
+      idle_since = 0;
+      idle_polls = 0;
+      continue;
+    }
+    const uint64_t t = now_ns();
+    if (idle_since == 0) idle_since = t;
+    if (t - idle_since < policy_.spin_ns) {
+      if (++idle_polls % 8 == 0) yield_cpu(); else cpu_relax();
+      continue;
+    }
+    parks_.fetch_add(1, std::memory_order_relaxed);
+    bell.park(armed);
+    idle_since = 0;
+  }
+}
+
+}  // namespace simpler

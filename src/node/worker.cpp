@@ -1,0 +1,115 @@
+#include "simpler/worker.h"
+
+#include "base/errors.h"
+#include "chip/chip_worker.h"
+
+namespace simpler {
+
+struct Worker::Impl {
+  enum class Phase { Created, Ready, Closed };
+
+  Impl(Level l, WorkerConfig c) : level(l), config(std::move(c)) {}
+
+  Status require_ready(const char* what) const {
+    if (phase == Phase::Created) return failed_precondition("{}: call init() first", what);
+    if (phase == Phase::Closed) return failed_precondition("{}: the worker is closed", what);
+    return Status();
+  }
+
+  const Level level;
+  const WorkerConfig config;
+  Phase phase = Phase::Created;
+  std::vector<ChipCallable> callables;
+  std::unique_ptr<ChipWorker> chip;
+};
+
+Worker::Worker(Level level, WorkerConfig config) : impl_(std::make_unique<Impl>(level, std::move(config))) {}
+
+Worker::~Worker() { (void)close(); }
+
+Level Worker::level() const { return impl_->level; }
+const WorkerConfig& Worker::config() const { return impl_->config; }
+
+Result<CallableHandle> Worker::register_callable(ChipCallable callable) {
+  if (impl_->phase != Impl::Phase::Created) {
+    return failed_precondition("register_callable('{}'): callables are registered before init()", callable.name());
+  }
+  if (callable.name().empty()) return invalid_argument("register_callable: name is empty");
+  if (!callable.orchestrate()) return invalid_argument("register_callable('{}'): orchestrate is empty", callable.name());
+  if (callable.signature().size() > kMaxTaskArgs) {
+    return invalid_argument("register_callable('{}'): signature has {} parameters, the limit is {}", callable.name(),
+                            callable.signature().size(), kMaxTaskArgs);
+  }
+  for (const ChipCallable& c : impl_->callables) {
+    if (c.name() == callable.name()) {
+      return invalid_argument("register_callable('{}'): a callable with this name is already registered",
+                              callable.name());
+    }
+  }
+  CallableHandle h{static_cast<uint32_t>(impl_->callables.size()), callable.digest()};
+  impl_->callables.push_back(std::move(callable));
+  return h;
+}
+
+Status Worker::init() {
+  if (impl_->phase == Impl::Phase::Ready) return failed_precondition("init: already initialised");
+  if (impl_->phase == Impl::Phase::Closed) return failed_precondition("init: the worker is closed");
+  if (impl_->level != Level::Chip) {
+    return make_error(StatusCode::kUnimplemented,
+                      "init: Level::{} workers are not built yet (only Level::Chip is); see the node-level issue",
+                      impl_->level == Level::Node ? "Node" : "Network");
+  }
+  auto chip = ChipWorker::create(impl_->config, impl_->callables);
+  if (!chip.ok()) return chip.status();
+  impl_->chip = std::move(chip).value();
+  impl_->phase = Impl::Phase::Ready;
+  return Status();
+}
+
+Result<DeviceBuffer> Worker::malloc(uint64_t bytes) {
+  SIMPLER_RETURN_IF_ERROR(impl_->require_ready("malloc"));
+  return impl_->chip->malloc(bytes);
+}
+
+Status Worker::free(DeviceBuffer buffer) {
+  SIMPLER_RETURN_IF_ERROR(impl_->require_ready("free"));
+  return impl_->chip->free(buffer);
+}
+
+Status Worker::copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset) {
+  SIMPLER_RETURN_IF_ERROR(impl_->require_ready("copy_to"));
+  return impl_->chip->copy_to(dst, src, bytes, dst_offset);
+}
+
+Status Worker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset) {
+  SIMPLER_RETURN_IF_ERROR(impl_->require_ready("copy_from"));
+  return impl_->chip->copy_from(dst, src, bytes, src_offset);
+}
+
+Result<MemoryInfo> Worker::memory_info() const {
+  SIMPLER_RETURN_IF_ERROR(impl_->require_ready("memory_info"));
+  return impl_->chip->memory_info();
+}
+
+RunHandle Worker::submit(CallableHandle callable, const TaskArgs& args) {
+  if (Status st = impl_->require_ready("submit"); !st.ok()) return detail::refused_run(0, st);
+  if (callable.id >= impl_->callables.size() || impl_->callables[callable.id].digest() != callable.digest) {
+    return detail::refused_run(0, not_found("submit: callable id {} (digest {}) is not registered with this worker",
+                                            callable.id, digest_hex(callable.digest).substr(0, 16)));
+  }
+  return impl_->chip->submit(callable.id, args);
+}
+
+Status Worker::run(CallableHandle callable, const TaskArgs& args) { return submit(callable, args).wait(); }
+
+Status Worker::close() {
+  if (impl_->phase == Impl::Phase::Closed) return Status();
+  Status st;
+  if (impl_->chip != nullptr) st = impl_->chip->close(std::chrono::milliseconds(60'000));
+  if (st.ok()) impl_->chip.reset();
+  else (void)impl_->chip.release();  // abandoned: its threads may still run
+  impl_->phase = Impl::Phase::Closed;
+  return st;
+}
+
+}  // namespace simpler

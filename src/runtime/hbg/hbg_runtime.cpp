@@ -1,0 +1,334 @@
+#include "runtime/hbg/hbg_runtime.h"
+
+#include <cstring>
+#include <new>
+
+#include "base/errors.h"
+#include "runtime/hbg/graph_builder.h"
+
+namespace simpler::hbg {
+
+namespace {
+constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+
+uint64_t slot_bytes(const Capacity& c) {
+  return align_up(sizeof(Task) * c.tasks, 64) + align_up(sizeof(DeviceTensor) * c.descriptors, 64) +
+         align_up(sizeof(uint32_t) * c.edges, 64) + align_up(sizeof(uint32_t) * c.edges, 64);
+}
+}  // namespace
+
+Result<std::unique_ptr<HbgRuntime>> HbgRuntime::create(SimDevice& device, uint32_t slots, uint32_t max_tasks,
+                                                       RunDoneFn on_done) {
+  if (slots == 0) return invalid_argument("pipeline_depth = 0: at least one run-resource set is needed");
+  if (max_tasks == 0 || max_tasks > (1u << 24)) {
+    return invalid_argument("max_tasks_per_run = {} is outside [1, 2^24]", max_tasks);
+  }
+  const Capacity cap{max_tasks, max_tasks * 4, max_tasks * 8};
+  const uint64_t need = slot_bytes(cap) * slots;
+  if (need > device.memory().free_bytes()) {
+    return resource_exhausted(
+        "pipeline_depth = {} x max_tasks_per_run = {} needs {} bytes of device memory for graphs, {} are free", slots,
+        max_tasks, need, device.memory().free_bytes());
+  }
+  std::unique_ptr<HbgRuntime> rt(new HbgRuntime(device, cap, slots, std::move(on_done)));
+  for (uint32_t i = 0; i < slots; ++i) {
+    auto addr = device.memory().allocate(slot_bytes(cap));
+    if (!addr.ok()) return addr.status();
+    auto s = std::make_unique<Slot>();
+    s->index = i;
+    s->gm_addr = *addr;
+    auto* p = reinterpret_cast<uint8_t*>(*addr);
+    s->tasks = reinterpret_cast<Task*>(p);
+    for (uint32_t t = 0; t < cap.tasks; ++t) new (&s->tasks[t]) Task();
+    p += align_up(sizeof(Task) * cap.tasks, 64);
+    s->descriptors = reinterpret_cast<DeviceTensor*>(p);
+    p += align_up(sizeof(DeviceTensor) * cap.descriptors, 64);
+    s->fanout = reinterpret_cast<uint32_t*>(p);
+    p += align_up(sizeof(uint32_t) * cap.edges, 64);
+    s->uses = reinterpret_cast<uint32_t*>(p);
+    s->pred_mark.assign(cap.tasks, 0);
+    s->counts.assign(cap.tasks + 1, 0);
+    s->intermediates.reset(new Intermediate[cap.tasks * 2]);
+    rt->slots_.push_back(std::move(s));
+  }
+  return rt;
+}
+
+HbgRuntime::HbgRuntime(SimDevice& device, Capacity capacity, uint32_t slots, RunDoneFn on_done)
+    : device_(device),
+      capacity_(capacity),
+      on_done_(std::move(on_done)),
+      aic_queue_(size_t{slots} * capacity.tasks),
+      aiv_queue_(size_t{slots} * capacity.tasks),
+      mix_queue_(size_t{slots} * capacity.tasks),
+      inflight_(device.core_count()),
+      next_token_(device.core_count(), 0),
+      aicpu_(new AicpuState[device.geometry().aicpu_threads]) {
+  for (uint32_t c = 0; c < device.geometry().clusters; ++c) aicpu_[device.owner_of_cluster(c)].clusters.push_back(c);
+}
+
+HbgRuntime::~HbgRuntime() {
+  for (auto& s : slots_) (void)device_.memory().free(s->gm_addr);
+}
+
+void HbgRuntime::reset_slot(Slot& s) {
+  s.task_count = 0;
+  s.desc_count = 0;
+  s.edges.clear();
+  s.use_pairs.clear();
+  std::fill(s.pred_mark.begin(), s.pred_mark.end(), 0);
+  s.accesses.clear();
+  s.intermediate_count = 0;
+  s.intermediate_of.clear();
+  s.scopes.clear();
+  s.build_error = Status();
+  s.executed.store(0, std::memory_order_relaxed);
+  s.released_early.store(0, std::memory_order_relaxed);
+  s.failed.store(false, std::memory_order_relaxed);
+  s.first_error = Status();
+}
+
+void HbgRuntime::release_intermediates(Slot& s) {
+  for (uint32_t i = 0; i < s.intermediate_count; ++i) {
+    Intermediate& im = s.intermediates[i];
+    if (im.addr != 0) {
+      (void)device_.memory().free(im.addr);
+      im.addr = 0;
+    }
+  }
+}
+
+Status HbgRuntime::build(uint32_t slot, const ChipCallable& callable, const TaskArgs& run_args) {
+  Slot& s = *slots_[slot];
+  reset_slot(s);
+  s.callable = &callable;
+  GraphBuilder builder(*this, s);
+  Status st;
+  try {
+    st = callable.orchestrate()(builder, run_args);
+  } catch (const std::exception& e) {
+    st = Status(StatusCode::kInternal, fmt::format("orchestration of '{}' threw: {}", callable.name(), e.what()));
+  }
+  if (st.ok()) st = s.build_error;
+  if (st.ok() && s.edges.size() > capacity_.edges) {
+    st = resource_exhausted("graph capacity: the run has {} dependency edges, more than {} (8 x max_tasks_per_run)",
+                            s.edges.size(), capacity_.edges);
+  }
+  if (st.ok() && s.use_pairs.size() > capacity_.edges) {
+    st = resource_exhausted("graph capacity: the run has {} intermediate uses, more than {}", s.use_pairs.size(),
+                            capacity_.edges);
+  }
+  if (!st.ok()) {
+    release_intermediates(s);
+    s.intermediate_count = 0;
+    return st;
+  }
+  finalize_graph(s);
+  return Status();
+}
+
+void HbgRuntime::finalize_graph(Slot& s) {
+  const uint32_t n = s.task_count;
+  // Fanout lists in CSR form, by counting sort on the source task.
+  std::fill(s.counts.begin(), s.counts.begin() + n + 1, 0);
+  for (auto [from, to] : s.edges) ++s.counts[from + 1];
+  for (uint32_t t = 0; t < n; ++t) s.counts[t + 1] += s.counts[t];
+  for (uint32_t t = 0; t < n; ++t) {
+    Task& task = s.tasks[t];
+    task.fanout_begin = s.counts[t];
+    task.fanout_count = s.counts[t + 1] - s.counts[t];
+    task.fanin = 0;
+  }
+  for (auto [from, to] : s.edges) {
+    s.fanout[s.counts[from]++] = to;
+    ++s.tasks[to].fanin;
+  }
+  // use_pairs are appended in task order, so they are already grouped.
+  uint32_t u = 0;
+  for (uint32_t t = 0; t < n; ++t) {
+    Task& task = s.tasks[t];
+    task.uses_begin = u;
+    while (u < s.use_pairs.size() && s.use_pairs[u].first == t) {
+      s.uses[u] = s.use_pairs[u].second;
+      ++u;
+    }
+    task.uses_count = u - task.uses_begin;
+    task.fanin_left.store(task.fanin, std::memory_order_relaxed);
+    task.subtasks_left.store(task.kind == TaskKind::Mix ? 3 : 1, std::memory_order_relaxed);
+    task.poisoned.store(0, std::memory_order_relaxed);
+  }
+}
+
+void HbgRuntime::launch(uint32_t slot) {
+  Slot& s = *slots_[slot];
+  s.launch_ns = now_ns();
+  if (s.task_count == 0) {
+    finish_run(s);
+    return;
+  }
+  s.remaining.store(s.task_count, std::memory_order_release);
+  std::vector<ReadyItem> roots[3];
+  for (uint32_t t = 0; t < s.task_count; ++t) {
+    if (s.tasks[t].fanin == 0) roots[static_cast<int>(s.tasks[t].kind)].push_back({slot, t});
+  }
+  ReadyQueue* queues[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
+  for (int k = 0; k < 3; ++k) {
+    if (!roots[k].empty()) queues[k]->push_many(roots[k].data(), roots[k].size());
+  }
+  device_.ring_all_aicpu();
+}
+
+void HbgRuntime::record_error(Slot& s, Status st) {
+  std::lock_guard<std::mutex> lock(s.error_mu);
+  if (s.first_error.ok()) s.first_error = std::move(st);
+  s.failed.store(true, std::memory_order_release);
+}
+
+void HbgRuntime::dispatch(uint32_t core, ReadyItem item, uint32_t sub) {
+  Slot& s = *slots_[item.slot];
+  Task& task = s.tasks[item.task];
+  Inflight& f = inflight_[core];
+  f.slot = item.slot;
+  f.task = item.task;
+  f.token = ++next_token_[core];
+  f.busy = true;
+  CoreRegisters& r = device_.core(core).regs();
+  r.fn = task.fn[sub];
+  r.args = task.args;
+  r.task.store((uint64_t{sub} << 32) | f.token, std::memory_order_release);
+  r.bell.ring();
+}
+
+void HbgRuntime::complete_subtask(uint32_t core, bool kernel_failed, std::vector<ReadyItem>& ready) {
+  Inflight& f = inflight_[core];
+  f.busy = false;
+  Slot& s = *slots_[f.slot];
+  Task& task = s.tasks[f.task];
+  s.executed.fetch_add(1, std::memory_order_relaxed);
+  if (kernel_failed) {
+    Core& c = device_.core(core);
+    const uint32_t sub = static_cast<uint32_t>(c.regs().task.load(std::memory_order_relaxed) >> 32);
+    record_error(s, Status(StatusCode::kKernelFailed,
+                           fmt::format("task {} (func_id {} on {} core {}) failed: {}", f.task, task.func_id[sub],
+                                       core_type_name(c.type()), core, c.regs().error)));
+    task.poisoned.store(1, std::memory_order_relaxed);
+  }
+  if (task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    finish_task(s, f.task, task.poisoned.load(std::memory_order_acquire) != 0, ready);
+  }
+}
+
+void HbgRuntime::finish_task(Slot& s, uint32_t first, bool first_failed, std::vector<ReadyItem>& ready) {
+  // Poisoned successors finish without running; walk them iteratively so a
+  // long poisoned chain cannot overflow the stack.
+  std::vector<uint32_t> poisoned_done;
+  uint32_t t = first;
+  bool failed = first_failed;
+  uint32_t finished = 0;
+  for (;;) {
+    const Task& task = s.tasks[t];
+    for (uint32_t i = 0; i < task.uses_count; ++i) {
+      Intermediate& im = s.intermediates[s.uses[task.uses_begin + i]];
+      if (im.refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        (void)device_.memory().free(im.addr);
+        im.addr = 0;
+        s.released_early.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    for (uint32_t i = 0; i < task.fanout_count; ++i) {
+      const uint32_t succ = s.fanout[task.fanout_begin + i];
+      Task& st = s.tasks[succ];
+      if (failed) st.poisoned.store(1, std::memory_order_relaxed);
+      if (st.fanin_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        if (st.poisoned.load(std::memory_order_acquire) != 0) {
+          poisoned_done.push_back(succ);
+        } else {
+          ready.push_back({s.index, succ});
+        }
+      }
+    }
+    ++finished;
+    if (poisoned_done.empty()) break;
+    t = poisoned_done.back();
+    poisoned_done.pop_back();
+    failed = true;
+  }
+  // Successors must be queued before `remaining` can reach zero and hand the slot back.
+  publish_ready(ready);
+  if (s.remaining.fetch_sub(finished, std::memory_order_acq_rel) == finished) finish_run(s);
+}
+
+void HbgRuntime::publish_ready(std::vector<ReadyItem>& ready) {
+  if (ready.empty()) return;
+  ReadyItem by_kind[3][64];
+  size_t n[3] = {0, 0, 0};
+  ReadyQueue* queues[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
+  for (const ReadyItem& it : ready) {
+    const int k = static_cast<int>(slots_[it.slot]->tasks[it.task].kind);
+    by_kind[k][n[k]++] = it;
+    if (n[k] == 64) {
+      queues[k]->push_many(by_kind[k], n[k]);
+      n[k] = 0;
+    }
+  }
+  for (int k = 0; k < 3; ++k) {
+    if (n[k] != 0) queues[k]->push_many(by_kind[k], n[k]);
+  }
+  ready.clear();
+  device_.ring_all_aicpu();
+}
+
+void HbgRuntime::finish_run(Slot& s) {
+  RunOutcome out;
+  out.tasks = s.task_count;
+  out.executed = s.executed.load(std::memory_order_relaxed);
+  out.released_early = s.released_early.load(std::memory_order_relaxed);
+  out.launch_ns = s.launch_ns;
+  {
+    std::lock_guard<std::mutex> lock(s.error_mu);
+    out.status = s.first_error;
+  }
+  release_intermediates(s);
+  out.end_ns = now_ns();
+  on_done_(s.index, std::move(out));
+}
+
+bool HbgRuntime::poll(uint32_t aicpu) {
+  AicpuState& st = aicpu_[aicpu];
+  std::vector<ReadyItem>& ready = st.scratch;
+  bool progress = false;
+  for (uint32_t c : st.clusters) {
+    for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
+      Inflight& f = inflight_[core];
+      if (!f.busy) continue;
+      const uint64_t status = device_.core(core).regs().status.load(std::memory_order_acquire);
+      if ((status >> CoreRegisters::kStateShift) != 2 || (status & CoreRegisters::kTokenMask) != f.token) continue;
+      complete_subtask(core, (status & CoreRegisters::kFailedBit) != 0, ready);
+      progress = true;
+    }
+  }
+  publish_ready(ready);
+  for (uint32_t c : st.clusters) {
+    const uint32_t aic = 3 * c;
+    const bool cluster_idle = !inflight_[aic].busy && !inflight_[aic + 1].busy && !inflight_[aic + 2].busy;
+    ReadyItem item;
+    if (cluster_idle && !mix_queue_.empty_hint() && mix_queue_.pop(item)) {
+      for (uint32_t sub = 0; sub < 3; ++sub) dispatch(aic + sub, item, sub);
+      progress = true;
+      continue;
+    }
+    if (!inflight_[aic].busy && aic_queue_.pop(item)) {
+      dispatch(aic, item, 0);
+      progress = true;
+    }
+    for (uint32_t core = aic + 1; core < aic + 3; ++core) {
+      if (!inflight_[core].busy && aiv_queue_.pop(item)) {
+        dispatch(core, item, 0);
+        progress = true;
+      }
+    }
+  }
+  return progress;
+}
+
+}  // namespace simpler::hbg

@@ -1,0 +1,36 @@
+// ReadyQueue: a bounded FIFO of ready tasks of one kind, shared by the AICPU
+// threads (push and pop from any of them) and by the launching host thread.
+// Sized once to the most tasks that can ever be ready at once; never allocates after.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace simpler::hbg {
+
+// (slot, task) of one ready task.
+struct ReadyItem {
+  uint32_t slot;
+  uint32_t task;
+};
+
+class ReadyQueue {
+ public:
+  explicit ReadyQueue(size_t capacity);
+  // Never fails: capacity covers every task of every slot.
+  void push(ReadyItem item);
+  void push_many(const ReadyItem* items, size_t n);
+  bool pop(ReadyItem& out);
+  // A hint, read without the lock, so idle pollers skip it cheaply.
+  bool empty_hint() const { return size_.load(std::memory_order_acquire) == 0; }
+
+ private:
+  std::mutex mu_;
+  std::vector<ReadyItem> ring_;
+  size_t head_ = 0;
+  std::atomic<size_t> size_{0};
+};
+
+}  // namespace simpler::hbg

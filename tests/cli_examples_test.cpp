@@ -1,0 +1,190 @@
+// Tests of the examples library (run in-process, every output verified) and of
+// the `simpler` binary's exit codes and messages (run as a child under
+// `timeout`). Every blocking step has a deadline.
+#include <sys/wait.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "examples.h"
+
+namespace simpler::examples {
+namespace {
+
+// Kills the test process if a test body outlives its deadline, so a hang in
+// Worker::close (which no wait_for can bound) still fails fast.
+class Deadline {
+ public:
+  explicit Deadline(std::chrono::seconds limit)
+      : thread_([this, limit] {
+          std::unique_lock lock(mu_);
+          if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
+            std::fprintf(stderr, "deadline of %lld s exceeded\n", static_cast<long long>(limit.count()));
+            std::_Exit(124);
+          }
+        }) {}
+  ~Deadline() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+ExampleOptions small_options(int runs, int depth) {
+  ExampleOptions o;
+  o.runs = runs;
+  o.pipeline_depth = depth;
+  o.run_timeout = std::chrono::seconds(30);
+  return o;
+}
+
+TEST(Examples, EveryExampleVerifiesOnSmall) {
+  Deadline deadline(std::chrono::seconds(120));
+  for (const std::string& name : example_names()) {
+    Result<ExampleReport> r = run_example(name, small_options(4, 2));
+    ASSERT_TRUE(r.ok()) << name << ": " << r.status().to_string();
+    EXPECT_TRUE(r->verified) << name << ": " << r->detail;
+    EXPECT_EQ(r->runs, 4) << name;
+    EXPECT_GT(r->tasks, 0u) << name;
+  }
+}
+
+TEST(Examples, MatmulChainHasHundredsOfTasksPerRun) {
+  Deadline deadline(std::chrono::seconds(60));
+  Result<ExampleReport> r = run_example("matmul_chain", small_options(1, 1));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->verified) << r->detail;
+  EXPECT_GE(r->tasks, 300u);
+  EXPECT_LE(r->tasks, 600u);
+}
+
+TEST(Examples, MatmulChainVerifiesOnA2a3WithDeepPipeline) {
+  Deadline deadline(std::chrono::seconds(120));
+  ExampleOptions o = small_options(6, 6);
+  o.geometry = Geometry::a2a3();
+  Result<ExampleReport> r = run_example("matmul_chain", o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->verified) << r->detail;
+}
+
+TEST(Examples, KernelFailureReportsTheKernelsMessage) {
+  Deadline deadline(std::chrono::seconds(60));
+  Result<ExampleReport> r = run_example("kernel_failure", small_options(2, 1));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->verified) << r->detail;
+  EXPECT_NE(r->detail.find("x[1234] = -1 is negative"), std::string::npos) << r->detail;
+}
+
+TEST(Examples, ProgressIsReportedPerRun) {
+  Deadline deadline(std::chrono::seconds(60));
+  ExampleOptions o = small_options(3, 2);
+  int calls = 0;
+  int last_done = 0;
+  o.progress = [&](const ExampleProgress& p) {
+    ++calls;
+    last_done = p.runs_done;
+    EXPECT_EQ(p.runs_total, 3);
+  };
+  Result<ExampleReport> r = run_example("vector_add", o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(last_done, 3);
+}
+
+TEST(Examples, RefusesUnknownNamesAndBadOptions) {
+  Deadline deadline(std::chrono::seconds(30));
+  Result<ExampleReport> unknown = run_example("no_such_example", small_options(1, 1));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
+  Result<ExampleReport> depth = run_example("vector_add", small_options(1, 0));
+  ASSERT_FALSE(depth.ok());
+  EXPECT_EQ(depth.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(depth.status().message().find("pipeline_depth"), std::string::npos);
+}
+
+struct Child {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs the built `simpler` with `args` under `timeout 60`; `env` prefixes the command.
+Child run_cli(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " timeout 60 " SIMPLER_CLI_PATH " " + args + " 2>&1";
+  Child c{-1, {}};
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return c;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) c.output.append(buf, n);
+  const int status = pclose(pipe);
+  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return c;
+}
+
+TEST(Cli, BadUsageExitsTwoNamingTheFlag) {
+  struct Case {
+    const char* args;
+    const char* names;
+  };
+  const Case cases[] = {
+      {"--bogus", "--bogus"},
+      {"run vector_add --bogus", "--bogus"},
+      {"run no_such_example", "example"},
+      {"run vector_add --runs abc", "--runs"},
+      {"run vector_add --runs 0", "--runs"},
+      {"run vector_add --runs -3", "--runs"},
+      {"run vector_add --pipeline-depth 0", "--pipeline-depth"},
+      {"run vector_add --geometry huge", "--geometry"},
+      {"run", "example"},
+      {"bench --bogus", "--bogus"},
+      {"", "subcommand"},
+  };
+  for (const Case& c : cases) {
+    Child r = run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << "simpler " << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.names), std::string::npos) << "simpler " << c.args << "\n" << r.output;
+  }
+}
+
+TEST(Cli, HelpAndInfoSucceed) {
+  Child help = run_cli("--help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_NE(help.output.find("demo"), std::string::npos) << help.output;
+  Child info = run_cli("info");
+  EXPECT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find("a2a3"), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("build:"), std::string::npos) << info.output;
+}
+
+TEST(Cli, RunVerifiesAndStaysQuietWithoutATerminal) {
+  Child r = run_cli("run matmul_chain --runs 2 --pipeline-depth 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(" ok"), std::string::npos) << r.output;
+  // stderr is a pipe here, so no progress line may be drawn.
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
+}
+
+TEST(Cli, MissingKernelsFailWithTheDirectoryNamed) {
+  Child r = run_cli("run vector_add --runs 1", "SIMPLER_KERNEL_DIR=/nonexistent/kernels");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/kernels"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace simpler::examples
