@@ -1,0 +1,53 @@
+# Thin front door over the CMake presets. `make demo` and `make test` each work
+# on a fresh machine: they install missing Debian packages, configure, build, run.
+SHELL := /bin/bash
+JOBS ?= $(shell nproc)
+PACKAGES := build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev \
+            libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev
+SIMPLER := build/default/src/cli/simpler
+
+.PHONY: deps configure build demo test test-asan test-tsan bench install clean
+
+deps:
+	@missing=""; for p in $(PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+build/default/build.ninja: | deps
+	cmake --preset default >/dev/null
+
+configure: build/default/build.ninja
+
+build: configure
+	cmake --build --preset default -j $(JOBS)
+
+demo: build
+	$(SIMPLER) demo
+
+test: build
+	ctest --preset default -j $(JOBS)
+
+test-asan: deps
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan -j $(JOBS)
+	ctest --preset asan -j $(JOBS)
+
+test-tsan: deps
+	cmake --preset tsan >/dev/null
+	cmake --build --preset tsan -j $(JOBS)
+	ctest --preset tsan -j $(JOBS)
+
+bench: build
+	$(SIMPLER) bench --list
+	for b in $$($(SIMPLER) bench --list | awk '{print $$1}'); do $(SIMPLER) bench --json $$b; done
+
+install: build
+	cmake --install build/default --prefix $(or $(PREFIX),/usr/local)
+
+clean:
+	rm -rf build
