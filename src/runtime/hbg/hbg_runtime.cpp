@@ -72,11 +72,12 @@ HbgRuntime::~HbgRuntime() {
 }
 
 void HbgRuntime::reset_slot(Slot& s) {
+  // Only the previous run's tasks can hold a mark.
+  std::fill(s.pred_mark.begin(), s.pred_mark.begin() + s.task_count, 0);
   s.task_count = 0;
   s.desc_count = 0;
   s.edges.clear();
   s.use_pairs.clear();
-  std::fill(s.pred_mark.begin(), s.pred_mark.end(), 0);
   s.accesses.clear();
   s.intermediate_count = 0;
   s.intermediate_of.clear();
@@ -275,7 +276,6 @@ void HbgRuntime::publish_ready(std::vector<ReadyItem>& ready) {
     if (n[k] != 0) queues[k]->push_many(by_kind[k], n[k]);
   }
   ready.clear();
-  device_.ring_all_aicpu();
 }
 
 void HbgRuntime::finish_run(Slot& s) {
@@ -307,7 +307,12 @@ bool HbgRuntime::poll(uint32_t aicpu) {
       progress = true;
     }
   }
-  publish_ready(ready);
+  // Completions published their successors already; anything this thread
+  // cannot place below is left for the others, woken at the end.
+  const bool published = progress;
+  // While mix tasks wait, one busy cluster per AICPU thread takes no single
+  // tasks, so it drains and a mix task cannot starve behind a stream of singles.
+  bool reserve_for_mix = !mix_queue_.empty_hint();
   for (uint32_t c : st.clusters) {
     const uint32_t aic = 3 * c;
     const bool cluster_idle = !inflight_[aic].busy && !inflight_[aic + 1].busy && !inflight_[aic + 2].busy;
@@ -315,6 +320,10 @@ bool HbgRuntime::poll(uint32_t aicpu) {
     if (cluster_idle && !mix_queue_.empty_hint() && mix_queue_.pop(item)) {
       for (uint32_t sub = 0; sub < 3; ++sub) dispatch(aic + sub, item, sub);
       progress = true;
+      continue;
+    }
+    if (reserve_for_mix && !cluster_idle) {
+      reserve_for_mix = false;
       continue;
     }
     if (!inflight_[aic].busy && aic_queue_.pop(item)) {
@@ -326,6 +335,11 @@ bool HbgRuntime::poll(uint32_t aicpu) {
         dispatch(core, item, 0);
         progress = true;
       }
+    }
+  }
+  if (published && (!aic_queue_.empty_hint() || !aiv_queue_.empty_hint() || !mix_queue_.empty_hint())) {
+    for (uint32_t a = 0; a < device_.geometry().aicpu_threads; ++a) {
+      if (a != aicpu) device_.ring_aicpu(a);
     }
   }
   return progress;

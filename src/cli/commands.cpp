@@ -1,0 +1,197 @@
+#include "commands.h"
+
+#include <iostream>
+
+#include <fmt/core.h>
+#include <simpler/simpler.h>
+
+#include "progress.h"
+
+#ifdef SIMPLER_HAVE_EXAMPLES
+#include "examples.h"
+#endif
+#ifdef SIMPLER_HAVE_BENCH
+#include "bench.h"
+#endif
+
+namespace simpler::cli {
+namespace {
+
+std::string describe(const Geometry& g) {
+  return fmt::format("{} ({} clusters: {} AIC + {} AIV, {} AICPU threads)", g.name, g.clusters, g.aic_cores(),
+                     g.aiv_cores(), g.aicpu_threads);
+}
+
+std::string human_rate(double per_s) {
+  if (per_s >= 1e6) return fmt::format("{:.2f}M/s", per_s / 1e6);
+  if (per_s >= 1e3) return fmt::format("{:.1f}k/s", per_s / 1e3);
+  return fmt::format("{:.0f}/s", per_s);
+}
+
+std::string human_time(double s) {
+  if (s >= 1) return fmt::format("{:.2f} s", s);
+  return fmt::format("{:.1f} ms", s * 1e3);
+}
+
+#ifdef SIMPLER_HAVE_EXAMPLES
+
+struct Row {
+  std::string name;
+  Result<examples::ExampleReport> report;
+};
+
+bool passed(const Row& row) { return row.report.ok() && row.report->verified; }
+
+void print_table(const std::vector<Row>& rows) {
+  fmt::print("{:<16} {:>5} {:>8} {:>10} {:>10}  {}\n", "example", "runs", "tasks", "wall", "tasks/s", "verdict");
+  for (const Row& row : rows) {
+    if (!row.report.ok()) {
+      fmt::print("{:<16} {:>5} {:>8} {:>10} {:>10}  {}\n", row.name, "-", "-", "-", "-", "ERROR");
+      continue;
+    }
+    const examples::ExampleReport& r = *row.report;
+    const double rate = r.wall_s > 0 ? static_cast<double>(r.tasks) / r.wall_s : 0;
+    fmt::print("{:<16} {:>5} {:>8} {:>10} {:>10}  {}\n", r.name, r.runs, r.tasks, human_time(r.wall_s),
+               human_rate(rate), r.verified ? "ok" : "MISMATCH");
+  }
+  fmt::print("\n");
+  for (const Row& row : rows) {
+    if (!row.report.ok()) {
+      fmt::print("{}: error: {}\n", row.name, row.report.status().to_string());
+    } else {
+      fmt::print("{}: {}\n", row.name, row.report->detail);
+    }
+  }
+}
+
+Row run_one(const std::string& name, examples::ExampleOptions options, ProgressLine& progress) {
+  options.progress = [&progress](const examples::ExampleProgress& p) {
+    progress.update(fmt::format("{}: {}/{} runs, {} tasks", p.name, p.runs_done, p.runs_total, p.tasks));
+  };
+  Row row{name, examples::run_example(name, options)};
+  progress.clear();
+  return row;
+}
+
+#else
+
+int no_examples() {
+  fmt::print(stderr, "simpler was built without examples (SIMPLER_BUILD_EXAMPLES=OFF)\n");
+  return kExitFailure;
+}
+
+#endif  // SIMPLER_HAVE_EXAMPLES
+
+}  // namespace
+
+std::vector<std::string> geometry_names() {
+  std::vector<std::string> names;
+  for (const Geometry& g : Geometry::presets()) names.push_back(g.name);
+  return names;
+}
+
+std::vector<std::string> example_names() {
+#ifdef SIMPLER_HAVE_EXAMPLES
+  return examples::example_names();
+#else
+  return {};
+#endif
+}
+
+int cmd_demo() {
+#ifdef SIMPLER_HAVE_EXAMPLES
+  const examples::ExampleOptions options;
+  fmt::print("simpler {} demo on the simulated chip, geometry {}\n\n", version_string(), describe(options.geometry));
+  std::fflush(stdout);
+  ProgressLine progress;
+  std::vector<Row> rows;
+  for (const std::string& name : examples::example_names()) rows.push_back(run_one(name, options, progress));
+  print_table(rows);
+  size_t ok = 0;
+  for (const Row& row : rows) ok += passed(row) ? 1 : 0;
+  fmt::print("\n{}/{} examples verified: {}\n", ok, rows.size(), ok == rows.size() ? "PASS" : "FAIL");
+  return ok == rows.size() ? kExitOk : kExitFailure;
+#else
+  return no_examples();
+#endif
+}
+
+int cmd_run(const RunFlags& flags) {
+#ifdef SIMPLER_HAVE_EXAMPLES
+  examples::ExampleOptions options;
+  Result<Geometry> geometry = Geometry::by_name(flags.geometry);
+  if (!geometry.ok()) {
+    fmt::print(stderr, "--geometry: {}\n", geometry.status().message());
+    return kExitUsage;
+  }
+  options.geometry = *geometry;
+  options.runs = flags.runs;
+  options.pipeline_depth = flags.pipeline_depth;
+  fmt::print("simpler {} run {} on geometry {}, pipeline depth {}\n\n", version_string(), flags.example,
+             describe(options.geometry), options.pipeline_depth);
+  std::fflush(stdout);
+  ProgressLine progress;
+  std::vector<Row> rows;
+  rows.push_back(run_one(flags.example, options, progress));
+  print_table(rows);
+  return passed(rows[0]) ? kExitOk : kExitFailure;
+#else
+  (void)flags;
+  return no_examples();
+#endif
+}
+
+int cmd_info() {
+  fmt::print("simpler {}\n", version_string());
+  fmt::print("build: {}\n\n", build_options());
+  fmt::print("geometry presets (default {}):\n", Geometry::small().name);
+  fmt::print("  {:<8} {:>8} {:>4} {:>4} {:>6} {:>6}\n", "name", "clusters", "AIC", "AIV", "cores", "AICPU");
+  for (const Geometry& g : Geometry::presets()) {
+    fmt::print("  {:<8} {:>8} {:>4} {:>4} {:>6} {:>6}\n", g.name, g.clusters, g.aic_cores(), g.aiv_cores(),
+               g.cores(), g.aicpu_threads);
+  }
+  fmt::print("\nexamples:");
+  for (const std::string& name : example_names()) fmt::print(" {}", name);
+#ifdef SIMPLER_HAVE_BENCH
+  fmt::print("\nbenchmarks:");
+  for (const bench::BenchInfo& b : bench::list()) fmt::print(" {}", b.name);
+  fmt::print("\n");
+#else
+  fmt::print("\nbenchmarks: not built (SIMPLER_BUILD_BENCH=OFF)\n");
+#endif
+  return kExitOk;
+}
+
+int cmd_bench(const BenchFlags& flags) {
+#ifdef SIMPLER_HAVE_BENCH
+  const std::vector<bench::BenchInfo> all = bench::list();
+  if (flags.list) {
+    for (const bench::BenchInfo& b : all) fmt::print("{:<24} {}\n", b.name, b.description);
+    return kExitOk;
+  }
+  std::vector<std::string> names = flags.names;
+  for (const std::string& name : names) {
+    bool known = false;
+    for (const bench::BenchInfo& b : all) known = known || b.name == name;
+    if (!known) {
+      fmt::print(stderr, "bench: unknown benchmark '{}' (see `simpler bench --list`)\n", name);
+      return kExitUsage;
+    }
+  }
+  if (names.empty()) {
+    for (const bench::BenchInfo& b : all) names.push_back(b.name);
+  }
+  int rc = kExitOk;
+  for (const std::string& name : names) {
+    const int r = bench::run(name, flags.json, std::cout);
+    if (r != kExitOk && rc == kExitOk) rc = r;
+  }
+  return rc;
+#else
+  (void)flags;
+  fmt::print(stderr, "simpler was built without benchmarks (SIMPLER_BUILD_BENCH=OFF)\n");
+  return kExitFailure;
+#endif
+}
+
+}  // namespace simpler::cli

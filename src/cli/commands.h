@@ -1,0 +1,39 @@
+// The `simpler` subcommands, after parsing. Called from main's thread only; each
+// returns the process exit code (0 ok, 1 failure, 2 bad usage) and owns the
+// Workers it opens for the length of the call.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <simpler/types.h>
+
+namespace simpler::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+struct RunFlags {
+  std::string example;
+  std::string geometry = "small";
+  int runs = 0;  // 0: the example's default
+  int pipeline_depth = 4;
+};
+
+struct BenchFlags {
+  bool list = false;
+  bool json = false;
+  std::vector<std::string> names;  // empty: all
+};
+
+int cmd_demo();
+int cmd_run(const RunFlags& flags);
+int cmd_info();
+int cmd_bench(const BenchFlags& flags);
+
+// Names accepted by --geometry and by `simpler run`, for the parser's checks.
+std::vector<std::string> geometry_names();
+std::vector<std::string> example_names();
+
+}  // namespace simpler::cli

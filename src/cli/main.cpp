@@ -1,0 +1,74 @@
+// The `simpler` command: parses the command line (CLI11) and dispatches to
+// commands.cpp. Usage errors exit 2 with a message naming the flag.
+#include <charconv>
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <simpler/version.h>
+
+#include "commands.h"
+
+namespace {
+
+// CLI11's Range reports "abc" as out of range; this says what was wrong.
+CLI::Validator int_in(int lo, int hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        int value = 0;
+        const char* end = text.data() + text.size();
+        auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (ec == std::errc() && ptr == end && value >= lo && value <= hi) return {};
+        return fmt::format("expects an integer in [{}, {}], got '{}'", lo, hi, text);
+      },
+      fmt::format("[{} - {}]", lo, hi));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace simpler::cli;
+  CLI::App app{"simpler: a hierarchical task runtime for tile accelerators, on a simulated chip", "simpler"};
+  app.set_version_flag("--version", simpler::version_string());
+  // At most one; none is reported after parsing so that an unknown flag is
+  // named rather than hidden behind "a subcommand is required".
+  app.require_subcommand(0, 1);
+
+  CLI::App* demo = app.add_subcommand("demo", "Run every example on the default geometry, verify, print a table");
+
+  RunFlags run_flags;
+  CLI::App* run = app.add_subcommand("run", "Run one example and verify its outputs");
+  run->add_option("example", run_flags.example, "Example to run")
+      ->required()
+      ->check(CLI::IsMember(example_names()));
+  run->add_option("--geometry", run_flags.geometry, "Chip geometry preset")
+      ->check(CLI::IsMember(geometry_names()))
+      ->capture_default_str();
+  run->add_option("--runs", run_flags.runs, "Runs to submit (default: the example's own)")
+      ->check(int_in(1, 1000000));
+  run->add_option("--pipeline-depth", run_flags.pipeline_depth, "Runs in flight before waiting on the oldest")
+      ->check(int_in(1, 64))
+      ->capture_default_str();
+
+  CLI::App* info = app.add_subcommand("info", "Print the version, geometry presets and build options");
+
+  BenchFlags bench_flags;
+  CLI::App* bench = app.add_subcommand("bench", "Run benchmarks (all, or the named ones)");
+  bench->add_flag("--list", bench_flags.list, "List the benchmarks and exit");
+  bench->add_flag("--json", bench_flags.json, "Print one JSON object per benchmark");
+  bench->add_option("name", bench_flags.names, "Benchmarks to run");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version are successes; every other parse error is a usage error.
+    return app.exit(e) == 0 ? kExitOk : kExitUsage;
+  }
+  if (demo->parsed()) return cmd_demo();
+  if (run->parsed()) return cmd_run(run_flags);
+  if (info->parsed()) return cmd_info();
+  if (bench->parsed()) return cmd_bench(bench_flags);
+  std::fputs(app.help().c_str(), stderr);
+  std::fputs("\nA subcommand is required.\n", stderr);
+  return kExitUsage;
+}
