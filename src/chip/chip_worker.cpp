@@ -9,8 +9,10 @@ namespace simpler {
 
 Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& config,
                                                        std::vector<ChipCallable> callables) {
-  if (config.pipeline_depth == 0) return invalid_argument("pipeline_depth = 0: it must be at least 1");
+  auto arena = RunResourceArena::create(config.pipeline_depth);
+  if (!arena.ok()) return arena.status();
   std::unique_ptr<ChipWorker> w(new ChipWorker(config, std::move(callables)));
+  w->arena_ = std::make_unique<RunResourceArena>(std::move(arena).value());
   auto device = SimDevice::create(config.geometry, config.device_memory_bytes);
   if (!device.ok()) return device.status();
   w->device_ = std::move(device).value();
@@ -20,7 +22,6 @@ Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& confi
   if (!rt.ok()) return rt.status();
   w->runtime_ = std::move(rt).value();
   w->slot_runs_.resize(config.pipeline_depth);
-  for (uint32_t i = config.pipeline_depth; i > 0; --i) w->free_slots_.push_back(i - 1);
   w->device_->start(w->runtime_.get());
   return w;
 }
@@ -94,32 +95,19 @@ Status ChipWorker::check_signature(const ChipCallable& c, const TaskArgs& args) 
   return Status();
 }
 
-Result<uint32_t> ChipWorker::acquire_slot() {
+Result<Lease> ChipWorker::acquire_set() {
   for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(slot_mu_);
-      if (closing_.load(std::memory_order_acquire)) return failed_precondition("worker is closing");
-      if (!free_slots_.empty()) {
-        const uint32_t s = free_slots_.back();
-        free_slots_.pop_back();
-        return s;
-      }
-    }
+    if (closing_.load(std::memory_order_acquire)) return failed_precondition("worker is closing");
+    if (auto lease = arena_->try_acquire()) return *lease;
     spin_then_park(
         slot_bell_,
-        [&] {
-          std::lock_guard<std::mutex> lock(slot_mu_);
-          return !free_slots_.empty() || closing_.load(std::memory_order_acquire);
-        },
+        [&] { return arena_->counts().free != 0 || closing_.load(std::memory_order_acquire); },
         SpinPolicy{});
   }
 }
 
-void ChipWorker::release_slot(uint32_t slot) {
-  {
-    std::lock_guard<std::mutex> lock(slot_mu_);
-    free_slots_.push_back(slot);
-  }
+void ChipWorker::release_set(const Lease& lease) {
+  (void)arena_->release(lease);
   slot_bell_.ring();
 }
 
@@ -133,23 +121,25 @@ RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) {
   if (Status st = args.validate(); !st.ok()) return detail::refused_run(run_id, st);
   if (Status st = check_signature(c, args); !st.ok()) return detail::refused_run(run_id, st);
 
-  auto slot = acquire_slot();
-  if (!slot.ok()) return detail::refused_run(run_id, slot.status());
-  SlotRun& sr = slot_runs_[*slot];
+  auto lease = acquire_set();
+  if (!lease.ok()) return detail::refused_run(run_id, lease.status());
+  const uint32_t slot = lease->slot;
+  SlotRun& sr = slot_runs_[slot];
+  sr.lease = *lease;
   // The runtime sees the arguments only through their encoded form, the same
   // bytes that will cross a mailbox at the node level.
   if (Status st = encode_args_blob(args, sr.blob); !st.ok()) {
-    release_slot(*slot);
+    release_set(*lease);
     return detail::refused_run(run_id, st);
   }
   auto decoded = decode_args_blob(sr.blob.data(), sr.blob.size());
   if (!decoded.ok()) {
-    release_slot(*slot);
+    release_set(*lease);
     return detail::refused_run(run_id, decoded.status());
   }
   const uint64_t t0 = now_ns();
-  if (Status st = runtime_->build(*slot, c, *decoded); !st.ok()) {
-    release_slot(*slot);
+  if (Status st = runtime_->build(slot, c, *decoded); !st.ok()) {
+    release_set(*lease);
     return detail::refused_run(run_id, st);
   }
   auto state = std::make_shared<detail::RunState>(run_id);
@@ -157,29 +147,29 @@ RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) {
   sr.stats = RunStats{};
   sr.stats.build_us = static_cast<double>(now_ns() - t0) / 1e3;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  runtime_->launch(*slot);
+  runtime_->launch(slot);
   return RunHandle(std::move(state));
 }
 
 void ChipWorker::on_run_done(uint32_t slot, hbg::RunOutcome out) {
   SlotRun& sr = slot_runs_[slot];
+  // Everything the completion needs is copied out before the set is released:
+  // the next submitter may reuse `sr` at once.
+  const Lease lease = sr.lease;
   std::shared_ptr<detail::RunState> state = std::move(sr.state);
   RunStats stats = sr.stats;
   stats.tasks = out.tasks;
   stats.executed = out.executed;
   stats.released_early = out.released_early;
   stats.device_us = static_cast<double>(out.end_ns - out.launch_ns) / 1e3;
-  release_slot(slot);
+  release_set(lease);
   state->complete(std::move(out.status), stats);
   if (in_flight_.fetch_sub(1, std::memory_order_acq_rel) == 1) slot_bell_.ring();
 }
 
 Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
   if (device_ == nullptr) return Status();
-  {
-    std::lock_guard<std::mutex> lock(slot_mu_);
-    closing_.store(true, std::memory_order_release);
-  }
+  closing_.store(true, std::memory_order_release);
   slot_bell_.ring();
   const uint64_t deadline = now_ns() + static_cast<uint64_t>(drain_timeout.count()) * 1'000'000ull;
   const bool drained = spin_then_park(

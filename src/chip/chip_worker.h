@@ -1,6 +1,6 @@
 // ChipWorker: one simulated chip (L2) with the host_build_graph runtime: its
-// registered callables, device memory, run-resource slots (one per admitted
-// run, pipeline_depth of them) and run completion. All methods except the
+// registered callables, device memory, run-resource sets (one per admitted
+// run, pipeline_depth of them, leased from a RunResourceArena) and run completion. All methods except the
 // completion path are for the one controlling thread; completion runs on
 // AICPU threads and touches only the slot table and RunStates.
 #pragma once
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/doorbell.h"
+#include "chip/run_resource_arena.h"
 #include "chip/run_state.h"
 #include "device/sim_device.h"
 #include "runtime/hbg/hbg_runtime.h"
@@ -39,8 +40,8 @@ class ChipWorker {
   ChipWorker(const WorkerConfig& config, std::vector<ChipCallable> callables);
   Status check_signature(const ChipCallable& c, const TaskArgs& args) const;
   Status check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
-  Result<uint32_t> acquire_slot();
-  void release_slot(uint32_t slot);
+  Result<Lease> acquire_set();
+  void release_set(const Lease& lease);
   void on_run_done(uint32_t slot, hbg::RunOutcome outcome);
 
   const WorkerConfig config_;
@@ -48,10 +49,10 @@ class ChipWorker {
   std::unique_ptr<SimDevice> device_;
   std::unique_ptr<hbg::HbgRuntime> runtime_;
 
-  std::mutex slot_mu_;
-  std::vector<uint32_t> free_slots_;
-  Doorbell slot_bell_;  // rung when a slot is released or the worker closes
+  std::unique_ptr<RunResourceArena> arena_;
+  Doorbell slot_bell_;  // rung when a set is released or the worker closes
   struct SlotRun {
+    Lease lease;
     std::shared_ptr<detail::RunState> state;
     RunStats stats;
     std::vector<uint8_t> blob;  // the run's encoded arguments, retained per slot

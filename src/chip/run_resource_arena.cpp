@@ -1,0 +1,85 @@
+#include "chip/run_resource_arena.h"
+
+#include "base/errors.h"
+
+namespace simpler {
+
+Result<RunResourceArena> RunResourceArena::create(uint32_t grant) {
+  if (grant == 0) return invalid_argument("pipeline_depth = 0: the grant must be at least 1");
+  return RunResourceArena(grant);
+}
+
+RunResourceArena::RunResourceArena(uint32_t grant) : sets_(grant) { counts_.free = grant; }
+
+RunResourceArena::RunResourceArena(RunResourceArena&& other) noexcept {
+  std::lock_guard<std::mutex> lock(other.mu_);
+  sets_ = std::move(other.sets_);
+  counts_ = other.counts_;
+  other.counts_ = ArenaCounts{};
+}
+
+RunResourceArena& RunResourceArena::operator=(RunResourceArena&& other) noexcept {
+  if (this == &other) return *this;
+  std::scoped_lock lock(mu_, other.mu_);
+  sets_ = std::move(other.sets_);
+  counts_ = other.counts_;
+  other.counts_ = ArenaCounts{};
+  return *this;
+}
+
+std::optional<Lease> RunResourceArena::try_acquire() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (counts_.free == 0) return std::nullopt;
+  for (uint32_t i = 0; i < sets_.size(); ++i) {
+    Set& s = sets_[i];
+    if (s.state != SetState::Free) continue;
+    s.state = SetState::Live;
+    ++s.generation;  // 64 bits: at one acquire per nanosecond, 584 years to wrap
+    --counts_.free;
+    ++counts_.live;
+    return Lease{i, s.generation};
+  }
+  return std::nullopt;
+}
+
+bool RunResourceArena::owns(const Lease& lease) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lease.generation != 0 && lease.slot < sets_.size() && sets_[lease.slot].state == SetState::Live &&
+         sets_[lease.slot].generation == lease.generation;
+}
+
+bool RunResourceArena::release(const Lease& lease) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (lease.generation == 0 || lease.slot >= sets_.size()) return false;
+  Set& s = sets_[lease.slot];
+  if (s.generation != lease.generation) return false;
+  if (s.state == SetState::Free) return true;
+  if (s.state == SetState::Quarantined) return false;
+  s.state = SetState::Free;
+  --counts_.live;
+  ++counts_.free;
+  return true;
+}
+
+bool RunResourceArena::quarantine(const Lease& lease) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (lease.generation == 0 || lease.slot >= sets_.size()) return false;
+  Set& s = sets_[lease.slot];
+  if (s.generation != lease.generation || s.state != SetState::Live) return false;
+  s.state = SetState::Quarantined;
+  --counts_.live;
+  ++counts_.quarantined;
+  return true;
+}
+
+uint32_t RunResourceArena::grant() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<uint32_t>(sets_.size());
+}
+
+ArenaCounts RunResourceArena::counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
+}
+
+}  // namespace simpler

@@ -1,0 +1,65 @@
+// RunResourceArena: which run-resource sets exist and who holds each. The grant
+// G (pipeline_depth) is partitioned at every instant into free + live +
+// quarantined sets. Acquire hands out leases {slot, generation}; a lease is
+// honoured only while its generation is the slot's current one. Thread-safe:
+// submitters acquire, completion threads release, any thread may read counts.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "simpler/status.h"
+
+namespace simpler {
+
+struct Lease {
+  uint32_t slot = 0;
+  uint64_t generation = 0;  // 0 is never issued
+  friend bool operator==(const Lease& a, const Lease& b) { return a.slot == b.slot && a.generation == b.generation; }
+};
+
+struct ArenaCounts {
+  uint32_t free = 0;
+  uint32_t live = 0;
+  uint32_t quarantined = 0;
+};
+
+class RunResourceArena {
+ public:
+  // Refuses a grant of 0, naming pipeline_depth.
+  static Result<RunResourceArena> create(uint32_t grant);
+
+  // The lowest free slot with a fresh generation, or nothing when every set is
+  // live or quarantined.
+  std::optional<Lease> try_acquire();
+  // True only for the current holder of a live set.
+  bool owns(const Lease& lease) const;
+  // Returns a live set. A stale generation is refused (false); releasing the
+  // current generation again is idempotent (true, nothing changes).
+  bool release(const Lease& lease);
+  // Retires a live set for the arena's life: it is never handed out again and
+  // still counts against the grant, so a failure cannot buy concurrency.
+  bool quarantine(const Lease& lease);
+
+  uint32_t grant() const;
+  ArenaCounts counts() const;
+
+  RunResourceArena(RunResourceArena&& other) noexcept;
+  RunResourceArena& operator=(RunResourceArena&& other) noexcept;
+
+ private:
+  enum class SetState : uint8_t { Free, Live, Quarantined };
+  struct Set {
+    SetState state = SetState::Free;
+    uint64_t generation = 0;
+  };
+  explicit RunResourceArena(uint32_t grant);
+
+  mutable std::mutex mu_;
+  std::vector<Set> sets_;
+  ArenaCounts counts_;
+};
+
+}  // namespace simpler
