@@ -1,0 +1,57 @@
+// The example registry behind `simpler demo` and `simpler run`: each example
+// opens its own chip-level Worker, runs its callable (pipelined), verifies every
+// output against a host reference and closes. Call from one thread at a time;
+// the progress callback runs on that thread. Owns nothing between calls.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <simpler/simpler.h>
+
+namespace simpler::examples {
+
+struct ExampleProgress {
+  const std::string& name;
+  int runs_done;
+  int runs_total;
+  uint64_t tasks;  // tasks of the finished runs
+};
+
+struct ExampleOptions {
+  Geometry geometry = Geometry::small();
+  int runs = 0;              // 0: the example's default (ExampleInfo::default_runs)
+  int pipeline_depth = 4;    // runs in flight before the oldest is waited on
+  // Every wait is bounded so a broken runtime fails the example instead of hanging it.
+  std::chrono::seconds run_timeout{60};
+  // Called after each finished run; the caller throttles its own output.
+  std::function<void(const ExampleProgress&)> progress;
+};
+
+struct ExampleReport {
+  std::string name;
+  int runs = 0;        // device runs submitted, failing ones included
+  uint64_t tasks = 0;  // tasks over all runs
+  double wall_s = 0;   // submit of the first run to the last verified output
+  bool verified = false;
+  std::string detail;  // what was checked, or the first mismatch
+};
+
+struct ExampleInfo {
+  std::string name;
+  std::string description;
+  int default_runs;
+};
+
+std::vector<ExampleInfo> example_list();
+std::vector<std::string> example_names();
+
+// An error when the example could not run as designed (unknown name, a refused
+// Worker call, an unexpected run failure, a timeout); a report with
+// verified == false when it ran but an output did not match its reference.
+Result<ExampleReport> run_example(const std::string& name, const ExampleOptions& options);
+
+}  // namespace simpler::examples

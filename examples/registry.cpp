@@ -1,0 +1,54 @@
+#include "common.h"
+
+namespace simpler::examples {
+namespace {
+
+struct Entry {
+  ExampleInfo info;
+  Result<ExampleReport> (*run)(const ExampleOptions&);
+};
+
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> kEntries = {
+      {{"vector_add", "one AIV task: c = a + b over 65536 f32", 200}, run_vector_add},
+      {{"matmul_chain", "tiled relu(A·B + bias): 384 AIC/AIV tasks per run with per-tile chains", 32},
+       run_matmul_chain},
+      {{"kernel_failure", "a kernel fails with a message; later runs on the same Worker succeed", 8},
+       run_kernel_failure},
+  };
+  return kEntries;
+}
+
+}  // namespace
+
+std::vector<ExampleInfo> example_list() {
+  std::vector<ExampleInfo> out;
+  for (const Entry& e : entries()) out.push_back(e.info);
+  return out;
+}
+
+std::vector<std::string> example_names() {
+  std::vector<std::string> out;
+  for (const Entry& e : entries()) out.push_back(e.info.name);
+  return out;
+}
+
+Result<ExampleReport> run_example(const std::string& name, const ExampleOptions& options) {
+  if (options.runs < 0) {
+    return Status(StatusCode::kInvalidArgument, fmt::format("runs = {} must be >= 0", options.runs));
+  }
+  if (options.pipeline_depth < 1) {
+    return Status(StatusCode::kInvalidArgument,
+                  fmt::format("pipeline_depth = {} must be >= 1", options.pipeline_depth));
+  }
+  if (Status s = options.geometry.validate(); !s.ok()) return s;
+  for (const Entry& e : entries()) {
+    if (e.info.name != name) continue;
+    ExampleOptions resolved = options;
+    if (resolved.runs == 0) resolved.runs = e.info.default_runs;
+    return e.run(resolved);
+  }
+  return Status(StatusCode::kNotFound, fmt::format("unknown example '{}'", name));
+}
+
+}  // namespace simpler::examples
