@@ -19,6 +19,7 @@ namespace simpler {
 struct WorkerConfig {
   Geometry geometry = Geometry::small();
   uint32_t pipeline_depth = 2;               // runs admitted at once; each holds one run-resource set
+  uint32_t launch_depth = 0;                 // runs launched on the device at once; 0 = pipeline_depth
   uint64_t device_memory_bytes = 1ull << 30; // simulated GM size (reserved, committed on touch)
   uint32_t max_tasks_per_run = 16384;        // graph capacity of one run-resource set
 };

@@ -1,6 +1,7 @@
 #include "chip/chip_worker.h"
 
 #include <cstring>
+#include <new>
 
 #include "base/errors.h"
 #include "task/args_blob.h"
@@ -9,27 +10,42 @@ namespace simpler {
 
 Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& config,
                                                        std::vector<ChipCallable> callables) {
-  auto arena = RunResourceArena::create(config.pipeline_depth);
-  if (!arena.ok()) return arena.status();
+  if (config.pipeline_depth == 0) return invalid_argument("pipeline_depth = 0: the grant must be at least 1");
+  if (config.launch_depth > config.pipeline_depth) {
+    return invalid_argument("launch_depth = {} exceeds pipeline_depth = {}: a launched run holds a set",
+                            config.launch_depth, config.pipeline_depth);
+  }
+  SIMPLER_RETURN_IF_ERROR(check_host_api_ops(SimRunner::ops()));
   std::unique_ptr<ChipWorker> w(new ChipWorker(config, std::move(callables)));
-  w->arena_ = std::make_unique<RunResourceArena>(std::move(arena).value());
   auto device = SimDevice::create(config.geometry, config.device_memory_bytes);
   if (!device.ok()) return device.status();
   w->device_ = std::move(device).value();
   ChipWorker* self = w.get();
-  auto rt = hbg::HbgRuntime::create(*w->device_, config.pipeline_depth, config.max_tasks_per_run,
+  auto rt = hbg::HbgRuntime::create(*w->device_, config.max_tasks_per_run,
                                     [self](uint32_t slot, hbg::RunOutcome out) { self->on_run_done(slot, std::move(out)); });
   if (!rt.ok()) return rt.status();
   w->runtime_ = std::move(rt).value();
-  w->slot_runs_.resize(config.pipeline_depth);
+  const uint64_t arena = hbg::HbgRuntime::arena_bytes(config.max_tasks_per_run);
+  if (arena * config.pipeline_depth > w->device_->memory().total_bytes()) {
+    return resource_exhausted(
+        "pipeline_depth = {} x max_tasks_per_run = {} needs {} bytes of graph arenas; device_memory_bytes is {}",
+        config.pipeline_depth, config.max_tasks_per_run, arena * config.pipeline_depth,
+        w->device_->memory().total_bytes());
+  }
+  w->runner_ = std::make_unique<SimRunner>(w->device_->memory(), arena);
+  auto arena_or = RunResourceArena::create(1);
+  w->arena_ = std::make_unique<RunResourceArena>(std::move(arena_or).value());
+  SIMPLER_RETURN_IF_ERROR(w->set_run_resource_grant(config.pipeline_depth));
   w->device_->start(w->runtime_.get());
   return w;
 }
 
 ChipWorker::ChipWorker(const WorkerConfig& config, std::vector<ChipCallable> callables)
-    : config_(config), callables_(std::move(callables)) {}
+    : config_(config), callables_(std::move(callables)), launch_depth_(config.launch_depth) {}
 
 ChipWorker::~ChipWorker() { (void)close(std::chrono::milliseconds(60'000)); }
+
+// --- memory -------------------------------------------------------------
 
 Status ChipWorker::check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t bytes, const char* what) const {
   if (!b.bound()) return invalid_argument("{}: buffer has no device address", what);
@@ -71,6 +87,73 @@ MemoryInfo ChipWorker::memory_info() const {
   return MemoryInfo{device_->memory().total_bytes(), device_->memory().free_bytes()};
 }
 
+// --- grant --------------------------------------------------------------
+
+bool ChipWorker::release_lease(const Lease& lease) {
+  const bool ok = arena_->release(lease);
+  admission_bell_.ring();
+  return ok;
+}
+
+std::vector<std::pair<std::string, uint32_t>> ChipWorker::owner_widths() const {
+  return {{"run_resource_arena", arena_->grant()},
+          {"generation_filter", static_cast<uint32_t>(newest_generation_.size())},
+          {"arena_bank_owners", static_cast<uint32_t>(bank_epoch_.size())},
+          {"native_run_storage", static_cast<uint32_t>(storage_.size())},
+          {"launched_run_table", static_cast<uint32_t>(running_.size())},
+          {"runner_retained_temps_and_arenas", runner_->width()},
+          {"runtime_graph_sets", runtime_->slot_count()}};
+}
+
+Status ChipWorker::set_run_resource_grant(uint32_t g) {
+  if (g == 0) return invalid_argument("pipeline_depth = 0: the grant must be at least 1");
+  if (config_.launch_depth > g) {
+    return invalid_argument("regrant to {}: launch_depth = {} would exceed it", g, config_.launch_depth);
+  }
+  if (closing_.load(std::memory_order_acquire)) return failed_precondition("regrant: the worker is closed");
+  // Every owner is asked first; any "no" refuses before anything is built.
+  const ArenaCounts c = arena_->counts();
+  if (c.live != 0 || c.quarantined != 0) {
+    return failed_precondition("regrant to {} refused: {} sets are live and {} quarantined", g, c.live, c.quarantined);
+  }
+  if (const size_t n = registered_runs(); n != 0) {
+    return failed_precondition("regrant to {} refused: {} runs are still registered", g, n);
+  }
+  if (in_flight_.load(std::memory_order_acquire) != 0) {
+    return failed_precondition("regrant to {} refused: runs are still in flight", g);
+  }
+  const uint32_t old = grant();
+  try {
+    auto arena = std::make_unique<RunResourceArena>(std::move(RunResourceArena::create(g)).value());
+    std::vector<uint64_t> generations(g, 0);
+    std::vector<uint64_t> banks(g, 0);
+    std::vector<std::unique_ptr<StorageBlock>> storage;
+    storage.reserve(g);
+    for (uint32_t i = 0; i < g; ++i) storage.push_back(std::make_unique<StorageBlock>());
+    std::vector<NativeRunContext*> running(g, nullptr);
+    std::unique_ptr<PaddedBell[]> bells(new PaddedBell[g]);
+    SimRunner::GrantTables tables = SimRunner::build_grant(g);
+    hbg::HbgRuntime::GrantState rt = runtime_->build_grant(g);
+    // Commit: nothing below can fail. The grant is published last.
+    arena_.swap(arena);
+    newest_generation_.swap(generations);
+    bank_epoch_.swap(banks);
+    storage_.swap(storage);
+    running_.swap(running);
+    set_bells_.swap(bells);
+    runner_->commit_grant(tables);
+    runtime_->commit_grant(rt);
+    launch_depth_ = config_.launch_depth == 0 ? g : config_.launch_depth;
+    grant_.store(g, std::memory_order_release);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("regrant to {}: host allocation failed while building; the grant of {} is unchanged", g,
+                              old);
+  }
+  return Status();
+}
+
+// --- native lifecycle ----------------------------------------------------
+
 Status ChipWorker::check_signature(const ChipCallable& c, const TaskArgs& args) const {
   const auto& sig = c.signature();
   if (args.size() != sig.size()) {
@@ -95,97 +178,342 @@ Status ChipWorker::check_signature(const ChipCallable& c, const TaskArgs& args) 
   return Status();
 }
 
+Result<uint64_t> ChipWorker::prepare(void* storage, size_t storage_bytes, const NativeRunDescriptor& desc,
+                                     uint32_t callable, const TaskArgs& args, RunConfig config) {
+  SIMPLER_RETURN_IF_ERROR(context_.validate("prepare"));
+  if (closing_.load(std::memory_order_acquire)) return failed_precondition("prepare: the worker is closed");
+  if (storage == nullptr) return invalid_argument("prepare: storage is null");
+  if (storage_bytes < native_run_storage_size()) {
+    return invalid_argument("prepare: storage_bytes = {}, a native run needs {}", storage_bytes,
+                            native_run_storage_size());
+  }
+  if (reinterpret_cast<uintptr_t>(storage) % native_run_storage_alignment() != 0) {
+    return invalid_argument("prepare: storage is not aligned to {} bytes", native_run_storage_alignment());
+  }
+  uint64_t word;
+  std::memcpy(&word, storage, sizeof word);
+  if (word == NativeRunContext::kMagic) {
+    return failed_precondition("prepare: storage already holds a prepared run; finalize before reuse");
+  }
+  if (word != 0) return invalid_argument("prepare: storage was not zero-initialised (first word {:#x})", word);
+  if (callable >= callables_.size()) return not_found("prepare: callable id {} is not registered", callable);
+  const uint32_t g = grant();
+  const Lease& lease = desc.lease;
+  if (lease.slot >= g) return invalid_argument("prepare: lease.slot = {} is outside the grant of {}", lease.slot, g);
+  if (desc.arena_bank >= g) {
+    return invalid_argument("prepare: arena_bank = {} is outside the grant of {}", desc.arena_bank, g);
+  }
+  // Admission: the lease generation is checked here, once; the epoch is the
+  // run's identity from now on.
+  if (lease.generation < newest_generation_[lease.slot] || !arena_->owns(lease)) {
+    return failed_precondition("prepare: lease {{slot {}, generation {}}} is not held (stale or released)", lease.slot,
+                               lease.generation);
+  }
+  if (bank_epoch_[desc.arena_bank] != 0) {
+    return failed_precondition("prepare: arena_bank = {} is held by run {}", desc.arena_bank,
+                               bank_epoch_[desc.arena_bank]);
+  }
+  const ChipCallable& c = callables_[callable];
+  SIMPLER_RETURN_IF_ERROR(args.validate());
+  SIMPLER_RETURN_IF_ERROR(check_signature(c, args));
+  // The runtime sees the arguments only through their encoded form, the same
+  // bytes that cross a mailbox at the node level.
+  std::vector<uint8_t> blob;
+  SIMPLER_RETURN_IF_ERROR(encode_args_blob(args, blob));
+  auto decoded = decode_args_blob(blob.data(), blob.size());
+  if (!decoded.ok()) return decoded.status();
+  auto api = runner_->bind(lease.slot, desc.arena_bank);
+  if (!api.ok()) return api.status();
+
+  const uint64_t t0 = now_ns();
+  const uint64_t epoch = next_run_epoch();
+  NativeRunContext* ctx = nullptr;
+  try {
+    ctx = new (storage) NativeRunContext(this, desc, epoch, &c, callable, std::move(decoded).value(),
+                                         std::move(config), *api);
+  } catch (const std::exception& e) {
+    return internal_error("prepare: constructing the run context failed ({}); the storage is still empty", e.what());
+  }
+  Status st = runtime_->build(ctx->api_, c, ctx->args_);
+  if (st.ok()) st = ctx->api_.upload_callable(callable);
+  if (!st.ok()) {
+    runtime_->discard(lease.slot);
+    ctx->~NativeRunContext();
+    std::memset(storage, 0, native_run_storage_size());
+    return st;
+  }
+  ctx->stats_.build_us = static_cast<double>(now_ns() - t0) / 1e3;
+  newest_generation_[lease.slot] = lease.generation;
+  bank_epoch_[desc.arena_bank] = epoch;
+  {
+    std::lock_guard<std::mutex> lock(runs_mu_);
+    runs_.emplace(epoch, ctx);
+  }
+  return epoch;
+}
+
+Result<NativeRunContext*> ChipWorker::lookup(void* storage, uint64_t epoch, const char* call) const {
+  if (storage == nullptr) return invalid_argument("{}: storage is null", call);
+  NativeRunContext* ctx = NativeRunContext::from_storage(storage);
+  if (ctx == nullptr) return failed_precondition("{}: the storage holds no prepared run", call);
+  if (ctx->owner() != this) return failed_precondition("{}: the run belongs to another ChipWorker", call);
+  if (ctx->epoch() != epoch) {
+    return failed_precondition("{}: epoch {} is not the run in this storage (run {})", call, epoch, ctx->epoch());
+  }
+  std::lock_guard<std::mutex> lock(runs_mu_);
+  auto it = runs_.find(epoch);
+  if (it == runs_.end() || it->second != ctx) return failed_precondition("{}: run {} is not live here", call, epoch);
+  return ctx;
+}
+
+void ChipWorker::enqueue_launch(NativeRunContext* ctx) {
+  ctx->phase_.store(static_cast<uint32_t>(RunPhase::Launching), std::memory_order_release);
+  in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  bool now = false;
+  {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    if (launched_ < launch_depth_ && launch_queue_.empty()) {
+      ++launched_;
+      launched_peak_ = std::max(launched_peak_, launched_);
+      now = true;
+    } else {
+      launch_queue_.push_back(ctx);
+    }
+  }
+  if (now) do_launch(ctx);
+}
+
+void ChipWorker::do_launch(NativeRunContext* ctx) {
+  const uint32_t slot = ctx->desc_.lease.slot;
+  running_[slot] = ctx;
+  // The launch marker: the acceptance sink is written here, once, and dropped.
+  if (ctx->desc_.accepted_sink != nullptr) {
+    ctx->desc_.accepted_sink->store(ctx->desc_.accepted_value, std::memory_order_release);
+    ctx->desc_.accepted_sink = nullptr;
+  }
+  if (ctx->auto_finalize_) {
+    // Nobody waits for this launch, and the run may finalize itself as soon as
+    // it is on the device: touch nothing of it after runtime_->launch.
+    ctx->phase_.store(static_cast<uint32_t>(RunPhase::Launched), std::memory_order_release);
+    runtime_->launch(slot);
+    return;
+  }
+  runtime_->launch(slot);
+  ctx->phase_.store(static_cast<uint32_t>(RunPhase::Launched), std::memory_order_release);
+  set_bells_[slot].bell.ring();
+}
+
+Status ChipWorker::launch(void* storage, uint64_t epoch) {
+  auto ctx = lookup(storage, epoch, "launch");
+  if (!ctx.ok()) return ctx.status();
+  SIMPLER_RETURN_IF_ERROR(context_.validate("launch"));
+  NativeRunContext* c = *ctx;
+  if (c->phase() != RunPhase::Prepared) {
+    return failed_precondition("launch: run {} is {}, not prepared", epoch, run_phase_name(c->phase()));
+  }
+  enqueue_launch(c);
+  spin_then_park(set_bells_[c->desc_.lease.slot].bell, [&] { return c->phase() == RunPhase::Launched; },
+                 SpinPolicy{});
+  return Status();
+}
+
+Result<PollState> ChipWorker::poll(void* storage, uint64_t epoch) {
+  auto ctx = lookup(storage, epoch, "poll");
+  if (!ctx.ok()) return ctx.status();
+  SIMPLER_RETURN_IF_ERROR(context_.validate("poll"));
+  switch ((*ctx)->phase()) {
+    case RunPhase::Prepared:
+      return failed_precondition("poll: run {} is prepared, not launched", epoch);
+    case RunPhase::Launching:
+      return PollState::NotReady;
+    default:
+      return (*ctx)->done() ? PollState::Complete : PollState::NotReady;
+  }
+}
+
+Status ChipWorker::wait(void* storage, uint64_t epoch, uint64_t deadline_ns) {
+  auto ctx = lookup(storage, epoch, "wait");
+  if (!ctx.ok()) return ctx.status();
+  SIMPLER_RETURN_IF_ERROR(context_.validate("wait"));
+  NativeRunContext* c = *ctx;
+  if (c->phase() != RunPhase::Launched) {
+    return failed_precondition("wait: run {} is {}; launch it first", epoch, run_phase_name(c->phase()));
+  }
+  if (!spin_then_park(set_bells_[c->desc_.lease.slot].bell, [&] { return c->done(); }, SpinPolicy{}, deadline_ns)) {
+    return make_error(StatusCode::kDeadlineExceeded, "wait: run {} is still running at the deadline", epoch);
+  }
+  return c->result_;
+}
+
+Status ChipWorker::finalize(void* storage, uint64_t epoch) {
+  auto ctx = lookup(storage, epoch, "finalize");
+  if (!ctx.ok()) return ctx.status();
+  SIMPLER_RETURN_IF_ERROR(context_.validate("finalize"));
+  NativeRunContext* c = *ctx;
+  switch (c->phase()) {
+    case RunPhase::Launching:
+      return failed_precondition("finalize: run {} is launching; wait for launch to return", epoch);
+    case RunPhase::Prepared:
+      runtime_->discard(c->desc_.lease.slot);
+      return retire(c, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", epoch));
+    default:
+      break;
+  }
+  spin_then_park(set_bells_[c->desc_.lease.slot].bell, [&] { return c->done(); }, SpinPolicy{});
+  Status result = c->result_;
+  if (result.ok()) {
+    for (const HostCopy& copy : c->config_.copy_back) {
+      Status st = check_buffer(copy.src, copy.src_offset, copy.bytes, "copy_back src");
+      if (st.ok() && copy.dst == nullptr && copy.bytes != 0) st = invalid_argument("copy_back: dst is null");
+      if (st.ok()) st = c->api_.copy_from_device(copy.dst, copy.src.addr + copy.src_offset, copy.bytes);
+      if (!st.ok()) {
+        result = st;
+        break;
+      }
+    }
+  }
+  return retire(c, result);
+}
+
+Status ChipWorker::retire(NativeRunContext* ctx, Status result) {
+  const Lease lease = ctx->desc_.lease;
+  const uint64_t epoch = ctx->epoch_;
+  {
+    std::lock_guard<std::mutex> lock(runs_mu_);
+    runs_.erase(epoch);
+  }
+  bank_epoch_[ctx->desc_.arena_bank] = 0;
+  std::shared_ptr<detail::RunState> handle = std::move(ctx->handle_);
+  const RunStats stats = ctx->stats_;
+  ctx->~NativeRunContext();
+  std::memset(static_cast<void*>(ctx), 0, native_run_storage_size());
+  release_lease(lease);
+  if (handle != nullptr) handle->complete(result, stats);
+  return result;
+}
+
+void ChipWorker::on_run_done(uint32_t slot, hbg::RunOutcome out) {
+  NativeRunContext* ctx = running_[slot];
+  running_[slot] = nullptr;
+  ctx->stats_.tasks = out.tasks;
+  ctx->stats_.executed = out.executed;
+  ctx->stats_.released_early = out.released_early;
+  ctx->stats_.device_us = static_cast<double>(out.end_ns - out.launch_ns) / 1e3;
+  ctx->result_ = std::move(out.status);
+  NativeRunContext* next = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    --launched_;
+    if (!launch_queue_.empty() && launched_ < launch_depth_) {
+      next = launch_queue_.front();
+      launch_queue_.pop_front();
+      ++launched_;
+      launched_peak_ = std::max(launched_peak_, launched_);
+    }
+  }
+  if (ctx->auto_finalize_) {
+    ctx->done_.store(1, std::memory_order_release);
+    (void)retire(ctx, ctx->result_);
+  } else {
+    // The caller may finalize the instant it sees done_: nothing of the
+    // context is touched after this store.
+    ctx->done_.store(1, std::memory_order_release);
+    set_bells_[slot].bell.ring();
+  }
+  if (next != nullptr) do_launch(next);
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  admission_bell_.ring();
+}
+
+// --- asynchronous runs ---------------------------------------------------
+
 Result<Lease> ChipWorker::acquire_set() {
   for (;;) {
-    if (closing_.load(std::memory_order_acquire)) return failed_precondition("worker is closing");
+    if (closing_.load(std::memory_order_acquire)) return failed_precondition("submit: the worker is closing");
     if (auto lease = arena_->try_acquire()) return *lease;
     spin_then_park(
-        slot_bell_,
+        admission_bell_,
         [&] { return arena_->counts().free != 0 || closing_.load(std::memory_order_acquire); },
         SpinPolicy{});
   }
 }
 
-void ChipWorker::release_set(const Lease& lease) {
-  (void)arena_->release(lease);
-  slot_bell_.ring();
-}
-
 RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) {
-  const uint64_t run_id = next_run_id_.fetch_add(1, std::memory_order_relaxed);
-  if (closing_.load(std::memory_order_acquire)) return detail::refused_run(run_id, failed_precondition("worker is closed"));
+  if (closing_.load(std::memory_order_acquire)) return detail::refused_run(0, failed_precondition("worker is closed"));
   if (callable >= callables_.size()) {
-    return detail::refused_run(run_id, not_found("callable id {} is not registered", callable));
+    return detail::refused_run(0, not_found("callable id {} is not registered", callable));
   }
-  const ChipCallable& c = callables_[callable];
-  if (Status st = args.validate(); !st.ok()) return detail::refused_run(run_id, st);
-  if (Status st = check_signature(c, args); !st.ok()) return detail::refused_run(run_id, st);
-
+  // Refusals that need no set come first, so a bad call never waits for one.
+  if (Status st = args.validate(); !st.ok()) return detail::refused_run(0, st);
+  if (Status st = check_signature(callables_[callable], args); !st.ok()) return detail::refused_run(0, st);
   auto lease = acquire_set();
-  if (!lease.ok()) return detail::refused_run(run_id, lease.status());
-  const uint32_t slot = lease->slot;
-  SlotRun& sr = slot_runs_[slot];
-  sr.lease = *lease;
-  // The runtime sees the arguments only through their encoded form, the same
-  // bytes that will cross a mailbox at the node level.
-  if (Status st = encode_args_blob(args, sr.blob); !st.ok()) {
-    release_set(*lease);
-    return detail::refused_run(run_id, st);
+  if (!lease.ok()) return detail::refused_run(0, lease.status());
+  NativeRunDescriptor desc;
+  desc.lease = *lease;
+  desc.arena_bank = lease->slot;
+  void* storage = storage_[lease->slot].get();
+  auto epoch = prepare(storage, sizeof(StorageBlock), desc, callable, args);
+  if (!epoch.ok()) {
+    release_lease(*lease);
+    return detail::refused_run(0, epoch.status());
   }
-  auto decoded = decode_args_blob(sr.blob.data(), sr.blob.size());
-  if (!decoded.ok()) {
-    release_set(*lease);
-    return detail::refused_run(run_id, decoded.status());
+  NativeRunContext* ctx = NativeRunContext::from_storage(storage);
+  auto state = std::make_shared<detail::RunState>(*epoch);
+  ctx->auto_finalize_ = true;
+  ctx->handle_ = state;
+  {
+    std::lock_guard<std::mutex> lock(runs_mu_);
+    runs_.erase(*epoch);  // a submitted run is driven by the worker, never by a phase call
   }
-  const uint64_t t0 = now_ns();
-  if (Status st = runtime_->build(slot, c, *decoded); !st.ok()) {
-    release_set(*lease);
-    return detail::refused_run(run_id, st);
-  }
-  auto state = std::make_shared<detail::RunState>(run_id);
-  sr.state = state;
-  sr.stats = RunStats{};
-  sr.stats.build_us = static_cast<double>(now_ns() - t0) / 1e3;
-  in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  runtime_->launch(slot);
+  enqueue_launch(ctx);
   return RunHandle(std::move(state));
 }
 
-void ChipWorker::on_run_done(uint32_t slot, hbg::RunOutcome out) {
-  SlotRun& sr = slot_runs_[slot];
-  // Everything the completion needs is copied out before the set is released:
-  // the next submitter may reuse `sr` at once.
-  const Lease lease = sr.lease;
-  std::shared_ptr<detail::RunState> state = std::move(sr.state);
-  RunStats stats = sr.stats;
-  stats.tasks = out.tasks;
-  stats.executed = out.executed;
-  stats.released_early = out.released_early;
-  stats.device_us = static_cast<double>(out.end_ns - out.launch_ns) / 1e3;
-  release_set(lease);
-  state->complete(std::move(out.status), stats);
-  if (in_flight_.fetch_sub(1, std::memory_order_acq_rel) == 1) slot_bell_.ring();
+// --- introspection and close ---------------------------------------------
+
+uint32_t ChipWorker::launched_now() const {
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  return launched_;
+}
+
+uint32_t ChipWorker::launched_peak() const {
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  return launched_peak_;
+}
+
+size_t ChipWorker::registered_runs() const {
+  std::lock_guard<std::mutex> lock(runs_mu_);
+  return runs_.size();
+}
+
+size_t ChipWorker::run_table_buckets() const {
+  std::lock_guard<std::mutex> lock(runs_mu_);
+  return runs_.bucket_count();
 }
 
 Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
   if (device_ == nullptr) return Status();
   closing_.store(true, std::memory_order_release);
-  slot_bell_.ring();
+  admission_bell_.ring();
   const uint64_t deadline = now_ns() + static_cast<uint64_t>(drain_timeout.count()) * 1'000'000ull;
   const bool drained = spin_then_park(
-      slot_bell_, [&] { return in_flight_.load(std::memory_order_acquire) == 0; }, SpinPolicy{}, deadline);
+      admission_bell_, [&] { return in_flight_.load(std::memory_order_acquire) == 0; }, SpinPolicy{}, deadline);
   if (!drained) {
-    // Device threads may still write device memory and the slots: never free
-    // what they can reach. Abandon the device and the runtime on purpose.
+    // Device threads may still write device memory, the graphs and the run
+    // storage: abandon all of it on purpose rather than free it under them.
     const uint32_t left = in_flight_.load();
-    (void)device_.release();
+    for (auto& block : storage_) (void)block.release();
     (void)runtime_.release();
+    (void)runner_.release();
+    (void)device_.release();
     return make_error(StatusCode::kDeadlineExceeded,
-                      "close: {} runs still on the device after {} ms; the device was abandoned (leaked)", left,
-                      drain_timeout.count());
+                      "close: {} runs still on the device after {} ms; the device and its run storage were "
+                      "abandoned (leaked on purpose)",
+                      left, drain_timeout.count());
   }
   device_->stop();
   runtime_.reset();
+  runner_.reset();
   device_.reset();
   return Status();
 }

@@ -1,19 +1,31 @@
-// ChipWorker: one simulated chip (L2) with the host_build_graph runtime: its
-// registered callables, device memory, run-resource sets (one per admitted
-// run, pipeline_depth of them, leased from a RunResourceArena) and run completion. All methods except the
-// completion path are for the one controlling thread; completion runs on
-// AICPU threads and touches only the slot table and RunStates.
+// ChipWorker: one simulated chip (L2) with the host_build_graph runtime. It
+// owns the device, the sim runner (HostApi backend), the run-resource arena
+// and every per-set owner, all exactly as wide as the grant (pipeline_depth),
+// and the native-run lifecycle: prepare -> launch -> poll / wait -> finalize.
+// Worker::submit is prepare + launch with finalize on completion.
+//
+// Threads: one controlling thread calls everything except the phase calls;
+// phase calls for one run come from one thread at a time (any thread); the
+// completion path runs on AICPU threads and touches only the run table, the
+// launch queue and each run's terminal fields.
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "base/doorbell.h"
+#include "chip/execution_context.h"
+#include "chip/native_run.h"
 #include "chip/run_resource_arena.h"
 #include "chip/run_state.h"
 #include "device/sim_device.h"
+#include "device/sim_runner.h"
 #include "runtime/hbg/hbg_runtime.h"
 #include "simpler/worker.h"
 
@@ -30,37 +42,101 @@ class ChipWorker {
   Status copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset);
   MemoryInfo memory_info() const;
 
+  // --- run-resource sets -------------------------------------------------
+  std::optional<Lease> try_acquire_lease() { return arena_->try_acquire(); }
+  bool release_lease(const Lease& lease);
+  bool quarantine_lease(const Lease& lease) { return arena_->quarantine(lease); }
+  ArenaCounts set_counts() const { return arena_->counts(); }
+  uint32_t grant() const { return grant_.load(std::memory_order_acquire); }
+  uint32_t launch_depth() const { return launch_depth_; }
+  // Width of every per-set owner, by name (R20): each equals the grant.
+  std::vector<std::pair<std::string, uint32_t>> owner_widths() const;
+  // Two-phase regrant: refused while any set is live or quarantined or any run
+  // is registered; builds every owner off to the side; a std::bad_alloc during
+  // the build leaves the old grant whole; the commit cannot fail.
+  Status set_run_resource_grant(uint32_t grant);
+
+  // --- native lifecycle ---------------------------------------------------
+  // Validates and binds without launching: checks the storage, the lease
+  // (generation, once), the bank and the arguments, builds the graph. Returns
+  // the run's epoch, its identity for every later phase call.
+  Result<uint64_t> prepare(void* storage, size_t storage_bytes, const NativeRunDescriptor& desc, uint32_t callable,
+                           const TaskArgs& args, RunConfig config = {});
+  // Returns once the run passed the launch marker (parking, without CPU, while
+  // launch_depth runs are already launched).
+  Status launch(void* storage, uint64_t epoch);
+  // Never blocks.
+  Result<PollState> poll(void* storage, uint64_t epoch);
+  // Waits for the terminal and returns it; releases nothing. deadline_ns is an
+  // absolute now_ns() time, 0 for none.
+  Status wait(void* storage, uint64_t epoch, uint64_t deadline_ns = 0);
+  // Waits, copies back, releases the set and empties the storage; aborts a
+  // prepared run that was never launched. Returns the run's terminal.
+  Status finalize(void* storage, uint64_t epoch);
+
+  // --- asynchronous runs (Worker::submit) ----------------------------------
   RunHandle submit(uint32_t callable, const TaskArgs& args);
-  // Drains admitted runs (up to `drain_timeout`), then stops the device. If runs
-  // are still on the device then, the device is abandoned (leaked, never freed
-  // under running threads) and DEADLINE_EXCEEDED is returned.
+
+  // Drains launched and queued runs (up to `drain_timeout`), then stops the
+  // device. If runs are still on the device then, the device, the runtime and
+  // every run storage are abandoned (leaked on purpose, never freed under a
+  // device that may still write them) and DEADLINE_EXCEEDED is returned.
   Status close(std::chrono::milliseconds drain_timeout);
 
+  ExecutionContext& execution_context() { return context_; }
+  SimRunner& runner() { return *runner_; }
+  uint32_t launched_now() const;
+  uint32_t launched_peak() const;
+  size_t registered_runs() const;
+  size_t run_table_buckets() const;
+  void* native_storage_for_test(uint32_t slot) { return storage_[slot].get(); }
+
  private:
+  struct alignas(NativeRunContext) StorageBlock {
+    unsigned char bytes[sizeof(NativeRunContext)];
+  };
+  struct alignas(64) PaddedBell {
+    Doorbell bell;
+  };
+
   ChipWorker(const WorkerConfig& config, std::vector<ChipCallable> callables);
   Status check_signature(const ChipCallable& c, const TaskArgs& args) const;
   Status check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
+  Result<NativeRunContext*> lookup(void* storage, uint64_t epoch, const char* call) const;
   Result<Lease> acquire_set();
-  void release_set(const Lease& lease);
+  void enqueue_launch(NativeRunContext* ctx);
+  void do_launch(NativeRunContext* ctx);
   void on_run_done(uint32_t slot, hbg::RunOutcome outcome);
+  Status retire(NativeRunContext* ctx, Status result);
 
   const WorkerConfig config_;
   const std::vector<ChipCallable> callables_;
+  uint32_t launch_depth_;
+  ExecutionContext context_;
   std::unique_ptr<SimDevice> device_;
+  std::unique_ptr<SimRunner> runner_;
   std::unique_ptr<hbg::HbgRuntime> runtime_;
-
   std::unique_ptr<RunResourceArena> arena_;
-  Doorbell slot_bell_;  // rung when a set is released or the worker closes
-  struct SlotRun {
-    Lease lease;
-    std::shared_ptr<detail::RunState> state;
-    RunStats stats;
-    std::vector<uint8_t> blob;  // the run's encoded arguments, retained per slot
-  };
-  std::vector<SlotRun> slot_runs_;
-  std::atomic<uint32_t> in_flight_{0};
+  std::atomic<uint32_t> grant_{0};
+
+  // Per-set owners, each exactly grant() wide.
+  std::vector<uint64_t> newest_generation_;           // the generation filter
+  std::vector<uint64_t> bank_epoch_;                  // which run holds each arena bank
+  std::vector<std::unique_ptr<StorageBlock>> storage_;  // native-run storage of submitted runs
+  std::vector<NativeRunContext*> running_;            // launched run per set
+  std::unique_ptr<PaddedBell[]> set_bells_;           // launch signal and terminal, per set
+
+  mutable std::mutex runs_mu_;
+  std::unordered_map<uint64_t, NativeRunContext*> runs_;  // by epoch; contexts live in caller storage
+
+  mutable std::mutex launch_mu_;
+  std::deque<NativeRunContext*> launch_queue_;
+  uint32_t launched_ = 0;
+  uint32_t launched_peak_ = 0;
+
+  Doorbell admission_bell_;  // rung when a set is released, a run drains, or the worker closes
+  std::atomic<uint32_t> in_flight_{0};  // runs queued for launch or launched
   std::atomic<bool> closing_{false};
-  std::atomic<uint64_t> next_run_id_{1};
 };
 
 }  // namespace simpler

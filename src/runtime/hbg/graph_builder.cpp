@@ -50,7 +50,7 @@ Result<uint32_t> GraphBuilder::new_intermediate(uint64_t bytes) {
     return resource_exhausted("run allocates more than {} intermediate tensors (2 x max_tasks_per_run)",
                               rt_.capacity_.tasks * 2);
   }
-  auto addr = rt_.device_.memory().allocate(bytes);
+  auto addr = s_.api.device_malloc(bytes);
   if (!addr.ok()) return Status(addr.status().code(), "intermediate tensor: " + addr.status().message());
   const uint32_t i = s_.intermediate_count++;
   s_.intermediates[i].addr = *addr;
@@ -78,7 +78,7 @@ Status GraphBuilder::scope_end() {
     // Not launched yet, so no AICPU thread can race this; a zero here means no
     // task ever used the tensor and it can go back at once.
     if (im.refs.fetch_sub(1, std::memory_order_relaxed) == 1) {
-      (void)rt_.device_.memory().free(im.addr);
+      (void)s_.api.device_free(im.addr);
       s_.intermediate_of.erase(im.addr);
       im.addr = 0;
     }
@@ -162,7 +162,7 @@ Result<TaskRef> GraphBuilder::submit(TaskKind kind, const uint32_t* funcs, uint3
     if (!idx.ok()) {
       // Hand back what this refused submit allocated; nothing else changed yet.
       for (uint32_t j = first_new; j < s_.intermediate_count; ++j) {
-        (void)rt_.device_.memory().free(s_.intermediates[j].addr);
+        (void)s_.api.device_free(s_.intermediates[j].addr);
         s_.intermediate_of.erase(s_.intermediates[j].addr);
         if (!s_.scopes.empty()) s_.scopes.back().pop_back();
       }

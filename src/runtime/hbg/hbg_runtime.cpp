@@ -15,60 +15,75 @@ uint64_t slot_bytes(const Capacity& c) {
   return align_up(sizeof(Task) * c.tasks, 64) + align_up(sizeof(DeviceTensor) * c.descriptors, 64) +
          align_up(sizeof(uint32_t) * c.edges, 64) + align_up(sizeof(uint32_t) * c.edges, 64);
 }
+
+Capacity capacity_for(uint32_t max_tasks) { return Capacity{max_tasks, max_tasks * 4, max_tasks * 8}; }
 }  // namespace
 
-Result<std::unique_ptr<HbgRuntime>> HbgRuntime::create(SimDevice& device, uint32_t slots, uint32_t max_tasks,
-                                                       RunDoneFn on_done) {
-  if (slots == 0) return invalid_argument("pipeline_depth = 0: at least one run-resource set is needed");
+uint64_t HbgRuntime::arena_bytes(uint32_t max_tasks) { return slot_bytes(capacity_for(max_tasks)); }
+
+Result<std::unique_ptr<HbgRuntime>> HbgRuntime::create(SimDevice& device, uint32_t max_tasks, RunDoneFn on_done) {
   if (max_tasks == 0 || max_tasks > (1u << 24)) {
     return invalid_argument("max_tasks_per_run = {} is outside [1, 2^24]", max_tasks);
   }
-  const Capacity cap{max_tasks, max_tasks * 4, max_tasks * 8};
-  const uint64_t need = slot_bytes(cap) * slots;
-  if (need > device.memory().free_bytes()) {
-    return resource_exhausted(
-        "pipeline_depth = {} x max_tasks_per_run = {} needs {} bytes of device memory for graphs, {} are free", slots,
-        max_tasks, need, device.memory().free_bytes());
-  }
-  std::unique_ptr<HbgRuntime> rt(new HbgRuntime(device, cap, slots, std::move(on_done)));
-  for (uint32_t i = 0; i < slots; ++i) {
-    auto addr = device.memory().allocate(slot_bytes(cap));
-    if (!addr.ok()) return addr.status();
-    auto s = std::make_unique<Slot>();
-    s->index = i;
-    s->gm_addr = *addr;
-    auto* p = reinterpret_cast<uint8_t*>(*addr);
-    s->tasks = reinterpret_cast<Task*>(p);
-    for (uint32_t t = 0; t < cap.tasks; ++t) new (&s->tasks[t]) Task();
-    p += align_up(sizeof(Task) * cap.tasks, 64);
-    s->descriptors = reinterpret_cast<DeviceTensor*>(p);
-    p += align_up(sizeof(DeviceTensor) * cap.descriptors, 64);
-    s->fanout = reinterpret_cast<uint32_t*>(p);
-    p += align_up(sizeof(uint32_t) * cap.edges, 64);
-    s->uses = reinterpret_cast<uint32_t*>(p);
-    s->pred_mark.assign(cap.tasks, 0);
-    s->counts.assign(cap.tasks + 1, 0);
-    s->intermediates.reset(new Intermediate[cap.tasks * 2]);
-    rt->slots_.push_back(std::move(s));
-  }
-  return rt;
+  return std::unique_ptr<HbgRuntime>(new HbgRuntime(device, capacity_for(max_tasks), std::move(on_done)));
 }
 
-HbgRuntime::HbgRuntime(SimDevice& device, Capacity capacity, uint32_t slots, RunDoneFn on_done)
+HbgRuntime::GrantState HbgRuntime::build_grant(uint32_t grant) const {
+  GrantState g;
+  g.slots.reserve(grant);
+  for (uint32_t i = 0; i < grant; ++i) {
+    auto s = std::make_unique<Slot>();
+    s->index = i;
+    s->pred_mark.assign(capacity_.tasks, 0);
+    s->counts.assign(capacity_.tasks + 1, 0);
+    s->intermediates.reset(new Intermediate[capacity_.tasks * 2]);
+    g.slots.push_back(std::move(s));
+  }
+  for (auto& ring : g.rings) ring.resize(size_t{grant} * capacity_.tasks);
+  return g;
+}
+
+void HbgRuntime::commit_grant(GrantState& g) noexcept {
+  slots_.swap(g.slots);
+  aic_queue_.swap_storage(g.rings[0]);
+  aiv_queue_.swap_storage(g.rings[1]);
+  mix_queue_.swap_storage(g.rings[2]);
+}
+
+HbgRuntime::HbgRuntime(SimDevice& device, Capacity capacity, RunDoneFn on_done)
     : device_(device),
       capacity_(capacity),
       on_done_(std::move(on_done)),
-      aic_queue_(size_t{slots} * capacity.tasks),
-      aiv_queue_(size_t{slots} * capacity.tasks),
-      mix_queue_(size_t{slots} * capacity.tasks),
+      aic_queue_(0),
+      aiv_queue_(0),
+      mix_queue_(0),
       inflight_(device.core_count()),
       next_token_(device.core_count(), 0),
       aicpu_(new AicpuState[device.geometry().aicpu_threads]) {
   for (uint32_t c = 0; c < device.geometry().clusters; ++c) aicpu_[device.owner_of_cluster(c)].clusters.push_back(c);
 }
 
-HbgRuntime::~HbgRuntime() {
-  for (auto& s : slots_) (void)device_.memory().free(s->gm_addr);
+HbgRuntime::~HbgRuntime() = default;
+
+Status HbgRuntime::bind_arena(Slot& s, const HostApi& api) {
+  uint64_t bytes = 0;
+  auto addr = api.arena_setup(&bytes);
+  if (!addr.ok()) return addr.status();
+  if (bytes < slot_bytes(capacity_)) {
+    return internal_error("arena bank {} has {} bytes, a graph needs {}", api.bank, bytes, slot_bytes(capacity_));
+  }
+  if (s.arena_addr == *addr) return Status();
+  auto* p = reinterpret_cast<uint8_t*>(*addr);
+  s.tasks = reinterpret_cast<Task*>(p);
+  for (uint32_t t = 0; t < capacity_.tasks; ++t) new (&s.tasks[t]) Task();
+  p += align_up(sizeof(Task) * capacity_.tasks, 64);
+  s.descriptors = reinterpret_cast<DeviceTensor*>(p);
+  p += align_up(sizeof(DeviceTensor) * capacity_.descriptors, 64);
+  s.fanout = reinterpret_cast<uint32_t*>(p);
+  p += align_up(sizeof(uint32_t) * capacity_.edges, 64);
+  s.uses = reinterpret_cast<uint32_t*>(p);
+  s.arena_addr = *addr;
+  return Status();
 }
 
 void HbgRuntime::reset_slot(Slot& s) {
@@ -97,11 +112,19 @@ void HbgRuntime::release_intermediates(Slot& s) {
       im.addr = 0;
     }
   }
+  s.intermediate_count = 0;
 }
 
-Status HbgRuntime::build(uint32_t slot, const ChipCallable& callable, const TaskArgs& run_args) {
-  Slot& s = *slots_[slot];
+void HbgRuntime::discard(uint32_t slot) { release_intermediates(*slots_[slot]); }
+
+Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args) {
+  if (api.slot >= slots_.size()) {
+    return invalid_argument("pipeline_slot = {} is outside the grant of {}", api.slot, slots_.size());
+  }
+  Slot& s = *slots_[api.slot];
   reset_slot(s);
+  SIMPLER_RETURN_IF_ERROR(bind_arena(s, api));
+  s.api = api;
   s.callable = &callable;
   GraphBuilder builder(*this, s);
   Status st;
@@ -121,7 +144,6 @@ Status HbgRuntime::build(uint32_t slot, const ChipCallable& callable, const Task
   }
   if (!st.ok()) {
     release_intermediates(s);
-    s.intermediate_count = 0;
     return st;
   }
   finalize_graph(s);

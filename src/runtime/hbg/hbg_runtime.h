@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "device/host_api.h"
 #include "device/sim_device.h"
 #include "runtime/hbg/graph.h"
 #include "runtime/hbg/ready_queue.h"
@@ -32,13 +33,14 @@ class GraphBuilder;
 
 struct Slot {
   uint32_t index = 0;
-  uint64_t gm_addr = 0;
+  uint64_t arena_addr = 0;  // the bank arena the pointers below are carved from
   Task* tasks = nullptr;
   DeviceTensor* descriptors = nullptr;
   uint32_t* fanout = nullptr;
   uint32_t* uses = nullptr;
 
   // Build state: written only by the building thread, before launch.
+  HostApi api;
   const ChipCallable* callable = nullptr;
   uint32_t task_count = 0;
   uint32_t desc_count = 0;
@@ -65,15 +67,31 @@ struct Slot {
 
 class HbgRuntime final : public AicpuProgram {
  public:
-  // Reserves `slots` run-resource slots of `max_tasks` tasks each in device
-  // memory. The device must not be started yet; start it with this program.
-  static Result<std::unique_ptr<HbgRuntime>> create(SimDevice& device, uint32_t slots, uint32_t max_tasks,
-                                                    RunDoneFn on_done);
+  // A runtime for runs of up to `max_tasks` tasks, with no run-resource set
+  // yet (see build_grant); the device memory of each graph comes from the
+  // run's HostApi (its bank arena). Start the device with this program.
+  static Result<std::unique_ptr<HbgRuntime>> create(SimDevice& device, uint32_t max_tasks, RunDoneFn on_done);
+
+  // The per-set host state and ready-queue storage of a grant, built off to the side.
+  struct GrantState {
+    std::vector<std::unique_ptr<Slot>> slots;
+    std::vector<ReadyItem> rings[3];
+  };
+  // May throw std::bad_alloc; touches no member.
+  GrantState build_grant(uint32_t grant) const;
+  // Only while no run is built or launched.
+  void commit_grant(GrantState& state) noexcept;
   ~HbgRuntime() override;
 
-  // Runs the callable's orchestration to build the run's graph in `slot`.
-  // On error nothing is launched and the slot holds nothing (its intermediates are freed).
-  Status build(uint32_t slot, const ChipCallable& callable, const TaskArgs& run_args);
+  // Bytes of one bank arena: task records, tensor descriptors, fanout and use lists.
+  static uint64_t arena_bytes(uint32_t max_tasks);
+
+  // Runs the callable's orchestration to build the run's graph in set
+  // `api.slot`, in the device memory of bank `api.bank`. On error nothing is
+  // launched and the set holds nothing (its intermediates are freed).
+  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args);
+  // Frees what a built but never launched run holds.
+  void discard(uint32_t slot);
   // Publishes the built graph's root tasks to the AICPU threads.
   void launch(uint32_t slot);
 
@@ -95,9 +113,10 @@ class HbgRuntime final : public AicpuProgram {
     std::vector<ReadyItem> scratch;  // newly ready tasks, pushed in one batch
   };
 
-  HbgRuntime(SimDevice& device, Capacity capacity, uint32_t slots, RunDoneFn on_done);
+  HbgRuntime(SimDevice& device, Capacity capacity, RunDoneFn on_done);
   void reset_slot(Slot& s);
   void release_intermediates(Slot& s);
+  Status bind_arena(Slot& s, const HostApi& api);
   void finalize_graph(Slot& s);
   void dispatch(uint32_t core, ReadyItem item, uint32_t sub);
   void complete_subtask(uint32_t core, bool kernel_failed, std::vector<ReadyItem>& ready);

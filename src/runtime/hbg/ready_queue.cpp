@@ -17,6 +17,13 @@ void ReadyQueue::push_many(const ReadyItem* items, size_t n) {
   size_.store(size + n, std::memory_order_release);
 }
 
+void ReadyQueue::swap_storage(std::vector<ReadyItem>& ring) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (size_.load(std::memory_order_relaxed) != 0) std::abort();  // a regrant with work queued is a broken invariant
+  ring_.swap(ring);
+  head_ = 0;
+}
+
 bool ReadyQueue::pop(ReadyItem& out) {
   if (empty_hint()) return false;
   std::lock_guard<std::mutex> lock(mu_);

@@ -1,6 +1,7 @@
 // ReadyQueue: a bounded FIFO of ready tasks of one kind, shared by the AICPU
 // threads (push and pop from any of them) and by the launching host thread.
-// Sized once to the most tasks that can ever be ready at once; never allocates after.
+// Sized to the most tasks that can ever be ready at once (grant x tasks per
+// run); never allocates in push or pop.
 #pragma once
 
 #include <atomic>
@@ -23,6 +24,10 @@ class ReadyQueue {
   void push(ReadyItem item);
   void push_many(const ReadyItem* items, size_t n);
   bool pop(ReadyItem& out);
+  // Replaces the ring (for a regrant, while the queue is empty); hands the old
+  // one back in `ring`.
+  void swap_storage(std::vector<ReadyItem>& ring) noexcept;
+  size_t capacity() const { return ring_.size(); }
   // A hint, read without the lock, so idle pollers skip it cheaply.
   bool empty_hint() const { return size_.load(std::memory_order_acquire) == 0; }
 

@@ -1,0 +1,106 @@
+// The native-run lifecycle of one chip run: prepare -> launch -> poll / wait ->
+// finalize. A NativeRunContext is placement-constructed in caller-owned storage
+// (native_run_storage_size/alignment) and owns everything the run needs until
+// finalize: the copied descriptor and config, the bound HostApi, the decoded
+// arguments and the launch state. Phase calls come from the caller's thread;
+// the device's completion path writes only `done_`, `result_` and `stats_`.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "chip/run_resource_arena.h"
+#include "chip/run_state.h"
+#include "device/host_api.h"
+#include "simpler/task_args.h"
+
+namespace simpler {
+
+class ChipWorker;
+class ChipCallable;
+
+// What the caller asks of one native run. Copied at prepare: the caller may
+// destroy it at once.
+struct NativeRunDescriptor {
+  Lease lease;                                   // checked once, at admission
+  uint32_t arena_bank = 0;                       // < grant
+  std::atomic<uint32_t>* accepted_sink = nullptr;  // written once, at the launch marker
+  uint32_t accepted_value = 1;
+};
+
+// A device-to-host copy performed by finalize after a successful run.
+struct HostCopy {
+  DeviceBuffer src;
+  uint64_t src_offset = 0;
+  void* dst = nullptr;
+  uint64_t bytes = 0;
+};
+
+struct RunConfig {
+  std::vector<HostCopy> copy_back;
+};
+
+enum class RunPhase : uint32_t { Empty = 0, Prepared = 1, Launching = 2, Launched = 3 };
+const char* run_phase_name(RunPhase p);
+
+enum class PollState { NotReady, Complete };
+
+class NativeRunContext {
+ public:
+  static constexpr uint64_t kMagic = 0x534d504c52554e31ull;  // "SMPLRUN1"
+
+  NativeRunContext(ChipWorker* owner, const NativeRunDescriptor& desc, uint64_t epoch, const ChipCallable* callable,
+                   uint32_t callable_id, TaskArgs args, RunConfig config, HostApi api);
+
+  // The context in `storage`, or null when the storage holds none.
+  static NativeRunContext* from_storage(void* storage);
+
+  uint64_t magic() const { return magic_.load(std::memory_order_acquire); }
+  ChipWorker* owner() const { return owner_; }
+  uint64_t epoch() const { return epoch_; }
+  const NativeRunDescriptor& descriptor() const { return desc_; }
+  const HostApi& api() const { return api_; }
+  const TaskArgs& args() const { return args_; }
+  const RunConfig& config() const { return config_; }
+  const ChipCallable* callable() const { return callable_; }
+  uint32_t callable_id() const { return callable_id_; }
+  RunPhase phase() const { return static_cast<RunPhase>(phase_.load(std::memory_order_acquire)); }
+  bool done() const { return done_.load(std::memory_order_acquire) != 0; }
+
+ private:
+  friend class ChipWorker;
+
+  // Set last in the constructor: storage whose construction threw still reads 0.
+  std::atomic<uint64_t> magic_{0};
+  ChipWorker* const owner_;
+  NativeRunDescriptor desc_;
+  const uint64_t epoch_;
+  const ChipCallable* const callable_;
+  const uint32_t callable_id_;
+  TaskArgs args_;
+  RunConfig config_;
+  HostApi api_;
+  std::atomic<uint32_t> phase_{static_cast<uint32_t>(RunPhase::Prepared)};
+  // Terminal: written by the completion path, `done_` last.
+  std::atomic<uint32_t> done_{0};
+  Status result_;
+  RunStats stats_;
+  // Runs submitted through Worker::submit finalize themselves on completion.
+  bool auto_finalize_ = false;
+  std::shared_ptr<detail::RunState> handle_;
+};
+
+inline constexpr size_t native_run_storage_size() { return sizeof(NativeRunContext); }
+inline constexpr size_t native_run_storage_alignment() { return alignof(NativeRunContext); }
+
+// A process-unique run identity, never 0.
+uint64_t next_run_epoch();
+
+// Test seam for R81: when set, the next NativeRunContext construction throws
+// std::runtime_error from inside a member initialiser, then clears itself.
+void fail_next_native_run_construction_for_test();
+
+}  // namespace simpler

@@ -1,0 +1,135 @@
+#include "device/sim_runner.h"
+
+#include <cstring>
+
+#include "base/errors.h"
+
+namespace simpler {
+
+Status check_host_api_ops(const HostApiOps& o) {
+  const void* const fields[kHostApiCallbacks] = {
+      reinterpret_cast<const void*>(o.device_malloc),   reinterpret_cast<const void*>(o.device_free),
+      reinterpret_cast<const void*>(o.copy_to_device),  reinterpret_cast<const void*>(o.copy_from_device),
+      reinterpret_cast<const void*>(o.memset_device),   reinterpret_cast<const void*>(o.retained_temp),
+      reinterpret_cast<const void*>(o.arena_setup),     reinterpret_cast<const void*>(o.upload_callable),
+      reinterpret_cast<const void*>(o.swimlane_level)};
+  static const char* const kNames[kHostApiCallbacks] = {"device_malloc", "device_free",     "copy_to_device",
+                                                        "copy_from_device", "memset_device", "retained_temp",
+                                                        "arena_setup",   "upload_callable", "swimlane_level"};
+  for (int i = 0; i < kHostApiCallbacks; ++i) {
+    if (fields[i] == nullptr) {
+      return invalid_argument("HostApiOps of backend '{}': {} is null", o.backend ? o.backend : "?", kNames[i]);
+    }
+  }
+  return Status();
+}
+
+struct SimOps {
+  static SimRunner& r(const HostApi& api) { return *static_cast<SimRunner*>(api.runner); }
+
+  static Result<uint64_t> device_malloc(const HostApi& api, uint64_t bytes) { return r(api).memory_.allocate(bytes); }
+  static Status device_free(const HostApi& api, uint64_t addr) { return r(api).memory_.free(addr); }
+  static Status copy_to_device(const HostApi& api, uint64_t dst, const void* src, uint64_t n) {
+    SIMPLER_RETURN_IF_ERROR(r(api).memory_.check_range(dst, n));
+    std::memcpy(reinterpret_cast<void*>(dst), src, n);
+    return Status();
+  }
+  static Status copy_from_device(const HostApi& api, void* dst, uint64_t src, uint64_t n) {
+    SIMPLER_RETURN_IF_ERROR(r(api).memory_.check_range(src, n));
+    std::memcpy(dst, reinterpret_cast<const void*>(src), n);
+    return Status();
+  }
+  static Status memset_device(const HostApi& api, uint64_t dst, int value, uint64_t n) {
+    SIMPLER_RETURN_IF_ERROR(r(api).memory_.check_range(dst, n));
+    std::memset(reinterpret_cast<void*>(dst), value, n);
+    return Status();
+  }
+  static Result<uint64_t> retained_temp(const HostApi& api, uint64_t min_bytes) {
+    SimRunner& run = r(api);
+    uint64_t& addr = run.retained_addr_[api.slot];
+    uint64_t& bytes = run.retained_bytes_[api.slot];
+    if (addr != 0 && bytes >= min_bytes) return addr;
+    auto fresh = run.memory_.allocate(min_bytes);
+    if (!fresh.ok()) return fresh.status();
+    if (addr != 0) (void)run.memory_.free(addr);
+    addr = *fresh;
+    bytes = min_bytes;
+    return addr;
+  }
+  static Result<uint64_t> arena_setup(const HostApi& api, uint64_t* bytes_out) {
+    SimRunner& run = r(api);
+    uint64_t& addr = run.arena_addr_[api.bank];
+    if (addr == 0) {
+      auto fresh = run.memory_.allocate(run.arena_bytes_);
+      if (!fresh.ok()) {
+        return Status(fresh.status().code(), fmt::format("arena bank {}: {}", api.bank, fresh.status().message()));
+      }
+      addr = *fresh;
+    }
+    if (bytes_out != nullptr) *bytes_out = run.arena_bytes_;
+    return addr;
+  }
+  static Status upload_callable(const HostApi& api, uint32_t id) {
+    SimRunner& run = r(api);
+    std::lock_guard<std::mutex> lock(run.uploaded_mu_);
+    run.uploaded_.insert(id);
+    return Status();
+  }
+  static uint32_t swimlane_level(const HostApi& api) { return r(api).swimlane_level_; }
+};
+
+const HostApiOps& SimRunner::ops() {
+  static const HostApiOps kOps{"sim",
+                               &SimOps::device_malloc,
+                               &SimOps::device_free,
+                               &SimOps::copy_to_device,
+                               &SimOps::copy_from_device,
+                               &SimOps::memset_device,
+                               &SimOps::retained_temp,
+                               &SimOps::arena_setup,
+                               &SimOps::upload_callable,
+                               &SimOps::swimlane_level};
+  return kOps;
+}
+
+SimRunner::SimRunner(GlobalMemory& memory, uint64_t arena_bytes, uint32_t swimlane_level)
+    : memory_(memory), arena_bytes_(arena_bytes), swimlane_level_(swimlane_level) {}
+
+SimRunner::~SimRunner() {
+  GrantTables empty;
+  commit_grant(empty);
+}
+
+SimRunner::GrantTables SimRunner::build_grant(uint32_t grant) {
+  GrantTables t;
+  t.retained_addr.assign(grant, 0);
+  t.retained_bytes.assign(grant, 0);
+  t.arena_addr.assign(grant, 0);
+  return t;
+}
+
+void SimRunner::commit_grant(GrantTables& t) noexcept {
+  retained_addr_.swap(t.retained_addr);
+  retained_bytes_.swap(t.retained_bytes);
+  arena_addr_.swap(t.arena_addr);
+  for (uint64_t a : t.retained_addr) {
+    if (a != 0) (void)memory_.free(a);
+  }
+  for (uint64_t a : t.arena_addr) {
+    if (a != 0) (void)memory_.free(a);
+  }
+  t = GrantTables{};
+}
+
+Result<HostApi> SimRunner::bind(uint32_t slot, uint32_t bank) {
+  if (slot >= width()) return invalid_argument("pipeline_slot = {} is outside the grant of {}", slot, width());
+  if (bank >= width()) return invalid_argument("arena_bank = {} is outside the grant of {}", bank, width());
+  return HostApi{this, slot, bank, &ops()};
+}
+
+bool SimRunner::callable_uploaded(uint32_t id) const {
+  std::lock_guard<std::mutex> lock(uploaded_mu_);
+  return uploaded_.count(id) != 0;
+}
+
+}  // namespace simpler
