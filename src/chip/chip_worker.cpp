@@ -4,6 +4,7 @@
 #include <new>
 
 #include "base/errors.h"
+#include "base/leak.h"
 #include "task/args_blob.h"
 
 namespace simpler {
@@ -502,10 +503,10 @@ Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
     // Device threads may still write device memory, the graphs and the run
     // storage: abandon all of it on purpose rather than free it under them.
     const uint32_t left = in_flight_.load();
-    for (auto& block : storage_) (void)block.release();
-    (void)runtime_.release();
-    (void)runner_.release();
-    (void)device_.release();
+    for (auto& block : storage_) abandon(block.release());
+    abandon(runtime_.release());
+    abandon(runner_.release());
+    abandon(device_.release());
     return make_error(StatusCode::kDeadlineExceeded,
                       "close: {} runs still on the device after {} ms; the device and its run storage were "
                       "abandoned (leaked on purpose)",

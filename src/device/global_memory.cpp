@@ -15,7 +15,8 @@ Result<std::unique_ptr<GlobalMemory>> GlobalMemory::create(uint64_t bytes) {
   if (bytes < kAlignment || bytes > (uint64_t{1} << 44)) {
     return invalid_argument("device_memory_bytes = {} is outside [64, 2^44]", bytes);
   }
-  bytes = (bytes + kAlignment - 1) & ~(kAlignment - 1);
+  // The total is reported exactly as configured; only whole 64-byte blocks of
+  // it can be handed out.
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     return resource_exhausted("device_memory_bytes = {}: mmap failed: {}", bytes, std::strerror(errno));
@@ -23,8 +24,9 @@ Result<std::unique_ptr<GlobalMemory>> GlobalMemory::create(uint64_t bytes) {
   return std::unique_ptr<GlobalMemory>(new GlobalMemory(reinterpret_cast<uint64_t>(p), bytes));
 }
 
-GlobalMemory::GlobalMemory(uint64_t base, uint64_t bytes) : base_(base), bytes_(bytes), free_total_(bytes) {
-  free_.emplace(base_, bytes_);
+GlobalMemory::GlobalMemory(uint64_t base, uint64_t bytes)
+    : base_(base), bytes_(bytes), free_total_(bytes & ~(kAlignment - 1)) {
+  free_.emplace(base_, free_total_);
 }
 
 GlobalMemory::~GlobalMemory() { munmap(reinterpret_cast<void*>(base_), bytes_); }
@@ -52,8 +54,11 @@ Status GlobalMemory::free(uint64_t addr) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(addr);
   if (it == live_.end()) return invalid_argument("addr = {:#x} is not a live device allocation", addr);
-  uint64_t start = it->first, size = it->second;
-  live_.erase(it);
+  // The live node moves to the free list, so freeing never allocates and may
+  // run where a throw is not allowed (a grant commit, a completion path).
+  auto node = live_.extract(it);
+  const uint64_t start = node.key();
+  uint64_t size = node.mapped();
   free_total_ += size;
   auto next = free_.lower_bound(start);
   if (next != free_.end() && start + size == next->first) {
@@ -67,7 +72,8 @@ Status GlobalMemory::free(uint64_t addr) {
       return Status();
     }
   }
-  free_.emplace(start, size);
+  node.mapped() = size;
+  free_.insert(std::move(node));
   return Status();
 }
 

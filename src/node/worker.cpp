@@ -1,6 +1,7 @@
 #include "simpler/worker.h"
 
 #include "base/errors.h"
+#include "base/leak.h"
 #include "chip/chip_worker.h"
 
 namespace simpler {
@@ -107,7 +108,7 @@ Status Worker::close() {
   Status st;
   if (impl_->chip != nullptr) st = impl_->chip->close(std::chrono::milliseconds(60'000));
   if (st.ok()) impl_->chip.reset();
-  else (void)impl_->chip.release();  // abandoned: its threads may still run
+  else abandon(impl_->chip.release());  // its device threads may still call back into it
   impl_->phase = Impl::Phase::Closed;
   return st;
 }
