@@ -253,18 +253,32 @@ Result<uint64_t> ChipWorker::prepare(void* storage, size_t storage_bytes, const 
   return epoch;
 }
 
-Result<NativeRunContext*> ChipWorker::lookup(void* storage, uint64_t epoch, const char* call) const {
+ChipWorker::RunRef::~RunRef() {
+  if (ctx_ == nullptr) return;
+  // Read before letting go: once users_ drops, finalize may destroy the context.
+  const uint32_t slot = ctx_->desc_.lease.slot;
+  ctx_->users_.fetch_sub(1, std::memory_order_acq_rel);
+  w_->set_bells_[slot].bell.ring();
+}
+
+Result<ChipWorker::RunRef> ChipWorker::lookup(void* storage, uint64_t epoch, const char* call) {
   if (storage == nullptr) return invalid_argument("{}: storage is null", call);
+  {
+    std::lock_guard<std::mutex> lock(runs_mu_);
+    auto it = runs_.find(epoch);
+    if (it != runs_.end() && it->second == storage) {
+      it->second->users_.fetch_add(1, std::memory_order_acq_rel);
+      return RunRef(this, it->second);
+    }
+  }
+  // Refused; say why as precisely as the storage allows.
   NativeRunContext* ctx = NativeRunContext::from_storage(storage);
   if (ctx == nullptr) return failed_precondition("{}: the storage holds no prepared run", call);
   if (ctx->owner() != this) return failed_precondition("{}: the run belongs to another ChipWorker", call);
   if (ctx->epoch() != epoch) {
     return failed_precondition("{}: epoch {} is not the run in this storage (run {})", call, epoch, ctx->epoch());
   }
-  std::lock_guard<std::mutex> lock(runs_mu_);
-  auto it = runs_.find(epoch);
-  if (it == runs_.end() || it->second != ctx) return failed_precondition("{}: run {} is not live here", call, epoch);
-  return ctx;
+  return failed_precondition("{}: run {} is not live here", call, epoch);
 }
 
 void ChipWorker::enqueue_launch(NativeRunContext* ctx) {
@@ -305,10 +319,10 @@ void ChipWorker::do_launch(NativeRunContext* ctx) {
 }
 
 Status ChipWorker::launch(void* storage, uint64_t epoch) {
-  auto ctx = lookup(storage, epoch, "launch");
-  if (!ctx.ok()) return ctx.status();
+  auto ref = lookup(storage, epoch, "launch");
+  if (!ref.ok()) return ref.status();
   SIMPLER_RETURN_IF_ERROR(context_.validate("launch"));
-  NativeRunContext* c = *ctx;
+  NativeRunContext* c = ref->get();
   if (c->phase() != RunPhase::Prepared) {
     return failed_precondition("launch: run {} is {}, not prepared", epoch, run_phase_name(c->phase()));
   }
@@ -319,24 +333,25 @@ Status ChipWorker::launch(void* storage, uint64_t epoch) {
 }
 
 Result<PollState> ChipWorker::poll(void* storage, uint64_t epoch) {
-  auto ctx = lookup(storage, epoch, "poll");
-  if (!ctx.ok()) return ctx.status();
+  auto ref = lookup(storage, epoch, "poll");
+  if (!ref.ok()) return ref.status();
   SIMPLER_RETURN_IF_ERROR(context_.validate("poll"));
-  switch ((*ctx)->phase()) {
+  NativeRunContext* c = ref->get();
+  switch (c->phase()) {
     case RunPhase::Prepared:
       return failed_precondition("poll: run {} is prepared, not launched", epoch);
     case RunPhase::Launching:
       return PollState::NotReady;
     default:
-      return (*ctx)->done() ? PollState::Complete : PollState::NotReady;
+      return c->done() ? PollState::Complete : PollState::NotReady;
   }
 }
 
 Status ChipWorker::wait(void* storage, uint64_t epoch, uint64_t deadline_ns) {
-  auto ctx = lookup(storage, epoch, "wait");
-  if (!ctx.ok()) return ctx.status();
+  auto ref = lookup(storage, epoch, "wait");
+  if (!ref.ok()) return ref.status();
   SIMPLER_RETURN_IF_ERROR(context_.validate("wait"));
-  NativeRunContext* c = *ctx;
+  NativeRunContext* c = ref->get();
   if (c->phase() != RunPhase::Launched) {
     return failed_precondition("wait: run {} is {}; launch it first", epoch, run_phase_name(c->phase()));
   }
@@ -347,16 +362,17 @@ Status ChipWorker::wait(void* storage, uint64_t epoch, uint64_t deadline_ns) {
 }
 
 Status ChipWorker::finalize(void* storage, uint64_t epoch) {
-  auto ctx = lookup(storage, epoch, "finalize");
-  if (!ctx.ok()) return ctx.status();
+  auto ref = lookup(storage, epoch, "finalize");
+  if (!ref.ok()) return ref.status();
   SIMPLER_RETURN_IF_ERROR(context_.validate("finalize"));
-  NativeRunContext* c = *ctx;
+  NativeRunContext* c = ref->get();
   switch (c->phase()) {
     case RunPhase::Launching:
       return failed_precondition("finalize: run {} is launching; wait for launch to return", epoch);
     case RunPhase::Prepared:
       runtime_->discard(c->desc_.lease.slot);
-      return retire(c, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", epoch));
+      ref->disown();
+      return retire(c, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", epoch), 1);
     default:
       break;
   }
@@ -373,21 +389,28 @@ Status ChipWorker::finalize(void* storage, uint64_t epoch) {
       }
     }
   }
-  return retire(c, result);
+  ref->disown();
+  return retire(c, result, 1);
 }
 
-Status ChipWorker::retire(NativeRunContext* ctx, Status result) {
+Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_holds) {
   const Lease lease = ctx->desc_.lease;
   const uint64_t epoch = ctx->epoch_;
   {
     std::lock_guard<std::mutex> lock(runs_mu_);
     runs_.erase(epoch);
   }
+  // No new call can find the run now; let the ones inside it leave first.
+  spin_then_park(set_bells_[lease.slot].bell,
+                 [&] { return ctx->users_.load(std::memory_order_acquire) == own_holds; }, SpinPolicy{});
   bank_epoch_[ctx->desc_.arena_bank] = 0;
   std::shared_ptr<detail::RunState> handle = std::move(ctx->handle_);
   const RunStats stats = ctx->stats_;
   ctx->~NativeRunContext();
-  std::memset(static_cast<void*>(ctx), 0, native_run_storage_size());
+  // The magic word goes last and atomically: a refused caller may be reading it.
+  auto* bytes = reinterpret_cast<unsigned char*>(ctx);
+  std::memset(bytes + sizeof(uint64_t), 0, native_run_storage_size() - sizeof(uint64_t));
+  reinterpret_cast<std::atomic<uint64_t>*>(bytes)->store(0, std::memory_order_release);
   release_lease(lease);
   if (handle != nullptr) handle->complete(result, stats);
   return result;
@@ -412,9 +435,13 @@ void ChipWorker::on_run_done(uint32_t slot, hbg::RunOutcome out) {
       launched_peak_ = std::max(launched_peak_, launched_);
     }
   }
+  // Counted out before anyone can see the run done, so a caller returning
+  // from wait() finds it no longer in flight. close() joins this thread before
+  // freeing anything, so the rest of this function stays safe.
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   if (ctx->auto_finalize_) {
     ctx->done_.store(1, std::memory_order_release);
-    (void)retire(ctx, ctx->result_);
+    (void)retire(ctx, ctx->result_, 0);
   } else {
     // The caller may finalize the instant it sees done_: nothing of the
     // context is touched after this store.
@@ -422,7 +449,6 @@ void ChipWorker::on_run_done(uint32_t slot, hbg::RunOutcome out) {
     set_bells_[slot].bell.ring();
   }
   if (next != nullptr) do_launch(next);
-  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   admission_bell_.ring();
 }
 

@@ -99,15 +99,37 @@ class ChipWorker {
     Doorbell bell;
   };
 
+  // A phase call's hold on a live run: counted in the run's users_ for the
+  // whole call, so finalize cannot destroy the context under it.
+  class RunRef {
+   public:
+    RunRef(ChipWorker* w, NativeRunContext* ctx) : w_(w), ctx_(ctx) {}
+    RunRef(RunRef&& o) noexcept : w_(o.w_), ctx_(std::exchange(o.ctx_, nullptr)) {}
+    RunRef(const RunRef&) = delete;
+    RunRef& operator=(const RunRef&) = delete;
+    RunRef& operator=(RunRef&&) = delete;
+    ~RunRef();
+    NativeRunContext* operator->() const { return ctx_; }
+    NativeRunContext* get() const { return ctx_; }
+    // Hands the hold to retire(), which counts it and then destroys the context.
+    void disown() { ctx_ = nullptr; }
+
+   private:
+    ChipWorker* w_;
+    NativeRunContext* ctx_;
+  };
+
   ChipWorker(const WorkerConfig& config, std::vector<ChipCallable> callables);
   Status check_signature(const ChipCallable& c, const TaskArgs& args) const;
   Status check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
-  Result<NativeRunContext*> lookup(void* storage, uint64_t epoch, const char* call) const;
+  Result<RunRef> lookup(void* storage, uint64_t epoch, const char* call);
   Result<Lease> acquire_set();
   void enqueue_launch(NativeRunContext* ctx);
   void do_launch(NativeRunContext* ctx);
   void on_run_done(uint32_t slot, hbg::RunOutcome outcome);
-  Status retire(NativeRunContext* ctx, Status result);
+  // Unregisters, waits until only `own_holds` phase calls are inside, then
+  // destroys the context and releases its set.
+  Status retire(NativeRunContext* ctx, Status result, uint32_t own_holds);
 
   const WorkerConfig config_;
   const std::vector<ChipCallable> callables_;

@@ -88,6 +88,9 @@ class NativeRunContext {
   std::atomic<uint32_t> done_{0};
   Status result_;
   RunStats stats_;
+  // Phase calls inside this run right now; finalize destroys the context only
+  // once it is the last, so no call is left holding a freed carrier (R49).
+  std::atomic<uint32_t> users_{0};
   // Runs submitted through Worker::submit finalize themselves on completion.
   bool auto_finalize_ = false;
   std::shared_ptr<detail::RunState> handle_;

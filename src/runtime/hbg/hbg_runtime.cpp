@@ -124,12 +124,24 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
   Slot& s = *slots_[api.slot];
   reset_slot(s);
   SIMPLER_RETURN_IF_ERROR(bind_arena(s, api));
+  // The builder reaches the run's HostApi through the slot only while this
+  // call runs; the guard unbinds it on every exit, so no finished run's
+  // binding can be used by a later one.
+  struct BindingGuard {
+    Slot& s;
+    ~BindingGuard() {
+      s.api = HostApi{};
+      s.callable = nullptr;
+    }
+  } guard{s};
   s.api = api;
   s.callable = &callable;
   GraphBuilder builder(*this, s);
   Status st;
   try {
     st = callable.orchestrate()(builder, run_args);
+  } catch (const std::bad_alloc&) {
+    st = resource_exhausted("orchestration of '{}': host memory exhausted while building the graph", callable.name());
   } catch (const std::exception& e) {
     st = Status(StatusCode::kInternal, fmt::format("orchestration of '{}' threw: {}", callable.name(), e.what()));
   }
@@ -143,7 +155,12 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
                             capacity_.edges);
   }
   if (!st.ok()) {
-    release_intermediates(s);
+    for (uint32_t i = 0; i < s.intermediate_count; ++i) {
+      Intermediate& im = s.intermediates[i];
+      if (im.addr != 0) (void)api.device_free(im.addr);
+      im.addr = 0;
+    }
+    s.intermediate_count = 0;
     return st;
   }
   finalize_graph(s);

@@ -98,6 +98,8 @@ class HbgRuntime final : public AicpuProgram {
   bool poll(uint32_t aicpu) override;
 
   const Capacity& capacity() const { return capacity_; }
+  // Whether set `slot` holds a HostApi binding; true only inside build().
+  bool binding_held(uint32_t slot) const { return slots_[slot]->api.bound(); }
   uint32_t slot_count() const { return static_cast<uint32_t>(slots_.size()); }
 
  private:
