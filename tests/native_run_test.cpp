@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <barrier>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <time.h>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -257,7 +260,7 @@ TEST(HostApi, R79BindingIsPerValue) {
 }
 
 // R79 on the sim backend: each slot's retained temp buffer is its own.
-TEST(HostApi, R79RetainedTempIsPerSlot) {
+TEST(HostApi, R79R90RetainedTempIsPerSlot) {
   Fixture f(4);
   auto a = f.worker->runner().bind(0, 0);
   auto b = f.worker->runner().bind(3, 3);
@@ -633,6 +636,257 @@ TEST(MemoryInfo, R72ExactTotalAboveFourGiB) {
   EXPECT_EQ(c.total_bytes, a.total_bytes);
   EXPECT_EQ(a.free_bytes - c.free_bytes, uint64_t{1} << 33);
 }
+
+// R27 + R31: the grant is exactly what was asked for, and it reaches the runtime.
+TEST(Grant, R27R31GrantIsTheRequestAndReachesTheRuntime) {
+  for (uint32_t g : {1u, 5u, 17u}) {
+    Fixture f(g);
+    EXPECT_EQ(f.worker->grant(), g);
+    EXPECT_EQ(f.worker->runtime().slot_count(), g);
+    for (const auto& [name, width] : f.worker->owner_widths()) EXPECT_EQ(width, g) << name;
+  }
+}
+
+// R28: a descriptor naming slot or bank G is refused and touches no storage.
+TEST(Grant, R28DescriptorCheckedAgainstTheGrant) {
+  Fixture f(3);
+  Storage s;
+  NativeRunDescriptor d = desc_for(*f.worker->try_acquire_lease());
+  d.arena_bank = 3;
+  Status st = f.worker->prepare(s.get(), native_run_storage_size(), d, 0, f.inout_args()).status();
+  EXPECT_NE(st.message().find("arena_bank = 3"), std::string::npos) << st.message();
+  EXPECT_EQ(s.magic(), 0u);
+  d = desc_for(Lease{3, 1});
+  st = f.worker->prepare(s.get(), native_run_storage_size(), d, 0, f.inout_args()).status();
+  EXPECT_NE(st.message().find("lease.slot = 3"), std::string::npos) << st.message();
+  EXPECT_EQ(s.magic(), 0u);
+}
+
+// R29: the generation filter is grant-wide and refuses replays.
+TEST(Grant, R29GenerationFilter) {
+  Fixture f(4);
+  std::vector<Lease> l;
+  for (int i = 0; i < 4; ++i) l.push_back(*f.worker->try_acquire_lease());
+  Storage s;
+  auto e = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(l[3]), 0, f.inout_args());
+  ASSERT_TRUE(e.ok()) << "slot 3 is admitted";
+  EXPECT_EQ(f.worker->finalize(s.get(), *e).code(), StatusCode::kAborted);
+  Storage s4;
+  EXPECT_EQ(f.worker->prepare(s4.get(), native_run_storage_size(), desc_for(Lease{4, 1}), 0, f.inout_args())
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "slot 4 is refused";
+  auto fresh = f.worker->try_acquire_lease();
+  ASSERT_TRUE(fresh.has_value());
+  EXPECT_EQ(fresh->slot, 3u);
+  EXPECT_EQ(f.worker->prepare(s.get(), native_run_storage_size(), desc_for(l[3]), 0, f.inout_args()).status().code(),
+            StatusCode::kFailedPrecondition)
+      << "the replayed old generation of slot 3";
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(f.worker->release_lease(l[i]));
+  EXPECT_TRUE(f.worker->release_lease(*fresh));
+}
+
+// R30 (the part that applies to host_build_graph): repeated binds of one bank
+// reuse its arena by address, with no further device allocation or upload.
+// The graph itself is rebuilt into the arena on every bind in this runtime, so
+// the seed's "sentinel unchanged" clause does not apply.
+TEST(Grant, R30RepeatedBindsReuseTheArena) {
+  Fixture f(1);
+  auto bind_once = [&] {
+    Storage s;
+    auto l = f.worker->try_acquire_lease();
+    auto e = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*l), 0, f.inout_args());
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE(f.worker->launch(s.get(), *e).ok());
+    ASSERT_TRUE(f.worker->finalize(s.get(), *e).ok());
+  };
+  bind_once();
+  const uint64_t arena = f.worker->runner().arena_addr(0);
+  const uint64_t free_after_warm = f.worker->memory_info().free_bytes;
+  ASSERT_NE(arena, 0u);
+  EXPECT_TRUE(f.worker->runner().callable_uploaded(0));
+  for (int i = 0; i < 8; ++i) bind_once();
+  EXPECT_EQ(f.worker->runner().arena_addr(0), arena);
+  EXPECT_EQ(f.worker->memory_info().free_bytes, free_after_warm);
+}
+
+// R49: a phase call parked in wait() holds the run: a concurrent finalize waits
+// for it to leave, and a regrant is refused meanwhile.
+TEST(NativeRun, R49CallsHoldTheRun) {
+  Fixture f(2);
+  std::unique_ptr<Gate> gate(new Gate);
+  g_gate = gate.get();
+  Storage s;
+  auto l = f.worker->try_acquire_lease();
+  auto e = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*l), 1, TaskArgs{});
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(f.worker->launch(s.get(), *e).ok());
+  Status waited = internal_error("not waited"), finalized = internal_error("not finalized");
+  std::thread waiter([&] { waited = f.worker->wait(s.get(), *e, deadline()); });
+  std::thread finalizer([&] { finalized = f.worker->finalize(s.get(), *e); });
+  ASSERT_TRUE(gate->wait_entered(1));
+  EXPECT_EQ(f.worker->set_run_resource_grant(4).code(), StatusCode::kFailedPrecondition);
+  gate->release();
+  waiter.join();
+  finalizer.join();
+  // The waiter either got the terminal or, if finalize retired the run first,
+  // was refused cleanly; it never read a destroyed run.
+  EXPECT_TRUE(waited.ok() || waited.code() == StatusCode::kFailedPrecondition) << waited.to_string();
+  EXPECT_TRUE(finalized.ok()) << finalized.to_string();
+  EXPECT_EQ(s.magic(), 0u);
+  EXPECT_TRUE(f.worker->set_run_resource_grant(4).ok());
+}
+
+// R54: close drains wide: five unwaited runs, one failing, all terminal after
+// close with a repeatable outcome; nothing stays registered or live.
+extern "C" void fail_kernel(int64_t*) { simpler_kernel_fail("fail_kernel: planned failure"); }
+
+TEST(NativeRun, R54CloseDrainsWide) {
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
+  ASSERT_TRUE(k.add_function(2, CoreType::AIV, "fail_kernel", fail_kernel).ok());
+  std::vector<ChipCallable> cs;
+  cs.emplace_back("add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+                  std::vector<Param>{Param::inout()});
+  cs.emplace_back("fails", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(2, TaskArgs{}).status(); }, k,
+                  std::vector<Param>{});
+  WorkerConfig cfg;
+  cfg.pipeline_depth = 5;
+  cfg.max_tasks_per_run = 16;
+  cfg.device_memory_bytes = 64ull << 20;
+  auto w = ChipWorker::create(cfg, std::move(cs));
+  ASSERT_TRUE(w.ok());
+  auto buf = (*w)->malloc(64 * 4);
+  std::vector<RunHandle> runs;
+  for (int i = 0; i < 5; ++i) {
+    TaskArgs a;
+    if (i != 2) a.add_tensor(buf->view({64}, DType::F32), Tag::InOut);
+    runs.push_back((*w)->submit(i == 2 ? 1 : 0, a));
+  }
+  ASSERT_TRUE((*w)->close(std::chrono::milliseconds(30'000)).ok());
+  EXPECT_EQ((*w)->registered_runs(), 0u);
+  EXPECT_EQ((*w)->set_counts().free, 5u);
+  EXPECT_EQ((*w)->launched_now(), 0u);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(runs[i].done()) << i;
+    const Status first = runs[i].result();
+    EXPECT_EQ(first.ok(), i != 2) << first.to_string();
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(runs[i].result(), first);
+  }
+  EXPECT_NE(runs[2].result().message().find("planned failure"), std::string::npos);
+  EXPECT_EQ((*w)->submit(0, TaskArgs{}).result().code(), StatusCode::kFailedPrecondition);
+}
+
+// R80: no ambient selection setter exists in the library.
+TEST(HostApi, R80NoAmbientSetters) {
+  void* self = dlopen(nullptr, RTLD_NOW);
+  for (const char* name : {"select_pipeline_slot_ctx", "select_arena_bank_ctx", "set_native_run_identity_ctx",
+                           "set_task_accepted_state_ctx"}) {
+    EXPECT_EQ(dlsym(self, name), nullptr) << name;
+    EXPECT_EQ(dlsym(RTLD_DEFAULT, name), nullptr) << name;
+  }
+  EXPECT_NE(dlsym(RTLD_DEFAULT, "simpler_kernel_fail"), nullptr) << "the probe itself must work";
+}
+
+// R87: a launcher parked behind launch_depth burns no CPU, and is released.
+TEST(NativeRun, R87LaunchWaitBurnsNoCpu) {
+  Fixture f(2, 1);
+  std::unique_ptr<Gate> gate(new Gate);
+  g_gate = gate.get();
+  RunHandle blocker = f.worker->submit(1, TaskArgs{});
+  ASSERT_TRUE(gate->wait_entered(1));
+  Storage s;
+  auto l = f.worker->try_acquire_lease();
+  auto e = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*l), 0, f.inout_args());
+  ASSERT_TRUE(e.ok());
+  std::atomic<bool> launched{false};
+  clockid_t cpu_clock{};
+  std::atomic<bool> have_clock{false};
+  std::thread launcher([&] {
+    pthread_getcpuclockid(pthread_self(), &cpu_clock);
+    have_clock.store(true);
+    EXPECT_TRUE(f.worker->launch(s.get(), *e).ok());
+    launched.store(true);
+  });
+  ASSERT_TRUE(eventually([&] { return have_clock.load() && NativeRunContext::from_storage(s.get())->phase() == RunPhase::Launching; }));
+  auto cpu = [&] {
+    timespec ts{};
+    clock_gettime(cpu_clock, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+  };
+  const double before = cpu();
+  std::this_thread::sleep_for(200ms);  // the measured window, not a synchronisation
+  const double burned = cpu() - before;
+  EXPECT_FALSE(launched.load());
+  EXPECT_LT(burned, 20.0) << "ms of CPU burned by a parked launcher over 200 ms";
+  gate->release();
+  launcher.join();
+  EXPECT_TRUE(launched.load());
+  EXPECT_TRUE(blocker.wait_for(30s).ok());
+  EXPECT_TRUE(f.worker->finalize(s.get(), *e).ok());
+}
+
+// R88: the runtime's HostApi binding is dropped on every exit from a build.
+TEST(HostApi, R88BindingClearedOnEveryExit) {
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
+  std::vector<ChipCallable> cs;
+  cs.emplace_back("refuses", [](ChipOrchestrator&, const TaskArgs&) { return invalid_argument("planned refusal"); }, k,
+                  std::vector<Param>{});
+  cs.emplace_back("throws", [](ChipOrchestrator&, const TaskArgs&) -> Status { throw std::runtime_error("planned"); }, k,
+                  std::vector<Param>{});
+  cs.emplace_back("ok", [](ChipOrchestrator&, const TaskArgs&) { return Status(); }, k, std::vector<Param>{});
+  WorkerConfig cfg;
+  cfg.max_tasks_per_run = 16;
+  cfg.device_memory_bytes = 64ull << 20;
+  auto w = ChipWorker::create(cfg, std::move(cs));
+  ASSERT_TRUE(w.ok());
+  for (uint32_t c = 0; c < 3; ++c) {
+    Storage s;
+    auto l = (*w)->try_acquire_lease();
+    auto e = (*w)->prepare(s.get(), native_run_storage_size(), desc_for(*l), c, TaskArgs{});
+    EXPECT_EQ(e.ok(), c == 2) << e.status().to_string();
+    EXPECT_FALSE((*w)->runtime().binding_held(l->slot)) << "callable " << c;
+    if (e.ok()) EXPECT_EQ((*w)->finalize(s.get(), *e).code(), StatusCode::kAborted);
+    else EXPECT_TRUE((*w)->release_lease(*l));
+  }
+}
+
+// R89: every geometry of the sim backend passes the same lifecycle.
+class AllGeometries : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(AllGeometries, R89SameLifecycleContract) {
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
+  std::vector<ChipCallable> cs;
+  cs.emplace_back("add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+                  std::vector<Param>{Param::inout()});
+  WorkerConfig cfg;
+  cfg.geometry = *Geometry::by_name(GetParam());
+  cfg.max_tasks_per_run = 16;
+  cfg.device_memory_bytes = 64ull << 20;
+  auto w = ChipWorker::create(cfg, std::move(cs));
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE(check_host_api_ops(SimRunner::ops()).ok());
+  auto buf = (*w)->malloc(64 * 4);
+  TaskArgs a;
+  a.add_tensor(buf->view({64}, DType::F32), Tag::InOut);
+  for (int round = 0; round < 3; ++round) {
+    Storage s;
+    auto l = (*w)->try_acquire_lease();
+    auto e = (*w)->prepare(s.get(), native_run_storage_size(), desc_for(*l), 0, a);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ((*w)->poll(s.get(), *e).status().code(), StatusCode::kFailedPrecondition);
+    ASSERT_TRUE((*w)->launch(s.get(), *e).ok());
+    EXPECT_TRUE((*w)->wait(s.get(), *e, deadline()).ok());
+    EXPECT_TRUE((*w)->finalize(s.get(), *e).ok());
+  }
+  float x = 0;
+  ASSERT_TRUE((*w)->copy_from(&x, *buf, 4, 0).ok());
+  EXPECT_EQ(x, 3.0f);
+}
+INSTANTIATE_TEST_SUITE_P(Sim, AllGeometries, ::testing::Values("small", "a2a3", "a5"));
 
 }  // namespace
 }  // namespace simpler

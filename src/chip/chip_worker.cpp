@@ -181,6 +181,16 @@ Status ChipWorker::check_signature(const ChipCallable& c, const TaskArgs& args) 
 
 Result<uint64_t> ChipWorker::prepare(void* storage, size_t storage_bytes, const NativeRunDescriptor& desc,
                                      uint32_t callable, const TaskArgs& args, RunConfig config) {
+  // Host memory exhaustion anywhere in prepare is an error value like any other.
+  try {
+    return prepare_unchecked(storage, storage_bytes, desc, callable, args, std::move(config));
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("prepare: host memory exhausted; nothing was prepared");
+  }
+}
+
+Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_bytes, const NativeRunDescriptor& desc,
+                                               uint32_t callable, const TaskArgs& args, RunConfig config) {
   SIMPLER_RETURN_IF_ERROR(context_.validate("prepare"));
   if (closing_.load(std::memory_order_acquire)) return failed_precondition("prepare: the worker is closed");
   if (storage == nullptr) return invalid_argument("prepare: storage is null");
@@ -237,6 +247,14 @@ Result<uint64_t> ChipWorker::prepare(void* storage, size_t storage_bytes, const 
   }
   Status st = runtime_->build(ctx->api_, c, ctx->args_);
   if (st.ok()) st = ctx->api_.upload_callable(callable);
+  if (st.ok()) {
+    try {
+      std::lock_guard<std::mutex> lock(runs_mu_);
+      runs_.emplace(epoch, ctx);
+    } catch (const std::bad_alloc&) {
+      st = resource_exhausted("prepare: host memory exhausted registering run {}", epoch);
+    }
+  }
   if (!st.ok()) {
     runtime_->discard(lease.slot);
     ctx->~NativeRunContext();
@@ -246,10 +264,6 @@ Result<uint64_t> ChipWorker::prepare(void* storage, size_t storage_bytes, const 
   ctx->stats_.build_us = static_cast<double>(now_ns() - t0) / 1e3;
   newest_generation_[lease.slot] = lease.generation;
   bank_epoch_[desc.arena_bank] = epoch;
-  {
-    std::lock_guard<std::mutex> lock(runs_mu_);
-    runs_.emplace(epoch, ctx);
-  }
   return epoch;
 }
 

@@ -85,6 +85,7 @@ class ChipWorker {
 
   ExecutionContext& execution_context() { return context_; }
   SimRunner& runner() { return *runner_; }
+  const hbg::HbgRuntime& runtime() const { return *runtime_; }
   uint32_t launched_now() const;
   uint32_t launched_peak() const;
   size_t registered_runs() const;
@@ -120,6 +121,8 @@ class ChipWorker {
   };
 
   ChipWorker(const WorkerConfig& config, std::vector<ChipCallable> callables);
+  Result<uint64_t> prepare_unchecked(void* storage, size_t storage_bytes, const NativeRunDescriptor& desc,
+                                     uint32_t callable, const TaskArgs& args, RunConfig config);
   Status check_signature(const ChipCallable& c, const TaskArgs& args) const;
   Status check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
   Result<RunRef> lookup(void* storage, uint64_t epoch, const char* call);

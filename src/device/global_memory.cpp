@@ -40,9 +40,17 @@ Result<uint64_t> GlobalMemory::allocate(uint64_t bytes) {
     if (it->second < want) continue;
     const uint64_t addr = it->first;
     const uint64_t rest = it->second - want;
-    free_.erase(it);
-    if (rest != 0) free_.emplace(addr + want, rest);
+    // The only allocation comes first; after it, the free block is re-keyed in
+    // place, so a std::bad_alloc can never lose a block.
     live_.emplace(addr, want);
+    if (rest == 0) {
+      free_.erase(it);
+    } else {
+      auto node = free_.extract(it);
+      node.key() = addr + want;
+      node.mapped() = rest;
+      free_.insert(std::move(node));
+    }
     free_total_ -= want;
     return addr;
   }

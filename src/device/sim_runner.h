@@ -44,6 +44,7 @@ class SimRunner {
   GlobalMemory& memory() { return memory_; }
   uint64_t arena_bytes() const { return arena_bytes_; }
   uint64_t retained_addr(uint32_t slot) const { return retained_addr_[slot]; }
+  uint64_t arena_addr(uint32_t bank) const { return arena_addr_[bank]; }
   bool callable_uploaded(uint32_t id) const;
 
  private:
