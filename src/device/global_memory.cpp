@@ -85,7 +85,7 @@ Status GlobalMemory::free(uint64_t addr) {
   return Status();
 }
 
-Status GlobalMemory::check_range(uint64_t addr, uint64_t bytes) const {
+Result<uint64_t> GlobalMemory::containing_allocation(uint64_t addr, uint64_t bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.upper_bound(addr);
   if (it == live_.begin()) return out_of_range("addr = {:#x} is not inside a live device allocation", addr);
@@ -93,7 +93,11 @@ Status GlobalMemory::check_range(uint64_t addr, uint64_t bytes) const {
   if (addr + bytes < addr || addr + bytes > it->first + it->second) {
     return out_of_range("range [{:#x}, +{}) runs past its allocation [{:#x}, +{})", addr, bytes, it->first, it->second);
   }
-  return Status();
+  return it->first;
+}
+
+Status GlobalMemory::check_range(uint64_t addr, uint64_t bytes) const {
+  return containing_allocation(addr, bytes).status();
 }
 
 uint64_t GlobalMemory::allocation_size(uint64_t addr) const {

@@ -49,9 +49,9 @@ Result<TensorView> TensorView::tile(const std::vector<int64_t>& start, const std
   }
   TensorView t = *this;
   for (int d = 0; d < ndim_; ++d) {
-    if (start[d] < 0 || len[d] < 0 || start[d] + len[d] > shape_[d]) {
-      return out_of_range("tile: dimension {} range [{}, {}) is outside the view's extent {}", d, start[d],
-                          start[d] + len[d], shape_[d]);
+    if (start[d] < 0 || len[d] < 0 || start[d] > shape_[d] || len[d] > shape_[d] - start[d]) {
+      return out_of_range("tile: dimension {} start {} length {} is outside the view's extent {}", d, start[d],
+                          len[d], shape_[d]);
     }
     t.offset_ += start[d] * stride_[d];
     t.shape_[d] = len[d];
@@ -87,17 +87,26 @@ Status TensorView::validate() const {
     return invalid_argument("dtype {} is not a valid DType", static_cast<int>(dtype_));
   }
   if (ndim_ < 0 || ndim_ > kMaxDims) return invalid_argument("ndim {} is outside [0, {}]", ndim_, kMaxDims);
-  // Bounds keep every product below 2^62 so the extent arithmetic cannot overflow.
+  // Every quantity below is checked before use, so a hostile shape, stride or
+  // offset (it may have crossed a mailbox) cannot wrap into a small, "valid" view.
   constexpr int64_t kLimit = int64_t{1} << 40;
+  int64_t elements = 1;
   for (int d = 0; d < ndim_; ++d) {
     if (shape_[d] < 0 || shape_[d] > kLimit) return invalid_argument("shape[{}] = {} is outside [0, 2^40]", d, shape_[d]);
     if (stride_[d] < -kLimit || stride_[d] > kLimit) return invalid_argument("stride[{}] = {} is outside ±2^40", d, stride_[d]);
+    if (__builtin_mul_overflow(elements, shape_[d], &elements) || elements > kLimit) {
+      return invalid_argument("shape: the element count exceeds 2^40 at dimension {}", d);
+    }
   }
   if (offset_ < 0 || offset_ > kLimit) return invalid_argument("offset {} is outside [0, 2^40]", offset_);
-  if (numel() == 0) return Status();
-  int64_t lo = offset_;
+  if (elements == 0) return Status();
+  int64_t lo = offset_, hi = offset_;
   for (int d = 0; d < ndim_; ++d) {
-    if (stride_[d] < 0) lo += (shape_[d] - 1) * stride_[d];
+    int64_t reach;
+    if (__builtin_mul_overflow(shape_[d] - 1, stride_[d], &reach) || reach > kLimit * 4 || reach < -kLimit * 4) {
+      return invalid_argument("dimension {}: shape {} x stride {} reaches beyond 2^42 elements", d, shape_[d], stride_[d]);
+    }
+    (reach < 0 ? lo : hi) += reach;
   }
   if (lo < 0) return out_of_range("view starts {} elements before its buffer", -lo);
   if (buffer_.bound() && end_byte() > buffer_.bytes) {

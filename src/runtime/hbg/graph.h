@@ -45,9 +45,9 @@ struct Intermediate {
   std::atomic<int32_t> refs{0};
 };
 
-// Where each argument's bytes were last written and read, for one buffer:
-// accesses keyed by first byte, so overlap queries stay logarithmic when a run
-// touches many disjoint tiles of one buffer.
+// Where each argument's bytes were last written and read, for one device
+// allocation: accesses keyed by first byte relative to the allocation, so
+// overlap queries stay logarithmic when a run touches many disjoint tiles.
 struct BufferAccesses {
   struct Access {
     TensorView view;

@@ -93,16 +93,22 @@ void GraphBuilder::add_edge(uint32_t from, uint32_t to) {
   s_.edges.emplace_back(from, to);
 }
 
-void GraphBuilder::add_dependencies(uint32_t task, const TensorView& view, Tag tag) {
-  BufferAccesses& b = s_.accesses[view.buffer().addr];
+void GraphBuilder::add_dependencies(uint32_t task, const TensorView& view, Tag tag, uint64_t base) {
+  BufferAccesses& b = s_.accesses[base];
   const bool writes = tag_writes(tag);
-  const uint64_t first = view.first_byte();
-  const uint64_t end = view.end_byte();
+  const uint64_t shift = view.buffer().addr - base;
+  const uint64_t first = shift + view.first_byte();
+  const uint64_t end = shift + view.end_byte();
   const uint64_t from = first > b.max_span ? first - b.max_span : 0;
   for (auto it = b.by_first.lower_bound(from); it != b.by_first.end() && it->first < end;) {
     const auto& a = it->second;
-    if ((writes || a.write) && a.view.overlaps(view)) add_edge(a.task, task);
-    if (writes && covers(view, a.view)) {
+    const bool same_buffer = a.view.buffer().addr == view.buffer().addr;
+    // Through one buffer the per-dimension test is exact; across sub-buffers
+    // of one allocation the byte ranges decide.
+    const bool overlap = same_buffer ? a.view.overlaps(view)
+                                     : it->first + (a.view.end_byte() - a.view.first_byte()) > first;
+    if ((writes || a.write) && overlap) add_edge(a.task, task);
+    if (writes && same_buffer && covers(view, a.view)) {
       it = b.by_first.erase(it);
     } else {
       ++it;
@@ -135,14 +141,18 @@ Result<TaskRef> GraphBuilder::submit(TaskKind kind, const uint32_t* funcs, uint3
   }
   if (Status st = args.validate(); !st.ok()) return refuse(Status(st.code(), fmt::format("task {}: {}", t, st.message())));
   uint32_t ntensors = 0;
+  uint64_t bases[kMaxTaskArgs] = {};
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].kind != TaskArg::Kind::Tensor) continue;
     ++ntensors;
     const DeviceBuffer& b = args[i].tensor.buffer();
     if (b.bound()) {
-      if (Status st = rt_.device_.memory().check_range(b.addr, b.bytes); !st.ok()) {
-        return refuse(out_of_range("task {}: args[{}]: buffer is not live device memory: {}", t, i, st.message()));
+      auto base = rt_.device_.memory().containing_allocation(b.addr, b.bytes);
+      if (!base.ok()) {
+        return refuse(out_of_range("task {}: args[{}]: buffer is not live device memory: {}", t, i,
+                                   base.status().message()));
       }
+      bases[i] = *base;
     }
   }
   if (s_.desc_count + ntensors > rt_.capacity_.descriptors) {
@@ -172,6 +182,7 @@ Result<TaskRef> GraphBuilder::submit(TaskKind kind, const uint32_t* funcs, uint3
     std::vector<int64_t> shape(a.tensor.ndim());
     for (int d = 0; d < a.tensor.ndim(); ++d) shape[d] = a.tensor.shape(d);
     a.tensor = TensorView(DeviceBuffer{s_.intermediates[*idx].addr, bytes}, shape, a.tensor.dtype());
+    bases[i] = s_.intermediates[*idx].addr;
   }
 
   Task& task = s_.tasks[t];
@@ -197,8 +208,8 @@ Result<TaskRef> GraphBuilder::submit(TaskKind kind, const uint32_t* funcs, uint3
       d.stride[k] = k < v.ndim() ? v.stride(k) : 0;
     }
     task.args[i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(&d));
-    if (a.tag != Tag::NoDep) add_dependencies(t, v, a.tag);
-    auto im = s_.intermediate_of.find(v.buffer().addr);
+    if (a.tag != Tag::NoDep) add_dependencies(t, v, a.tag, bases[i]);
+    auto im = s_.intermediate_of.find(bases[i]);
     if (im != s_.intermediate_of.end()) {
       bool seen = false;
       for (size_t j = s_.use_pairs.size(); j > 0 && s_.use_pairs[j - 1].first == t; --j) {

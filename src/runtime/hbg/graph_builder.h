@@ -23,7 +23,10 @@ class GraphBuilder final : public ChipOrchestrator {
   Result<TaskRef> submit(TaskKind kind, const uint32_t* funcs, uint32_t nfuncs, const TaskArgs& args);
   Status refuse(Status st);
   Result<uint32_t> new_intermediate(uint64_t bytes);
-  void add_dependencies(uint32_t task, const TensorView& view, Tag tag);
+  // `base` is the device allocation holding the view's buffer: accesses are
+  // grouped by allocation, so views through different sub-buffers of one
+  // allocation still meet.
+  void add_dependencies(uint32_t task, const TensorView& view, Tag tag, uint64_t base);
   void add_edge(uint32_t from, uint32_t to);
 
   HbgRuntime& rt_;

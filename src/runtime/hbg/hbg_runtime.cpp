@@ -144,6 +144,9 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
     st = resource_exhausted("orchestration of '{}': host memory exhausted while building the graph", callable.name());
   } catch (const std::exception& e) {
     st = Status(StatusCode::kInternal, fmt::format("orchestration of '{}' threw: {}", callable.name(), e.what()));
+  } catch (...) {
+    st = Status(StatusCode::kInternal,
+                fmt::format("orchestration of '{}' threw a non-standard exception", callable.name()));
   }
   if (st.ok()) st = s.build_error;
   if (st.ok() && s.edges.size() > capacity_.edges) {

@@ -1,0 +1,226 @@
+// Layer src/base: Status / Result values, the fmt error helpers, the Doorbell
+// (ring wakes a parked thread; a deadline ends a park) and spin_then_park.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <variant>
+
+#include "base/clock.h"
+#include "base/doorbell.h"
+#include "base/errors.h"
+#include "simpler/simpler.h"
+#include "test_util.h"
+
+namespace simpler {
+namespace {
+
+using testing::kWait;
+using testing::Watchdog;
+
+TEST(Status, DefaultIsOkAndPrintsOk) {
+  Status s;
+  EXPECT_TRUE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kOk);
+  EXPECT_EQ(s.to_string(), "OK");
+  EXPECT_TRUE(Status::ok_status().ok());
+}
+
+TEST(Status, CarriesCodeAndMessage) {
+  Status s(StatusCode::kKernelFailed, "task 3 failed");
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kKernelFailed);
+  EXPECT_EQ(s.message(), "task 3 failed");
+  EXPECT_EQ(s.to_string(), "KERNEL_FAILED: task 3 failed");
+  EXPECT_EQ(s, Status(StatusCode::kKernelFailed, "task 3 failed"));
+  EXPECT_FALSE(s == Status(StatusCode::kKernelFailed, "task 4 failed"));
+  EXPECT_FALSE(s == Status(StatusCode::kInternal, "task 3 failed"));
+}
+
+TEST(Status, EveryCodeHasADistinctName) {
+  const StatusCode codes[] = {StatusCode::kOk,           StatusCode::kInvalidArgument,   StatusCode::kNotFound,
+                              StatusCode::kFailedPrecondition, StatusCode::kOutOfRange, StatusCode::kResourceExhausted,
+                              StatusCode::kKernelFailed, StatusCode::kDeadlineExceeded, StatusCode::kAborted,
+                              StatusCode::kUnimplemented, StatusCode::kInternal};
+  std::set<std::string> names;
+  for (StatusCode c : codes) {
+    const std::string n = status_code_name(c);
+    EXPECT_NE(n, "UNKNOWN");
+    names.insert(n);
+  }
+  EXPECT_EQ(names.size(), std::size(codes));
+  EXPECT_STREQ(status_code_name(StatusCode::kResourceExhausted), "RESOURCE_EXHAUSTED");
+  EXPECT_STREQ(status_code_name(static_cast<StatusCode>(200)), "UNKNOWN");
+}
+
+TEST(Status, ErrorHelpersFormatTheMessage) {
+  Status s = invalid_argument("args[{}]: {} is bad", 3, "shape");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "args[3]: shape is bad");
+  EXPECT_EQ(out_of_range("x").code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(not_found("x").code(), StatusCode::kNotFound);
+  EXPECT_EQ(failed_precondition("x").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(resource_exhausted("x").code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(internal_error("x").code(), StatusCode::kInternal);
+  EXPECT_EQ(make_error(StatusCode::kAborted, "{}-{}", 1, 2).message(), "1-2");
+}
+
+Status returns_early(bool fail, int& reached) {
+  SIMPLER_RETURN_IF_ERROR(fail ? not_found("first") : Status());
+  reached = 1;
+  return Status();
+}
+
+TEST(Status, ReturnIfErrorStopsAtTheFirstError) {
+  int reached = 0;
+  Status s = returns_early(true, reached);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_EQ(reached, 0);
+  EXPECT_TRUE(returns_early(false, reached).ok());
+  EXPECT_EQ(reached, 1);
+}
+
+TEST(Result, HoldsAValue) {
+  Result<int> r(42);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, 42);
+  EXPECT_EQ(r.value(), 42);
+  EXPECT_TRUE(r.status().ok());
+  Result<std::string> s(std::string("abc"));
+  EXPECT_EQ(s->size(), 3u);
+  std::string moved = std::move(s).value();
+  EXPECT_EQ(moved, "abc");
+}
+
+TEST(Result, HoldsAnErrorAndRefusesToGiveAValue) {
+  Result<int> r(Status(StatusCode::kOutOfRange, "too far"));
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(r.status().message(), "too far");
+  EXPECT_THROW((void)r.value(), std::bad_variant_access);
+}
+
+TEST(Clock, IsMonotonic) {
+  const uint64_t a = now_ns();
+  const uint64_t b = now_ns();
+  EXPECT_LE(a, b);
+  EXPECT_GT(a, 0u);
+}
+
+TEST(Doorbell, ParkReturnsAtOnceWhenRungAfterArm) {
+  Watchdog dog;
+  Doorbell bell;
+  const uint32_t armed = bell.arm();
+  bell.ring();
+  bell.park(armed);  // no deadline: would hang if the ring were lost
+  SUCCEED();
+}
+
+TEST(Doorbell, ParkWithADeadlineReturns) {
+  Watchdog dog;
+  Doorbell bell;
+  const uint32_t armed = bell.arm();
+  const uint64_t deadline = now_ns() + 2'000'000;  // 2 ms, nobody rings
+  bell.park(armed, deadline);
+  // Spurious returns are allowed, so park again until the deadline: this must end.
+  while (now_ns() < deadline) bell.park(armed, deadline);
+  EXPECT_GE(now_ns(), deadline);
+  // A deadline already in the past returns at once.
+  bell.park(armed, 1);
+}
+
+TEST(Doorbell, RingWakesAParkedThread) {
+  Watchdog dog;
+  Doorbell bell;
+  std::atomic<bool> flag{false};
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> woke_before_deadline{false};
+  const uint64_t deadline = now_ns() + std::chrono::nanoseconds(kWait).count();
+  std::thread waiter([&] {
+    tid.store(gettid());
+    for (;;) {
+      const uint32_t armed = bell.arm();
+      if (flag.load()) break;
+      bell.park(armed, deadline);
+      if (now_ns() >= deadline) return;
+    }
+    woke_before_deadline.store(now_ns() < deadline);
+  });
+  // Wait until the waiter sleeps in the kernel (futex), then ring.
+  ASSERT_TRUE(testing::eventually([&] { return tid.load() != 0 && testing::thread_state(tid.load()) == 'S'; }));
+  flag.store(true);
+  bell.ring();
+  waiter.join();
+  EXPECT_TRUE(woke_before_deadline.load()) << "the parked thread was not woken by ring()";
+}
+
+TEST(Doorbell, RingWakesEveryParkedThread) {
+  Watchdog dog;
+  Doorbell bell;
+  std::atomic<bool> flag{false};
+  std::atomic<int> woke{0};
+  const uint64_t deadline = now_ns() + std::chrono::nanoseconds(kWait).count();
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 4; ++i) {
+    waiters.emplace_back([&] {
+      for (;;) {
+        const uint32_t armed = bell.arm();
+        if (flag.load()) break;
+        if (now_ns() >= deadline) return;
+        bell.park(armed, deadline);
+      }
+      if (now_ns() < deadline) woke.fetch_add(1);
+    });
+  }
+  flag.store(true);
+  bell.ring();
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(woke.load(), 4);
+}
+
+TEST(SpinThenPark, ReturnsTrueAtOnceWhenReady) {
+  Doorbell bell;
+  EXPECT_TRUE(spin_then_park(bell, [] { return true; }, SpinPolicy{}, now_ns() + 1'000'000));
+}
+
+TEST(SpinThenPark, ReturnsFalseAtTheDeadline) {
+  Watchdog dog;
+  Doorbell bell;
+  int calls = 0;
+  const uint64_t deadline = now_ns() + 5'000'000;  // 5 ms
+  EXPECT_FALSE(spin_then_park(bell, [&] { ++calls; return false; }, SpinPolicy{}, deadline));
+  EXPECT_GE(now_ns(), deadline);
+  EXPECT_GT(calls, 0);
+  // In the spin window too (a deadline shorter than the spin).
+  SpinPolicy long_spin;
+  long_spin.spin_ns = 10'000'000'000ull;
+  const uint64_t d2 = now_ns() + 1'000'000;
+  EXPECT_FALSE(spin_then_park(bell, [] { return false; }, long_spin, d2));
+  EXPECT_GE(now_ns(), d2);
+}
+
+TEST(SpinThenPark, WakesWhenAnotherThreadMakesItReadyAndRings) {
+  Watchdog dog;
+  Doorbell bell;
+  std::atomic<bool> ready{false};
+  SpinPolicy no_spin;
+  no_spin.spin_ns = 0;  // park at once
+  std::thread producer([&] {
+    ready.store(true);
+    bell.ring();
+  });
+  const bool ok = spin_then_park(bell, [&] { return ready.load(); }, no_spin,
+                                 now_ns() + std::chrono::nanoseconds(kWait).count());
+  producer.join();
+  EXPECT_TRUE(ok);
+}
+
+TEST(Version, IsNonEmpty) {
+  EXPECT_STRNE(version_string(), "");
+  EXPECT_NE(std::string(build_options()).size(), 0u);
+}
+
+}  // namespace
+}  // namespace simpler

@@ -1,0 +1,514 @@
+// Layer src/device: the GM allocator (exact free-byte accounting, coalescing,
+// refusals), geometry presets, kernel loading and callable identity, one core's
+// register hand-off (ACK, then FIN with the token), and SimDevice start/stop.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "device/core.h"
+#include "device/global_memory.h"
+#include "device/sim_device.h"
+#include "simpler/simpler.h"
+#include "test_util.h"
+
+namespace simpler {
+namespace {
+
+using testing::contains;
+using testing::eventually;
+using testing::Watchdog;
+
+// ---- GlobalMemory ------------------------------------------------------------------------------
+
+std::unique_ptr<GlobalMemory> make_gm(uint64_t bytes) {
+  auto gm = GlobalMemory::create(bytes);
+  EXPECT_TRUE(gm.ok()) << gm.status().to_string();
+  return gm.ok() ? std::move(gm).value() : nullptr;
+}
+
+TEST(GlobalMemory, CreateRefusesAbsurdSizes) {
+  EXPECT_REFUSED(GlobalMemory::create(0).status(), StatusCode::kInvalidArgument, "device_memory_bytes");
+  EXPECT_REFUSED(GlobalMemory::create(63).status(), StatusCode::kInvalidArgument, "device_memory_bytes");
+  EXPECT_REFUSED(GlobalMemory::create((uint64_t{1} << 44) + 1).status(), StatusCode::kInvalidArgument,
+                 "device_memory_bytes");
+  auto gm = make_gm(1000);  // the total is reported as configured; whole 64-byte blocks are allocatable
+  ASSERT_NE(gm, nullptr);
+  EXPECT_EQ(gm->total_bytes(), 1000u);
+  EXPECT_EQ(gm->free_bytes(), 960u);
+  EXPECT_TRUE(gm->allocate(960).ok());
+  EXPECT_EQ(gm->free_bytes(), 0u);
+}
+
+TEST(GlobalMemory, AllocationsAreAlignedAndAccountedExactly) {
+  auto gm = make_gm(1 << 20);
+  ASSERT_NE(gm, nullptr);
+  const uint64_t total = gm->total_bytes();
+  auto a = gm->allocate(1);
+  auto b = gm->allocate(64);
+  auto c = gm->allocate(65);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  for (uint64_t addr : {*a, *b, *c}) {
+    EXPECT_EQ(addr % GlobalMemory::kAlignment, 0u);
+    EXPECT_GE(addr, gm->base());
+    EXPECT_LT(addr, gm->base() + total);
+  }
+  EXPECT_EQ(gm->allocation_size(*a), 64u);
+  EXPECT_EQ(gm->allocation_size(*b), 64u);
+  EXPECT_EQ(gm->allocation_size(*c), 128u);
+  EXPECT_EQ(gm->allocation_size(*a + 64 * 100), 0u);
+  EXPECT_EQ(gm->free_bytes(), total - 256);
+  // The memory is usable host memory.
+  std::memset(reinterpret_cast<void*>(*c), 0x5a, 65);
+  EXPECT_TRUE(gm->free(*b).ok());
+  EXPECT_EQ(gm->free_bytes(), total - 192);
+  EXPECT_TRUE(gm->free(*a).ok());
+  EXPECT_TRUE(gm->free(*c).ok());
+  EXPECT_EQ(gm->free_bytes(), total);
+}
+
+TEST(GlobalMemory, FreedNeighboursCoalesceSoTheWholeBlockIsAllocatableAgain) {
+  auto gm = make_gm(64 * 1024);
+  ASSERT_NE(gm, nullptr);
+  const uint64_t total = gm->total_bytes();
+  const uint64_t third = total / 4;
+  auto a = gm->allocate(third), b = gm->allocate(third), c = gm->allocate(third), d = gm->allocate(third);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
+  EXPECT_EQ(gm->free_bytes(), 0u);
+  // Free a and c: half is free, but in two pieces.
+  ASSERT_TRUE(gm->free(*a).ok());
+  ASSERT_TRUE(gm->free(*c).ok());
+  EXPECT_EQ(gm->free_bytes(), 2 * third);
+  auto big = gm->allocate(2 * third);
+  ASSERT_FALSE(big.ok());
+  EXPECT_REFUSED(big.status(), StatusCode::kResourceExhausted, "fragmented");
+  EXPECT_EQ(gm->free_bytes(), 2 * third);  // a refusal changes nothing
+  // Free b: a, b, c coalesce (with both neighbours at once).
+  ASSERT_TRUE(gm->free(*b).ok());
+  auto three = gm->allocate(3 * third);
+  ASSERT_TRUE(three.ok()) << three.status().to_string();
+  EXPECT_EQ(*three, *a);
+  ASSERT_TRUE(gm->free(*three).ok());
+  ASSERT_TRUE(gm->free(*d).ok());
+  auto all = gm->allocate(total);
+  ASSERT_TRUE(all.ok()) << all.status().to_string();
+  EXPECT_EQ(gm->free_bytes(), 0u);
+  ASSERT_TRUE(gm->free(*all).ok());
+  EXPECT_EQ(gm->free_bytes(), total);
+}
+
+TEST(GlobalMemory, RandomAllocateFreeKeepsExactAccounting) {
+  auto gm = make_gm(1 << 20);
+  ASSERT_NE(gm, nullptr);
+  const uint64_t total = gm->total_bytes();
+  std::mt19937 rng(99);
+  std::map<uint64_t, uint64_t> live;  // addr -> rounded size
+  uint64_t used = 0;
+  for (int i = 0; i < 5000; ++i) {
+    if (live.empty() || rng() % 3 != 0) {
+      const uint64_t want = std::uniform_int_distribution<uint64_t>(1, 8192)(rng);
+      auto a = gm->allocate(want);
+      if (!a.ok()) {
+        ASSERT_EQ(a.status().code(), StatusCode::kResourceExhausted);
+        continue;
+      }
+      const uint64_t rounded = (want + 63) / 64 * 64;
+      // No overlap with any live allocation.
+      auto next = live.lower_bound(*a);
+      if (next != live.end()) {
+        ASSERT_LE(*a + rounded, next->first);
+      }
+      if (next != live.begin()) {
+        auto prev = std::prev(next);
+        ASSERT_LE(prev->first + prev->second, *a);
+      }
+      live[*a] = rounded;
+      used += rounded;
+    } else {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      ASSERT_TRUE(gm->free(it->first).ok());
+      used -= it->second;
+      live.erase(it);
+    }
+    ASSERT_EQ(gm->free_bytes(), total - used);
+  }
+  for (auto [addr, size] : live) ASSERT_TRUE(gm->free(addr).ok());
+  EXPECT_EQ(gm->free_bytes(), total);
+  EXPECT_TRUE(gm->allocate(total).ok());  // fully coalesced again
+}
+
+TEST(GlobalMemory, DoubleFreeAndForeignAddressesAreRefused) {
+  auto gm = make_gm(1 << 16);
+  ASSERT_NE(gm, nullptr);
+  auto a = gm->allocate(256);
+  ASSERT_TRUE(a.ok());
+  const uint64_t before = gm->free_bytes();
+  EXPECT_REFUSED(gm->free(*a + 64), StatusCode::kInvalidArgument, "not a live device allocation");
+  EXPECT_REFUSED(gm->free(0), StatusCode::kInvalidArgument, "addr");
+  EXPECT_EQ(gm->free_bytes(), before);
+  ASSERT_TRUE(gm->free(*a).ok());
+  Status twice = gm->free(*a);
+  EXPECT_REFUSED(twice, StatusCode::kInvalidArgument, "not a live device allocation");
+  EXPECT_TRUE(contains(twice.message(), fmt::format("{:#x}", *a))) << twice.message();
+  EXPECT_EQ(gm->free_bytes(), gm->total_bytes());
+}
+
+TEST(GlobalMemory, ExhaustionNamesTheRequestAndWhatIsFree) {
+  auto gm = make_gm(4096);
+  ASSERT_NE(gm, nullptr);
+  EXPECT_REFUSED(gm->allocate(0).status(), StatusCode::kInvalidArgument, "bytes = 0");
+  EXPECT_REFUSED(gm->allocate(4097).status(), StatusCode::kResourceExhausted, "bytes = 4097");
+  auto a = gm->allocate(4000);
+  ASSERT_TRUE(a.ok());
+  Status s = gm->allocate(128).status();
+  EXPECT_REFUSED(s, StatusCode::kResourceExhausted, "bytes = 128");
+  EXPECT_TRUE(contains(s.message(), "64 of 4096 bytes free")) << s.message();
+  EXPECT_TRUE(gm->allocate(64).ok());
+  EXPECT_EQ(gm->free_bytes(), 0u);
+}
+
+TEST(GlobalMemory, CheckRangeAcceptsOnlyRangesInsideOneLiveAllocation) {
+  auto gm = make_gm(1 << 16);
+  ASSERT_NE(gm, nullptr);
+  auto a = gm->allocate(256);
+  auto b = gm->allocate(256);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(gm->check_range(*a, 256).ok());
+  EXPECT_TRUE(gm->check_range(*a + 100, 156).ok());
+  EXPECT_TRUE(gm->check_range(*a, 0).ok());
+  EXPECT_REFUSED(gm->check_range(*a, 257), StatusCode::kOutOfRange, "runs past its allocation");  // spills into b
+  EXPECT_REFUSED(gm->check_range(*a + 200, 100), StatusCode::kOutOfRange, "runs past");
+  EXPECT_REFUSED(gm->check_range(gm->base() - 64, 8), StatusCode::kOutOfRange, "not inside a live device allocation");
+  EXPECT_REFUSED(gm->check_range(*a + 8, ~0ull), StatusCode::kOutOfRange, "runs past");  // wraps around
+  ASSERT_TRUE(gm->free(*b).ok());
+  EXPECT_REFUSED(gm->check_range(*b, 8), StatusCode::kOutOfRange, "runs past");  // freed
+  EXPECT_REFUSED(gm->check_range(*b + 64, 8), StatusCode::kOutOfRange, "runs past");
+}
+
+// ---- Geometry ----------------------------------------------------------------------------------
+
+TEST(Geometry, PresetsHaveTheDocumentedShapes) {
+  Geometry s = Geometry::small();
+  EXPECT_EQ(s.name, "small");
+  EXPECT_EQ(s.clusters, 2u);
+  EXPECT_EQ(s.aic_cores(), 2u);
+  EXPECT_EQ(s.aiv_cores(), 4u);
+  EXPECT_EQ(s.cores(), 6u);
+  EXPECT_EQ(s.aicpu_threads, 2u);
+  Geometry a = Geometry::a2a3();
+  EXPECT_EQ(a.clusters, 24u);
+  EXPECT_EQ(a.cores(), 72u);
+  EXPECT_EQ(a.aicpu_threads, 4u);
+  Geometry f = Geometry::a5();
+  EXPECT_EQ(f.clusters, 36u);
+  EXPECT_EQ(f.cores(), 108u);
+  ASSERT_EQ(Geometry::presets().size(), 3u);
+  for (const Geometry& g : Geometry::presets()) {
+    EXPECT_TRUE(g.validate().ok());
+    auto by = Geometry::by_name(g.name);
+    ASSERT_TRUE(by.ok());
+    EXPECT_EQ(by->clusters, g.clusters);
+  }
+  EXPECT_EQ(WorkerConfig{}.geometry.name, "small");  // the default
+}
+
+TEST(Geometry, BadGeometryIsRefusedNamingTheField) {
+  EXPECT_REFUSED(Geometry::by_name("huge").status(), StatusCode::kInvalidArgument, "huge");
+  EXPECT_REFUSED((Geometry{"g", 0, 2}.validate()), StatusCode::kInvalidArgument, "geometry.clusters");
+  EXPECT_REFUSED((Geometry{"g", 100000, 2}.validate()), StatusCode::kInvalidArgument, "geometry.clusters");
+  EXPECT_REFUSED((Geometry{"g", 2, 0}.validate()), StatusCode::kInvalidArgument, "geometry.aicpu_threads");
+  EXPECT_REFUSED((Geometry{"g", 2, 1000}.validate()), StatusCode::kInvalidArgument, "geometry.aicpu_threads");
+}
+
+// ---- KernelLibrary and ChipCallable ------------------------------------------------------------
+
+void noop_kernel(int64_t*) {}
+void other_kernel(int64_t*) {}
+
+TEST(KernelLibrary, RegistersFunctionsAndRefusesDuplicates) {
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(3, CoreType::AIC, "noop", noop_kernel).ok());
+  EXPECT_REFUSED(k.add_function(3, CoreType::AIV, "other", other_kernel), StatusCode::kInvalidArgument, "func_id 3");
+  EXPECT_REFUSED(k.add_function(4, CoreType::AIV, "null", nullptr), StatusCode::kInvalidArgument, "func_id 4");
+  const KernelInfo* info = k.find(3);
+  ASSERT_NE(info, nullptr);
+  EXPECT_EQ(info->core, CoreType::AIC);
+  EXPECT_EQ(info->fn, &noop_kernel);
+  EXPECT_EQ(info->name, "noop");
+  EXPECT_EQ(k.find(4), nullptr);
+  EXPECT_EQ(k.all().size(), 1u);
+}
+
+TEST(KernelLibrary, LoadsAKernelSharedObjectBuiltWithTheCMakeHelper) {
+  KernelLibrary k;
+  Status s = k.add_file(7, CoreType::AIV, SIMPLER_TEST_KERNEL);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const KernelInfo* info = k.find(7);
+  ASSERT_NE(info, nullptr);
+  EXPECT_NE(info->fn, nullptr);
+  EXPECT_EQ(info->name, SIMPLER_TEST_KERNEL);
+  // Its identity is the file content: loading the same file twice gives the same digest.
+  KernelLibrary k2;
+  ASSERT_TRUE(k2.add_file(7, CoreType::AIV, SIMPLER_TEST_KERNEL).ok());
+  EXPECT_EQ(k2.find(7)->content, info->content);
+  // Call it directly on host memory.
+  float x[4] = {1, 2, 3, 4};
+  DeviceTensor t{reinterpret_cast<uint64_t>(x), static_cast<uint32_t>(DType::F32), 1, {4}, {1}};
+  float factor = 2.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &factor, 4);
+  int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&t)), static_cast<int64_t>(bits)};
+  info->fn(args);
+  EXPECT_EQ(x[3], 8.0f);
+}
+
+TEST(KernelLibrary, BadKernelFilesAreRefusedNamingThePath) {
+  KernelLibrary k;
+  EXPECT_REFUSED(k.add_file(1, CoreType::AIV, "/nonexistent/kernel.so"), StatusCode::kNotFound,
+                 "/nonexistent/kernel.so");
+  const std::string junk = ::testing::TempDir() + "simpler_not_a_kernel.so";
+  {
+    std::ofstream out(junk, std::ios::binary);
+    out << "this is not an ELF file";
+  }
+  EXPECT_REFUSED(k.add_file(1, CoreType::AIV, junk), StatusCode::kInvalidArgument, junk);
+  std::remove(junk.c_str());
+  // A real shared object without kernel_entry.
+  EXPECT_REFUSED(k.add_file(1, CoreType::AIV, SIMPLER_LIBRARY_PATH), StatusCode::kInvalidArgument, "kernel_entry");
+  EXPECT_TRUE(k.all().empty());  // nothing half-registered
+  ASSERT_TRUE(k.add_file(1, CoreType::AIV, SIMPLER_TEST_KERNEL).ok());
+  EXPECT_REFUSED(k.add_file(1, CoreType::AIV, SIMPLER_TEST_KERNEL), StatusCode::kInvalidArgument, "func_id 1");
+}
+
+Status no_orchestration(ChipOrchestrator&, const TaskArgs&) { return Status(); }
+
+TEST(ChipCallable, DigestCoversNameSignatureAndKernels) {
+  auto lib = [](CoreType core, simpler_kernel_fn fn, const char* name) {
+    KernelLibrary k;
+    EXPECT_TRUE(k.add_function(0, core, name, fn).ok());
+    return k;
+  };
+  const std::vector<Param> sig = {Param::input(), Param::output()};
+  ChipCallable base("c", no_orchestration, lib(CoreType::AIV, noop_kernel, "noop"), sig);
+  ChipCallable same("c", no_orchestration, lib(CoreType::AIV, noop_kernel, "noop"), sig);
+  EXPECT_EQ(base.digest(), same.digest());
+  EXPECT_EQ(digest_hex(base.digest()).size(), 64u);
+  ChipCallable renamed("d", no_orchestration, lib(CoreType::AIV, noop_kernel, "noop"), sig);
+  ChipCallable resigned("c", no_orchestration, lib(CoreType::AIV, noop_kernel, "noop"), {Param::input()});
+  ChipCallable redirected("c", no_orchestration, lib(CoreType::AIV, noop_kernel, "noop"),
+                          {Param::input(), Param::inout()});
+  ChipCallable recored("c", no_orchestration, lib(CoreType::AIC, noop_kernel, "noop"), sig);
+  ChipCallable rekerneled("c", no_orchestration, lib(CoreType::AIV, other_kernel, "other"), sig);
+  for (const ChipCallable* c : {&renamed, &resigned, &redirected, &recored, &rekerneled}) {
+    EXPECT_NE(c->digest(), base.digest()) << c->name();
+  }
+}
+
+// ---- One core: the register hand-off -----------------------------------------------------------
+
+std::atomic<bool> g_release_kernel{false};
+std::atomic<int> g_kernel_calls{0};
+
+void counting_kernel(int64_t* args) {
+  g_kernel_calls.fetch_add(1);
+  *reinterpret_cast<int64_t*>(static_cast<uintptr_t>(args[0])) += args[1];
+}
+void blocking_kernel(int64_t*) {
+  testing::eventually([] { return g_release_kernel.load(); });
+}
+void failing_kernel(int64_t*) {
+  simpler_kernel_fail("first report");
+  simpler_kernel_fail("second report is ignored");
+}
+void throwing_kernel(int64_t*) { throw std::runtime_error("kernel threw this"); }
+void long_message_kernel(int64_t*) { simpler_kernel_fail(std::string(1000, 'x').c_str()); }
+
+class CoreHandoff : public ::testing::Test {
+ protected:
+  void SetUp() override { core_.start(SpinPolicy{}); }
+  void TearDown() override { core_.stop(); }
+
+  // Publishes a task the way an AICPU does; returns the token.
+  uint64_t dispatch(simpler_kernel_fn fn, int64_t* args) {
+    CoreRegisters& r = core_.regs();
+    r.fn = fn;
+    r.args = args;
+    const uint64_t token = ++token_;
+    r.task.store(token, std::memory_order_release);
+    r.bell.ring();
+    return token;
+  }
+  // Waits (bounded) for FIN with `token`; returns the status word.
+  uint64_t wait_fin(uint64_t token) {
+    uint64_t st = 0;
+    const bool fin = eventually([&] {
+      st = core_.regs().status.load(std::memory_order_acquire);
+      return st >> CoreRegisters::kStateShift == 2 && (st & CoreRegisters::kTokenMask) == token;
+    });
+    EXPECT_TRUE(fin) << "no FIN for token " << token;
+    return st;
+  }
+
+  Watchdog dog_;
+  Doorbell owner_;
+  Core core_{5, CoreType::AIV, 1, &owner_};
+  uint64_t token_ = 0;
+};
+
+TEST_F(CoreHandoff, RunsTheKernelAndAnswersFinWithTheToken) {
+  EXPECT_EQ(core_.id(), 5u);
+  EXPECT_EQ(core_.type(), CoreType::AIV);
+  EXPECT_EQ(core_.cluster(), 1u);
+  int64_t value = 10;
+  int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 7};
+  const uint32_t armed = owner_.arm();
+  g_kernel_calls = 0;
+  const uint64_t t = dispatch(counting_kernel, args);
+  const uint64_t st = wait_fin(t);
+  EXPECT_EQ(st & CoreRegisters::kFailedBit, 0u);
+  EXPECT_EQ(value, 17);
+  EXPECT_EQ(g_kernel_calls.load(), 1);
+  EXPECT_EQ(core_.executed(), 1u);
+  EXPECT_NE(owner_.arm(), armed) << "the core did not ring its owner's doorbell on FIN";
+  // The next task runs too (a new token), and exactly once each.
+  const uint64_t t2 = dispatch(counting_kernel, args);
+  wait_fin(t2);
+  EXPECT_EQ(value, 24);
+  EXPECT_EQ(g_kernel_calls.load(), 2);
+}
+
+TEST_F(CoreHandoff, AcksBeforeTheKernelFinishes) {
+  g_release_kernel = false;
+  const uint64_t t = dispatch(blocking_kernel, nullptr);
+  uint64_t st = 0;
+  ASSERT_TRUE(eventually([&] {
+    st = core_.regs().status.load(std::memory_order_acquire);
+    return (st & CoreRegisters::kTokenMask) == t;
+  }));
+  EXPECT_EQ(st, CoreRegisters::kAck | t) << "expected ACK while the kernel runs";
+  g_release_kernel = true;
+  wait_fin(t);
+}
+
+TEST_F(CoreHandoff, KernelFailureSetsTheFailedBitAndTheFirstMessage) {
+  const uint64_t t = dispatch(failing_kernel, nullptr);
+  const uint64_t st = wait_fin(t);
+  EXPECT_NE(st & CoreRegisters::kFailedBit, 0u);
+  EXPECT_STREQ(core_.regs().error, "first report");
+  // The next task starts clean.
+  int64_t value = 0;
+  int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 1};
+  const uint64_t st2 = wait_fin(dispatch(counting_kernel, args));
+  EXPECT_EQ(st2 & CoreRegisters::kFailedBit, 0u);
+}
+
+TEST_F(CoreHandoff, AThrowingKernelFailsItsTaskWithTheExceptionText) {
+  const uint64_t st = wait_fin(dispatch(throwing_kernel, nullptr));
+  EXPECT_NE(st & CoreRegisters::kFailedBit, 0u);
+  EXPECT_STREQ(core_.regs().error, "kernel threw this");
+}
+
+TEST_F(CoreHandoff, ALongFailureMessageIsTruncated) {
+  const uint64_t st = wait_fin(dispatch(long_message_kernel, nullptr));
+  EXPECT_NE(st & CoreRegisters::kFailedBit, 0u);
+  EXPECT_EQ(std::strlen(core_.regs().error), kKernelErrorBytes - 1);
+}
+
+TEST(Core, KernelFailOutsideACoreThreadIsHarmless) {
+  simpler_kernel_fail("not on a core");
+  SUCCEED();
+}
+
+// ---- SimDevice ---------------------------------------------------------------------------------
+
+class CountingProgram final : public AicpuProgram {
+ public:
+  explicit CountingProgram(uint32_t n) : polls_(n) {
+    for (auto& p : polls_) p = 0;
+  }
+  bool poll(uint32_t aicpu) override {
+    polls_[aicpu].fetch_add(1);
+    return false;
+  }
+  uint64_t polls(uint32_t a) const { return polls_[a].load(); }
+
+ private:
+  std::vector<std::atomic<uint64_t>> polls_;
+};
+
+void start_stop(const Geometry& g) {
+  Watchdog dog;
+  const int threads_before = testing::thread_count();
+  auto dev = SimDevice::create(g, 1 << 20);
+  ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+  SimDevice& d = **dev;
+  ASSERT_EQ(d.core_count(), g.cores());
+  for (uint32_t c = 0; c < g.clusters; ++c) {
+    EXPECT_EQ(d.core(3 * c).type(), CoreType::AIC);
+    EXPECT_EQ(d.core(3 * c + 1).type(), CoreType::AIV);
+    EXPECT_EQ(d.core(3 * c + 2).type(), CoreType::AIV);
+    EXPECT_EQ(d.core(3 * c + 2).cluster(), c);
+    EXPECT_LT(d.owner_of_cluster(c), g.aicpu_threads);
+  }
+  EXPECT_EQ(testing::thread_count(), threads_before);  // nothing runs before start
+  CountingProgram program(g.aicpu_threads);
+  d.start(&program);
+  EXPECT_EQ(testing::thread_count(), threads_before + static_cast<int>(g.cores() + g.aicpu_threads));
+  for (uint32_t a = 0; a < g.aicpu_threads; ++a) {
+    EXPECT_TRUE(eventually([&] { return program.polls(a) > 0; })) << "AICPU " << a << " never polled";
+  }
+  // With no work, every AICPU thread parks.
+  EXPECT_TRUE(eventually([&] { return d.aicpu_parks() >= g.aicpu_threads; }));
+  d.stop();
+  EXPECT_EQ(testing::thread_count(), threads_before);
+  d.stop();  // idempotent
+  dev->reset();
+}
+
+TEST(SimDevice, SmallStartsAndStops) { start_stop(Geometry::small()); }
+TEST(SimDevice, A2a3StartsAndStops) { start_stop(Geometry::a2a3()); }
+TEST(SimDevice, A5StartsAndStops) { start_stop(Geometry::a5()); }
+
+TEST(SimDevice, IdleDeviceThreadsAllSleep) {
+  Watchdog dog;
+  auto dev = SimDevice::create(Geometry::a2a3(), 1 << 20);
+  ASSERT_TRUE(dev.ok());
+  CountingProgram program(4);
+  (*dev)->start(&program);
+  // Every other thread (72 cores, 4 AICPUs, the watchdog) ends up blocked in
+  // the kernel, not spinning: the no-unbounded-spinning rule.
+  std::vector<char> states;
+  const bool all_sleep = eventually([&] {
+    states = testing::other_thread_states();
+    for (char c : states) {
+      if (c != 'S') return false;
+    }
+    return states.size() >= 76;
+  });
+  EXPECT_TRUE(all_sleep) << "thread states: " << std::string(states.begin(), states.end());
+  (*dev)->stop();
+}
+
+TEST(SimDevice, DestroyWithoutStopJoinsNothingAndLeaksNothing) {
+  auto dev = SimDevice::create(Geometry::small(), 1 << 20);
+  ASSERT_TRUE(dev.ok());
+  EXPECT_EQ((*dev)->memory().free_bytes(), (*dev)->memory().total_bytes());
+}
+
+TEST(SimDevice, CreateRefusesBadGeometryAndMemory) {
+  EXPECT_REFUSED(SimDevice::create(Geometry{"g", 0, 1}, 1 << 20).status(), StatusCode::kInvalidArgument,
+                 "geometry.clusters");
+  EXPECT_REFUSED(SimDevice::create(Geometry::small(), 0).status(), StatusCode::kInvalidArgument,
+                 "device_memory_bytes");
+}
+
+}  // namespace
+}  // namespace simpler
