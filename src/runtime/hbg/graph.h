@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -43,19 +42,6 @@ struct Intermediate {
   // Held by the enclosing scope (or the run) plus one per task using it; the
   // one who drops it to zero frees the memory.
   std::atomic<int32_t> refs{0};
-};
-
-// Where each argument's bytes were last written and read, for one device
-// allocation: accesses keyed by first byte relative to the allocation, so
-// overlap queries stay logarithmic when a run touches many disjoint tiles.
-struct BufferAccesses {
-  struct Access {
-    TensorView view;
-    uint32_t task;
-    bool write;
-  };
-  std::multimap<uint64_t, Access> by_first;
-  uint64_t max_span = 0;
 };
 
 struct Capacity {

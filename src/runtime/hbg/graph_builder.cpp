@@ -6,29 +6,6 @@
 
 namespace simpler::hbg {
 
-namespace {
-
-bool is_contiguous(const TensorView& v) {
-  return v.end_byte() - v.first_byte() == static_cast<uint64_t>(v.numel()) * dtype_size(v.dtype());
-}
-
-bool same_region(const TensorView& a, const TensorView& b) {
-  if (a.offset() != b.offset() || a.ndim() != b.ndim() || dtype_size(a.dtype()) != dtype_size(b.dtype())) return false;
-  for (int d = 0; d < a.ndim(); ++d) {
-    if (a.shape(d) != b.shape(d) || a.stride(d) != b.stride(d)) return false;
-  }
-  return true;
-}
-
-// A write of `w` makes an earlier access `a` irrelevant to later tasks: every
-// later conflict with `a` is also a conflict with `w`, which is ordered after `a`.
-bool covers(const TensorView& w, const TensorView& a) {
-  if (same_region(w, a)) return true;
-  return is_contiguous(w) && w.first_byte() <= a.first_byte() && a.end_byte() <= w.end_byte();
-}
-
-}  // namespace
-
 Status GraphBuilder::refuse(Status st) {
   if (s_.build_error.ok()) s_.build_error = st;
   return st;
@@ -94,28 +71,9 @@ void GraphBuilder::add_edge(uint32_t from, uint32_t to) {
 }
 
 void GraphBuilder::add_dependencies(uint32_t task, const TensorView& view, Tag tag, uint64_t base) {
-  BufferAccesses& b = s_.accesses[base];
-  const bool writes = tag_writes(tag);
   const uint64_t shift = view.buffer().addr - base;
-  const uint64_t first = shift + view.first_byte();
-  const uint64_t end = shift + view.end_byte();
-  const uint64_t from = first > b.max_span ? first - b.max_span : 0;
-  for (auto it = b.by_first.lower_bound(from); it != b.by_first.end() && it->first < end;) {
-    const auto& a = it->second;
-    const bool same_buffer = a.view.buffer().addr == view.buffer().addr;
-    // Through one buffer the per-dimension test is exact; across sub-buffers
-    // of one allocation the byte ranges decide.
-    const bool overlap = same_buffer ? a.view.overlaps(view)
-                                     : it->first + (a.view.end_byte() - a.view.first_byte()) > first;
-    if ((writes || a.write) && overlap) add_edge(a.task, task);
-    if (writes && same_buffer && covers(view, a.view)) {
-      it = b.by_first.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  b.by_first.emplace(first, BufferAccesses::Access{view, task, writes});
-  b.max_span = std::max(b.max_span, end - first);
+  s_.accesses->add(base, view, shift + view.first_byte(), shift + view.end_byte(), task, tag_writes(tag),
+                   [&](uint32_t earlier) { add_edge(earlier, task); });
 }
 
 Result<TaskRef> GraphBuilder::submit(TaskKind kind, const uint32_t* funcs, uint32_t nfuncs, const TaskArgs& args) {

@@ -37,6 +37,7 @@ HbgRuntime::GrantState HbgRuntime::build_grant(uint32_t grant) const {
     s->pred_mark.assign(capacity_.tasks, 0);
     s->counts.assign(capacity_.tasks + 1, 0);
     s->intermediates.reset(new Intermediate[capacity_.tasks * 2]);
+    s->accesses = std::make_unique<AccessIndex>(capacity_.descriptors);
     g.slots.push_back(std::move(s));
   }
   for (auto& ring : g.rings) ring.resize(size_t{grant} * capacity_.tasks);
@@ -93,7 +94,7 @@ void HbgRuntime::reset_slot(Slot& s) {
   s.desc_count = 0;
   s.edges.clear();
   s.use_pairs.clear();
-  s.accesses.clear();
+  s.accesses->clear();
   s.intermediate_count = 0;
   s.intermediate_of.clear();
   s.scopes.clear();

@@ -12,6 +12,7 @@
 
 #include "device/host_api.h"
 #include "device/sim_device.h"
+#include "runtime/hbg/access_index.h"
 #include "runtime/hbg/graph.h"
 #include "runtime/hbg/ready_queue.h"
 
@@ -48,7 +49,7 @@ struct Slot {
   std::vector<std::pair<uint32_t, uint32_t>> use_pairs;  // (task, intermediate)
   std::vector<uint32_t> pred_mark;                       // edge de-duplication
   std::vector<uint32_t> counts;                          // CSR scratch
-  std::unordered_map<uint64_t, BufferAccesses> accesses;
+  std::unique_ptr<AccessIndex> accesses;
   std::unique_ptr<Intermediate[]> intermediates;
   uint32_t intermediate_count = 0;
   std::unordered_map<uint64_t, uint32_t> intermediate_of;  // addr -> index

@@ -1,0 +1,60 @@
+#include "runtime/hbg/access_index.h"
+
+#include <algorithm>
+
+namespace simpler::hbg {
+
+namespace {
+bool same_region(const TensorView& a, const TensorView& b) {
+  if (a.offset() != b.offset() || a.ndim() != b.ndim() || dtype_size(a.dtype()) != dtype_size(b.dtype())) return false;
+  for (int d = 0; d < a.ndim(); ++d) {
+    if (a.shape(d) != b.shape(d) || a.stride(d) != b.stride(d)) return false;
+  }
+  return true;
+}
+
+bool is_contiguous(const TensorView& v) {
+  return v.end_byte() - v.first_byte() == static_cast<uint64_t>(v.numel()) * dtype_size(v.dtype());
+}
+}  // namespace
+
+bool write_covers(const TensorView& w, const TensorView& a) {
+  if (same_region(w, a)) return true;
+  return is_contiguous(w) && w.first_byte() <= a.first_byte() && a.end_byte() <= w.end_byte();
+}
+
+AccessIndex::AccessIndex(size_t expected_accesses) {
+  size_t n = 64;
+  while (n < expected_accesses * 2) n *= 2;
+  heads_.assign(n, 0);
+  mask_ = n - 1;
+}
+
+void AccessIndex::clear() {
+  recs_.clear();
+  links_.clear();
+  allocs_.clear();
+  if (++epoch_ == 0) {  // after 2^32 runs the tags could repeat: start clean
+    std::fill(heads_.begin(), heads_.end(), 0);
+    epoch_ = 1;
+  }
+}
+
+size_t AccessIndex::live_records() const {
+  return static_cast<size_t>(std::count_if(recs_.begin(), recs_.end(), [](const Rec& r) { return !r.dead; }));
+}
+
+size_t AccessIndex::bucket(uint64_t alloc, uint64_t granule) const {
+  uint64_t h = alloc * 0x9e3779b97f4a7c15ull ^ (granule + 0x632be59bd9b4e019ull) * 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 31;
+  return static_cast<size_t>(h & mask_);
+}
+
+uint32_t AccessIndex::head(size_t b) const {
+  const uint64_t h = heads_[b];
+  return static_cast<uint32_t>(h >> 32) == epoch_ ? static_cast<uint32_t>(h) : 0;
+}
+
+void AccessIndex::set_head(size_t b, uint32_t link) { heads_[b] = uint64_t{epoch_} << 32 | link; }
+
+}  // namespace simpler::hbg
