@@ -1,0 +1,246 @@
+#include "ipc/mailbox_child.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "base/errors.h"
+
+namespace simpler {
+
+void RunTicket::accepted() const { child_->accept(entry_, generation_); }
+
+void RunTicket::complete(const Status& result, MailboxDisposition disposition) const {
+  child_->complete(entry_, generation_, result, disposition);
+}
+
+Result<ControlReply> RunHandler::control(const ControlCommand& cmd, uint8_t*, uint32_t, uint32_t) {
+  return make_error(StatusCode::kUnimplemented, "control command {} is not served by this child", cmd.op);
+}
+
+MailboxChild::MailboxChild(MailboxView view, RunHandler& handler, ChildOptions options)
+    : view_(view), handler_(handler), options_(std::move(options)),
+      stores_(options_.stores != nullptr ? options_.stores : &plain_) {}
+
+int MailboxChild::fail_init(const std::string& why) {
+  ControlFrame& c = view_.control();
+  char text[sizeof c.init_error];
+  copy_text(text, sizeof text, why);
+  stores_->store_bytes(c.init_error, text, sizeof text);
+  stores_->store32(c.init_state, kInitFailed);
+  ring_parent();
+  return kChildExitInitFailed;
+}
+
+int MailboxChild::serve() {
+  ControlFrame& c = view_.control();
+  if (load_acquire(c.magic) != kMailboxMagic || load_acquire(c.version) != kMailboxProtocolVersion) {
+    return fail_init(fmt::format("mailbox magic {:#x} version {} is not {:#x} version {}", load_acquire(c.magic),
+                                 load_acquire(c.version), kMailboxMagic, kMailboxProtocolVersion));
+  }
+  if (load_acquire(c.entry_count) != view_.entry_count()) {
+    return fail_init(fmt::format("mailbox has {} entries, this child expects {}", load_acquire(c.entry_count),
+                                 view_.entry_count()));
+  }
+  const size_t theirs = std::min<size_t>(load_acquire(c.parent_wire_count), kMaxWireConstants);
+  std::vector<WireConstant> wire = mailbox_wire_constants();
+  if (std::string d = wire_disagreements(wire, c.parent_wire, theirs); !d.empty()) {
+    return fail_init("wire constants disagree with the parent:\n" + d);
+  }
+  if (Status st = handler_.init(); !st.ok()) return fail_init(st.to_string());
+
+  if (options_.perturb_wire) options_.perturb_wire(wire);
+  const size_t n = std::min(wire.size(), kMaxWireConstants);
+  stores_->store_bytes(c.child_wire, wire.data(), n * sizeof(WireConstant));
+  stores_->store32(c.child_wire_count, static_cast<uint32_t>(n));
+  // Read before INIT_READY: a command the parent posts the instant it sees
+  // INIT_READY must not be mistaken for one already answered.
+  uint64_t handled_cmd = load_acquire(c.reply_seq);
+  stores_->store32(c.endpoint_state, kEndpointServing);
+  stores_->store32(c.init_state, kInitReady);
+  ring_parent();
+
+  std::string stop_reason;
+  for (;;) {
+    spin_then_park(c.child_bell, [&] { return work_pending(handled_cmd); }, options_.spin);
+    if (load_acquire(c.shutdown) != 0) break;
+    if (const uint64_t seq = load_acquire(c.cmd_seq); seq != handled_cmd) handled_cmd = serve_command(seq);
+    for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+      if (load_acquire(view_.frame(f).header.ready) != kMailboxTaskReady) continue;
+      if (!take(f, stop_reason)) return stop(stop_reason);
+    }
+  }
+  return exit_sweep();
+}
+
+bool MailboxChild::work_pending(uint64_t handled_cmd) const {
+  const ControlFrame& c = view_.control();
+  if (load_acquire(c.shutdown) != 0 || load_acquire(c.cmd_seq) != handled_cmd) return true;
+  for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+    if (load_acquire(view_.frame(f).header.ready) == kMailboxTaskReady) return true;
+  }
+  return false;
+}
+
+uint64_t MailboxChild::serve_command(uint64_t seq) {
+  ControlFrame& c = view_.control();
+  ControlCommand cmd;
+  cmd.op = static_cast<MailboxControlOp>(load_relaxed(c.cmd_op));
+  for (size_t i = 0; i < 4; ++i) cmd.args[i] = load_relaxed(c.cmd_args[i]);
+  const uint32_t in_bytes = std::min<uint32_t>(load_relaxed(c.cmd_data_bytes), kControlDataCapacity);
+  // The handler works on a private copy so that every store to the frame
+  // still goes through the store primitive.
+  std::vector<uint8_t> data(kControlDataCapacity);
+  std::memcpy(data.data(), c.data, in_bytes);
+  auto r = handler_.control(cmd, data.data(), in_bytes, kControlDataCapacity);
+  char text[kMailboxErrorTextSize];
+  if (r.ok()) {
+    const uint32_t out = std::min<uint32_t>(r->data_bytes, kControlDataCapacity);
+    stores_->store_bytes(c.data, data.data(), out);
+    stores_->store64(c.reply_value, r->value);
+    stores_->store32(c.reply_data_bytes, out);
+    copy_text(text, sizeof text, "");
+    stores_->store32(reinterpret_cast<uint32_t&>(c.reply_code), 0);
+  } else {
+    stores_->store64(c.reply_value, 0);
+    stores_->store32(c.reply_data_bytes, 0);
+    copy_text(text, sizeof text, r.status().message());
+    stores_->store32(reinterpret_cast<uint32_t&>(c.reply_code), static_cast<uint32_t>(r.status().code()));
+  }
+  stores_->store_bytes(c.reply_text, text, sizeof text);
+  stores_->store64(c.reply_seq, seq);
+  ring_parent();
+  return seq;
+}
+
+bool MailboxChild::take(size_t f, std::string& stop_reason) {
+  RequestFrame& fr = view_.frame(f);
+  RequestHeader& h = fr.header;
+  const uint64_t publication = load_acquire(h.publication);
+  // 0 means the parent is rewriting the frame; only a frame that was never
+  // legitimately ours can read TASK_READY then, so skip it this scan.
+  if (publication == 0) return true;
+  const uint64_t index = load_relaxed(h.entry_index);
+  const uint64_t generation = load_relaxed(h.entry_generation);
+  if (index >= view_.entry_count() || generation % 2 == 0) {
+    stop_reason = fmt::format("unattributable request header in frame {}: entry {} generation {} (table has {} entries)",
+                              f, index, generation, view_.entry_count());
+    return false;
+  }
+  MailboxRunEntry& e = view_.entry(index);
+  if (load_acquire(e.entry_generation) != generation) {
+    // Stale: the parent resolves it from its own record; this entry belongs
+    // to someone else, so the frame word is the only store.
+    stores_->store32(h.ready, kMailboxFrameRefused);
+    ring_parent();
+    return true;
+  }
+  RunRequest req;
+  req.entry_index = static_cast<uint32_t>(index);
+  req.entry_generation = generation;
+  req.publication = publication;
+  req.run_id = load_relaxed(h.run_id);
+  req.dispatch_id = load_relaxed(h.dispatch_id);
+  req.task_slot = load_relaxed(h.task_slot);
+  const uint32_t version = load_relaxed(h.protocol_version);
+  const uint32_t config_bytes = load_relaxed(h.config_bytes);
+  const uint32_t args_bytes = load_relaxed(h.args_bytes);
+  Status malformed;
+  if (version != kMailboxProtocolVersion) {
+    malformed = invalid_argument("request protocol version {} is not {}", version, kMailboxProtocolVersion);
+  } else if (config_bytes > kRequestConfigCapacity || args_bytes > kRequestArgsCapacity) {
+    malformed = invalid_argument("request sizes config {} args {} exceed the frame ({} / {})", config_bytes,
+                                 args_bytes, kRequestConfigCapacity, kRequestArgsCapacity);
+  } else {
+    std::memcpy(req.callable.data(), fr.callable_digest, req.callable.size());
+    req.config.assign(fr.config, fr.config + config_bytes);
+    req.args_blob.assign(fr.args, fr.args + args_bytes);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (load_relaxed(h.publication) != publication) return true;  // rewritten under the copy: not ours to ACK
+
+  req.run_epoch = next_epoch_++;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    owed_[req.entry_index] = Owed{generation, false, false};
+  }
+  stores_->store64(e.run_epoch, req.run_epoch);
+  stores_->store32(e.state, kMailboxFrameStaged);
+  stores_->store32(h.ready, kMailboxIdle);
+  stores_->store64(e.consumed_ack, publication);  // the ACK: last store of this frame's hand-off
+  ring_parent();
+
+  RunTicket ticket(this, req.entry_index, generation);
+  if (!malformed.ok()) {
+    ticket.complete(malformed);
+  } else {
+    handler_.start(std::move(req), ticket);
+  }
+  return true;
+}
+
+void MailboxChild::accept(uint32_t entry, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = owed_.find(entry);
+  if (sealed_ || it == owed_.end() || it->second.generation != generation || it->second.accepted) return;
+  it->second.accepted = true;
+  MailboxRunEntry& e = view_.entry(entry);
+  stores_->store32(e.accepted, 1);
+  stores_->store32(e.state, kMailboxTaskLaunched);
+  ring_parent();
+}
+
+void MailboxChild::complete(uint32_t entry, uint64_t generation, const Status& result,
+                            MailboxDisposition disposition) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = owed_.find(entry);
+  if (sealed_ || it == owed_.end() || it->second.generation != generation) return;
+  owed_.erase(it);
+  MailboxRunEntry& e = view_.entry(entry);
+  char text[kMailboxErrorTextSize];
+  copy_text(text, sizeof text, result.message());
+  stores_->store32(reinterpret_cast<uint32_t&>(e.rc), static_cast<uint32_t>(result.code()));
+  stores_->store_bytes(e.error_text, text, sizeof text);
+  stores_->store32(e.disposition, disposition);
+  stores_->store32(e.state, result.ok() ? kMailboxTaskDone : kMailboxTaskFailed);  // terminal: last store
+  ring_parent();
+}
+
+int MailboxChild::stop(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sealed_ = true;  // from here on no entry is stored into: the parent owns every held run's terminal
+  }
+  ControlFrame& c = view_.control();
+  char text[kMailboxErrorTextSize];
+  copy_text(text, sizeof text, reason);
+  stores_->store_bytes(c.stop_reason, text, sizeof text);
+  stores_->store32(c.endpoint_state, kEndpointStopped);
+  ring_parent();
+  return kChildExitEndpointStopped;
+}
+
+int MailboxChild::exit_sweep() {
+  handler_.drain(now_ns() + options_.drain_timeout_ns);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sealed_ = true;
+    char text[kMailboxErrorTextSize];
+    copy_text(text, sizeof text, "the child shut down before this run reached its terminal");
+    // Keyed on parity, not state: a run published but never staged reads IDLE
+    // and is owed a terminal all the same (R11).
+    for (uint64_t i = 0; i < view_.entry_count(); ++i) {
+      MailboxRunEntry& e = view_.entry(i);
+      if (load_acquire(e.entry_generation) % 2 == 0 || mailbox_state_is_terminal(load_acquire(e.state))) continue;
+      stores_->store32(reinterpret_cast<uint32_t&>(e.rc), static_cast<uint32_t>(StatusCode::kAborted));
+      stores_->store_bytes(e.error_text, text, sizeof text);
+      stores_->store32(e.state, kMailboxEndpointFailed);
+    }
+    owed_.clear();
+  }
+  stores_->store32(view_.control().endpoint_state, kEndpointExited);
+  ring_parent();
+  return kChildExitClean;
+}
+
+}  // namespace simpler

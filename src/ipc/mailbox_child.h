@@ -1,0 +1,125 @@
+// The child side of one mailbox: the serve loop that takes requests off the
+// request frames, hands them to a RunHandler and publishes each run's progress
+// into its entry. serve() runs on one thread (the forked child's main thread,
+// or a test thread); RunTickets complete from any thread. The MailboxChild
+// must outlive every ticket its handler still holds.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/doorbell.h"
+#include "ipc/mailbox_layout.h"
+#include "ipc/store_primitive.h"
+#include "simpler/callable.h"
+
+namespace simpler {
+
+// One request, copied out of its frame: the child owns these bytes.
+struct RunRequest {
+  uint32_t entry_index = 0;
+  uint64_t entry_generation = 0;
+  uint64_t publication = 0;
+  uint64_t run_id = 0;
+  uint64_t dispatch_id = 0;
+  uint32_t task_slot = 0;
+  uint64_t run_epoch = 0;  // child-unique, minted at staging
+  Digest callable{};
+  std::vector<uint8_t> config;
+  std::vector<uint8_t> args_blob;  // untrusted: decode with decode_args_blob
+};
+
+class MailboxChild;
+
+// A handler's hold on the entry one run occupies. Copyable; any thread.
+class RunTicket {
+ public:
+  // At the real launch marker; sticky, at most once, before complete().
+  void accepted() const;
+  // The run's terminal: rc, text, disposition, then the terminal state as the
+  // last store to the entry. Later calls, and calls after the child stopped
+  // or swept, store nothing.
+  void complete(const Status& result, MailboxDisposition disposition = kDispositionNone) const;
+  uint32_t entry_index() const { return entry_; }
+
+ private:
+  friend class MailboxChild;
+  RunTicket(MailboxChild* child, uint32_t entry, uint64_t generation)
+      : child_(child), entry_(entry), generation_(generation) {}
+  MailboxChild* child_;
+  uint32_t entry_;
+  uint64_t generation_;
+};
+
+class RunHandler {
+ public:
+  virtual ~RunHandler() = default;
+  // In the child before INIT_READY (after fork: threads may start here). An
+  // error is published as INIT_FAILED.
+  virtual Status init() { return Status(); }
+  // On the serve-loop thread. Must not wait for the run: the loop keeps
+  // serving frames while it executes; completion comes later through `ticket`.
+  virtual void start(RunRequest request, RunTicket ticket) = 0;
+  // `data` holds the command's `in_bytes` and has room for `capacity` reply bytes.
+  virtual Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity);
+  // Before the exit sweep (not after a stop): finish or abandon every started
+  // run by the deadline.
+  virtual void drain(uint64_t deadline_ns) {}
+};
+
+struct ChildOptions {
+  SpinPolicy spin;
+  StorePrimitive* stores = nullptr;  // null: PlainStores
+  uint64_t drain_timeout_ns = 10'000'000'000ull;
+  // R18 test hook: rewrites the wire constants this child publishes.
+  std::function<void(std::vector<WireConstant>&)> perturb_wire;
+};
+
+class MailboxChild {
+ public:
+  MailboxChild(MailboxView view, RunHandler& handler, ChildOptions options = {});
+  MailboxChild(const MailboxChild&) = delete;
+  MailboxChild& operator=(const MailboxChild&) = delete;
+
+  // Checks the layout, initializes the handler, then serves until the sticky
+  // shutdown (exit sweep, kChildExitClean) or an unattributable header
+  // (reason published, kChildExitEndpointStopped). kChildExitInitFailed when
+  // init failed.
+  int serve();
+
+ private:
+  friend class RunTicket;
+  struct Owed {
+    uint64_t generation = 0;  // the occupant this child staged
+    bool accepted = false;
+    bool completed = false;
+  };
+
+  int fail_init(const std::string& why);
+  bool work_pending(uint64_t handled_cmd) const;
+  uint64_t serve_command(uint64_t seq);
+  // False when the header is unattributable (the endpoint must stop).
+  bool take(size_t f, std::string& stop_reason);
+  int stop(const std::string& reason);
+  int exit_sweep();
+  void accept(uint32_t entry, uint64_t generation);
+  void complete(uint32_t entry, uint64_t generation, const Status& result, MailboxDisposition disposition);
+  void ring_parent() { view_.control().parent_bell.ring(); }
+
+  MailboxView view_;
+  RunHandler& handler_;
+  ChildOptions options_;
+  PlainStores plain_;
+  StorePrimitive* stores_;
+  uint64_t next_epoch_ = 1;
+
+  std::mutex mu_;  // entry stores from tickets vs. stop and sweep
+  bool sealed_ = false;
+  std::unordered_map<uint32_t, Owed> owed_;  // staged runs by entry index, until their terminal
+};
+
+}  // namespace simpler

@@ -1,0 +1,409 @@
+#include "ipc/mailbox_endpoint.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <new>
+
+#include "base/errors.h"
+
+namespace simpler {
+
+namespace {
+
+uint64_t bounded(uint64_t deadline_ns, uint64_t period_ns) {
+  const uint64_t t = now_ns() + period_ns;
+  return deadline_ns == 0 ? t : std::min(deadline_ns, t);
+}
+
+Status status_from_wire(int32_t rc, const std::string& text) {
+  if (rc == 0) return Status();
+  if (rc < 0 || rc > static_cast<int32_t>(StatusCode::kInternal)) {
+    return internal_error("child reported unknown rc {}: {}", rc, text);
+  }
+  return Status(static_cast<StatusCode>(rc), text);
+}
+
+}  // namespace
+
+MailboxEndpoint::MailboxEndpoint(MailboxView view, EndpointOptions options) : view_(view), options_(options) {}
+
+Result<std::unique_ptr<MailboxEndpoint>> MailboxEndpoint::create(void* base, size_t extent, uint64_t granted_sets,
+                                                                 EndpointOptions options) {
+  auto view = MailboxView::attach(base, extent, granted_sets);
+  if (!view.ok()) return view.status();
+  const uint64_t m = view->entry_count();
+  std::unique_ptr<MailboxEndpoint> ep(new MailboxEndpoint(*view, options));
+  ep->entries_.resize(m);
+  ep->free_entries_.reserve(m);
+  for (uint64_t i = m; i > 0; --i) ep->free_entries_.push_back(static_cast<uint32_t>(i - 1));
+  ep->held_.reserve(m);
+
+  ControlFrame& c = view->control();
+  std::memset(static_cast<void*>(&c), 0, kControlDataOffset);
+  new (&c.child_bell) Doorbell();
+  new (&c.parent_bell) Doorbell();
+  c.magic = kMailboxMagic;
+  c.version = kMailboxProtocolVersion;
+  c.entry_stride = kMailboxEntryStride;
+  c.granted_sets = granted_sets;
+  c.entry_count = m;
+  c.mapped_bytes = extent;
+  const std::vector<WireConstant> wire = mailbox_wire_constants();
+  std::memcpy(c.parent_wire, wire.data(), wire.size() * sizeof(WireConstant));
+  c.parent_wire_count = static_cast<uint32_t>(wire.size());
+  for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+    std::memset(static_cast<void*>(&view->frame(f).header), 0, sizeof(RequestHeader));
+  }
+  std::memset(static_cast<void*>(&view->entry(0)), 0, m * kMailboxEntryStride);
+  std::atomic_thread_fence(std::memory_order_release);
+  return ep;
+}
+
+Status MailboxEndpoint::wait_ready(uint64_t deadline_ns) {
+  ControlFrame& c = view_.control();
+  for (;;) {
+    const uint32_t s = load_acquire(c.init_state);
+    if (s == kInitFailed) return failed_precondition("child init failed: {}", read_text(c.init_error, sizeof c.init_error));
+    if (s == kInitReady) break;
+    if (liveness_ != nullptr) {
+      if (Status st = liveness_->check(); !st.ok()) return failed_precondition("child gone before INIT_READY: {}", st.to_string());
+    }
+    if (deadline_ns != 0 && now_ns() >= deadline_ns) return make_error(StatusCode::kDeadlineExceeded, "child never reported INIT_READY");
+    spin_then_park(c.parent_bell, [&] { return load_acquire(c.init_state) != kInitPending; }, options_.spin,
+                   bounded(deadline_ns, options_.liveness_period_ns));
+  }
+  const size_t n = std::min<size_t>(load_acquire(c.child_wire_count), kMaxWireConstants);
+  if (std::string d = wire_disagreements(mailbox_wire_constants(), c.child_wire, n); !d.empty()) {
+    return failed_precondition("wire constants disagree with the child:\n{}", d);
+  }
+  return Status();
+}
+
+uint32_t MailboxEndpoint::available_request_transport() {
+  if (poisoned_ || shutdown_) return 0;
+  reclaim_frames();
+  uint32_t n = 0;
+  for (const FrameRecord& f : frames_) n += f.busy ? 0 : 1;
+  return n;
+}
+
+Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
+  if (poisoned_) return make_error(StatusCode::kAborted, "endpoint is poisoned: {}", poisoned_->to_string());
+  if (shutdown_) return failed_precondition("endpoint is shutting down");
+  if (spec.config.size() > kRequestConfigCapacity) {
+    return invalid_argument("config of {} B exceeds the request frame's {} B", spec.config.size(), kRequestConfigCapacity);
+  }
+  if (spec.args_blob.size() > kRequestArgsCapacity) {
+    return invalid_argument("args blob of {} B exceeds the request frame's {} B", spec.args_blob.size(),
+                            kRequestArgsCapacity);
+  }
+  reclaim_frames();
+  size_t f = 0;
+  while (f < kMailboxRequestFrames && frames_[f].busy) ++f;
+  if (f == kMailboxRequestFrames) {
+    // Saturation is an ordinary state the admitter must see through
+    // available_request_transport() before it claims work; arriving here is
+    // its defect. The throw poisons this endpoint (every held run gets a
+    // terminal), so saturation must never take this path.
+    poison(internal_error("publication of run {} with no free request frame: the admitter skipped "
+                          "available_request_transport()", spec.run_id));
+    throw TransportExhausted("no free request frame");
+  }
+  if (free_entries_.empty()) return resource_exhausted("all {} run-state entries are held", entries_.size());
+  const uint32_t i = free_entries_.back();
+  EntryRecord& r = entries_[i];
+  if (r.generation >= std::numeric_limits<uint64_t>::max() - 1) {
+    poison(internal_error("entry {} generation would wrap", i));
+    return *poisoned_;
+  }
+  free_entries_.pop_back();
+  r = EntryRecord{r.generation + 1, true, false, spec.run_id, spec.dispatch_id, spec.task_slot, now_ns()};
+  held_.push_back(i);
+
+  MailboxRunEntry& e = view_.entry(i);
+  store_relaxed(e.run_id, spec.run_id);
+  store_relaxed(e.dispatch_id, spec.dispatch_id);
+  store_relaxed(e.task_slot, spec.task_slot);
+  store_relaxed(e.set_slot, spec.set_slot);
+  store_relaxed(e.lease_generation, spec.lease_generation);
+  store_relaxed(e.state, static_cast<uint32_t>(kMailboxIdle));
+  store_relaxed(e.disposition, static_cast<uint32_t>(kDispositionNone));
+  store_relaxed(e.run_epoch, uint64_t{0});
+  store_relaxed(e.rc, 0);
+  store_relaxed(e.accepted, 0u);
+  store_relaxed(e.consumed_ack, uint64_t{0});
+  std::memset(e.error_text, 0, sizeof e.error_text);  // a recycled entry never shows the last occupant's text
+  store_release(e.entry_generation, r.generation);
+
+  RequestFrame& fr = view_.frame(f);
+  RequestHeader& h = fr.header;
+  const uint64_t p = ++next_publication_;
+  store_relaxed(h.publication, uint64_t{0});
+  std::atomic_thread_fence(std::memory_order_release);
+  store_relaxed(h.protocol_version, kMailboxProtocolVersion);
+  store_relaxed(h.entry_index, uint64_t{i});
+  store_relaxed(h.entry_generation, r.generation);
+  store_relaxed(h.run_id, spec.run_id);
+  store_relaxed(h.dispatch_id, spec.dispatch_id);
+  store_relaxed(h.task_slot, spec.task_slot);
+  store_relaxed(h.config_bytes, static_cast<uint32_t>(spec.config.size()));
+  store_relaxed(h.args_bytes, static_cast<uint32_t>(spec.args_blob.size()));
+  std::memcpy(fr.callable_digest, spec.callable.data(), spec.callable.size());
+  if (!spec.config.empty()) std::memcpy(fr.config, spec.config.data(), spec.config.size());
+  if (!spec.args_blob.empty()) std::memcpy(fr.args, spec.args_blob.data(), spec.args_blob.size());
+  store_relaxed(h.publication, p);
+  store_release(h.ready, static_cast<uint32_t>(kMailboxTaskReady));
+  frames_[f] = FrameRecord{true, i, r.generation, p};
+  view_.control().child_bell.ring();
+  return Publication{static_cast<uint32_t>(f), i, r.generation, p};
+}
+
+void MailboxEndpoint::reclaim_frames() {
+  for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+    FrameRecord& fr = frames_[f];
+    if (!fr.busy) continue;
+    if (load_acquire(view_.entry(fr.entry).consumed_ack) == fr.publication) {
+      fr.busy = false;
+      ++frames_reclaimed_;
+      continue;
+    }
+    if (load_acquire(view_.frame(f).header.ready) != kMailboxFrameRefused) continue;
+    fr.busy = false;
+    ++frames_reclaimed_;
+    EntryRecord& r = entries_[fr.entry];
+    if (r.held && r.generation == fr.entry_generation) {
+      // The child refused the header this side wrote for a live occupant, so
+      // the run never reached it: it ends here, from this side's record.
+      EndpointEvent ev;
+      ev.run_id = r.run_id;
+      ev.dispatch_id = r.dispatch_id;
+      ev.task_slot = r.task_slot;
+      ev.entry = fr.entry;
+      ev.status = internal_error("the child refused run {}'s request frame as stale", r.run_id);
+      pending_.push_back(ev);
+      release(fr.entry);
+      held_.erase(std::find(held_.begin(), held_.end(), fr.entry));
+    }
+  }
+}
+
+void MailboxEndpoint::release(uint32_t entry) {
+  EntryRecord& r = entries_[entry];
+  // The ACK precedes every terminal, so a frame still recorded for this
+  // occupant was handed back (or its child is gone); its ACK word is about
+  // to be cleared by the next occupant, so reclaim it now.
+  for (FrameRecord& fr : frames_) {
+    if (fr.busy && fr.entry == entry && fr.entry_generation == r.generation) {
+      fr.busy = false;
+      ++frames_reclaimed_;
+    }
+  }
+  r.held = false;
+  r.accepted_reported = false;
+  ++r.generation;
+  store_release(view_.entry(entry).entry_generation, r.generation);
+  free_entries_.push_back(entry);
+}
+
+void MailboxEndpoint::scan_entries() {
+  bool released = false;
+  for (uint32_t i : held_) {
+    EntryRecord& r = entries_[i];
+    MailboxRunEntry& e = view_.entry(i);
+    const uint32_t state = load_acquire(e.state);
+    const bool accepted = load_acquire(e.accepted) != 0;
+    EndpointEvent ev;
+    ev.run_id = r.run_id;
+    ev.dispatch_id = r.dispatch_id;
+    ev.task_slot = r.task_slot;
+    ev.entry = i;
+    if (accepted && !r.accepted_reported) {
+      r.accepted_reported = true;
+      ev.kind = EndpointEvent::Kind::kAccepted;
+      pending_.push_back(ev);
+    }
+    if (!mailbox_state_is_terminal(state)) continue;
+    ev.kind = EndpointEvent::Kind::kTerminal;
+    ev.accepted = accepted;
+    ev.disposition = static_cast<MailboxDisposition>(load_relaxed(e.disposition));
+    const std::string text = read_text(e.error_text, sizeof e.error_text);
+    ev.status = status_from_wire(load_relaxed(e.rc), text);
+    if (state == kMailboxTaskFailed && ev.status.ok()) ev.status = internal_error("child reported failure with rc 0");
+    if (state == kMailboxTaskDone && !ev.status.ok()) ev.status = internal_error("child reported success with {}", ev.status.to_string());
+    ev.endpoint_failure = state == kMailboxEndpointFailed;
+    pending_.push_back(ev);
+    release(i);
+    released = true;
+  }
+  if (released) {
+    held_.erase(std::remove_if(held_.begin(), held_.end(), [&](uint32_t i) { return !entries_[i].held; }), held_.end());
+  }
+}
+
+void MailboxEndpoint::poll(std::vector<EndpointEvent>& out) {
+  ControlFrame& c = view_.control();
+  if (!poisoned_) {
+    // Read before the entries: every terminal the child stored before it
+    // stopped is then reported as that run's own outcome.
+    const uint32_t endpoint_state = load_acquire(c.endpoint_state);
+    reclaim_frames();
+    scan_entries();
+    if (endpoint_state == kEndpointStopped) {
+      poison(make_error(StatusCode::kAborted, "endpoint stopped: {}", read_text(c.stop_reason, sizeof c.stop_reason)));
+    } else if (endpoint_state == kEndpointExited) {
+      poison(make_error(StatusCode::kAborted, "the child exited"));
+    } else if (liveness_ != nullptr) {
+      const uint64_t t = now_ns();
+      if (t >= next_liveness_ns_) {
+        next_liveness_ns_ = t + options_.liveness_period_ns;
+        if (Status st = liveness_->check(); !st.ok()) {
+          scan_entries();  // a reaped child stores nothing more: what it finished is final
+          poison(st);
+        }
+      }
+      if (!poisoned_ && options_.run_deadline_ns != 0) {
+        for (uint32_t i : held_) {
+          const EntryRecord& r = entries_[i];
+          if (t - r.published_ns < options_.run_deadline_ns) continue;
+          const std::string why = fmt::format("child hung: run {} had no terminal {} ms after publication; child killed",
+                                              r.run_id, options_.run_deadline_ns / 1'000'000);
+          liveness_->kill(why);
+          scan_entries();
+          poison(make_error(StatusCode::kDeadlineExceeded, "{}", why));
+          break;
+        }
+      }
+    }
+  }
+  while (!pending_.empty()) {
+    out.push_back(std::move(pending_.front()));
+    pending_.pop_front();
+  }
+}
+
+bool MailboxEndpoint::wait(uint64_t deadline_ns) {
+  Doorbell& bell = view_.control().parent_bell;
+  const uint32_t seen = bell.arm();
+  if (!pending_.empty()) return true;
+  // A scan catches what was stored before `seen`; a ring after it ends the wait.
+  for (uint32_t i : held_) {
+    const MailboxRunEntry& e = view_.entry(i);
+    if (mailbox_state_is_terminal(load_acquire(e.state)) ||
+        (load_acquire(e.accepted) != 0 && !entries_[i].accepted_reported)) {
+      return true;
+    }
+  }
+  for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+    if (frames_[f].busy && (load_acquire(view_.entry(frames_[f].entry).consumed_ack) == frames_[f].publication ||
+                            load_acquire(view_.frame(f).header.ready) == kMailboxFrameRefused)) {
+      return true;
+    }
+  }
+  if (load_acquire(view_.control().endpoint_state) >= kEndpointStopped) return true;
+  return spin_then_park(bell, [&] { return bell.arm() != seen; }, options_.spin,
+                        bounded(deadline_ns, options_.liveness_period_ns));
+}
+
+void MailboxEndpoint::poison(const Status& cause) {
+  if (poisoned_) return;
+  poisoned_ = cause;
+  for (uint32_t i : held_) {
+    EntryRecord& r = entries_[i];
+    EndpointEvent ev;
+    ev.run_id = r.run_id;
+    ev.dispatch_id = r.dispatch_id;
+    ev.task_slot = r.task_slot;
+    ev.entry = i;
+    const bool accepted = load_acquire(view_.entry(i).accepted) != 0;
+    if (accepted && !r.accepted_reported) {
+      ev.kind = EndpointEvent::Kind::kAccepted;
+      pending_.push_back(ev);
+    }
+    ev.kind = EndpointEvent::Kind::kTerminal;
+    ev.status = cause;
+    ev.accepted = accepted;
+    ev.endpoint_failure = true;
+    pending_.push_back(ev);
+    release(i);
+  }
+  held_.clear();
+  for (FrameRecord& fr : frames_) fr.busy = false;
+}
+
+void MailboxEndpoint::request_shutdown() {
+  shutdown_ = true;
+  store_release(view_.control().shutdown, 1u);
+  view_.control().child_bell.ring();
+}
+
+Result<ControlReply> MailboxEndpoint::command(MailboxControlOp op, std::initializer_list<uint64_t> args,
+                                              std::span<const uint8_t> in, std::span<uint8_t> out,
+                                              uint64_t deadline_ns) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  ControlFrame& c = view_.control();
+  if (in.size() > kControlDataCapacity) return invalid_argument("control payload of {} B exceeds {} B", in.size(), kControlDataCapacity);
+  if (!in.empty()) std::memcpy(c.data, in.data(), in.size());
+  store_relaxed(c.cmd_op, static_cast<uint32_t>(op));
+  size_t k = 0;
+  for (uint64_t a : args) store_relaxed(c.cmd_args[k++], a);
+  store_relaxed(c.cmd_data_bytes, static_cast<uint32_t>(in.size()));
+  const uint64_t seq = ++cmd_seq_;
+  store_release(c.cmd_seq, seq);
+  c.child_bell.ring();
+  for (;;) {
+    auto replied = [&] { return load_acquire(c.reply_seq) == seq; };
+    spin_then_park(c.parent_bell, [&] { return replied() || load_acquire(c.endpoint_state) >= kEndpointStopped; },
+                   options_.spin, bounded(deadline_ns, options_.liveness_period_ns));
+    if (replied()) break;
+    if (load_acquire(c.endpoint_state) >= kEndpointStopped) return make_error(StatusCode::kAborted, "the child stopped serving");
+    if (liveness_ != nullptr) {
+      if (Status st = liveness_->check(); !st.ok()) return st;
+    }
+    if (deadline_ns != 0 && now_ns() >= deadline_ns) {
+      return make_error(StatusCode::kDeadlineExceeded, "control command {} got no reply", static_cast<uint32_t>(op));
+    }
+  }
+  const int32_t code = load_relaxed(c.reply_code);
+  if (code != 0) return status_from_wire(code, read_text(c.reply_text, sizeof c.reply_text));
+  ControlReply reply;
+  reply.value = load_relaxed(c.reply_value);
+  reply.data_bytes = std::min<uint32_t>(load_relaxed(c.reply_data_bytes), static_cast<uint32_t>(out.size()));
+  if (reply.data_bytes != 0) std::memcpy(out.data(), c.data, reply.data_bytes);
+  return reply;
+}
+
+Result<uint64_t> MailboxEndpoint::control_malloc(uint64_t bytes, uint64_t deadline_ns) {
+  auto r = command(kCtrlMalloc, {bytes}, {}, {}, deadline_ns);
+  if (!r.ok()) return r.status();
+  return r->value;
+}
+
+Status MailboxEndpoint::control_free(uint64_t addr, uint64_t deadline_ns) {
+  return command(kCtrlFree, {addr}, {}, {}, deadline_ns).status();
+}
+
+Status MailboxEndpoint::control_copy_to(uint64_t addr, uint64_t offset, std::span<const uint8_t> bytes,
+                                        uint64_t deadline_ns) {
+  for (size_t done = 0; done < bytes.size();) {
+    const size_t n = std::min(bytes.size() - done, kControlDataCapacity);
+    SIMPLER_RETURN_IF_ERROR(command(kCtrlCopyTo, {addr, offset + done, n}, bytes.subspan(done, n), {}, deadline_ns).status());
+    done += n;
+  }
+  return Status();
+}
+
+Status MailboxEndpoint::control_copy_from(uint64_t addr, uint64_t offset, std::span<uint8_t> out,
+                                          uint64_t deadline_ns) {
+  for (size_t done = 0; done < out.size();) {
+    const size_t n = std::min(out.size() - done, kControlDataCapacity);
+    auto r = command(kCtrlCopyFrom, {addr, offset + done, n}, {}, out.subspan(done, n), deadline_ns);
+    if (!r.ok()) return r.status();
+    if (r->data_bytes != n) return internal_error("copy_from returned {} of {} bytes", r->data_bytes, n);
+    done += n;
+  }
+  return Status();
+}
+
+}  // namespace simpler

@@ -1,0 +1,179 @@
+// MailboxEndpoint: the parent side of one mailbox. It registers the region
+// (checking the extent first), publishes requests into free frames, reclaims
+// frames on ACKs and entries on terminals, and poisons itself when the child
+// is gone or stopped, giving every held run one terminal with one cause.
+// Threads: one publisher thread (the Scheduler) calls publish, poll,
+// available_request_transport and close-path methods; control commands may
+// come from any thread (serialized here). Owns no memory of the mapping.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "base/doorbell.h"
+#include "ipc/mailbox_layout.h"
+#include "simpler/callable.h"
+
+namespace simpler {
+
+// Thrown by publish() when no request frame is free. Admitters must consult
+// available_request_transport() before claiming work, so reaching this is an
+// admitter defect, not backpressure; the endpoint is poisoned before the throw.
+class TransportExhausted : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+// Whether the child can still answer; implemented by whoever owns the child.
+class ChildLiveness {
+ public:
+  virtual ~ChildLiveness() = default;
+  // OK while the child may still answer; afterwards the cause (reaped, killed).
+  // Thread-safe.
+  virtual Status check() = 0;
+  // Ends a child that stopped answering and reaps it; check() reports it after.
+  virtual void kill(const std::string& why) = 0;
+};
+
+struct EndpointOptions {
+  SpinPolicy spin;
+  // A held run with no terminal this long after publication means the child
+  // hangs: it is killed and the endpoint poisoned. Needs a ChildLiveness; 0 = none.
+  uint64_t run_deadline_ns = 0;
+  // How often a parked wait wakes to ask the ChildLiveness.
+  uint64_t liveness_period_ns = 10'000'000;
+};
+
+struct PublishSpec {
+  uint64_t run_id = 0;
+  uint64_t dispatch_id = 0;
+  uint32_t task_slot = 0;
+  uint32_t set_slot = 0;
+  uint64_t lease_generation = 0;
+  Digest callable{};
+  std::span<const uint8_t> config;
+  std::span<const uint8_t> args_blob;
+};
+
+struct Publication {
+  uint32_t frame = 0;
+  uint32_t entry = 0;
+  uint64_t entry_generation = 0;
+  uint64_t publication = 0;
+};
+
+struct EndpointEvent {
+  enum class Kind : uint8_t { kAccepted, kTerminal };
+  Kind kind = Kind::kTerminal;
+  uint64_t run_id = 0;
+  uint64_t dispatch_id = 0;
+  uint32_t task_slot = 0;
+  uint32_t entry = 0;
+  Status status;                       // kTerminal
+  MailboxDisposition disposition = kDispositionNone;
+  bool accepted = false;               // kTerminal: the launch word was set
+  bool endpoint_failure = false;       // kTerminal: delivered by the endpoint's stop, not the run
+};
+
+class MailboxEndpoint {
+ public:
+  // Registration (R70): refuses a grant outside [1, cap] or one `extent`
+  // cannot hold before writing a byte; then writes the control frame's words,
+  // each frame header and a cleared entry table, and nothing else.
+  static Result<std::unique_ptr<MailboxEndpoint>> create(void* base, size_t extent, uint64_t granted_sets,
+                                                         EndpointOptions options = {});
+  MailboxEndpoint(const MailboxEndpoint&) = delete;
+  MailboxEndpoint& operator=(const MailboxEndpoint&) = delete;
+
+  void set_liveness(ChildLiveness* liveness) { liveness_ = liveness; }
+  const MailboxView& view() const { return view_; }
+
+  // Waits for INIT_READY and checks the child's wire constants, listing every
+  // disagreement (R18). deadline_ns: absolute now_ns().
+  Status wait_ready(uint64_t deadline_ns);
+
+  // Free request frames (0 once poisoned). Reclaims ACKed frames first.
+  uint32_t available_request_transport();
+  // Occupies a free entry (generation odd) and fills a free frame. Refuses
+  // oversized payloads, a full entry table and a poisoned or shut-down
+  // endpoint with a Status, writing nothing. No free frame: poisons, throws
+  // TransportExhausted.
+  Result<Publication> publish(const PublishSpec& spec);
+
+  // Never blocks. Appends acceptance (at most once per dispatch, always
+  // before that dispatch's terminal) and terminal events; releases each entry
+  // whose terminal it reports. Notices a stopped or dead child and a run past
+  // its deadline, and then poisons.
+  void poll(std::vector<EndpointEvent>& out);
+  // Spins then parks until the child rang, the liveness period passed or
+  // deadline_ns; true when it was rung (poll then).
+  bool wait(uint64_t deadline_ns);
+
+  // Gives every held run a terminal with `cause` (next poll reports them) and
+  // refuses all later publication. The first cause wins.
+  void poison(const Status& cause);
+  std::optional<Status> poisoned() const { return poisoned_; }
+  size_t held_runs() const { return held_.size(); }
+  uint64_t frames_reclaimed() const { return frames_reclaimed_; }
+
+  // Sticky shutdown: the child sweeps every held run and exits.
+  void request_shutdown();
+
+  // Control commands over the control frame, independent of request frames
+  // and entries (R19). Any thread.
+  Result<uint64_t> control_malloc(uint64_t bytes, uint64_t deadline_ns);
+  Status control_free(uint64_t addr, uint64_t deadline_ns);
+  Status control_copy_to(uint64_t addr, uint64_t offset, std::span<const uint8_t> bytes, uint64_t deadline_ns);
+  Status control_copy_from(uint64_t addr, uint64_t offset, std::span<uint8_t> out, uint64_t deadline_ns);
+
+ private:
+  struct FrameRecord {
+    bool busy = false;
+    uint32_t entry = 0;
+    uint64_t entry_generation = 0;
+    uint64_t publication = 0;
+  };
+  struct EntryRecord {
+    uint64_t generation = 0;  // mirror of the entry's generation, which only this side writes
+    bool held = false;
+    bool accepted_reported = false;
+    uint64_t run_id = 0;
+    uint64_t dispatch_id = 0;
+    uint32_t task_slot = 0;
+    uint64_t published_ns = 0;
+  };
+
+  MailboxEndpoint(MailboxView view, EndpointOptions options);
+  void reclaim_frames();
+  void scan_entries();
+  void release(uint32_t entry);
+  void deliver_poison();
+  Result<ControlReply> command(MailboxControlOp op, std::initializer_list<uint64_t> args,
+                               std::span<const uint8_t> in, std::span<uint8_t> out, uint64_t deadline_ns);
+
+  MailboxView view_;
+  EndpointOptions options_;
+  ChildLiveness* liveness_ = nullptr;
+  FrameRecord frames_[kMailboxRequestFrames];
+  std::vector<EntryRecord> entries_;
+  std::vector<uint32_t> free_entries_;  // a stack; lowest index on top
+  std::vector<uint32_t> held_;
+  uint64_t next_publication_ = 0;
+  uint64_t frames_reclaimed_ = 0;
+  uint64_t next_liveness_ns_ = 0;
+  std::optional<Status> poisoned_;
+  bool shutdown_ = false;
+  std::deque<EndpointEvent> pending_;
+
+  std::mutex control_mu_;
+  uint64_t cmd_seq_ = 0;
+};
+
+}  // namespace simpler

@@ -1,0 +1,1023 @@
+// The mailbox layer (issue 4, R1-R19, R69, R70): layout, the real child loop
+// and the mock child over a real shared buffer in threads, and forked
+// children where the requirement is about processes.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "base/shared_memory.h"
+#include "chip/chip_worker.h"
+#include "ipc/chip_child_handler.h"
+#include "simpler/kernel.h"
+#include "ipc/forked_child.h"
+#include "ipc/mailbox_child.h"
+#include "ipc/mailbox_endpoint.h"
+#include "ipc/mailbox_layout.h"
+#include "ipc_test_util.h"
+#include "task/args_blob.h"
+
+namespace simpler {
+inline void PrintTo(const Status& s, std::ostream* os) { *os << s.to_string(); }
+}  // namespace simpler
+
+namespace simpler::testing {
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+// Polls until `done()` holds, parking between polls; fails the test at the deadline.
+bool poll_until(MailboxEndpoint& ep, std::vector<EndpointEvent>& events, const std::function<bool()>& done,
+                const std::string& what) {
+  const uint64_t deadline = now_ns() + kTestWaitNs;
+  for (;;) {
+    ep.poll(events);
+    if (done()) return true;
+    if (now_ns() >= deadline) {
+      ADD_FAILURE() << "timed out waiting for " << what;
+      return false;
+    }
+    ep.wait(deadline);
+  }
+}
+
+const EndpointEvent* find_event(const std::vector<EndpointEvent>& events, uint64_t run, EndpointEvent::Kind kind) {
+  for (const auto& e : events) {
+    if (e.run_id == run && e.kind == kind) return &e;
+  }
+  return nullptr;
+}
+size_t count_events(const std::vector<EndpointEvent>& events, uint64_t run, EndpointEvent::Kind kind) {
+  return static_cast<size_t>(std::count_if(events.begin(), events.end(),
+                                           [&](const EndpointEvent& e) { return e.run_id == run && e.kind == kind; }));
+}
+size_t odd_entries(const MailboxView& v) {
+  size_t n = 0;
+  for (uint64_t i = 0; i < v.entry_count(); ++i) n += load_acquire(v.entry(i).entry_generation) % 2;
+  return n;
+}
+
+enum class ChildKind { kRealLoop, kMock };
+
+// A real shared buffer served by the real child loop (MailboxChild +
+// TestHandler) or by MockMailboxWorker, each on a thread of its own.
+class MailboxFixture {
+ public:
+  explicit MailboxFixture(ChildKind kind, uint64_t grant = 2, StorePrimitive* stores = nullptr,
+                          ChildOptions options = {})
+      : kind_(kind) {
+    auto m = SharedMapping::create_anonymous(*mailbox_size(grant));
+    EXPECT_TRUE(m.ok());
+    map_ = std::move(m).value();
+    auto g = SharedMapping::create_anonymous(sizeof(TestGates));
+    gates_map_ = std::move(g).value();
+    gates_ = new (gates_map_.data()) TestGates();
+    auto ep = MailboxEndpoint::create(map_.data(), map_.size(), grant);
+    EXPECT_TRUE(ep.ok()) << ep.status().to_string();
+    ep_ = std::move(ep).value();
+    options.stores = stores;
+    options_ = std::move(options);
+  }
+  ~MailboxFixture() { stop(); }
+
+  void start() {
+    if (kind_ == ChildKind::kRealLoop) {
+      handler_ = std::make_unique<TestHandler>(gates_);
+      child_ = std::make_unique<MailboxChild>(ep_->view(), *handler_, options_);
+      thread_ = std::thread([this] { exit_code_ = child_->serve(); });
+    } else {
+      mock_ = std::make_unique<MockMailboxWorker>(ep_->view(), gates_);
+      thread_ = std::thread([this] { mock_->run(); });
+    }
+  }
+  void start_ready() {
+    start();
+    ASSERT_TRUE(ep_->wait_ready(now_ns() + kTestWaitNs).ok());
+  }
+  void stop() {
+    if (!thread_.joinable()) return;
+    for (int i = 0; i < 64; ++i) gates_->open_gate(i);
+    ep_->request_shutdown();
+    thread_.join();
+    handler_.reset();
+  }
+  void open_gate(int n) {
+    gates_->open_gate(n);
+    view().control().child_bell.ring();
+  }
+  Publication publish(uint64_t run, const std::string& script, uint32_t task_slot = 0) {
+    const std::vector<uint8_t> cfg = bytes_of(script);
+    PublishSpec s;
+    s.run_id = run;
+    s.dispatch_id = run;
+    s.task_slot = task_slot;
+    s.config = cfg;
+    auto p = ep_->publish(s);
+    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    return p.ok() ? *p : Publication{};
+  }
+  // Waits for a free frame first, as an admitter would.
+  Publication publish_when_free(uint64_t run, const std::string& script, uint32_t task_slot = 0) {
+    poll_until(*ep_, events_, [&] { return ep_->available_request_transport() > 0; }, "a free request frame");
+    return publish(run, script, task_slot);
+  }
+  bool wait_terminal(uint64_t run) {
+    return poll_until(*ep_, events_, [&] { return find_event(events_, run, EndpointEvent::Kind::kTerminal) != nullptr; },
+                      "terminal of run " + std::to_string(run));
+  }
+  const EndpointEvent* terminal(uint64_t run) const { return find_event(events_, run, EndpointEvent::Kind::kTerminal); }
+  MailboxView view() const { return ep_->view(); }
+
+  ChildKind kind_;
+  SharedMapping map_;
+  SharedMapping gates_map_;
+  TestGates* gates_ = nullptr;
+  std::unique_ptr<MailboxEndpoint> ep_;
+  ChildOptions options_;
+  std::unique_ptr<TestHandler> handler_;
+  std::unique_ptr<MailboxChild> child_;
+  std::unique_ptr<MockMailboxWorker> mock_;
+  std::thread thread_;
+  int exit_code_ = -1;
+  std::vector<EndpointEvent> events_;
+};
+
+// Writes a header into a frame this side considers free, as a leftover or
+// corrupted frame would read, and wakes the child.
+void forge_frame(const MailboxView& v, size_t f, uint64_t index, uint64_t generation) {
+  RequestHeader& h = v.frame(f).header;
+  store_relaxed(h.publication, uint64_t{0});
+  h.protocol_version = kMailboxProtocolVersion;
+  h.entry_index = index;
+  h.entry_generation = generation;
+  h.run_id = 999;
+  h.config_bytes = 0;
+  h.args_bytes = 0;
+  store_relaxed(h.publication, uint64_t{1} << 60);
+  store_release(h.ready, static_cast<uint32_t>(kMailboxTaskReady));
+  v.control().child_bell.ring();
+}
+
+// ---------------------------------------------------------------------------
+// Layout
+
+// R1: the size formula; only the entry table grows with the grant.
+TEST(MailboxLayout, R1SizeScalesOnlyByEntries) {
+  for (size_t g : {1, 2, 3, 8, 1024}) {
+    auto s = mailbox_size(g);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(*s, 3 * 65536 + (g + 2) * 384) << g;
+    EXPECT_EQ(*mailbox_size(g + 1) - *s, kMailboxEntryStride) << g;
+  }
+  EXPECT_EQ(*mailbox_size(2), 198144u);
+  EXPECT_EQ(*mailbox_size(1024), 590592u);
+  // Frame offsets do not depend on G.
+  alignas(64) static uint8_t buf[600000];
+  auto a = MailboxView::attach(buf, sizeof buf, 1);
+  auto b = MailboxView::attach(buf, sizeof buf, 1024);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t f = 0; f < kMailboxRequestFrames; ++f) EXPECT_EQ(&a->frame(f), &b->frame(f));
+  EXPECT_EQ(&a->entry(0), &b->entry(0));
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(&a->entry(0)) - buf, static_cast<ptrdiff_t>(kMailboxEntriesOffset));
+}
+
+// R69: typed and ranged; the cap comes from the 1 TiB entry table.
+TEST(MailboxLayout, R69SizeIsTypedAndRanged) {
+  EXPECT_FALSE(mailbox_size(0).ok());
+  auto cap = mailbox_size(kMailboxMaxGrantedSets);
+  ASSERT_TRUE(cap.ok());
+  EXPECT_EQ(*cap, kMailboxEntriesOffset + (kMailboxMaxGrantedSets + kMailboxRequestFrames) * kMailboxEntryStride);
+  EXPECT_LE((kMailboxMaxGrantedSets + kMailboxRequestFrames) * kMailboxEntryStride, kMailboxEntryTableCap);
+  EXPECT_FALSE(mailbox_size(kMailboxMaxGrantedSets + 1).ok());
+  EXPECT_FALSE(mailbox_size(SIZE_MAX).ok());
+  EXPECT_LT(kMailboxMaxGrantedSets, 4294967295ull) << "some uint32 depths pass the facade and fail here";
+}
+
+// R2 (layout half): a frame has no run-life fields; the args blob is bounded.
+TEST(MailboxLayout, R2FrameIsTransportOnly) {
+  static_assert(sizeof(RequestFrame) == kMailboxFrameSize);
+  static_assert(sizeof(RequestHeader) + 32 + kRequestConfigCapacity + kRequestArgsCapacity == kMailboxFrameSize);
+  EXPECT_GE(kRequestArgsCapacity, kArgsBlobMaxBytes) << "any encodable args blob fits a frame";
+  MailboxFixture fx(ChildKind::kRealLoop);
+  std::vector<uint8_t> huge(kRequestArgsCapacity + 1, 0xee);
+  const std::vector<uint8_t> before(fx.view().base(), fx.view().base() + fx.view().bytes());
+  PublishSpec s;
+  s.run_id = 1;
+  s.args_blob = huge;
+  auto p = fx.ep_->publish(s);
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::memcmp(before.data(), fx.view().base(), before.size()), 0) << "a refused publication writes nothing";
+  EXPECT_EQ(fx.ep_->held_runs(), 0u);
+}
+
+// R3: each field written through the struct reads back at the exported offset;
+// nothing lands outside the entry.
+TEST(MailboxLayout, R3EntryFieldsByMemberMatchExportedOffsets) {
+  static_assert(sizeof(MailboxRunEntry) == 384 && alignof(MailboxRunEntry) == 64);
+  alignas(64) static uint8_t buf[kMailboxEntriesOffset + 5 * kMailboxEntryStride];
+  std::memset(buf, 0x5a, sizeof buf);
+  auto v = MailboxView::attach(buf, sizeof buf, 3);
+  ASSERT_TRUE(v.ok());
+  MailboxRunEntry& e = v->entry(3);
+  std::memset(&e, 0, sizeof e);
+  e.entry_generation = 11;
+  e.run_id = 22;
+  e.dispatch_id = 33;
+  e.task_slot = 44;
+  e.set_slot = 55;
+  e.lease_generation = 66;
+  e.state = kMailboxTaskLaunched;
+  e.disposition = kDispositionNativePrepared;
+  e.run_epoch = 77;
+  e.rc = 8;
+  e.accepted = 1;
+  e.consumed_ack = 99;
+  copy_text(e.error_text, sizeof e.error_text, "boom");
+  const uint8_t* raw = reinterpret_cast<const uint8_t*>(&e);
+  auto u64 = [&](size_t off) { uint64_t x; std::memcpy(&x, raw + off, 8); return x; };
+  auto u32 = [&](size_t off) { uint32_t x; std::memcpy(&x, raw + off, 4); return x; };
+  EXPECT_EQ(u64(kEntryOffGeneration), 11u);
+  EXPECT_EQ(u64(kEntryOffRunId), 22u);
+  EXPECT_EQ(u64(kEntryOffDispatchId), 33u);
+  EXPECT_EQ(u32(kEntryOffTaskSlot), 44u);
+  EXPECT_EQ(u32(kEntryOffSetSlot), 55u);
+  EXPECT_EQ(u64(kEntryOffLeaseGeneration), 66u);
+  EXPECT_EQ(u32(kEntryOffState), static_cast<uint32_t>(kMailboxTaskLaunched));
+  EXPECT_EQ(u32(kEntryOffDisposition), static_cast<uint32_t>(kDispositionNativePrepared));
+  EXPECT_EQ(u64(kEntryOffRunEpoch), 77u);
+  EXPECT_EQ(u32(kEntryOffRc), 8u);
+  EXPECT_EQ(u32(kEntryOffAccepted), 1u);
+  EXPECT_EQ(u64(kEntryOffConsumedAck), 99u);
+  EXPECT_STREQ(reinterpret_cast<const char*>(raw + kEntryOffErrorText), "boom");
+  // The neighbours are untouched: a member write never strides whole entries.
+  for (size_t i = kMailboxEntriesOffset + 2 * kMailboxEntryStride; i < kMailboxEntriesOffset + 3 * kMailboxEntryStride; ++i) {
+    ASSERT_EQ(buf[i], 0x5a) << i;
+  }
+  for (size_t i = kMailboxEntriesOffset + 4 * kMailboxEntryStride; i < sizeof buf; ++i) ASSERT_EQ(buf[i], 0x5a) << i;
+}
+
+// R70: registration checks the extent before writing anything.
+TEST(MailboxLayout, R70RegistrationCarriesTheExtent) {
+  const size_t need = *mailbox_size(2);
+  const size_t page_rounded = 212992;
+  std::vector<uint8_t> storage(page_rounded + 4096 + 64);
+  uint8_t* base = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+  auto fill = [&] { std::memset(base, 0xc3, page_rounded + 4096); };
+  auto untouched = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i) {
+      if (base[i] != 0xc3) return false;
+    }
+    return true;
+  };
+  // Over-grant: refused, the canary-filled region stays byte-for-byte untouched.
+  fill();
+  auto over = MailboxEndpoint::create(base, need, 3);
+  EXPECT_EQ(over.status().code(), StatusCode::kOutOfRange);
+  EXPECT_TRUE(untouched(0, page_rounded + 4096));
+  // Above the cap with extent SIZE_MAX: refused, nothing written.
+  auto cap = MailboxEndpoint::create(base, SIZE_MAX, kMailboxMaxGrantedSets + 1);
+  EXPECT_FALSE(cap.ok());
+  EXPECT_TRUE(untouched(0, page_rounded + 4096));
+  // The exact extent: accepted; the entry table is cleared and nothing past it is written.
+  auto exact = MailboxEndpoint::create(base, need, 2);
+  ASSERT_TRUE(exact.ok());
+  for (size_t i = kMailboxEntriesOffset; i < need; ++i) ASSERT_EQ(base[i], 0) << i;
+  EXPECT_TRUE(untouched(need, page_rounded + 4096));
+  EXPECT_TRUE(untouched(kMailboxFramesOffset + sizeof(RequestHeader), kMailboxFramesOffset + kMailboxFrameSize))
+      << "frame payloads are not cleared";
+  // A page-rounded extent is accepted.
+  fill();
+  auto rounded = MailboxEndpoint::create(base, page_rounded, 2);
+  ASSERT_TRUE(rounded.ok());
+  EXPECT_EQ(rounded.value()->view().control().mapped_bytes, page_rounded);
+  EXPECT_TRUE(untouched(need, page_rounded + 4096));
+}
+
+// ---------------------------------------------------------------------------
+// The protocol, against the real child loop and the mock child alike (R17).
+
+class MailboxProtocol : public ::testing::TestWithParam<ChildKind> {};
+
+// R17: both children follow the protocol: serve a request, hand the frame
+// back, publish rc/text/terminal into the entry, and answer the control frame.
+TEST_P(MailboxProtocol, R17ChildFollowsTheProtocol) {
+  MailboxFixture fx(GetParam());
+  fx.start_ready();
+  fx.publish(1, "text=hello");
+  fx.publish(2, "fail=6;text=kernel says no");
+  ASSERT_TRUE(fx.wait_terminal(1));
+  ASSERT_TRUE(fx.wait_terminal(2));
+  EXPECT_TRUE(fx.terminal(1)->status.ok());
+  EXPECT_EQ(fx.terminal(2)->status, Status(StatusCode::kKernelFailed, "kernel says no"));
+  EXPECT_EQ(fx.ep_->available_request_transport(), kMailboxRequestFrames);
+  EXPECT_EQ(odd_entries(fx.view()), 0u);
+  EXPECT_EQ(fx.gates_->handler_calls, 2u);
+}
+
+// R2 (runtime half): a frame handed back is republished for B while A still
+// executes; A's rc, text and acceptance all arrive from A's entry.
+TEST_P(MailboxProtocol, R2FrameReusedWhileRunExecutes) {
+  MailboxFixture fx(GetParam());
+  fx.start_ready();
+  const Publication a = fx.publish(1, "gate=1;fail=6;text=A's own text");
+  poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->frames_reclaimed() >= 1; }, "A's hand-back");
+  // Fill both frames so B necessarily reuses A's frame.
+  const Publication b = fx.publish(2, "fail=6;text=B");
+  const Publication c = fx.publish(3, "text=C");
+  EXPECT_TRUE(b.frame == a.frame || c.frame == a.frame);
+  ASSERT_TRUE(fx.wait_terminal(2));
+  ASSERT_TRUE(fx.wait_terminal(3));
+  EXPECT_EQ(fx.terminal(1), nullptr);
+  fx.open_gate(1);
+  ASSERT_TRUE(fx.wait_terminal(1));
+  EXPECT_EQ(fx.terminal(1)->status, Status(StatusCode::kKernelFailed, "A's own text"));
+  EXPECT_TRUE(fx.terminal(1)->accepted);
+  EXPECT_EQ(fx.terminal(2)->status.message(), "B");
+}
+
+// R4: hand-back before completion: A's ACK is visible while A is not
+// terminal, B goes into the same frame, both complete with their own results.
+TEST_P(MailboxProtocol, R4HandBackBeforeCompletion) {
+  MailboxFixture fx(GetParam());
+  fx.start_ready();
+  const Publication a = fx.publish(1, "gate=1;fail=6;text=A");
+  const MailboxRunEntry& ea = fx.view().entry(a.entry);
+  poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(ea.consumed_ack) == a.publication; }, "A's ACK");
+  EXPECT_FALSE(mailbox_state_is_terminal(load_acquire(ea.state)));
+  fx.publish(2, "text=filler");  // takes the other frame if A's is not first
+  ASSERT_TRUE(fx.wait_terminal(2));
+  const Publication b = fx.publish(3, "gate=2;fail=6;text=B");
+  const Publication b2 = fx.publish_when_free(4, "text=D");
+  EXPECT_TRUE(b.frame == a.frame || b2.frame == a.frame);
+  fx.open_gate(1);
+  fx.open_gate(2);
+  ASSERT_TRUE(fx.wait_terminal(1));
+  ASSERT_TRUE(fx.wait_terminal(3));
+  EXPECT_EQ(fx.terminal(1)->status.message(), "A");
+  EXPECT_EQ(fx.terminal(3)->status.message(), "B");
+}
+
+// R7: parity is occupancy, and a frame naming an earlier occupant's
+// generation is never executed under the new one.
+TEST_P(MailboxProtocol, R7GenerationParityIsOccupancy) {
+  MailboxFixture fx(GetParam());
+  fx.start_ready();
+  EXPECT_EQ(odd_entries(fx.view()), 0u);
+  const Publication first = fx.publish(1, "text=first");
+  EXPECT_EQ(first.entry_generation % 2, 1u);
+  EXPECT_EQ(odd_entries(fx.view()), 1u);
+  ASSERT_TRUE(fx.wait_terminal(1));
+  EXPECT_EQ(odd_entries(fx.view()), 0u);
+  EXPECT_EQ(load_acquire(fx.view().entry(first.entry).entry_generation), first.entry_generation + 1);
+  const Publication second = fx.publish(2, "gate=1;fail=6;text=second");
+  ASSERT_EQ(second.entry, first.entry) << "the freed entry is reoccupied";
+  EXPECT_EQ(second.entry_generation, first.entry_generation + 2);
+  EXPECT_EQ(odd_entries(fx.view()), 1u);
+  poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
+             "second's hand-back");
+  const uint32_t calls = fx.gates_->handler_calls;
+  forge_frame(fx.view(), 0, first.entry, first.entry_generation);
+  poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(fx.view().frame(0).header.ready) == kMailboxFrameRefused; },
+             "the old generation's frame refused");
+  EXPECT_EQ(fx.gates_->handler_calls, calls) << "not executed";
+  EXPECT_EQ(load_acquire(fx.view().entry(second.entry).run_id), 2u);
+  EXPECT_FALSE(fx.ep_->poisoned().has_value());
+  fx.open_gate(1);
+  ASSERT_TRUE(fx.wait_terminal(2));
+  EXPECT_EQ(fx.terminal(2)->status.message(), "second");
+  EXPECT_EQ(odd_entries(fx.view()), 0u);
+}
+
+// R8: a stale header against a live occupant: frame returned, no store to
+// the occupant's entry, endpoint running, later request served.
+TEST_P(MailboxProtocol, R8StaleHeaderIsResolvedByTheParent) {
+  RecordingStores rec;
+  MailboxFixture fx(GetParam(), 2, &rec);
+  fx.start_ready();
+  const Publication a = fx.publish(1, "gate=1;fail=6;text=occupant");
+  poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
+             "the occupant's hand-back");
+  poll_until(*fx.ep_, fx.events_, [&] { return find_event(fx.events_, 1, EndpointEvent::Kind::kAccepted) != nullptr; },
+             "the occupant's acceptance");
+  const size_t before = rec.size();
+  forge_frame(fx.view(), 1, a.entry, a.entry_generation + 2);
+  poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(fx.view().frame(1).header.ready) == kMailboxFrameRefused; },
+             "the stale frame returned");
+  if (GetParam() == ChildKind::kRealLoop) {
+    const auto log = rec.snapshot();
+    for (size_t k = before; k < log.size(); ++k) {
+      EXPECT_NE(region_of(fx.view(), log[k].addr), kEntryBase + static_cast<int>(a.entry)) << "store to the occupant";
+    }
+  }
+  EXPECT_FALSE(fx.ep_->poisoned().has_value());
+  fx.publish(2, "text=later");
+  ASSERT_TRUE(fx.wait_terminal(2));
+  fx.open_gate(1);
+  ASSERT_TRUE(fx.wait_terminal(1));
+  EXPECT_EQ(fx.terminal(1)->status, Status(StatusCode::kKernelFailed, "occupant"));
+  EXPECT_FALSE(fx.terminal(1)->endpoint_failure);
+}
+
+// R9: an unattributable header (two kinds) stops the endpoint; the reason is
+// published; no entry store; no task; every held run ends with that cause.
+TEST_P(MailboxProtocol, R9UnattributableHeaderStopsTheEndpoint) {
+  for (int kind = 0; kind < 2; ++kind) {
+    RecordingStores rec;
+    MailboxFixture fx(GetParam(), 2, &rec);
+    fx.start_ready();
+    fx.publish(1, "gate=1;text=held 1");
+    fx.publish_when_free(2, "gate=1;text=held 2");
+    poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
+               "both hand-backs");
+    const uint32_t calls = fx.gates_->handler_calls;
+    const size_t before = rec.size();
+    if (kind == 0) {
+      forge_frame(fx.view(), 0, fx.view().entry_count(), 1);  // index out of range
+    } else {
+      forge_frame(fx.view(), 0, 3, 2);  // even generation
+    }
+    ASSERT_TRUE(fx.wait_terminal(1));
+    ASSERT_TRUE(fx.wait_terminal(2));
+    fx.open_gate(1);  // the held runs finishing now must store nothing
+    fx.thread_.join();
+    if (GetParam() == ChildKind::kRealLoop) {
+      EXPECT_EQ(fx.exit_code_, kChildExitEndpointStopped);
+      fx.handler_.reset();  // drained: any late completion has been attempted
+      // The accepts of the held runs may land after `before`; nothing may
+      // land in an entry once the child began to stop.
+      const auto log = rec.snapshot();
+      const uintptr_t stop_word = reinterpret_cast<uintptr_t>(&fx.view().control().stop_reason);
+      size_t stop_at = log.size();
+      for (size_t k = before; k < log.size() && stop_at == log.size(); ++k) {
+        if (log[k].addr == stop_word) stop_at = k;
+      }
+      ASSERT_LT(stop_at, log.size()) << "the reason was published";
+      for (size_t k = stop_at; k < log.size(); ++k) {
+        EXPECT_LT(region_of(fx.view(), log[k].addr), kEntryBase) << "entry store after the stop";
+      }
+    }
+    EXPECT_EQ(fx.gates_->handler_calls, calls) << "no task ran";
+    ASSERT_TRUE(fx.ep_->poisoned().has_value());
+    const std::string reason = read_text(fx.view().control().stop_reason, kMailboxErrorTextSize);
+    EXPECT_NE(reason.find("unattributable"), std::string::npos) << reason;
+    EXPECT_TRUE(fx.terminal(1)->endpoint_failure);
+    EXPECT_EQ(fx.terminal(1)->status, fx.terminal(2)->status) << "one cause";
+    EXPECT_NE(fx.terminal(1)->status.message().find(reason), std::string::npos);
+    EXPECT_EQ(fx.ep_->available_request_transport(), 0u);
+    EXPECT_EQ(fx.ep_->publish(PublishSpec{}).status().code(), StatusCode::kAborted);
+  }
+}
+
+// R10: ACK and terminal are levels: a parent that polls only after the runs
+// finished still reclaims every frame and entry, once.
+TEST_P(MailboxProtocol, R10ReclaimSignalsAreLevels) {
+  MailboxFixture fx(GetParam());
+  fx.start_ready();
+  for (uint64_t round = 0; round < 5; ++round) {
+    const Publication a = fx.publish(10 * round + 1, "text=a");
+    const Publication b = fx.publish(10 * round + 2, "text=b");
+    // Wait on the mapping itself, without polling, until both are terminal.
+    Doorbell& bell = fx.view().control().parent_bell;
+    ASSERT_TRUE(spin_then_park(bell, [&] {
+      return mailbox_state_is_terminal(load_acquire(fx.view().entry(a.entry).state)) &&
+             mailbox_state_is_terminal(load_acquire(fx.view().entry(b.entry).state));
+    }, SpinPolicy{}, now_ns() + kTestWaitNs)) << "runs never finished";
+    std::vector<EndpointEvent> events;
+    fx.ep_->poll(events);
+    EXPECT_EQ(count_events(events, 10 * round + 1, EndpointEvent::Kind::kTerminal), 1u);
+    EXPECT_EQ(count_events(events, 10 * round + 2, EndpointEvent::Kind::kTerminal), 1u);
+    EXPECT_EQ(fx.ep_->available_request_transport(), kMailboxRequestFrames);
+    events.clear();
+    fx.ep_->poll(events);
+    EXPECT_TRUE(events.empty()) << "no double reclaim";
+    EXPECT_EQ(fx.ep_->held_runs(), 0u);
+  }
+}
+
+// R11: the exit sweep keys on parity: a run published but never staged
+// (entry IDLE, generation odd) gets a terminal at shutdown.
+TEST_P(MailboxProtocol, R11ExitSweepKeysOnParity) {
+  MailboxFixture fx(GetParam());
+  fx.publish(1, "text=never staged");
+  EXPECT_EQ(load_acquire(fx.view().entry(0).state), static_cast<uint32_t>(kMailboxIdle));
+  fx.ep_->request_shutdown();  // before the child starts: it sees shutdown before the frame
+  fx.start();
+  ASSERT_TRUE(fx.wait_terminal(1));
+  EXPECT_TRUE(fx.terminal(1)->endpoint_failure);
+  EXPECT_EQ(fx.terminal(1)->status.code(), StatusCode::kAborted);
+  EXPECT_EQ(fx.gates_->handler_calls, 0u);
+  fx.thread_.join();
+  if (GetParam() == ChildKind::kRealLoop) {
+    EXPECT_EQ(fx.exit_code_, kChildExitClean);
+  }
+}
+
+// R12: readiness is a frame word; identity and progress live on the entry.
+TEST_P(MailboxProtocol, R12ReadinessOnFramesIdentityOnEntries) {
+  MailboxFixture fx(GetParam());
+  const Publication p = fx.publish(7, "pre=1;text=x", 5);
+  const MailboxView v = fx.view();
+  EXPECT_EQ(load_acquire(v.frame(p.frame).header.ready), static_cast<uint32_t>(kMailboxTaskReady));
+  EXPECT_EQ(load_acquire(v.entry(p.entry).state), static_cast<uint32_t>(kMailboxIdle));
+  EXPECT_EQ(load_acquire(v.entry(p.entry).entry_generation) % 2, 1u);
+  EXPECT_EQ(v.entry(p.entry).task_slot, 5u);
+  fx.start_ready();
+  poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
+             "hand-back");
+  EXPECT_EQ(load_acquire(v.entry(p.entry).state), static_cast<uint32_t>(kMailboxFrameStaged));
+  EXPECT_EQ(load_acquire(v.frame(p.frame).header.ready), static_cast<uint32_t>(kMailboxIdle));
+  fx.open_gate(1);
+  ASSERT_TRUE(fx.wait_terminal(7));
+  EXPECT_EQ(fx.terminal(7)->task_slot, 5u);
+}
+
+// R13: with K = 2 a third publication without a hand-back throws and poisons;
+// a manual hand-back between the 2nd and 3rd makes the 3rd succeed.
+TEST_P(MailboxProtocol, R13PublishesOnlyIntoAFreeFrame) {
+  {
+    MailboxFixture fx(GetParam(), 4);  // no child: nothing hands frames back
+    EXPECT_EQ(fx.ep_->available_request_transport(), 2u);
+    fx.publish(1, "");
+    EXPECT_EQ(fx.ep_->available_request_transport(), 1u);
+    fx.publish(2, "");
+    EXPECT_EQ(fx.ep_->available_request_transport(), 0u);
+    PublishSpec s;
+    s.run_id = 3;
+    EXPECT_THROW((void)fx.ep_->publish(s), TransportExhausted);
+    ASSERT_TRUE(fx.ep_->poisoned().has_value());
+    std::vector<EndpointEvent> events;
+    fx.ep_->poll(events);
+    EXPECT_EQ(count_events(events, 1, EndpointEvent::Kind::kTerminal), 1u);
+    EXPECT_EQ(count_events(events, 2, EndpointEvent::Kind::kTerminal), 1u);
+    EXPECT_TRUE(events[0].endpoint_failure);
+    EXPECT_EQ(fx.ep_->available_request_transport(), 0u);
+  }
+  {
+    MailboxFixture fx(GetParam(), 4);
+    fx.publish(1, "");
+    const Publication second = fx.publish(2, "");
+    // The hand-back a child makes after copying the payload out: the frame's
+    // own word to IDLE, then the ACK into the entry its header names.
+    RequestHeader& h = fx.view().frame(second.frame).header;
+    store_release(h.ready, static_cast<uint32_t>(kMailboxIdle));
+    store_release(fx.view().entry(h.entry_index).consumed_ack, load_acquire(h.publication));
+    EXPECT_EQ(fx.ep_->available_request_transport(), 1u);
+    const Publication third = fx.publish(3, "");
+    EXPECT_EQ(third.frame, second.frame);
+    EXPECT_FALSE(fx.ep_->poisoned().has_value());
+    EXPECT_EQ(fx.ep_->held_runs(), 3u);
+    EXPECT_EQ(load_acquire(fx.view().entry(second.entry).state), static_cast<uint32_t>(kMailboxIdle)) << "un-staged";
+    // Now the child starts: 1 and 3 are served; 2's payload was "taken" by
+    // the manual hand-back, so only the exit sweep (parity) ends it.
+    fx.start_ready();
+    for (uint64_t r : {1, 3}) ASSERT_TRUE(fx.wait_terminal(r));
+    fx.ep_->request_shutdown();
+    ASSERT_TRUE(fx.wait_terminal(2));
+    EXPECT_TRUE(fx.terminal(2)->endpoint_failure);
+  }
+}
+
+// R15: one run per entry, all live, each failing with its own full-length
+// text and code; a second wave through the same entries shows no old text.
+TEST_P(MailboxProtocol, R15ErrorTextIsPerEntryAndFullLength) {
+  const uint64_t grant = 4;
+  MailboxFixture fx(GetParam(), grant);
+  fx.start_ready();
+  const uint64_t m = grant + kMailboxRequestFrames;
+  std::vector<std::string> texts;
+  for (uint64_t r = 0; r < m; ++r) {
+    texts.push_back(std::string(kMailboxErrorTextSize - 1, static_cast<char>('a' + r)));
+    const int code = 1 + static_cast<int>(r % 8);
+    fx.publish_when_free(r, fmt::format("gate=1;fail={};text={}", code, texts.back()), static_cast<uint32_t>(r));
+  }
+  EXPECT_EQ(fx.ep_->held_runs(), m);
+  EXPECT_EQ(odd_entries(fx.view()), m);
+  fx.open_gate(1);
+  for (uint64_t r = 0; r < m; ++r) {
+    ASSERT_TRUE(fx.wait_terminal(r));
+    EXPECT_EQ(fx.terminal(r)->status.message(), texts[r]) << r;
+    EXPECT_EQ(static_cast<int>(fx.terminal(r)->status.code()), 1 + static_cast<int>(r % 8));
+    EXPECT_EQ(fx.terminal(r)->task_slot, r);
+  }
+  // Second wave: shorter texts and successes through the recycled entries.
+  for (uint64_t r = 100; r < 100 + m; ++r) {
+    fx.publish_when_free(r, r % 2 == 0 ? "gate=2;fail=6;text=short" : "gate=2", static_cast<uint32_t>(r));
+  }
+  fx.open_gate(2);
+  for (uint64_t r = 100; r < 100 + m; ++r) {
+    ASSERT_TRUE(fx.wait_terminal(r));
+    EXPECT_EQ(fx.terminal(r)->status.message(), r % 2 == 0 ? "short" : "") << r;
+  }
+}
+
+// R14: M runs live, one fails; every other completion is SUCCESS with an
+// empty message, keyed by its own task slot.
+TEST_P(MailboxProtocol, R14FailuresAreIsolatedPerEntry) {
+  const uint64_t grant = 6;
+  MailboxFixture fx(GetParam(), grant);
+  fx.start_ready();
+  const uint64_t m = grant + kMailboxRequestFrames;
+  for (uint64_t r = 0; r < m; ++r) {
+    fx.publish_when_free(r, r == 3 ? "gate=1;fail=6;text=only me" : "gate=1", static_cast<uint32_t>(100 + r));
+  }
+  fx.open_gate(1);
+  for (uint64_t r = 0; r < m; ++r) {
+    ASSERT_TRUE(fx.wait_terminal(r));
+    EXPECT_EQ(fx.terminal(r)->task_slot, 100 + r);
+    if (r == 3) {
+      EXPECT_EQ(fx.terminal(r)->status, Status(StatusCode::kKernelFailed, "only me"));
+    } else {
+      EXPECT_EQ(fx.terminal(r)->status, Status()) << r;
+    }
+  }
+}
+
+// R16: acceptance is reported at most once and before the terminal even when
+// the child reaches the terminal between polls; a run failing before launch
+// never gets the word, and its terminal still arrives.
+TEST_P(MailboxProtocol, R16LaunchAcceptanceIsStickyOnTheEntry) {
+  MailboxFixture fx(GetParam());
+  fx.start_ready();
+  const Publication a = fx.publish(1, "text=short");
+  Doorbell& bell = fx.view().control().parent_bell;
+  ASSERT_TRUE(spin_then_park(bell, [&] { return mailbox_state_is_terminal(load_acquire(fx.view().entry(a.entry).state)); },
+                             SpinPolicy{}, now_ns() + kTestWaitNs));
+  std::vector<EndpointEvent> events;
+  fx.ep_->poll(events);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, EndpointEvent::Kind::kAccepted);
+  EXPECT_EQ(events[1].kind, EndpointEvent::Kind::kTerminal);
+  EXPECT_TRUE(events[1].accepted);
+
+  const Publication b = fx.publish(2, "noaccept;fail=1;text=refused before launch");
+  ASSERT_TRUE(fx.wait_terminal(2));
+  EXPECT_EQ(count_events(fx.events_, 2, EndpointEvent::Kind::kAccepted), 0u);
+  EXPECT_FALSE(fx.terminal(2)->accepted);
+  EXPECT_EQ(fx.terminal(2)->status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(fx.view().entry(b.entry).accepted, 0u);
+
+  const Publication c = fx.publish(3, "gate=1");
+  poll_until(*fx.ep_, fx.events_, [&] { return find_event(fx.events_, 3, EndpointEvent::Kind::kAccepted) != nullptr; },
+             "acceptance of 3");
+  for (int i = 0; i < 3; ++i) fx.ep_->poll(fx.events_);
+  EXPECT_EQ(load_acquire(fx.view().entry(c.entry).accepted), 1u);
+  fx.open_gate(1);
+  ASSERT_TRUE(fx.wait_terminal(3));
+  EXPECT_EQ(count_events(fx.events_, 3, EndpointEvent::Kind::kAccepted), 1u);
+}
+
+// R19: control commands work while every entry is held and the request
+// side is saturated, and after the request side is poisoned.
+TEST_P(MailboxProtocol, R19ControlFrameIsIndependentOfTheGrant) {
+  const uint64_t grant = 3;
+  MailboxFixture fx(GetParam(), grant);
+  fx.start_ready();
+  for (uint64_t r = 0; r < grant + kMailboxRequestFrames; ++r) fx.publish_when_free(r, "gate=1");
+  EXPECT_EQ(odd_entries(fx.view()), grant + kMailboxRequestFrames);
+  const uint64_t deadline = now_ns() + kTestWaitNs;
+  auto addr = fx.ep_->control_malloc(100000, deadline);
+  ASSERT_TRUE(addr.ok()) << addr.status().to_string();
+  std::vector<uint8_t> in(100000);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 7);
+  ASSERT_TRUE(fx.ep_->control_copy_to(*addr, 0, in, deadline).ok());
+  std::vector<uint8_t> out(in.size());
+  ASSERT_TRUE(fx.ep_->control_copy_from(*addr, 0, out, deadline).ok());
+  EXPECT_EQ(in, out);
+  EXPECT_EQ(fx.ep_->control_free(*addr + 1, deadline).code(), StatusCode::kNotFound);
+  fx.ep_->poison(Status(StatusCode::kAborted, "request side gone"));
+  EXPECT_TRUE(fx.ep_->control_free(*addr, deadline).ok());
+  fx.open_gate(1);
+}
+
+INSTANTIATE_TEST_SUITE_P(RealAndMock, MailboxProtocol, ::testing::Values(ChildKind::kRealLoop, ChildKind::kMock),
+                         [](const auto& info) { return info.param == ChildKind::kRealLoop ? "RealLoop" : "Mock"; });
+
+// ---------------------------------------------------------------------------
+// Store order over the real child loop (R5, R6).
+
+// R5: the ACK is the last store of each frame hand-off; the parent
+// republishes the instant it sees it, 10,000 times, and every task is served
+// exactly once.
+TEST(MailboxStoreOrder, R5AckIsTheLastStoreToAFrame) {
+  RecordingStores rec;
+  MailboxFixture fx(ChildKind::kRealLoop, 2, &rec);
+  fx.start_ready();
+  const int kRuns = 10000;
+  std::map<uint64_t, Publication> pubs;
+  int published = 0;
+  size_t terminals = 0;
+  std::vector<EndpointEvent> events;
+  const uint64_t deadline = now_ns() + kTestWaitNs * 4;
+  while (terminals < static_cast<size_t>(kRuns)) {
+    while (published < kRuns && fx.ep_->available_request_transport() > 0 &&
+           fx.ep_->held_runs() < fx.view().entry_count()) {
+      pubs[published] = fx.publish(published, "");
+      ++published;
+    }
+    fx.ep_->poll(events);
+    for (const auto& e : events) terminals += e.kind == EndpointEvent::Kind::kTerminal;
+    for (const auto& e : events) {
+      if (e.kind == EndpointEvent::Kind::kTerminal) {
+        EXPECT_TRUE(e.status.ok());
+      }
+    }
+    events.clear();
+    ASSERT_LT(now_ns(), deadline) << "stalled at " << terminals;
+    fx.ep_->wait(deadline);
+  }
+  EXPECT_EQ(fx.gates_->handler_calls, static_cast<uint32_t>(kRuns)) << "every task served exactly once";
+  fx.stop();
+  // Per frame: the child's stores to it, plus the ACKs of its publications,
+  // must alternate IDLE, ACK and end on an ACK.
+  std::map<uint64_t, size_t> frame_of_pub;
+  for (const auto& [run, p] : pubs) frame_of_pub[p.publication] = p.frame;
+  const auto log = rec.snapshot();
+  for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+    std::vector<char> seq;
+    for (const auto& s : log) {
+      const int r = region_of(fx.view(), s.addr);
+      if (r == static_cast<int>(f)) seq.push_back('I');
+      const bool ack = r >= kEntryBase &&
+                       s.addr - reinterpret_cast<uintptr_t>(&fx.view().entry(r - kEntryBase)) == kEntryOffConsumedAck;
+      if (ack && frame_of_pub.count(s.value) && frame_of_pub[s.value] == f) seq.push_back('A');
+    }
+    ASSERT_FALSE(seq.empty());
+    for (size_t k = 0; k < seq.size(); ++k) ASSERT_EQ(seq[k], k % 2 == 0 ? 'I' : 'A') << "frame " << f << " store " << k;
+    EXPECT_EQ(seq.back(), 'A');
+  }
+}
+
+// R6: the terminal is the last store to each entry; the parent canary-fills
+// an entry the instant it sees the terminal, and the canary survives until
+// the entry is reoccupied.
+TEST(MailboxStoreOrder, R6TerminalIsTheLastStoreToAnEntry) {
+  RecordingStores rec;
+  MailboxFixture fx(ChildKind::kRealLoop, 2, &rec);
+  fx.start_ready();
+  const int kRuns = 2000;
+  int published = 0;
+  size_t terminals = 0;
+  std::set<uint32_t> canaried;
+  std::vector<EndpointEvent> events;
+  const uint64_t deadline = now_ns() + kTestWaitNs * 2;
+  auto canary_intact = [&](uint32_t i) {
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(&fx.view().entry(i)) + 8;
+    for (size_t k = 0; k < kMailboxEntryStride - 8; ++k) {
+      if (p[k] != 0xa5) return false;
+    }
+    return true;
+  };
+  while (terminals < static_cast<size_t>(kRuns)) {
+    while (published < kRuns && fx.ep_->available_request_transport() > 0 && fx.ep_->held_runs() < 4) {
+      for (uint32_t i : canaried) ASSERT_TRUE(canary_intact(i)) << "entry " << i << " written after its terminal";
+      canaried.clear();
+      fx.publish(published, published % 3 == 0 ? "fail=6;text=odd one" : "");
+      ++published;
+    }
+    fx.ep_->poll(events);
+    for (const auto& e : events) {
+      if (e.kind != EndpointEvent::Kind::kTerminal) continue;
+      ++terminals;
+      std::memset(reinterpret_cast<uint8_t*>(&fx.view().entry(e.entry)) + 8, 0xa5, kMailboxEntryStride - 8);
+      canaried.insert(e.entry);
+    }
+    events.clear();
+    ASSERT_LT(now_ns(), deadline) << "stalled at " << terminals;
+    fx.ep_->wait(deadline);
+  }
+  fx.stop();
+  // Per entry: after a terminal store, the next store to that entry opens a
+  // new occupant (its run_epoch at staging), never a late rc/text/ACK.
+  const auto log = rec.snapshot();
+  std::map<int, bool> after_terminal;
+  size_t terminal_stores = 0;
+  for (const auto& s : log) {
+    const int r = region_of(fx.view(), s.addr);
+    if (r < kEntryBase) continue;
+    const uintptr_t off = s.addr - reinterpret_cast<uintptr_t>(&fx.view().entry(r - kEntryBase));
+    if (after_terminal[r]) {
+      ASSERT_EQ(off, kEntryOffRunEpoch) << "store after the terminal to entry " << r - kEntryBase;
+    }
+    after_terminal[r] = off == kEntryOffState && mailbox_state_is_terminal(static_cast<uint32_t>(s.value));
+    terminal_stores += after_terminal[r];
+  }
+  EXPECT_EQ(terminal_stores, static_cast<size_t>(kRuns));
+  for (const auto& [r, t] : after_terminal) EXPECT_TRUE(t) << "entry " << r - kEntryBase << " ends on its terminal";
+}
+
+// ---------------------------------------------------------------------------
+// Wire constants (R18).
+
+// R18: a child with a perturbed constant fails init with every disagreement
+// named; a parent-side perturbation is caught by the child.
+TEST(MailboxWire, R18WireLayoutIsCheckedOnBothSides) {
+  {
+    ChildOptions o;
+    o.perturb_wire = [](std::vector<WireConstant>& w) {
+      for (auto& c : w) {
+        if (std::string(c.name) == "ENTRY_OFF_RC" || std::string(c.name) == "STATE_TASK_DONE") c.value += 1;
+      }
+    };
+    MailboxFixture fx(ChildKind::kRealLoop, 2, nullptr, o);
+    fx.start();
+    Status st = fx.ep_->wait_ready(now_ns() + kTestWaitNs);
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(st.message().find("ENTRY_OFF_RC"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("STATE_TASK_DONE"), std::string::npos) << st.message();
+  }
+  {
+    MailboxFixture fx(ChildKind::kRealLoop);
+    WireConstant& c = fx.view().control().parent_wire[3];
+    const std::string name = c.name;
+    c.value += 7;
+    fx.start();
+    Status st = fx.ep_->wait_ready(now_ns() + kTestWaitNs);
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(st.message().find(name), std::string::npos) << st.message();
+    fx.thread_.join();
+    EXPECT_EQ(fx.exit_code_, kChildExitInitFailed);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Real processes (ARCHITECTURE §6; R9 and R11 over fork).
+
+std::unique_ptr<ForkedChild> spawn_test_child(TestGates* gates, SpawnOptions o = {}) {
+  auto c = ForkedChild::spawn([gates] { return std::make_unique<TestHandler>(gates); }, o);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+Publication publish_to(MailboxEndpoint& ep, uint64_t run, const std::string& script) {
+  const std::vector<uint8_t> cfg = bytes_of(script);
+  PublishSpec s;
+  s.run_id = run;
+  s.config = cfg;
+  auto p = ep.publish(s);
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return p.ok() ? *p : Publication{};
+}
+
+struct Gates {
+  Gates() : map(std::move(SharedMapping::create_anonymous(sizeof(TestGates))).value()), g(new (map.data()) TestGates()) {}
+  SharedMapping map;
+  TestGates* g;
+};
+
+// A child killed with SIGKILL: every run it held gets a terminal error while
+// another child keeps serving.
+TEST(MailboxProcess, ChildDeathGivesEveryHeldRunATerminal) {
+  Gates gates;  // created before fork, shared with both children
+  auto a = spawn_test_child(gates.g);
+  auto b = spawn_test_child(gates.g);
+  ASSERT_TRUE(a && b);
+  std::vector<EndpointEvent> ea, eb;
+  publish_to(a->endpoint(), 1, "gate=1");
+  publish_to(a->endpoint(), 2, "gate=1");
+  poll_until(a->endpoint(), ea, [&] { return a->endpoint().available_request_transport() == 2; }, "hand-backs");
+  ASSERT_EQ(::kill(a->pid(), SIGKILL), 0);
+  poll_until(a->endpoint(), ea, [&] {
+    return find_event(ea, 1, EndpointEvent::Kind::kTerminal) && find_event(ea, 2, EndpointEvent::Kind::kTerminal);
+  }, "terminals of the dead child's runs");
+  const EndpointEvent* t1 = find_event(ea, 1, EndpointEvent::Kind::kTerminal);
+  ASSERT_NE(t1, nullptr);
+  EXPECT_TRUE(t1->endpoint_failure);
+  EXPECT_NE(t1->status.message().find("signal 9"), std::string::npos) << t1->status.to_string();
+  EXPECT_EQ(t1->status, find_event(ea, 2, EndpointEvent::Kind::kTerminal)->status);
+  publish_to(b->endpoint(), 3, "fail=6;text=still serving");
+  poll_until(b->endpoint(), eb, [&] { return find_event(eb, 3, EndpointEvent::Kind::kTerminal) != nullptr; }, "B's run");
+  EXPECT_EQ(find_event(eb, 3, EndpointEvent::Kind::kTerminal)->status.message(), "still serving");
+  gates.g->open_gate(1);
+  std::vector<EndpointEvent> rest;
+  EXPECT_FALSE(a->close(now_ns() + kTestWaitNs, rest).ok());
+  EXPECT_TRUE(b->close(now_ns() + kTestWaitNs, rest).ok());
+}
+
+// A child that hangs past the run deadline is killed; its run ends with
+// DEADLINE_EXCEEDED while another child keeps serving.
+TEST(MailboxProcess, HungChildIsKilledPastItsDeadline) {
+  Gates gates;
+  SpawnOptions o;
+  o.endpoint.run_deadline_ns = 300'000'000;
+  auto a = spawn_test_child(gates.g, o);
+  auto b = spawn_test_child(gates.g);
+  ASSERT_TRUE(a && b);
+  std::vector<EndpointEvent> ea, eb;
+  publish_to(a->endpoint(), 1, "gate=9");  // never opened
+  poll_until(a->endpoint(), ea, [&] { return find_event(ea, 1, EndpointEvent::Kind::kTerminal) != nullptr; },
+             "the hung run's terminal");
+  EXPECT_EQ(find_event(ea, 1, EndpointEvent::Kind::kTerminal)->status.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(a->check().ok()) << "killed and reaped";
+  publish_to(b->endpoint(), 2, "text=fine");
+  poll_until(b->endpoint(), eb, [&] { return find_event(eb, 2, EndpointEvent::Kind::kTerminal) != nullptr; }, "B's run");
+  std::vector<EndpointEvent> rest;
+  (void)a->close(now_ns() + kTestWaitNs, rest);
+  EXPECT_TRUE(b->close(now_ns() + kTestWaitNs, rest).ok());
+}
+
+// R11 over fork: close with a run still held (and one never staged) returns
+// within its deadline, and both runs get their terminal.
+TEST(MailboxProcess, R11CloseSweepsHeldRunsAndReaps) {
+  Gates gates;
+  SpawnOptions o;
+  o.child.drain_timeout_ns = 200'000'000;
+  auto a = spawn_test_child(gates.g, o);
+  ASSERT_TRUE(a);
+  std::vector<EndpointEvent> events;
+  publish_to(a->endpoint(), 1, "gate=9");
+  publish_to(a->endpoint(), 2, "gate=9");
+  const pid_t pid = a->pid();
+  EXPECT_TRUE(a->close(now_ns() + kTestWaitNs, events).ok());
+  EXPECT_EQ(count_events(events, 1, EndpointEvent::Kind::kTerminal), 1u);
+  EXPECT_EQ(count_events(events, 2, EndpointEvent::Kind::kTerminal), 1u);
+  EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), -1) << "already reaped";
+}
+
+// R9 over fork: an unattributable header stops the child with its exit code
+// and every held run ends with the published reason.
+TEST(MailboxProcess, R9UnattributableHeaderStopsAForkedChild) {
+  Gates gates;
+  auto a = spawn_test_child(gates.g);
+  ASSERT_TRUE(a);
+  std::vector<EndpointEvent> events;
+  publish_to(a->endpoint(), 1, "gate=1");
+  poll_until(a->endpoint(), events, [&] { return a->endpoint().available_request_transport() == 2; }, "hand-back");
+  forge_frame(a->endpoint().view(), 0, 1u << 20, 1);
+  poll_until(a->endpoint(), events, [&] { return find_event(events, 1, EndpointEvent::Kind::kTerminal) != nullptr; },
+             "the held run's terminal");
+  EXPECT_NE(find_event(events, 1, EndpointEvent::Kind::kTerminal)->status.message().find("unattributable"),
+            std::string::npos);
+  std::vector<EndpointEvent> rest;
+  Status st = a->close(now_ns() + kTestWaitNs, rest);
+  EXPECT_NE(st.message().find(std::to_string(kChildExitEndpointStopped)), std::string::npos) << st.to_string();
+}
+
+// R19 over fork plus the chip child: a forked child drives a real ChipWorker;
+// control malloc/copy reach its device and a run through the mailbox adds one.
+extern "C" void ipc_add_one_kernel(int64_t* args) {
+  const DeviceTensor* t = tensor_arg(args, 0);
+  for (int64_t i = 0; i < t->shape[0]; ++i) tensor_data<float>(t)[i] += 1.0f;
+}
+
+TEST(MailboxProcess, ChipChildRunsThroughTheMailbox) {
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_add_one_kernel", ipc_add_one_kernel).ok());
+  std::vector<ChipCallable> callables;
+  callables.emplace_back("add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); },
+                         k, std::vector<Param>{Param::inout()});
+  const Digest digest = callables[0].digest();
+  WorkerConfig cfg;
+  cfg.pipeline_depth = 2;
+  cfg.max_tasks_per_run = 16;
+  cfg.device_memory_bytes = 64ull << 20;
+  auto child = ForkedChild::spawn([&] { return std::make_unique<ChipChildHandler>(cfg, callables); }, SpawnOptions{});
+  ASSERT_TRUE(child.ok()) << child.status().to_string();
+  MailboxEndpoint& ep = (*child)->endpoint();
+  const uint64_t deadline = now_ns() + kTestWaitNs;
+  auto addr = ep.control_malloc(64 * 4, deadline);
+  ASSERT_TRUE(addr.ok()) << addr.status().to_string();
+  std::vector<float> host(64, 1.5f);
+  ASSERT_TRUE(ep.control_copy_to(*addr, 0, {reinterpret_cast<const uint8_t*>(host.data()), 256}, deadline).ok());
+  TaskArgs args;
+  args.add_tensor(DeviceBuffer{*addr, 256}.view({64}, DType::F32), Tag::InOut);
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(encode_args_blob(args, blob).ok());
+  std::vector<EndpointEvent> events;
+  for (uint64_t run = 1; run <= 3; ++run) {
+    poll_until(ep, events, [&] { return ep.available_request_transport() > 0; }, "a free frame");
+    PublishSpec s;
+    s.run_id = run;
+    s.callable = digest;
+    s.args_blob = blob;
+    ASSERT_TRUE(ep.publish(s).ok());
+    poll_until(ep, events, [&] { return find_event(events, run, EndpointEvent::Kind::kTerminal) != nullptr; }, "chip run");
+    const EndpointEvent* t = find_event(events, run, EndpointEvent::Kind::kTerminal);
+    EXPECT_TRUE(t->status.ok()) << t->status.to_string();
+    EXPECT_TRUE(t->accepted);
+    EXPECT_EQ(t->disposition, kDispositionNativePrepared);
+    ASSERT_NE(find_event(events, run, EndpointEvent::Kind::kAccepted), nullptr);
+  }
+  // An unknown callable fails its own run only.
+  PublishSpec bad;
+  bad.run_id = 9;
+  bad.args_blob = blob;
+  ASSERT_TRUE(ep.publish(bad).ok());
+  poll_until(ep, events, [&] { return find_event(events, 9, EndpointEvent::Kind::kTerminal) != nullptr; }, "bad run");
+  EXPECT_EQ(find_event(events, 9, EndpointEvent::Kind::kTerminal)->status.code(), StatusCode::kNotFound);
+  std::vector<float> out(64);
+  ASSERT_TRUE(ep.control_copy_from(*addr, 0, {reinterpret_cast<uint8_t*>(out.data()), 256}, deadline).ok());
+  for (float v : out) ASSERT_EQ(v, 4.5f);
+  EXPECT_TRUE(ep.control_free(*addr, deadline).ok());
+  std::vector<EndpointEvent> rest;
+  EXPECT_TRUE((*child)->close(now_ns() + kTestWaitNs, rest).ok());
+}
+
+}  // namespace
+}  // namespace simpler::testing
