@@ -1,0 +1,15 @@
+// The benchmarks behind the registry. Each runs simpler and its peer in one
+// process, from the calling thread, creating and closing its own Workers, and
+// returns its figures as JSON (or the first error).
+#pragma once
+
+#include "harness.h"
+
+namespace simpler::bench {
+
+Result<Json> l2_latency();
+Result<Json> runs_in_flight();
+Result<Json> dispatch();
+Result<Json> idle_cpu();
+
+}  // namespace simpler::bench

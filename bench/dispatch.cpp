@@ -1,0 +1,226 @@
+// dispatch: 10k no-op tasks in three dependency shapes, built from tensor tags
+// on the small geometry, against the same DAG in a oneTBB flow graph.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <tbb/flow_graph.h>
+
+#include "benchmarks.h"
+
+namespace simpler::bench {
+namespace {
+
+constexpr uint32_t kTasks = 10'000;
+constexpr uint32_t kLayerWidth = 64;
+constexpr int64_t kRowElems = 16;  // one 64-byte row of F32 per task
+constexpr int kWarmupReps = 2;
+constexpr int kMaxReps = 15;
+constexpr uint64_t kShapeBudgetNs = 8'000'000'000;
+constexpr double kPeerGoalRatio = 3.0;
+// Lets the flow graph's worker threads go back to sleep before simpler is timed.
+constexpr std::chrono::milliseconds kSettle{50};
+constexpr uint64_t kDagSeed = 0x5eed'0f'da6ull;
+
+enum class Shape { Independent, Chain, Layered };
+
+struct ShapeSpec {
+  Shape shape;
+  const char* name;
+  double goal_ns_per_task;  // 0: no absolute goal, only the peer ratio
+};
+constexpr std::array<ShapeSpec, 3> kShapes = {{{Shape::Independent, "independent", 300.0},
+                                               {Shape::Chain, "chain", 1000.0},
+                                               {Shape::Layered, "layered", 0.0}}};
+
+// One DAG, two encodings: predecessor lists (for the flow graph) and per-task
+// arguments whose tags imply exactly those edges (for simpler).
+struct Dag {
+  std::vector<std::vector<uint32_t>> preds;
+  std::vector<TaskArgs> args;
+  size_t edges = 0;
+};
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Task i owns row i of `rows`; only tags differ between shapes. Chain tasks
+// all InOut one row, so each depends on the one before it.
+Result<Dag> make_dag(Shape shape, const TensorView& rows) {
+  Dag dag;
+  dag.preds.resize(kTasks);
+  dag.args.resize(kTasks);
+  uint64_t rng = kDagSeed;
+  for (uint32_t i = 0; i < kTasks; ++i) {
+    const uint32_t task_row = shape == Shape::Chain ? 0 : i;
+    Result<TensorView> own = rows.tile({task_row, 0}, {1, kRowElems});
+    if (!own.ok()) return own.status();
+    switch (shape) {
+      case Shape::Independent:
+        dag.args[i].add_tensor(*own, Tag::OutputExisting);
+        break;
+      case Shape::Chain:
+        dag.args[i].add_tensor(*own, Tag::InOut);
+        if (i > 0) dag.preds[i].push_back(i - 1);
+        break;
+      case Shape::Layered: {
+        dag.args[i].add_tensor(*own, Tag::OutputExisting);
+        if (i < kLayerWidth) break;
+        const uint32_t prev_layer = i / kLayerWidth * kLayerWidth - kLayerWidth;
+        const uint32_t want = 1 + static_cast<uint32_t>(splitmix64(rng) % 3);
+        auto& preds = dag.preds[i];
+        while (preds.size() < want) {
+          const uint32_t p = prev_layer + static_cast<uint32_t>(splitmix64(rng) % kLayerWidth);
+          if (std::find(preds.begin(), preds.end(), p) != preds.end()) continue;
+          preds.push_back(p);
+          Result<TensorView> input = rows.tile({p, 0}, {1, kRowElems});
+          if (!input.ok()) return input.status();
+          dag.args[i].add_tensor(*input, Tag::Input);
+        }
+        break;
+      }
+    }
+    dag.edges += dag.preds[i].size();
+  }
+  return dag;
+}
+
+struct SimplerFigures {
+  Summary ns_per_task;
+  Summary build_ns_per_task;
+  Summary device_ns_per_task;
+  uint32_t tasks = 0;
+};
+
+Result<SimplerFigures> measure_simpler(Worker& worker, CallableHandle callable, const Dag*& current,
+                                       const Dag& dag) {
+  current = &dag;
+  std::vector<double> total, build, device;
+  SimplerFigures f;
+  const uint64_t start = wall_ns();
+  for (int rep = 0; rep < kWarmupReps + kMaxReps; ++rep) {
+    const uint64_t t0 = wall_ns();
+    RunHandle run = worker.submit(callable, TaskArgs{});
+    Status s = run.wait();
+    const uint64_t t1 = wall_ns();
+    if (!s.ok()) return s;
+    const RunStats stats = run.stats();
+    if (stats.tasks != kTasks) {
+      return Status(StatusCode::kInternal, fmt::format("run has {} tasks, expected {}", stats.tasks, kTasks));
+    }
+    f.tasks = stats.tasks;
+    if (rep < kWarmupReps) continue;
+    total.push_back(static_cast<double>(t1 - t0) / kTasks);
+    build.push_back(stats.build_us * 1000.0 / kTasks);
+    device.push_back(stats.device_us * 1000.0 / kTasks);
+    if (wall_ns() - start > kShapeBudgetNs) break;
+  }
+  f.ns_per_task = summarize(std::move(total));
+  f.build_ns_per_task = summarize(std::move(build));
+  f.device_ns_per_task = summarize(std::move(device));
+  return f;
+}
+
+using FlowNode = tbb::flow::continue_node<tbb::flow::continue_msg>;
+
+void build_flow_graph(tbb::flow::graph& g, std::deque<FlowNode>& nodes, const Dag& dag) {
+  for (uint32_t i = 0; i < kTasks; ++i) {
+    nodes.emplace_back(g, [](const tbb::flow::continue_msg&) { return tbb::flow::continue_msg(); });
+    for (uint32_t p : dag.preds[i]) tbb::flow::make_edge(nodes[p], nodes[i]);
+  }
+}
+
+void run_flow_graph(tbb::flow::graph& g, std::deque<FlowNode>& nodes, const Dag& dag) {
+  for (uint32_t i = 0; i < kTasks; ++i) {
+    if (dag.preds[i].empty()) nodes[i].try_put(tbb::flow::continue_msg());
+  }
+  g.wait_for_all();
+}
+
+// Build + run, like a simpler run (which builds its graph per submit); and
+// run-only over a graph built once, the flow graph's best case.
+std::pair<Summary, Summary> measure_flow_graph(const Dag& dag) {
+  std::vector<double> build_and_run, run_only;
+  const uint64_t start = wall_ns();
+  for (int rep = 0; rep < kWarmupReps + kMaxReps; ++rep) {
+    tbb::flow::graph g;
+    std::deque<FlowNode> nodes;
+    const uint64_t t0 = wall_ns();
+    build_flow_graph(g, nodes, dag);
+    run_flow_graph(g, nodes, dag);
+    const uint64_t t1 = wall_ns();
+    run_flow_graph(g, nodes, dag);
+    const uint64_t t2 = wall_ns();
+    if (rep < kWarmupReps) continue;
+    build_and_run.push_back(static_cast<double>(t1 - t0) / kTasks);
+    run_only.push_back(static_cast<double>(t2 - t1) / kTasks);
+    if (wall_ns() - start > kShapeBudgetNs) break;
+  }
+  return {summarize(std::move(build_and_run)), summarize(std::move(run_only))};
+}
+
+}  // namespace
+
+Result<Json> dispatch() {
+  Worker worker(Level::Chip, WorkerConfig{});
+  const Dag* current = nullptr;
+  Result<CallableHandle> callable = prepare_chip(
+      worker, "bench_dispatch", [&current](ChipOrchestrator& o, const TaskArgs&) -> Status {
+        for (const TaskArgs& args : current->args) {
+          if (Result<TaskRef> t = o.submit_aiv(kNoopFuncId, args); !t.ok()) return t.status();
+        }
+        return Status();
+      });
+  if (!callable.ok()) return callable.status();
+  Result<DeviceBuffer> buffer = worker.malloc(kTasks * kRowElems * sizeof(float));
+  if (!buffer.ok()) return buffer.status();
+  const TensorView rows = buffer->view({kTasks, kRowElems}, DType::F32);
+
+  Json shapes;
+  for (const ShapeSpec& spec : kShapes) {
+    Result<Dag> dag = make_dag(spec.shape, rows);
+    if (!dag.ok()) return dag.status();
+    std::this_thread::sleep_for(kSettle);
+    Result<SimplerFigures> mine = measure_simpler(worker, *callable, current, *dag);
+    if (!mine.ok()) return mine.status();
+    const auto [peer, peer_run_only] = measure_flow_graph(*dag);
+    const double ratio = mine->ns_per_task.p50 / peer.p50;
+    Json s;
+    s["edges"] = dag->edges;
+    s["reps"] = mine->ns_per_task.n;
+    s["ns_per_task"] = round3(mine->ns_per_task.p50);
+    s["ns_per_task_min"] = round3(mine->ns_per_task.min);
+    s["build_ns_per_task"] = round3(mine->build_ns_per_task.p50);
+    s["device_ns_per_task"] = round3(mine->device_ns_per_task.p50);
+    s["peer_ns_per_task"] = round3(peer.p50);
+    s["peer_run_only_ns_per_task"] = round3(peer_run_only.p50);
+    s["ratio_vs_peer"] = round3(ratio);
+    if (spec.goal_ns_per_task > 0) {
+      s["goal_ns_per_task_max"] = spec.goal_ns_per_task;
+      s["goal_met"] = mine->ns_per_task.p50 <= spec.goal_ns_per_task;
+    }
+    s["peer_goal_ratio_max"] = kPeerGoalRatio;
+    s["peer_goal_met"] = ratio <= kPeerGoalRatio;
+    shapes[spec.name] = s;
+  }
+  if (Status s = worker.close(); !s.ok()) return s;
+
+  Json j;
+  j["geometry"] = Geometry::small().name;
+  j["tasks"] = kTasks;
+  j["layer_width"] = kLayerWidth;
+  j["shapes"] = shapes;
+  j["peer"] = "oneTBB flow graph of continue_nodes, same DAG: build + run (ratio basis) and run only";
+  return j;
+}
+
+}  // namespace simpler::bench

@@ -1,0 +1,101 @@
+#include "harness.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+#include <fmt/format.h>
+
+namespace simpler::bench {
+namespace {
+
+extern "C" void simpler_bench_noop_kernel(int64_t* /*args*/) {}
+
+void flatten(const Json& j, const std::string& prefix, std::vector<std::pair<std::string, std::string>>& rows) {
+  if (j.is_object()) {
+    for (const auto& [key, value] : j.items()) flatten(value, prefix.empty() ? key : prefix + "." + key, rows);
+  } else if (j.is_string()) {
+    rows.emplace_back(prefix, j.get<std::string>());
+  } else {
+    rows.emplace_back(prefix, j.dump());
+  }
+}
+
+}  // namespace
+
+uint64_t wall_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+uint64_t process_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+int process_threads() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return 0;
+}
+
+Summary summarize(std::vector<double> samples) {
+  Summary s;
+  if (samples.empty()) return s;
+  std::sort(samples.begin(), samples.end());
+  // Nearest-rank percentiles: every reported figure is a measured sample.
+  const auto rank = [&](double p) {
+    const size_t r = static_cast<size_t>(std::ceil(p * static_cast<double>(samples.size())));
+    return samples[std::clamp<size_t>(r, 1, samples.size()) - 1];
+  };
+  s.n = samples.size();
+  s.min = samples.front();
+  s.p50 = rank(0.50);
+  s.p99 = rank(0.99);
+  s.max = samples.back();
+  s.mean = std::accumulate(samples.begin(), samples.end(), 0.0) / static_cast<double>(samples.size());
+  return s;
+}
+
+Json summary_json(const Summary& s) {
+  return Json{{"n", s.n},           {"min", round3(s.min)}, {"p50", round3(s.p50)},
+              {"p99", round3(s.p99)}, {"max", round3(s.max)}, {"mean", round3(s.mean)}};
+}
+
+double round3(double v) { return std::round(v * 1000.0) / 1000.0; }
+
+Result<CallableHandle> prepare_chip(Worker& worker, const std::string& name,
+                                    OrchestrationFn orchestrate) {
+  KernelLibrary kernels;
+  if (Status s = kernels.add_function(kNoopFuncId, CoreType::AIV, "simpler_bench_noop_kernel",
+                                      &simpler_bench_noop_kernel);
+      !s.ok()) {
+    return s;
+  }
+  Result<CallableHandle> handle =
+      worker.register_callable(ChipCallable(name, std::move(orchestrate), std::move(kernels), {}));
+  if (!handle.ok()) return handle;
+  if (Status s = worker.init(); !s.ok()) return s;
+  return handle;
+}
+
+std::string render_table(const Json& j) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  flatten(j, "", rows);
+  size_t width = 0;
+  for (const auto& row : rows) width = std::max(width, row.first.size());
+  std::string out;
+  for (const auto& [key, value] : rows) out += fmt::format("{:<{}}  {}\n", key, width, value);
+  return out;
+}
+
+}  // namespace simpler::bench

@@ -1,0 +1,165 @@
+// l2_latency and runs_in_flight: one-task runs on the small geometry, against a
+// condition-variable thread pool doing the same hand-off.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "benchmarks.h"
+#include "peers.h"
+
+namespace simpler::bench {
+namespace {
+
+constexpr int kWarmupRuns = 200;
+constexpr int kLatencyRuns = 2000;
+constexpr int kSpinRoundTrips = 20000;
+constexpr double kLatencyGoalP50Us = 50.0;
+constexpr std::array<uint32_t, 5> kInFlight = {1, 2, 4, 8, 16};
+constexpr uint64_t kThroughputWindowNs = 200'000'000;
+constexpr int kThroughputWindows = 5;
+
+Status one_noop_task(ChipOrchestrator& o, const TaskArgs& /*run_args*/) {
+  return o.submit_aiv(kNoopFuncId, TaskArgs{}).status();
+}
+
+unsigned pool_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+double to_us(uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
+
+// Keeps `depth` operations outstanding for one window: start(k) begins one in
+// slot k, finish(k) waits for it. Returns completions per second.
+template <typename Start, typename Finish>
+Result<double> in_flight_rate(uint32_t depth, Start&& start, Finish&& finish) {
+  std::vector<bool> live(depth, true);
+  const uint64_t t0 = wall_ns();
+  for (uint32_t k = 0; k < depth; ++k) start(k);
+  uint64_t completed = 0;
+  // Slots are refilled in order, so the ring drains in order once the window ends.
+  for (uint32_t k = 0; live[k]; k = (k + 1) % depth) {
+    if (Status s = finish(k); !s.ok()) return s;
+    ++completed;
+    live[k] = wall_ns() - t0 < kThroughputWindowNs;
+    if (live[k]) start(k);
+  }
+  return static_cast<double>(completed) * 1e9 / static_cast<double>(wall_ns() - t0);
+}
+
+// Median over windows: one window lost to a neighbour's burst must not decide.
+template <typename Start, typename Finish>
+Result<double> median_rate(uint32_t depth, Start&& start, Finish&& finish) {
+  std::vector<double> rates;
+  for (int w = 0; w < kThroughputWindows; ++w) {
+    Result<double> r = in_flight_rate(depth, start, finish);
+    if (!r.ok()) return r;
+    rates.push_back(*r);
+  }
+  return summarize(std::move(rates)).p50;
+}
+
+Result<double> simpler_runs_per_s(uint32_t depth) {
+  WorkerConfig config;
+  config.pipeline_depth = depth;
+  Worker worker(Level::Chip, config);
+  Result<CallableHandle> callable = prepare_chip(worker, "bench_one_task", one_noop_task);
+  if (!callable.ok()) return callable.status();
+  const TaskArgs no_args;
+  for (int i = 0; i < kWarmupRuns; ++i) {
+    if (Status s = worker.run(*callable, no_args); !s.ok()) return s;
+  }
+  std::vector<RunHandle> ring(depth);
+  Result<double> rate = median_rate(
+      depth, [&](uint32_t k) { ring[k] = worker.submit(*callable, no_args); },
+      [&](uint32_t k) { return ring[k].wait(); });
+  if (Status s = worker.close(); !s.ok()) return s;
+  return rate;
+}
+
+double pool_runs_per_s(uint32_t depth) {
+  CondvarPool pool(pool_threads());
+  std::vector<CondvarPool::Job> jobs(depth);
+  return *median_rate(
+      depth, [&](uint32_t k) { pool.post(jobs[k]); },
+      [&](uint32_t k) {
+        CondvarPool::wait(jobs[k]);
+        return Status();
+      });
+}
+
+}  // namespace
+
+Result<Json> l2_latency() {
+  Worker worker(Level::Chip, WorkerConfig{});
+  Result<CallableHandle> callable = prepare_chip(worker, "bench_one_task", one_noop_task);
+  if (!callable.ok()) return callable.status();
+  const TaskArgs no_args;
+  std::vector<double> latency_us, build_us, device_us;
+  for (int i = 0; i < kWarmupRuns + kLatencyRuns; ++i) {
+    const uint64_t t0 = wall_ns();
+    RunHandle run = worker.submit(*callable, no_args);
+    Status s = run.wait();
+    const uint64_t t1 = wall_ns();
+    if (!s.ok()) return s;
+    if (i < kWarmupRuns) continue;
+    latency_us.push_back(to_us(t1 - t0));
+    const RunStats stats = run.stats();
+    build_us.push_back(stats.build_us);
+    device_us.push_back(stats.device_us);
+  }
+  if (Status s = worker.close(); !s.ok()) return s;
+
+  std::vector<double> peer_us;
+  {
+    CondvarPool pool(pool_threads());
+    CondvarPool::Job job;
+    for (int i = 0; i < kWarmupRuns + kLatencyRuns; ++i) {
+      const uint64_t t0 = wall_ns();
+      pool.post(job);
+      CondvarPool::wait(job);
+      if (i >= kWarmupRuns) peer_us.push_back(to_us(wall_ns() - t0));
+    }
+  }
+  const Summary mine = summarize(std::move(latency_us));
+  const Summary peer = summarize(std::move(peer_us));
+  const Summary floor = spin_round_trip_us(kSpinRoundTrips);
+
+  Json j;
+  j["geometry"] = Geometry::small().name;
+  j["unit"] = "us";
+  j["simpler"] = summary_json(mine);
+  j["simpler_split_p50"] = {{"build_us", round3(summarize(std::move(build_us)).p50)},
+                            {"device_us", round3(summarize(std::move(device_us)).p50)}};
+  j["peer"] = summary_json(peer);
+  j["peer"]["what"] = fmt::format("condvar thread pool ({} threads): post + wait one no-op job", pool_threads());
+  j["ratio_vs_peer"] = {{"p50", round3(mine.p50 / peer.p50)}, {"p99", round3(mine.p99 / peer.p99)}};
+  j["floor_spin_round_trip"] = {{"p50", round3(floor.p50)}, {"p99", round3(floor.p99)}};
+  j["goal"] = {{"p50_us_max", kLatencyGoalP50Us}, {"met", mine.p50 <= kLatencyGoalP50Us}};
+  return j;
+}
+
+Result<Json> runs_in_flight() {
+  Json per_depth;
+  double runs_per_s_at_1 = 0;
+  for (uint32_t depth : kInFlight) {
+    Result<double> mine = simpler_runs_per_s(depth);
+    if (!mine.ok()) return mine.status();
+    const double peer = pool_runs_per_s(depth);
+    if (depth == 1) runs_per_s_at_1 = *mine;
+    per_depth[std::to_string(depth)] = {{"runs_per_s", std::round(*mine)},
+                                        {"peer_runs_per_s", std::round(peer)},
+                                        {"ratio_vs_peer", round3(*mine / peer)},
+                                        {"scaling_vs_1", round3(*mine / runs_per_s_at_1)}};
+  }
+  Json j;
+  j["geometry"] = Geometry::small().name;
+  j["window_s"] = static_cast<double>(kThroughputWindowNs) / 1e9;
+  j["windows"] = kThroughputWindows;
+  j["in_flight"] = per_depth;
+  j["peer"] = fmt::format("condvar thread pool ({} threads), same number of no-op jobs outstanding",
+                          pool_threads());
+  return j;
+}
+
+}  // namespace simpler::bench

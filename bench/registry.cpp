@@ -1,0 +1,113 @@
+#include <unistd.h>
+
+#include <algorithm>
+#include <exception>
+#include <fstream>
+#include <thread>
+
+#include "bench.h"
+#include "benchmarks.h"
+
+namespace simpler::bench {
+namespace {
+
+struct Entry {
+  BenchInfo info;
+  Result<Json> (*fn)();
+};
+
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> kEntries = {
+      {{"l2_latency", "1-task run latency, submit -> wait, p50/p99 (small geometry) vs a condvar thread pool"},
+       &l2_latency},
+      {{"runs_in_flight", "runs per second with 1, 2, 4, 8, 16 one-task runs in flight vs a condvar thread pool"},
+       &runs_in_flight},
+      {{"dispatch", "ns per no-op task for 10k tasks: independent, chain, layered DAG vs a oneTBB flow graph"},
+       &dispatch},
+      {{"idle_cpu", "% of one CPU burned by an idle a2a3-geometry chip over 1 s vs an idle process"},
+       &idle_cpu},
+  };
+  return kEntries;
+}
+
+// On a shared 2-vCPU machine, what tells a regression from a neighbour's
+// compile: the load average when the benchmark started, and NeighbourMeter.
+double load_average_1m() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  in >> load;
+  return load;
+}
+
+// Busy CPU time of the whole machine (all CPUs, steal included), from /proc/stat.
+uint64_t machine_busy_ns() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  const uint64_t ticks = user + nice + system + irq + softirq + steal;
+  return ticks * 1'000'000'000ull / static_cast<uint64_t>(sysconf(_SC_CLK_TCK));
+}
+
+// CPU used by everything but this process while the benchmark ran, in % of one
+// CPU: the load average lags by a minute, this does not.
+class NeighbourMeter {
+ public:
+  NeighbourMeter() : wall_(wall_ns()), busy_(machine_busy_ns()), own_(process_cpu_ns()) {}
+  double pct() const {
+    const double others = static_cast<double>(machine_busy_ns() - busy_) - static_cast<double>(process_cpu_ns() - own_);
+    return round3(std::max(0.0, 100.0 * others / static_cast<double>(wall_ns() - wall_)));
+  }
+
+ private:
+  uint64_t wall_, busy_, own_;
+};
+
+Json context() {
+  return Json{{"version", version_string()},
+              {"build", build_options()},
+              {"hardware_threads", std::thread::hardware_concurrency()},
+              {"load_1m", load_average_1m()}};
+}
+
+}  // namespace
+
+std::vector<BenchInfo> list() {
+  std::vector<BenchInfo> out;
+  for (const Entry& e : entries()) out.push_back(e.info);
+  return out;
+}
+
+int run(const std::string& name, bool json, std::ostream& out) {
+  const Entry* entry = nullptr;
+  for (const Entry& e : entries()) {
+    if (e.info.name == name) entry = &e;
+  }
+  if (entry == nullptr) {
+    out << "unknown benchmark '" << name << "'; `simpler bench --list` names them\n";
+    return 2;
+  }
+  Json head{{"bench", name}};
+  head["context"] = context();
+  Result<Json> figures = Status(StatusCode::kInternal, "benchmark did not run");
+  const NeighbourMeter neighbours;
+  try {
+    figures = entry->fn();
+  } catch (const std::exception& e) {
+    figures = Status(StatusCode::kInternal, std::string("exception: ") + e.what());
+  }
+  head["context"]["neighbour_cpu_pct"] = neighbours.pct();
+  if (figures.ok()) {
+    head.update(*figures);
+  } else {
+    head["error"] = figures.status().to_string();
+  }
+  if (json) {
+    out << head.dump() << "\n";
+  } else {
+    out << render_table(head);
+  }
+  return figures.ok() ? 0 : 1;
+}
+
+}  // namespace simpler::bench
