@@ -467,10 +467,11 @@ TEST(RuntimeOutputs, AnUnboundOutputIsAllocatedAndFeedsALaterTask) {
             .add_scalar_f32(0.f);
         auto r1 = o.submit_aiv(kAxpb, first);
         if (!r1.ok()) return r1.status();
-        const TensorView tmp = r1->args[1].tensor;  // now bound to run-owned memory
+        if (r1->outputs.size() != 1) return Status(StatusCode::kInternal, "TaskRef.outputs should hold one view");
+        const TensorView tmp = r1->outputs[0];  // bound to run-owned memory
         bound_in_ref = tmp.buffer().bound();
         allocated_bytes = tmp.buffer().bytes;
-        if (!tmp.buffer().bound()) return Status(StatusCode::kInternal, "TaskRef.args[1] is still unbound");
+        if (!tmp.buffer().bound()) return Status(StatusCode::kInternal, "TaskRef.outputs[0] is still unbound");
         return o.submit_aiv(kAxpb, axpb(tmp, a[1].tensor, 1.f, 1.f)).status();
       },
       axpb_kernels(), {Param::input(), Param::output()}));
@@ -511,7 +512,7 @@ TEST(Scopes, IntermediatesOfAnEndedScopeAreReleasedDuringTheRun) {
           second.add_tensor(*t1, Tag::Input).add_output({kLen}, DType::F32).add_scalar_f32(1.f).add_scalar_f32(1.f);
           auto r2 = o.submit_aiv(kAxpb, second);
           if (!r2.ok()) return r2.status();
-          if (auto r = o.submit_aiv(kAxpb, axpb(r2->args[1].tensor, a[1].tensor, 1.f, 0.f)); !r.ok()) {
+          if (auto r = o.submit_aiv(kAxpb, axpb(r2->outputs.at(0), a[1].tensor, 1.f, 0.f)); !r.ok()) {
             return r.status();
           }
           x = a[1].tensor;

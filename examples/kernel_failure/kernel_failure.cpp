@@ -27,7 +27,7 @@ Status orchestrate(ChipOrchestrator& o, const TaskArgs& args) {
   if (Status s = take(o.submit_aiv(kSqrtFunc, sqrt_args), sqrt_task); !s.ok()) return s;
   // The bound Output of the first task is the input of the second: that is the edge.
   TaskArgs scale_args;
-  scale_args.add_tensor(sqrt_task.args[1].tensor, Tag::Input)
+  scale_args.add_tensor(sqrt_task.outputs[0], Tag::Input)
       .add_tensor(z, Tag::OutputExisting)
       .add_scalar(static_cast<int64_t>(args[2].scalar));
   return o.submit_aiv(kScaleFunc, scale_args).status();

@@ -10,11 +10,12 @@
 
 namespace simpler {
 
-// A submitted task: its id within the run and its arguments as bound, so an
-// unbound Tag::Output now names the buffer the runtime allocated for it.
+// A submitted task: its id within the run and, in argument order, the views
+// the runtime allocated for its unbound Tag::Output arguments (empty, and
+// allocation-free, when it had none).
 struct TaskRef {
   uint32_t id = 0;
-  TaskArgs args;
+  std::vector<TensorView> outputs;
 };
 
 // The three kernels of a mixed task: one AIC and two AIV subtasks that run

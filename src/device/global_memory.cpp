@@ -85,7 +85,7 @@ Status GlobalMemory::free(uint64_t addr) {
   return Status();
 }
 
-Result<uint64_t> GlobalMemory::containing_allocation(uint64_t addr, uint64_t bytes) const {
+Result<GlobalMemory::Allocation> GlobalMemory::containing_allocation(uint64_t addr, uint64_t bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.upper_bound(addr);
   if (it == live_.begin()) return out_of_range("addr = {:#x} is not inside a live device allocation", addr);
@@ -93,7 +93,7 @@ Result<uint64_t> GlobalMemory::containing_allocation(uint64_t addr, uint64_t byt
   if (addr + bytes < addr || addr + bytes > it->first + it->second) {
     return out_of_range("range [{:#x}, +{}) runs past its allocation [{:#x}, +{})", addr, bytes, it->first, it->second);
   }
-  return it->first;
+  return Allocation{it->first, it->second};
 }
 
 Status GlobalMemory::check_range(uint64_t addr, uint64_t bytes) const {

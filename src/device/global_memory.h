@@ -28,8 +28,12 @@ class GlobalMemory {
   Status free(uint64_t addr);
   // [addr, addr + bytes) lies inside one live allocation.
   Status check_range(uint64_t addr, uint64_t bytes) const;
-  // The start of the live allocation that holds all of [addr, addr + bytes).
-  Result<uint64_t> containing_allocation(uint64_t addr, uint64_t bytes) const;
+  struct Allocation {
+    uint64_t addr;
+    uint64_t bytes;
+  };
+  // The live allocation that holds all of [addr, addr + bytes).
+  Result<Allocation> containing_allocation(uint64_t addr, uint64_t bytes) const;
   // Size of the live allocation starting at addr, or 0.
   uint64_t allocation_size(uint64_t addr) const;
 

@@ -1,5 +1,6 @@
 #include "runtime/hbg/graph_builder.h"
 
+#include <array>
 #include <cstring>
 
 #include "base/errors.h"
@@ -64,6 +65,16 @@ Status GraphBuilder::scope_end() {
   return Status();
 }
 
+Result<GlobalMemory::Allocation> GraphBuilder::allocation_of(uint64_t addr, uint64_t bytes) {
+  for (const GlobalMemory::Allocation& a : s_.known_allocations) {
+    if (a.bytes != 0 && addr >= a.addr && bytes <= a.bytes && addr - a.addr <= a.bytes - bytes) return a;
+  }
+  auto found = rt_.device_.memory().containing_allocation(addr, bytes);
+  if (!found.ok()) return found.status();
+  s_.known_allocations[s_.known_next++ % s_.known_allocations.size()] = *found;
+  return *found;
+}
+
 void GraphBuilder::add_edge(uint32_t from, uint32_t to) {
   if (from == to || s_.pred_mark[from] == to + 1) return;
   s_.pred_mark[from] = to + 1;
@@ -105,12 +116,12 @@ Result<TaskRef> GraphBuilder::submit(TaskKind kind, const uint32_t* funcs, uint3
     ++ntensors;
     const DeviceBuffer& b = args[i].tensor.buffer();
     if (b.bound()) {
-      auto base = rt_.device_.memory().containing_allocation(b.addr, b.bytes);
-      if (!base.ok()) {
+      auto alloc = allocation_of(b.addr, b.bytes);
+      if (!alloc.ok()) {
         return refuse(out_of_range("task {}: args[{}]: buffer is not live device memory: {}", t, i,
-                                   base.status().message()));
+                                   alloc.status().message()));
       }
-      bases[i] = *base;
+      bases[i] = alloc->addr;
     }
   }
   if (s_.desc_count + ntensors > rt_.capacity_.descriptors) {
@@ -120,10 +131,12 @@ Result<TaskRef> GraphBuilder::submit(TaskKind kind, const uint32_t* funcs, uint3
 
   TaskRef ref;
   ref.id = t;
-  ref.args = args;
+  // Views of the outputs allocated below; every other argument is used as given.
+  std::array<TensorView, kMaxTaskArgs> bound;
+  uint32_t allocated = 0;  // bit i: args[i] was an unbound output, now bound[i]
   const uint32_t first_new = s_.intermediate_count;
   for (size_t i = 0; i < args.size(); ++i) {
-    TaskArg& a = ref.args[i];
+    const TaskArg& a = args[i];
     if (a.kind != TaskArg::Kind::Tensor || a.tensor.buffer().bound()) continue;
     const uint64_t bytes = std::max<uint64_t>(static_cast<uint64_t>(a.tensor.numel()) * dtype_size(a.tensor.dtype()), 1);
     auto idx = new_intermediate(bytes);
@@ -139,24 +152,30 @@ Result<TaskRef> GraphBuilder::submit(TaskKind kind, const uint32_t* funcs, uint3
     }
     std::vector<int64_t> shape(a.tensor.ndim());
     for (int d = 0; d < a.tensor.ndim(); ++d) shape[d] = a.tensor.shape(d);
-    a.tensor = TensorView(DeviceBuffer{s_.intermediates[*idx].addr, bytes}, shape, a.tensor.dtype());
+    bound[i] = TensorView(DeviceBuffer{s_.intermediates[*idx].addr, bytes}, shape, a.tensor.dtype());
+    allocated |= 1u << i;
     bases[i] = s_.intermediates[*idx].addr;
+  }
+  if (allocated != 0) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (allocated & (1u << i)) ref.outputs.push_back(bound[i]);
+    }
   }
 
   Task& task = s_.tasks[t];
   task.kind = kind;
-  task.nargs = static_cast<uint8_t>(ref.args.size());
+  task.nargs = static_cast<uint8_t>(args.size());
   for (uint32_t i = 0; i < 3; ++i) {
     task.func_id[i] = i < nfuncs ? funcs[i] : 0;
     task.fn[i] = fns[i];
   }
-  for (size_t i = 0; i < ref.args.size(); ++i) {
-    const TaskArg& a = ref.args[i];
+  for (size_t i = 0; i < args.size(); ++i) {
+    const TaskArg& a = args[i];
     if (a.kind == TaskArg::Kind::Scalar) {
       task.args[i] = static_cast<int64_t>(a.scalar);
       continue;
     }
-    const TensorView& v = a.tensor;
+    const TensorView& v = (allocated & (1u << i)) ? bound[i] : a.tensor;
     DeviceTensor& d = s_.descriptors[s_.desc_count++];
     d.data = v.buffer().addr + static_cast<uint64_t>(v.offset()) * dtype_size(v.dtype());
     d.dtype = static_cast<uint32_t>(v.dtype());
@@ -167,6 +186,7 @@ Result<TaskRef> GraphBuilder::submit(TaskKind kind, const uint32_t* funcs, uint3
     }
     task.args[i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(&d));
     if (a.tag != Tag::NoDep) add_dependencies(t, v, a.tag, bases[i]);
+    if (s_.intermediate_count == 0) continue;
     auto im = s_.intermediate_of.find(bases[i]);
     if (im != s_.intermediate_of.end()) {
       bool seen = false;

@@ -23,6 +23,8 @@ class GraphBuilder final : public ChipOrchestrator {
   Result<TaskRef> submit(TaskKind kind, const uint32_t* funcs, uint32_t nfuncs, const TaskArgs& args);
   Status refuse(Status st);
   Result<uint32_t> new_intermediate(uint64_t bytes);
+  // The device allocation holding [addr, addr + bytes), from the build's cache when it can.
+  Result<GlobalMemory::Allocation> allocation_of(uint64_t addr, uint64_t bytes);
   // `base` is the device allocation holding the view's buffer: accesses are
   // grouped by allocation, so views through different sub-buffers of one
   // allocation still meet.

@@ -95,6 +95,7 @@ void HbgRuntime::reset_slot(Slot& s) {
   s.edges.clear();
   s.use_pairs.clear();
   s.accesses->clear();
+  s.known_allocations.fill(GlobalMemory::Allocation{0, 0});
   s.intermediate_count = 0;
   s.intermediate_of.clear();
   s.scopes.clear();

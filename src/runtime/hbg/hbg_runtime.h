@@ -6,6 +6,7 @@
 // the done callback runs on an AICPU thread (or in launch() for an empty run).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -50,6 +51,11 @@ struct Slot {
   std::vector<uint32_t> pred_mark;                       // edge de-duplication
   std::vector<uint32_t> counts;                          // CSR scratch
   std::unique_ptr<AccessIndex> accesses;
+  // Allocations already looked up in this build: most tasks name a few
+  // buffers over and over, and the device allocator's lock is shared with
+  // AICPU threads freeing intermediates.
+  std::array<GlobalMemory::Allocation, 4> known_allocations{};
+  uint32_t known_next = 0;
   std::unique_ptr<Intermediate[]> intermediates;
   uint32_t intermediate_count = 0;
   std::unordered_map<uint64_t, uint32_t> intermediate_of;  // addr -> index
