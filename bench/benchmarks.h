@@ -11,5 +11,6 @@ Result<Json> l2_latency();
 Result<Json> runs_in_flight();
 Result<Json> dispatch();
 Result<Json> idle_cpu();
+Result<Json> native_run();
 
 }  // namespace simpler::bench

@@ -20,12 +20,15 @@ const std::vector<Entry>& entries() {
   static const std::vector<Entry> kEntries = {
       {{"l2_latency", "1-task run latency, submit -> wait, p50/p99 (small geometry) vs a condvar thread pool"},
        &l2_latency},
-      {{"runs_in_flight", "runs per second with 1, 2, 4, 8, 16 one-task runs in flight vs a condvar thread pool"},
+      {{"runs_in_flight",
+        "runs/s with pipeline_depth = launch_depth = 1, 2, 4, 8, 16 one-task runs in flight vs a condvar pool"},
        &runs_in_flight},
       {{"dispatch", "ns per no-op task for 10k tasks: independent, chain, layered DAG vs a oneTBB flow graph"},
        &dispatch},
       {{"idle_cpu", "% of one CPU burned by an idle a2a3-geometry chip over 1 s vs an idle process"},
        &idle_cpu},
+      {{"native_run", "prepare + launch + finalize of an empty and a one-task native run, p50/p99 vs a condvar pool"},
+       &native_run},
   };
   return kEntries;
 }
