@@ -757,10 +757,12 @@ TEST(NativeRun, R54CloseDrainsWide) {
   cfg.device_memory_bytes = 64ull << 20;
   auto w = ChipWorker::create(cfg, std::move(cs));
   ASSERT_TRUE(w.ok());
-  auto buf = (*w)->malloc(64 * 4);
+  // Runs of one chip are independent of each other: each gets its own buffer.
   std::vector<RunHandle> runs;
   for (int i = 0; i < 5; ++i) {
     TaskArgs a;
+    auto buf = (*w)->malloc(64 * 4);
+    ASSERT_TRUE(buf.ok());
     if (i != 2) a.add_tensor(buf->view({64}, DType::F32), Tag::InOut);
     runs.push_back((*w)->submit(i == 2 ? 1 : 0, a));
   }
