@@ -433,16 +433,20 @@ TEST(Refusal, AWideGrantIsAcceptedAndServesRuns) {
   f.expect_unchanged();
 }
 
-TEST(Refusal, NodeAndNetworkLevelsAreNotBuiltYet) {
+TEST(Refusal, NetworkLevelIsNotBuiltYetAndAChildlessNodeIsRefused) {
   Watchdog dog;
   for (Level level : {Level::Node, Level::Network}) {
     const int threads = thread_count();
-    Worker w(level, small_config());
+    Worker w(level, small_config());  // chips = 0, sub_workers = 0
     EXPECT_EQ(w.level(), level);
     ASSERT_TRUE(w.register_callable(ChipCallable("noop", [](ChipOrchestrator&, const TaskArgs&) { return Status(); },
                                                  all_kernels(), {}))
                     .ok());
-    EXPECT_REFUSED(w.init(), StatusCode::kUnimplemented, level == Level::Node ? "Level::Node" : "Level::Network");
+    if (level == Level::Node) {
+      EXPECT_REFUSED(w.init(), StatusCode::kInvalidArgument, "chips = 0");
+    } else {
+      EXPECT_REFUSED(w.init(), StatusCode::kUnimplemented, "Level::Network");
+    }
     EXPECT_EQ(thread_count(), threads);
     EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");
   }

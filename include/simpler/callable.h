@@ -18,6 +18,7 @@
 namespace simpler {
 
 class ChipOrchestrator;
+class TaskArgsView;
 
 using Digest = std::array<uint8_t, 32>;
 std::string digest_hex(const Digest& d);
@@ -67,6 +68,23 @@ class ChipCallable {
   KernelLibrary kernels_;
   std::vector<Param> signature_;
   Digest digest_{};
+};
+
+// A registered chip callable, as Worker::register_callable returned it.
+struct CallableHandle {
+  uint32_t id = 0;
+  Digest digest{};
+};
+
+// A host function that a node's sub worker process runs as one task. Its
+// tensors live in the node's shared heap; it runs on the sub worker's thread
+// and must not throw (a thrown exception fails the task with its message).
+using SubFunction = std::function<Status(const TaskArgsView& args)>;
+
+// A registered sub function, as Worker::register_function returned it.
+struct FunctionHandle {
+  uint32_t id = 0;
+  Digest digest{};
 };
 
 }  // namespace simpler

@@ -1,11 +1,13 @@
-// ChipOrchestrator: what an orchestration function uses to build one run's
-// task graph. Called only from the thread running that orchestration, for the
-// duration of the call; it is not kept. The runtime owns the graph it builds.
+// ChipOrchestrator (a chip run's kernel tasks) and Orchestrator (a node run's
+// next-level and sub tasks): what an orchestration function uses to build one
+// run. Called only from the thread running that orchestration, for the
+// duration of the call; neither is kept. The runtime owns what they build.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "simpler/callable.h"
 #include "simpler/task_args.h"
 
 namespace simpler {
@@ -47,16 +49,48 @@ class ChipOrchestrator {
   virtual uint32_t task_count() const = 0;
 };
 
-// RAII scope: ends the scope on destruction.
+// The node level (Worker at Level::Node). Tasks depend on one another, within
+// and across live runs, through the tags of their tensor arguments over
+// overlapping regions (device buffers of one chip, or shared-heap tensors).
+// A refused submit adds nothing and is recorded as the run's first error.
+class Orchestrator {
+ public:
+  virtual ~Orchestrator() = default;
+
+  // One run of `callable` on chip `worker`. Device tensors must be live
+  // allocations of that chip (Worker::malloc_on); shared-heap tensors are
+  // staged onto its device for the run and written spans copied back.
+  // Returns the task's id within the run.
+  virtual Result<uint32_t> submit_next_level(CallableHandle callable, const TaskArgs& args, uint32_t worker) = 0;
+  // One call of `fn` on any sub worker; every tensor must be in the shared heap.
+  virtual Result<uint32_t> submit_sub(FunctionHandle fn, const TaskArgs& args) = 0;
+  // All-or-nothing tasks over several workers: not built yet (UNIMPLEMENTED).
+  virtual Result<uint32_t> submit_next_level_group(CallableHandle callable, const std::vector<TaskArgs>& args,
+                                                   const std::vector<uint32_t>& workers) = 0;
+  virtual Result<uint32_t> submit_sub_group(FunctionHandle fn, const std::vector<TaskArgs>& args) = 0;
+
+  // An intermediate in the shared heap owned by the run. Allocated inside a
+  // scope, it is freed once the scope has ended and its last user finished;
+  // otherwise when the run is terminal.
+  virtual Result<TensorView> alloc(const std::vector<int64_t>& shape, DType dtype) = 0;
+  virtual void scope_begin() = 0;
+  virtual Status scope_end() = 0;
+
+  virtual uint32_t task_count() const = 0;
+};
+
+// RAII scope over either orchestrator: ends the scope on destruction.
 class Scope {
  public:
-  explicit Scope(ChipOrchestrator& o) : o_(o) { o_.scope_begin(); }
-  ~Scope() { (void)o_.scope_end(); }
+  explicit Scope(ChipOrchestrator& o) : chip_(&o) { chip_->scope_begin(); }
+  explicit Scope(Orchestrator& o) : node_(&o) { node_->scope_begin(); }
+  ~Scope() { (void)(chip_ != nullptr ? chip_->scope_end() : node_->scope_end()); }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
 
  private:
-  ChipOrchestrator& o_;
+  ChipOrchestrator* chip_ = nullptr;
+  Orchestrator* node_ = nullptr;
 };
 
 }  // namespace simpler

@@ -56,4 +56,25 @@ struct Param {
   static Param scalar() { return {TaskArg::Kind::Scalar, Tag::NoDep}; }
 };
 
+// TaskArgsView: the arguments of a sub function as its sub worker decoded
+// them. Every tensor lies in the node's shared heap (checked before the call),
+// so its buffer address is a host address in the sub worker process.
+// Read-only; valid for the duration of the call.
+class TaskArgsView {
+ public:
+  explicit TaskArgsView(const TaskArgs& args) : args_(&args) {}
+  size_t size() const { return args_->size(); }
+  const TaskArg& operator[](size_t i) const { return (*args_)[i]; }
+  // The host address of tensor argument i's first element.
+  template <typename T>
+  T* data(size_t i) const {
+    const TensorView& t = (*args_)[i].tensor;
+    return reinterpret_cast<T*>(t.buffer().addr + static_cast<uint64_t>(t.offset()) * dtype_size(t.dtype()));
+  }
+  int64_t scalar(size_t i) const { return static_cast<int64_t>((*args_)[i].scalar); }
+
+ private:
+  const TaskArgs* args_;
+};
+
 }  // namespace simpler

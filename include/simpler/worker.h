@@ -1,12 +1,14 @@
 // Worker: the user's entry point at every level (the level is a label), and
 // RunHandle, the future of one submitted run. A Worker is used from one
 // controlling thread (register, init, malloc/copy, submit, close); RunHandles
-// may be waited on from any thread. A Worker owns its device, its threads and
-// every device allocation it made.
+// may be waited on from any thread. A Worker owns its device (Level::Chip) or
+// its child processes and shared heap (Level::Node), its threads and every
+// allocation it made.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -17,16 +19,14 @@
 namespace simpler {
 
 struct WorkerConfig {
-  Geometry geometry = Geometry::small();
+  Geometry geometry = Geometry::small();     // of every chip
+  uint32_t chips = 0;                        // Level::Node: chip child processes
+  uint32_t sub_workers = 0;                  // Level::Node: sub worker processes (host functions)
   uint32_t pipeline_depth = 2;               // runs admitted at once; each holds one run-resource set
   uint32_t launch_depth = 0;                 // runs launched on the device at once; 0 = pipeline_depth
   uint64_t device_memory_bytes = 1ull << 30; // simulated GM size (reserved, committed on touch)
   uint32_t max_tasks_per_run = 16384;        // graph capacity of one run-resource set
-};
-
-struct CallableHandle {
-  uint32_t id = 0;
-  Digest digest{};
+  uint64_t shared_heap_bytes = 64ull << 20;  // Level::Node: host memory shared with every child
 };
 
 struct RunStats {
@@ -79,10 +79,22 @@ class Worker {
 
   // Before init. Refuses duplicates by name and callables whose kernels are missing.
   Result<CallableHandle> register_callable(ChipCallable callable);
-  // Validates the config (naming the field), creates the device and its threads.
+  // Level::Node, before init: a host function for the sub workers.
+  Result<FunctionHandle> register_function(SubFunction fn);
+  // Validates the config (naming the field), creates the device and its
+  // threads. Level::Node: forks every child first, then starts its threads;
+  // fails if a child grants fewer sets than pipeline_depth.
   Status init();
 
+  // Level::Chip: device memory. Level::Node: refused (name the chip with malloc_on).
   Result<DeviceBuffer> malloc(uint64_t bytes);
+  // Level::Node: device memory of chip `worker`, through its control frame.
+  // The address names the chip, so it is refused on any other.
+  Result<DeviceBuffer> malloc_on(uint32_t worker, uint64_t bytes);
+  // Level::Node: host memory in the shared heap, which every child maps at the
+  // same address; `addr` is a host pointer the caller may use directly.
+  Result<DeviceBuffer> malloc_shared(uint64_t bytes);
+  // Level::Node: refused while a live run borrows the buffer.
   Status free(DeviceBuffer buffer);
   Status copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset = 0);
   Status copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset = 0);
@@ -92,6 +104,11 @@ class Worker {
   // only while pipeline_depth runs are already in flight. A refused submission
   // returns a handle that is already done with the error.
   RunHandle submit(CallableHandle callable, const TaskArgs& args);
+  // Level::Node: runs `orchestration` on this thread to build one run of
+  // next-level and sub tasks, then schedules it. Blocks only while
+  // pipeline_depth runs are admitted (whole-run FIFO). The run is terminal
+  // when all its tasks are; its result is the first task error.
+  RunHandle submit(std::function<Status(Orchestrator&)> orchestration);
   // submit + wait.
   Status run(CallableHandle callable, const TaskArgs& args);
 

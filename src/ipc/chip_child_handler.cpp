@@ -1,5 +1,6 @@
 #include "ipc/chip_child_handler.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -13,8 +14,8 @@ void ChipChildHandler::StorageDeleter::operator()(unsigned char* p) const {
   ::operator delete(p, std::align_val_t{native_run_storage_alignment()});
 }
 
-ChipChildHandler::ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables)
-    : config_(config), callables_(std::move(callables)) {}
+ChipChildHandler::ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRange shared_heap)
+    : config_(config), callables_(std::move(callables)), heap_(shared_heap) {}
 
 ChipChildHandler::~ChipChildHandler() { drain(now_ns() + 5'000'000'000ull); }
 
@@ -28,6 +29,7 @@ Status ChipChildHandler::init() {
     std::memset(p, 0, native_run_storage_size());
     storage_.emplace_back(p);
   }
+  preparer_ = std::thread([this] { preparer_main(); });
   launcher_ = std::thread([this] { launcher_main(); });
   completer_ = std::thread([this] { completer_main(); });
   return Status();
@@ -48,68 +50,158 @@ void ChipChildHandler::start(RunRequest request, RunTicket ticket) {
       return;
     }
     ++in_flight_;
-    to_launch_.emplace_back(std::move(request), ticket);
+    to_prepare_.emplace_back(std::move(request), ticket);
   }
-  launch_bell_.ring();
+  prepare_bell_.ring();
 }
 
-void ChipChildHandler::launcher_main() {
+void ChipChildHandler::fail(const RunTicket& ticket, const Status& st, MailboxDisposition d) {
+  ticket.complete(st, d);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--in_flight_ == 0) idle_bell_.ring();
+}
+
+Status ChipChildHandler::stage_in(TaskArgs& args, std::vector<Staged>& staged) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    TaskArg& a = args[i];
+    if (a.kind != TaskArg::Kind::Tensor) continue;
+    const DeviceBuffer host = a.tensor.buffer();
+    if (!heap_.overlaps(host.addr, host.bytes)) continue;
+    if (!heap_.contains(host.addr, host.bytes)) {
+      return out_of_range("argument {}: buffer {:#x}+{} straddles the shared heap's end", i, host.addr, host.bytes);
+    }
+    auto it = std::find_if(staged.begin(), staged.end(), [&](const Staged& s) { return s.host_addr == host.addr; });
+    if (it == staged.end()) {
+      auto dev = worker_->malloc(host.bytes);
+      if (!dev.ok()) return dev.status();
+      staged.push_back(Staged{*dev, host.addr, a.tensor.first_byte(), a.tensor.end_byte(), false});
+      it = staged.end() - 1;
+    } else {
+      it->first = std::min(it->first, a.tensor.first_byte());
+      it->end = std::max(it->end, a.tensor.end_byte());
+    }
+    it->writes = it->writes || tag_writes(a.tag);
+    int64_t shape[kMaxDims], stride[kMaxDims];
+    for (int d = 0; d < a.tensor.ndim(); ++d) {
+      shape[d] = a.tensor.shape(d);
+      stride[d] = a.tensor.stride(d);
+    }
+    a.tensor = TensorView::from_parts(it->device, a.tensor.dtype(), a.tensor.ndim(), shape, stride, a.tensor.offset());
+  }
+  // Whole spans in: a partially written output keeps the bytes it does not write.
+  for (const Staged& s : staged) {
+    if (s.end <= s.first) continue;
+    SIMPLER_RETURN_IF_ERROR(worker_->copy_to(s.device, reinterpret_cast<const void*>(s.host_addr + s.first),
+                                             s.end - s.first, s.first));
+  }
+  return Status();
+}
+
+Status ChipChildHandler::stage_out(const std::vector<Staged>& staged) {
+  for (const Staged& s : staged) {
+    if (!s.writes || s.end <= s.first) continue;
+    SIMPLER_RETURN_IF_ERROR(
+        worker_->copy_from(reinterpret_cast<void*>(s.host_addr + s.first), s.device, s.end - s.first, s.first));
+  }
+  return Status();
+}
+
+void ChipChildHandler::unstage(std::vector<Staged>& staged) {
+  for (const Staged& s : staged) (void)worker_->free(s.device);
+  staged.clear();
+}
+
+void ChipChildHandler::preparer_main() {
   for (;;) {
     std::optional<std::pair<RunRequest, RunTicket>> job;
-    spin_then_park(launch_bell_, [&] {
+    spin_then_park(prepare_bell_, [&] {
       std::lock_guard<std::mutex> lock(mu_);
-      return stopping_ || !to_launch_.empty();
+      return stopping_ || !to_prepare_.empty();
     }, SpinPolicy{});
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (to_launch_.empty()) return;  // stopping, nothing left
-      job.emplace(std::move(to_launch_.front()));
-      to_launch_.pop_front();
+      if (to_prepare_.empty()) return;  // stopping, nothing left
+      job.emplace(std::move(to_prepare_.front()));
+      to_prepare_.pop_front();
     }
     RunRequest& req = job->first;
     const RunTicket& ticket = job->second;
-    auto fail = [&](const Status& st, MailboxDisposition d) {
-      ticket.complete(st, d);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--in_flight_ == 0) idle_bell_.ring();
-    };
     auto callable = callable_for(req.callable);
     if (!callable.ok()) {
-      fail(callable.status(), kDispositionNone);
+      fail(ticket, callable.status(), kDispositionNone);
       continue;
     }
     auto args = decode_args_blob(req.args_blob.data(), req.args_blob.size());
     if (!args.ok()) {
-      fail(args.status(), kDispositionNone);
+      fail(ticket, args.status(), kDispositionNone);
       continue;
     }
     // The parent may hand a run over before a set is free (the K extra
     // entries): wait for the completer to release one.
     std::optional<Lease> lease;
-    spin_then_park(launch_bell_, [&] {
+    spin_then_park(prepare_bell_, [&] {
       lease = worker_->try_acquire_lease();
       return lease.has_value();
     }, SpinPolicy{});
+    ticket.hold_set(lease->slot);
+    std::vector<Staged> staged;
+    if (Status st = stage_in(*args, staged); !st.ok()) {
+      unstage(staged);
+      worker_->release_lease(*lease);
+      fail(ticket, st, kDispositionValidatedOnly);
+      prepare_bell_.ring();
+      continue;
+    }
     void* storage = storage_[lease->slot].get();
     NativeRunDescriptor desc;
     desc.lease = *lease;
     desc.arena_bank = lease->slot;
     auto epoch = worker_->prepare(storage, native_run_storage_size(), desc, *callable, *args);
     if (!epoch.ok()) {
+      unstage(staged);
       worker_->release_lease(*lease);
-      fail(epoch.status(), kDispositionValidatedOnly);
+      fail(ticket, epoch.status(), kDispositionValidatedOnly);
+      prepare_bell_.ring();
       continue;
     }
-    if (Status st = worker_->launch(storage, *epoch); !st.ok()) {
-      (void)worker_->finalize(storage, *epoch);  // aborts the prepared run and frees its set
-      fail(st, kDispositionNativePrepared);
-      launch_bell_.ring();
-      continue;
-    }
-    ticket.accepted();  // launch() returned: the run passed the real launch marker
     {
       std::lock_guard<std::mutex> lock(mu_);
-      to_finalize_.push_back(Launched{storage, *epoch, ticket});
+      to_launch_.push_back(Prepared{storage, *epoch, ticket, std::move(staged)});
+    }
+    launch_bell_.ring();
+  }
+}
+
+void ChipChildHandler::launcher_main() {
+  const uint32_t depth = worker_->launch_depth();
+  for (;;) {
+    std::optional<Prepared> run;
+    spin_then_park(launch_bell_, [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return (stopping_ && to_launch_.empty()) || (!to_launch_.empty() && launched_ < depth);
+    }, SpinPolicy{});
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (to_launch_.empty()) return;  // stopping, nothing left
+      run.emplace(std::move(to_launch_.front()));
+      to_launch_.pop_front();
+      ++launched_;
+    }
+    if (Status st = worker_->launch(run->storage, run->epoch); !st.ok()) {
+      (void)worker_->finalize(run->storage, run->epoch);  // aborts the prepared run and frees its set
+      unstage(run->staged);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --launched_;
+      }
+      fail(run->ticket, st, kDispositionNativePrepared);
+      prepare_bell_.ring();
+      continue;
+    }
+    run->ticket.accepted();  // launch() returned: the run passed the real launch marker
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      to_finalize_.push_back(std::move(*run));
     }
     finalize_bell_.ring();
   }
@@ -117,7 +209,7 @@ void ChipChildHandler::launcher_main() {
 
 void ChipChildHandler::completer_main() {
   for (;;) {
-    std::optional<Launched> run;
+    std::optional<Prepared> run;
     spin_then_park(finalize_bell_, [&] {
       std::lock_guard<std::mutex> lock(mu_);
       return !to_finalize_.empty() || (stopping_ && in_flight_ == 0);
@@ -125,14 +217,20 @@ void ChipChildHandler::completer_main() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (to_finalize_.empty()) return;  // stopping and idle
-      run.emplace(to_finalize_.front());
+      run.emplace(std::move(to_finalize_.front()));
       to_finalize_.pop_front();
     }
-    const Status st = worker_->finalize(run->storage, run->epoch);
+    Status st = worker_->finalize(run->storage, run->epoch);
+    if (st.ok()) st = stage_out(run->staged);
+    unstage(run->staged);
     run->ticket.complete(st, kDispositionNativePrepared);
-    launch_bell_.ring();  // a set was released
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--in_flight_ == 0) idle_bell_.ring();
+    prepare_bell_.ring();  // a set was released
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --launched_;  // only now: the entry read LAUNCHED until the terminal above
+      if (--in_flight_ == 0) idle_bell_.ring();
+    }
+    launch_bell_.ring();
   }
 }
 
@@ -146,15 +244,18 @@ void ChipChildHandler::drain(uint64_t deadline_ns) {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  prepare_bell_.ring();
   launch_bell_.ring();
   finalize_bell_.ring();
   if (!idle) {
     // A run still on the device: its threads may be inside a phase call that
     // does not return, so they are left behind; the child exits after the sweep.
+    preparer_.detach();
     launcher_.detach();
     completer_.detach();
     return;
   }
+  preparer_.join();
   launcher_.join();
   completer_.join();
   (void)worker_->close(std::chrono::milliseconds(1000));

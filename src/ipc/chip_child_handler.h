@@ -1,7 +1,9 @@
 // ChipChildHandler: the RunHandler of a chip child. It builds a ChipWorker in
 // the child (after fork, in init()) and drives each request through the
-// native lifecycle on two threads of its own: a launcher (prepare, launch,
-// acceptance at the launch marker) and a completer (finalize, terminal).
+// native lifecycle on three threads of its own: a preparer (takes a set,
+// records it in the entry, stages shared-heap tensors onto the device,
+// prepares), a launcher (launches in order within launch_depth, acceptance at
+// the launch marker) and a completer (finalize, copy-back, terminal).
 // The serve loop calls start/control/drain; the threads own the device calls.
 #pragma once
 
@@ -18,45 +20,81 @@
 
 namespace simpler {
 
+// Host memory every process of a node maps at one address (the shared heap).
+// A tensor argument whose buffer lies inside it is staged onto the device for
+// the run and its written span copied back at the terminal.
+struct HostRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  bool contains(uint64_t addr, uint64_t bytes) const {
+    return addr >= begin && addr <= end && bytes <= end - addr;
+  }
+  bool overlaps(uint64_t addr, uint64_t bytes) const { return addr < end && addr + bytes > begin; }
+};
+
 class ChipChildHandler final : public RunHandler {
  public:
-  ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables);
+  ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRange shared_heap = {});
   ~ChipChildHandler() override;
 
   Status init() override;
+  uint64_t granted_sets() const override { return worker_ != nullptr ? worker_->grant() : 0; }
   void start(RunRequest request, RunTicket ticket) override;
   Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity) override;
   void drain(uint64_t deadline_ns) override;
 
  private:
-  struct Launched {
+  // A shared-heap tensor's stand-in on the device for one run.
+  struct Staged {
+    DeviceBuffer device;
+    uint64_t host_addr = 0;
+    uint64_t first = 0;  // byte span the view touches, relative to the buffer start
+    uint64_t end = 0;
+    bool writes = false;
+  };
+  struct Prepared {
     void* storage;
     uint64_t epoch;
     RunTicket ticket;
+    std::vector<Staged> staged;
   };
   struct StorageDeleter {
     void operator()(unsigned char* p) const;
   };
 
+  void preparer_main();
   void launcher_main();
   void completer_main();
+  // Fails the run; every set and staged buffer is already returned.
+  void fail(const RunTicket& ticket, const Status& st, MailboxDisposition d);
+  Status stage_in(TaskArgs& args, std::vector<Staged>& staged);
+  Status stage_out(const std::vector<Staged>& staged);
+  void unstage(std::vector<Staged>& staged);
   Result<uint32_t> callable_for(const Digest& digest) const;
   Result<DeviceBuffer> buffer_at(uint64_t addr) const;
 
   const WorkerConfig config_;
   std::vector<ChipCallable> callables_;
+  const HostRange heap_;
   std::unique_ptr<ChipWorker> worker_;
   std::vector<std::unique_ptr<unsigned char, StorageDeleter>> storage_;  // by set slot
   std::map<uint64_t, DeviceBuffer> buffers_;                              // control-frame allocations
 
   std::mutex mu_;
-  std::deque<std::pair<RunRequest, RunTicket>> to_launch_;
-  std::deque<Launched> to_finalize_;
+  std::deque<std::pair<RunRequest, RunTicket>> to_prepare_;
+  std::deque<Prepared> to_launch_;
+  std::deque<Prepared> to_finalize_;
   uint32_t in_flight_ = 0;  // started, not yet completed
+  // Accepted runs whose terminal is not yet stored: an entry reads LAUNCHED
+  // until its terminal, so this (not the device's own count) bounds what an
+  // observer of the entries can see launched at once.
+  uint32_t launched_ = 0;
   bool stopping_ = false;
-  Doorbell launch_bell_;    // work for the launcher, a set freed, or stopping
+  Doorbell prepare_bell_;   // work for the preparer, a set freed, or stopping
+  Doorbell launch_bell_;    // work for the launcher, a launch slot freed, or stopping
   Doorbell finalize_bell_;  // work for the completer, or stopping
   Doorbell idle_bell_;      // in_flight_ reached 0
+  std::thread preparer_;
   std::thread launcher_;
   std::thread completer_;
 };

@@ -19,8 +19,8 @@ Result<std::unique_ptr<ForkedChild>> ForkedChild::spawn(std::function<std::uniqu
   auto mapping = SharedMapping::create_anonymous(*bytes);
   if (!mapping.ok()) return mapping.status();
   std::unique_ptr<ForkedChild> c(new ForkedChild());
-  c->mapping_ = std::move(mapping).value();
-  auto ep = MailboxEndpoint::create(c->mapping_.data(), c->mapping_.size(), options.granted_sets, options.endpoint);
+  c->mapping_ = std::make_shared<SharedMapping>(std::move(mapping).value());
+  auto ep = MailboxEndpoint::create(c->mapping_->data(), c->mapping_->size(), options.granted_sets, options.endpoint);
   if (!ep.ok()) return ep.status();
   c->endpoint_ = std::move(ep).value();
   const MailboxView view = c->endpoint_->view();
@@ -47,6 +47,7 @@ Result<std::unique_ptr<ForkedChild>> ForkedChild::spawn(std::function<std::uniqu
     (void)c->close(now_ns() + 1'000'000'000ull, none);
     return st;
   }
+  c->child_grant_ = load_acquire(c->endpoint_->view().control().child_grant);
   return c;
 }
 

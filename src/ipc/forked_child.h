@@ -36,6 +36,11 @@ class ForkedChild final : public ChildLiveness {
   ~ForkedChild() override;
 
   MailboxEndpoint& endpoint() { return *endpoint_; }
+  // The mailbox mapping, shared with any reader (an observer) that must keep
+  // it mapped for its own life, past close().
+  std::shared_ptr<const SharedMapping> mapping() const { return mapping_; }
+  // What the child's handler reported it resolved (R68); 0 for none.
+  uint64_t child_grant() const { return child_grant_; }
   pid_t pid() const { return pid_; }
 
   Status check() override;
@@ -52,7 +57,8 @@ class ForkedChild final : public ChildLiveness {
   // Records how the child ended; requires mu_.
   void record_exit(int wait_status);
 
-  SharedMapping mapping_;
+  std::shared_ptr<SharedMapping> mapping_;
+  uint64_t child_grant_ = 0;
   std::unique_ptr<MailboxEndpoint> endpoint_;
   pid_t pid_ = -1;
   std::mutex mu_;

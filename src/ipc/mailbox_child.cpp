@@ -14,6 +14,8 @@ void RunTicket::complete(const Status& result, MailboxDisposition disposition) c
   child_->complete(entry_, generation_, result, disposition);
 }
 
+void RunTicket::hold_set(uint32_t slot) const { child_->hold_set(entry_, generation_, slot); }
+
 Result<ControlReply> RunHandler::control(const ControlCommand& cmd, uint8_t*, uint32_t, uint32_t) {
   return make_error(StatusCode::kUnimplemented, "control command {} is not served by this child", cmd.op);
 }
@@ -48,6 +50,8 @@ int MailboxChild::serve() {
     return fail_init("wire constants disagree with the parent:\n" + d);
   }
   if (Status st = handler_.init(); !st.ok()) return fail_init(st.to_string());
+  const uint64_t grant = handler_.granted_sets();
+  stores_->store32(c.child_grant, grant > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(grant));
 
   if (options_.perturb_wire) options_.perturb_wire(wire);
   const size_t n = std::min(wire.size(), kMaxWireConstants);
@@ -188,6 +192,13 @@ void MailboxChild::accept(uint32_t entry, uint64_t generation) {
   stores_->store32(e.accepted, 1);
   stores_->store32(e.state, kMailboxTaskLaunched);
   ring_parent();
+}
+
+void MailboxChild::hold_set(uint32_t entry, uint64_t generation, uint32_t slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = owed_.find(entry);
+  if (sealed_ || it == owed_.end() || it->second.generation != generation) return;
+  stores_->store32(view_.entry(entry).set_slot, slot);
 }
 
 void MailboxChild::complete(uint32_t entry, uint64_t generation, const Status& result,

@@ -44,6 +44,9 @@ class RunTicket {
   // last store to the entry. Later calls, and calls after the child stopped
   // or swept, store nothing.
   void complete(const Status& result, MailboxDisposition disposition = kDispositionNone) const;
+  // The run took run-resource set `slot`: recorded in the entry, so held-set
+  // evidence reads it (R76). Before complete(); stores nothing after it.
+  void hold_set(uint32_t slot) const;
   uint32_t entry_index() const { return entry_; }
 
  private:
@@ -61,6 +64,9 @@ class RunHandler {
   // In the child before INIT_READY (after fork: threads may start here). An
   // error is published as INIT_FAILED.
   virtual Status init() { return Status(); }
+  // After a successful init: the run-resource sets this handler resolved,
+  // published for the parent's under-grant check (R68); 0 when it holds none.
+  virtual uint64_t granted_sets() const { return 0; }
   // On the serve-loop thread. Must not wait for the run: the loop keeps
   // serving frames while it executes; completion comes later through `ticket`.
   virtual void start(RunRequest request, RunTicket ticket) = 0;
@@ -74,6 +80,9 @@ class RunHandler {
 struct ChildOptions {
   SpinPolicy spin;
   StorePrimitive* stores = nullptr;  // null: PlainStores
+  // A process-shared bell rung with the mailbox's own parent bell, so one
+  // parent thread can park on behalf of several children.
+  Doorbell* shared_parent_bell = nullptr;
   uint64_t drain_timeout_ns = 10'000'000'000ull;
   // R18 test hook: rewrites the wire constants this child publishes.
   std::function<void(std::vector<WireConstant>&)> perturb_wire;
@@ -108,7 +117,11 @@ class MailboxChild {
   int exit_sweep();
   void accept(uint32_t entry, uint64_t generation);
   void complete(uint32_t entry, uint64_t generation, const Status& result, MailboxDisposition disposition);
-  void ring_parent() { view_.control().parent_bell.ring(); }
+  void hold_set(uint32_t entry, uint64_t generation, uint32_t slot);
+  void ring_parent() {
+    view_.control().parent_bell.ring();
+    if (options_.shared_parent_bell != nullptr) options_.shared_parent_bell->ring();
+  }
 
   MailboxView view_;
   RunHandler& handler_;

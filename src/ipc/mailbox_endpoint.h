@@ -55,7 +55,7 @@ struct PublishSpec {
   uint64_t run_id = 0;
   uint64_t dispatch_id = 0;
   uint32_t task_slot = 0;
-  uint32_t set_slot = 0;
+  uint32_t set_slot = kMailboxNoSet;  // the child records the set it takes
   uint64_t lease_generation = 0;
   Digest callable{};
   std::span<const uint8_t> config;

@@ -114,7 +114,7 @@ struct ControlFrame {
   uint32_t reply_data_bytes;
   uint64_t reply_value;
   uint32_t child_wire_count;
-  uint32_t reserved0;
+  uint32_t child_grant;  // child, before INIT_READY: the sets its handler resolved (0: holds none)
   char reply_text[kMailboxErrorTextSize];
   char stop_reason[kMailboxErrorTextSize];
   char init_error[4096];
@@ -149,13 +149,16 @@ struct RequestFrame {
   uint8_t args[kRequestArgsCapacity];
 };
 
+// set_slot of an entry whose run holds no run-resource set (yet).
+inline constexpr uint32_t kMailboxNoSet = 0xffffffffu;
+
 // One run, from publication until the parent consumed its terminal (R3).
 struct alignas(64) MailboxRunEntry {
   uint64_t entry_generation;  // parent: odd at occupation, even at release
   uint64_t run_id;            // parent
   uint64_t dispatch_id;       // parent
   uint32_t task_slot;         // parent
-  uint32_t set_slot;          // parent
+  uint32_t set_slot;          // parent: kMailboxNoSet at occupation; child: the set it took (decision §4.8)
   uint64_t lease_generation;  // parent
   uint32_t state;             // child (the parent resets it at occupation)
   uint32_t disposition;       // child

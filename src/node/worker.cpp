@@ -3,6 +3,8 @@
 #include "base/errors.h"
 #include "base/leak.h"
 #include "chip/chip_worker.h"
+#include "ipc/sub_worker_handler.h"
+#include "node/node_worker.h"
 
 namespace simpler {
 
@@ -17,11 +19,18 @@ struct Worker::Impl {
     return Status();
   }
 
+  Status require_node(const char* what) const {
+    if (level != Level::Node) return failed_precondition("{}: Level::Node workers only", what);
+    return require_ready(what);
+  }
+
   const Level level;
   const WorkerConfig config;
   Phase phase = Phase::Created;
   std::vector<ChipCallable> callables;
+  std::vector<SubFunction> functions;
   std::unique_ptr<ChipWorker> chip;
+  std::unique_ptr<NodeWorker> node;
 };
 
 Worker::Worker(Level level, WorkerConfig config) : impl_(std::make_unique<Impl>(level, std::move(config))) {}
@@ -52,13 +61,29 @@ Result<CallableHandle> Worker::register_callable(ChipCallable callable) {
   return h;
 }
 
+Result<FunctionHandle> Worker::register_function(SubFunction fn) {
+  if (impl_->level != Level::Node) return failed_precondition("register_function: Level::Node workers only");
+  if (impl_->phase != Impl::Phase::Created) {
+    return failed_precondition("register_function: functions are registered before init() (children fork at init)");
+  }
+  if (!fn) return invalid_argument("register_function: the function is empty");
+  const auto id = static_cast<uint32_t>(impl_->functions.size());
+  impl_->functions.push_back(std::move(fn));
+  return FunctionHandle{id, sub_function_digest(id)};
+}
+
 Status Worker::init() {
   if (impl_->phase == Impl::Phase::Ready) return failed_precondition("init: already initialised");
   if (impl_->phase == Impl::Phase::Closed) return failed_precondition("init: the worker is closed");
-  if (impl_->level != Level::Chip) {
-    return make_error(StatusCode::kUnimplemented,
-                      "init: Level::{} workers are not built yet (only Level::Chip is); see the node-level issue",
-                      impl_->level == Level::Node ? "Node" : "Network");
+  if (impl_->level == Level::Network) {
+    return make_error(StatusCode::kUnimplemented, "init: Level::Network workers are not built yet");
+  }
+  if (impl_->level == Level::Node) {
+    auto node = NodeWorker::create(impl_->config, impl_->callables, impl_->functions);
+    if (!node.ok()) return node.status();
+    impl_->node = std::move(node).value();
+    impl_->phase = Impl::Phase::Ready;
+    return Status();
   }
   auto chip = ChipWorker::create(impl_->config, impl_->callables);
   if (!chip.ok()) return chip.status();
@@ -69,31 +94,51 @@ Status Worker::init() {
 
 Result<DeviceBuffer> Worker::malloc(uint64_t bytes) {
   SIMPLER_RETURN_IF_ERROR(impl_->require_ready("malloc"));
+  if (impl_->node != nullptr) return failed_precondition("malloc: a node has several chips; name one with malloc_on");
   return impl_->chip->malloc(bytes);
+}
+
+Result<DeviceBuffer> Worker::malloc_on(uint32_t worker, uint64_t bytes) {
+  SIMPLER_RETURN_IF_ERROR(impl_->require_node("malloc_on"));
+  return impl_->node->malloc_on(worker, bytes);
+}
+
+Result<DeviceBuffer> Worker::malloc_shared(uint64_t bytes) {
+  SIMPLER_RETURN_IF_ERROR(impl_->require_node("malloc_shared"));
+  return impl_->node->malloc_shared(bytes);
 }
 
 Status Worker::free(DeviceBuffer buffer) {
   SIMPLER_RETURN_IF_ERROR(impl_->require_ready("free"));
+  if (impl_->node != nullptr) return impl_->node->free(buffer);
   return impl_->chip->free(buffer);
 }
 
 Status Worker::copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset) {
   SIMPLER_RETURN_IF_ERROR(impl_->require_ready("copy_to"));
+  if (impl_->node != nullptr) return impl_->node->copy_to(dst, src, bytes, dst_offset);
   return impl_->chip->copy_to(dst, src, bytes, dst_offset);
 }
 
 Status Worker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset) {
   SIMPLER_RETURN_IF_ERROR(impl_->require_ready("copy_from"));
+  if (impl_->node != nullptr) return impl_->node->copy_from(dst, src, bytes, src_offset);
   return impl_->chip->copy_from(dst, src, bytes, src_offset);
 }
 
 Result<MemoryInfo> Worker::memory_info() const {
   SIMPLER_RETURN_IF_ERROR(impl_->require_ready("memory_info"));
+  if (impl_->node != nullptr) {
+    return make_error(StatusCode::kUnimplemented, "memory_info: not built yet for Level::Node (one per chip)");
+  }
   return impl_->chip->memory_info();
 }
 
 RunHandle Worker::submit(CallableHandle callable, const TaskArgs& args) {
   if (Status st = impl_->require_ready("submit"); !st.ok()) return detail::refused_run(0, st);
+  if (impl_->node != nullptr) {
+    return detail::refused_run(0, failed_precondition("submit: a node runs orchestrations; use submit(orchestration)"));
+  }
   if (callable.id >= impl_->callables.size() || impl_->callables[callable.id].digest() != callable.digest) {
     return detail::refused_run(0, not_found("submit: callable id {} (digest {}) is not registered with this worker",
                                             callable.id, digest_hex(callable.digest).substr(0, 16)));
@@ -101,11 +146,20 @@ RunHandle Worker::submit(CallableHandle callable, const TaskArgs& args) {
   return impl_->chip->submit(callable.id, args);
 }
 
+RunHandle Worker::submit(std::function<Status(Orchestrator&)> orchestration) {
+  if (Status st = impl_->require_node("submit"); !st.ok()) return detail::refused_run(0, st);
+  return impl_->node->submit(orchestration);
+}
+
 Status Worker::run(CallableHandle callable, const TaskArgs& args) { return submit(callable, args).wait(); }
 
 Status Worker::close() {
   if (impl_->phase == Impl::Phase::Closed) return Status();
   Status st;
+  if (impl_->node != nullptr) {
+    st = impl_->node->close(std::chrono::milliseconds(60'000));
+    impl_->node.reset();
+  }
   if (impl_->chip != nullptr) st = impl_->chip->close(std::chrono::milliseconds(60'000));
   if (st.ok()) impl_->chip.reset();
   else abandon(impl_->chip.release());  // its device threads may still call back into it

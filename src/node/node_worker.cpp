@@ -1,0 +1,442 @@
+#include "node/node_worker.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/errors.h"
+#include "ipc/chip_child_handler.h"
+#include "ipc/mailbox_layout.h"
+#include "ipc/sub_worker_handler.h"
+#include "task/args_blob.h"
+
+namespace simpler {
+
+namespace {
+constexpr uint64_t kControlDeadlineNs = 30'000'000'000ull;
+}  // namespace
+
+Result<std::unique_ptr<ForkedChild>> spawn_node_child(std::function<std::unique_ptr<RunHandler>()> make_handler,
+                                                      const SpawnOptions& options, uint64_t requested,
+                                                      const std::string& what) {
+  auto child = ForkedChild::spawn(std::move(make_handler), options);
+  if (!child.ok()) return Status(child.status().code(), fmt::format("{}: {}", what, child.status().message()));
+  const uint64_t granted = (*child)->child_grant();
+  if (granted != 0 && granted < requested) {
+    std::vector<EndpointEvent> none;
+    (void)(*child)->close(now_ns() + kControlDeadlineNs, none);
+    return failed_precondition("{}: the child granted {} run-resource sets of the pipeline_depth = {} requested; "
+                               "a node does not serve at a lower width", what, granted, requested);
+  }
+  return child;
+}
+
+// The Orchestrator of one node run, on the submitting thread.
+class NodeOrchestrator final : public Orchestrator {
+ public:
+  NodeOrchestrator(NodeWorker& w, NodeRun& run) : w_(w), run_(run) {}
+
+  Result<uint32_t> submit_next_level(CallableHandle callable, const TaskArgs& args, uint32_t worker) override {
+    return record(next_level(callable, args, worker));
+  }
+  Result<uint32_t> submit_sub(FunctionHandle fn, const TaskArgs& args) override { return record(sub(fn, args)); }
+  Result<uint32_t> submit_next_level_group(CallableHandle, const std::vector<TaskArgs>&,
+                                           const std::vector<uint32_t>&) override {
+    return record<uint32_t>(make_error(StatusCode::kUnimplemented, "submit_next_level_group is not built yet"));
+  }
+  Result<uint32_t> submit_sub_group(FunctionHandle, const std::vector<TaskArgs>&) override {
+    return record<uint32_t>(make_error(StatusCode::kUnimplemented, "submit_sub_group is not built yet"));
+  }
+
+  Result<TensorView> alloc(const std::vector<int64_t>& shape, DType dtype) override {
+    TensorView probe = TensorView::unbound(shape, dtype);
+    if (Status st = probe.validate(); !st.ok()) return record_status(st);
+    const uint64_t bytes = std::max<uint64_t>(probe.end_byte(), 1);
+    auto addr = w_.heap_->alloc(bytes);
+    if (!addr.ok()) return record_status(addr.status());
+    run_.allocs.push_back(HeapAlloc{*addr});
+    if (!scopes_.empty()) scopes_.back().push_back(static_cast<uint32_t>(run_.allocs.size() - 1));
+    return TensorView(DeviceBuffer{*addr, bytes}, shape, dtype);
+  }
+  void scope_begin() override { scopes_.emplace_back(); }
+  Status scope_end() override {
+    if (scopes_.empty()) return record_status(failed_precondition("scope_end without scope_begin"));
+    for (uint32_t i : scopes_.back()) run_.allocs[i].scope_ended = true;
+    scopes_.pop_back();
+    return Status();
+  }
+  uint32_t task_count() const override { return static_cast<uint32_t>(run_.tasks.size()); }
+
+  const Status& first_error() const { return first_error_; }
+
+ private:
+  Status record_status(Status st) {
+    if (!st.ok() && first_error_.ok()) first_error_ = st;
+    return st;
+  }
+  template <typename T>
+  Result<T> record(Result<T> r) {
+    if (!r.ok()) (void)record_status(r.status());
+    return r;
+  }
+
+  // Checks one tensor argument and returns its address as the child sees it.
+  Result<uint64_t> place(const TaskArg& a, size_t i, bool sub, uint32_t worker, NodeTask& t) {
+    const DeviceBuffer& b = a.tensor.buffer();
+    if (!b.bound()) {
+      return invalid_argument("argument {}: an unbound Output has no home at the node level; allocate it with "
+                              "Orchestrator::alloc", i);
+    }
+    if (is_node_device_addr(b.addr)) {
+      if (sub) return invalid_argument("argument {}: a sub worker reads only shared-heap tensors, not device memory", i);
+      auto addr = w_.child_address(b, worker);
+      if (!addr.ok()) return Status(addr.status().code(), fmt::format("argument {}: {}", i, addr.status().message()));
+      borrow(b.addr);
+      return *addr;
+    }
+    if (!w_.heap_->range().contains(b.addr, b.bytes) || !w_.heap_->within_live_block(b.addr, b.bytes)) {
+      return invalid_argument("argument {}: buffer {:#x}+{} is neither a live device allocation nor in the shared heap",
+                              i, b.addr, b.bytes);
+    }
+    bool run_owned = false;
+    for (uint32_t k = 0; k < run_.allocs.size(); ++k) {
+      if (run_.allocs[k].addr != b.addr) continue;
+      run_owned = true;
+      if (std::find(t.allocs.begin(), t.allocs.end(), k) == t.allocs.end()) {
+        t.allocs.push_back(k);
+        ++run_.allocs[k].users;
+      }
+    }
+    if (!run_owned) borrow(b.addr);
+    return b.addr;
+  }
+  void borrow(uint64_t addr) {
+    if (std::find(run_.borrowed.begin(), run_.borrowed.end(), addr) == run_.borrowed.end()) {
+      run_.borrowed.push_back(addr);
+    }
+  }
+
+  Result<uint32_t> build(bool sub, const Digest& digest, const TaskArgs& args, uint32_t worker) {
+    SIMPLER_RETURN_IF_ERROR(args.validate());
+    auto t = std::make_unique<NodeTask>();
+    TaskArgs wire = args;
+    const size_t borrowed_before = run_.borrowed.size();
+    for (size_t i = 0; i < args.size(); ++i) {
+      const TaskArg& a = args[i];
+      if (a.kind != TaskArg::Kind::Tensor) continue;
+      auto addr = place(a, i, sub, worker, *t);
+      if (!addr.ok()) {
+        for (uint32_t k : t->allocs) --run_.allocs[k].users;
+        run_.borrowed.resize(borrowed_before);
+        return addr.status();
+      }
+      int64_t shape[kMaxDims], stride[kMaxDims];
+      for (int d = 0; d < a.tensor.ndim(); ++d) {
+        shape[d] = a.tensor.shape(d);
+        stride[d] = a.tensor.stride(d);
+      }
+      wire[i].tensor = TensorView::from_parts(DeviceBuffer{*addr, a.tensor.buffer().bytes}, a.tensor.dtype(),
+                                              a.tensor.ndim(), shape, stride, a.tensor.offset());
+    }
+    if (Status st = encode_args_blob(wire, t->blob); !st.ok()) {
+      for (uint32_t k : t->allocs) --run_.allocs[k].users;
+      run_.borrowed.resize(borrowed_before);
+      return st;
+    }
+    t->id = w_.next_task_id_.fetch_add(1);
+    t->index = static_cast<uint32_t>(run_.tasks.size());
+    t->run = &run_;
+    t->sub = sub;
+    t->worker = worker;
+    t->callable = digest;
+    t->args = args;
+    run_.tasks.push_back(std::move(t));
+    return run_.tasks.back()->index;
+  }
+
+  Result<uint32_t> next_level(CallableHandle callable, const TaskArgs& args, uint32_t worker) {
+    if (worker >= w_.chips_.size()) {
+      return invalid_argument("worker = {}: this node has {} chip workers", worker, w_.chips_.size());
+    }
+    if (callable.id >= w_.callables_.size() || w_.callables_[callable.id].digest() != callable.digest) {
+      return not_found("callable id {} is not registered with this worker", callable.id);
+    }
+    return build(false, callable.digest, args, worker);
+  }
+
+  Result<uint32_t> sub(FunctionHandle fn, const TaskArgs& args) {
+    if (w_.subs_.empty()) return failed_precondition("submit_sub: this node has sub_workers = 0");
+    if (fn.id >= w_.functions_.size() || sub_function_digest(fn.id) != fn.digest) {
+      return not_found("function id {} is not registered with this worker", fn.id);
+    }
+    return build(true, fn.digest, args, 0);
+  }
+
+  NodeWorker& w_;
+  NodeRun& run_;
+  std::vector<std::vector<uint32_t>> scopes_;
+  Status first_error_;
+};
+
+Status NodeWorker::validate(const WorkerConfig& c) {
+  if (c.chips + static_cast<uint64_t>(c.sub_workers) == 0) {
+    return invalid_argument("chips = 0 and sub_workers = 0: a node needs at least one child");
+  }
+  if (c.chips > kNodeMaxChips) return invalid_argument("chips = {} exceeds {}", c.chips, kNodeMaxChips);
+  if (c.pipeline_depth == 0) return invalid_argument("pipeline_depth = 0: the grant must be at least 1");
+  if (auto m = mailbox_size(c.pipeline_depth); !m.ok()) {
+    return Status(m.status().code(), fmt::format("pipeline_depth = {}: {}", c.pipeline_depth, m.status().message()));
+  }
+  if (c.launch_depth > c.pipeline_depth) {
+    return invalid_argument("launch_depth = {} exceeds pipeline_depth = {}: a launched run holds a set",
+                            c.launch_depth, c.pipeline_depth);
+  }
+  return Status();
+}
+
+NodeWorker::NodeWorker(const WorkerConfig& config, std::vector<ChipCallable> callables,
+                       std::vector<SubFunction> functions)
+    : config_(config), callables_(std::move(callables)), functions_(std::move(functions)) {}
+
+Result<std::unique_ptr<NodeWorker>> NodeWorker::create(const WorkerConfig& config, std::vector<ChipCallable> callables,
+                                                       std::vector<SubFunction> functions) {
+  SIMPLER_RETURN_IF_ERROR(validate(config));
+  std::unique_ptr<NodeWorker> w(new NodeWorker(config, std::move(callables), std::move(functions)));
+  auto heap = SharedHeap::create(config.shared_heap_bytes);
+  if (!heap.ok()) return heap.status();
+  w->heap_ = std::move(heap).value();
+  SIMPLER_RETURN_IF_ERROR(w->spawn_children());
+  // Every child is forked; only now does this process start a thread.
+  std::vector<EndpointPort*> chip_ports, sub_ports;
+  for (auto& c : w->chips_) {
+    w->ports_.push_back(std::make_unique<MailboxPort>(c->endpoint()));
+    chip_ports.push_back(w->ports_.back().get());
+  }
+  for (auto& c : w->subs_) {
+    w->ports_.push_back(std::make_unique<MailboxPort>(c->endpoint()));
+    sub_ports.push_back(w->ports_.back().get());
+  }
+  NodeWorker* self = w.get();
+  Scheduler::Hooks hooks;
+  hooks.retire = [self](NodeRun& run) { self->on_retire(run); };
+  hooks.free_heap = [self](uint64_t addr) { (void)self->heap_->free(addr); };
+  w->scheduler_ = std::make_unique<Scheduler>(chip_ports, sub_ports, &w->heap_->bell(), std::move(hooks));
+  w->scheduler_->start();
+  return w;
+}
+
+Status NodeWorker::spawn_children() {
+  SpawnOptions so;
+  so.granted_sets = config_.pipeline_depth;
+  so.child.shared_parent_bell = &heap_->bell();
+  const HostRange range = heap_->range();
+  for (uint32_t i = 0; i < config_.chips; ++i) {
+    const WorkerConfig chip_config = config_;
+    const std::vector<ChipCallable>& callables = callables_;
+    auto c = spawn_node_child([&] { return std::make_unique<ChipChildHandler>(chip_config, callables, range); }, so,
+                              config_.pipeline_depth, fmt::format("chip worker {}", i));
+    if (!c.ok()) return c.status();
+    chips_.push_back(std::move(c).value());
+  }
+  for (uint32_t i = 0; i < config_.sub_workers; ++i) {
+    const std::vector<SubFunction>& functions = functions_;
+    auto c = spawn_node_child([&] { return std::make_unique<SubWorkerHandler>(functions, range); }, so,
+                              config_.pipeline_depth, fmt::format("sub worker {}", i));
+    if (!c.ok()) return c.status();
+    subs_.push_back(std::move(c).value());
+  }
+  return Status();
+}
+
+NodeWorker::~NodeWorker() { (void)close(std::chrono::milliseconds(60'000)); }
+
+uint32_t NodeWorker::admitted_runs() const {
+  std::lock_guard<std::mutex> lock(admit_mu_);
+  return admitted_;
+}
+
+bool NodeWorker::begin_run() {
+  // FIFO-bounded and lease-free (R41): a parked caller holds nothing.
+  bool admitted = false;
+  spin_then_park(admit_bell_, [&] {
+    std::lock_guard<std::mutex> lock(admit_mu_);
+    if (closing_) return true;
+    if (admitted_ >= config_.pipeline_depth) return false;
+    ++admitted_;
+    admitted = true;
+    return true;
+  }, SpinPolicy{});
+  return admitted;
+}
+
+void NodeWorker::end_run() {
+  {
+    std::lock_guard<std::mutex> lock(admit_mu_);
+    --admitted_;
+  }
+  admit_bell_.ring();
+}
+
+void NodeWorker::on_retire(NodeRun& run) {
+  {
+    std::lock_guard<std::mutex> lock(mem_mu_);
+    for (uint64_t addr : run.borrowed) {
+      auto it = borrows_.find(addr);
+      if (it != borrows_.end() && --it->second == 0) borrows_.erase(it);
+    }
+  }
+  end_run();
+}
+
+RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchestration) {
+  const uint64_t id = next_run_id_.fetch_add(1);
+  if (!orchestration) return detail::refused_run(id, invalid_argument("submit: the orchestration is empty"));
+  if (!begin_run()) return detail::refused_run(id, failed_precondition("submit: the worker is closed"));
+  auto run = std::make_unique<NodeRun>();
+  run->id = id;
+  run->handle = std::make_shared<detail::RunState>(id);
+  RunHandle handle(run->handle);
+  NodeOrchestrator o(*this, *run);
+  Status st;
+  try {
+    st = orchestration(o);
+  } catch (const std::exception& e) {
+    st = internal_error("the orchestration threw: {}", e.what());
+  } catch (...) {
+    st = internal_error("the orchestration threw a non-standard exception");
+  }
+  if (st.ok()) st = o.first_error();
+  if (!st.ok()) {
+    // Nothing was scheduled: the run ends here with its own error.
+    for (HeapAlloc& a : run->allocs) (void)heap_->free(a.addr);
+    end_run();
+    run->handle->complete(st, RunStats{});
+    return handle;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mem_mu_);
+    for (uint64_t addr : run->borrowed) ++borrows_[addr];
+  }
+  scheduler_->enqueue(std::move(run));
+  return handle;
+}
+
+Result<uint64_t> NodeWorker::child_address(const DeviceBuffer& b, uint32_t worker) const {
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  auto it = device_allocs_.find(b.addr);
+  if (it == device_allocs_.end() || it->second.worker != worker || b.bytes > it->second.bytes) {
+    return invalid_argument("{:#x} is not a live allocation on target worker {}", b.addr, worker);
+  }
+  return it->second.child_addr;
+}
+
+Result<NodeWorker::DeviceAlloc> NodeWorker::device_alloc(uint64_t node_addr, const char* what) const {
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  auto it = device_allocs_.find(node_addr);
+  if (it == device_allocs_.end()) return not_found("{}: {:#x} is not a live device allocation", what, node_addr);
+  return it->second;
+}
+
+Result<DeviceBuffer> NodeWorker::malloc_on(uint32_t worker, uint64_t bytes) {
+  if (worker >= chips_.size()) return invalid_argument("worker = {}: this node has {} chip workers", worker, chips_.size());
+  auto addr = endpoint_of(worker).control_malloc(bytes, now_ns() + kControlDeadlineNs);
+  if (!addr.ok()) return addr.status();
+  if ((*addr & ~kNodeChildAddrMask) != 0) {
+    (void)endpoint_of(worker).control_free(*addr, now_ns() + kControlDeadlineNs);
+    return internal_error("chip worker {} returned device address {:#x}, beyond 48 bits", worker, *addr);
+  }
+  const uint64_t node_addr = kNodeDeviceTag | (static_cast<uint64_t>(worker) << kNodeChipShift) | *addr;
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  device_allocs_[node_addr] = DeviceAlloc{worker, *addr, bytes};
+  return DeviceBuffer{node_addr, bytes};
+}
+
+Result<DeviceBuffer> NodeWorker::malloc_shared(uint64_t bytes) {
+  auto addr = heap_->alloc(bytes);
+  if (!addr.ok()) return addr.status();
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  shared_allocs_[*addr] = bytes;
+  return DeviceBuffer{*addr, bytes};
+}
+
+Status NodeWorker::free(DeviceBuffer buffer) {
+  std::unique_lock<std::mutex> lock(mem_mu_);
+  if (auto b = borrows_.find(buffer.addr); b != borrows_.end()) {
+    return failed_precondition("free: {:#x} is borrowed by {} live run(s); wait for them first", buffer.addr, b->second);
+  }
+  if (is_node_device_addr(buffer.addr)) {
+    auto it = device_allocs_.find(buffer.addr);
+    if (it == device_allocs_.end()) return not_found("free: {:#x} is not a live device allocation", buffer.addr);
+    const DeviceAlloc a = it->second;
+    device_allocs_.erase(it);
+    lock.unlock();
+    return endpoint_of(a.worker).control_free(a.child_addr, now_ns() + kControlDeadlineNs);
+  }
+  if (shared_allocs_.erase(buffer.addr) == 0) {
+    return not_found("free: {:#x} is neither a device allocation nor a shared-heap block of this worker", buffer.addr);
+  }
+  lock.unlock();
+  return heap_->free(buffer.addr);
+}
+
+Status NodeWorker::copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset) {
+  if (is_node_device_addr(dst.addr)) {
+    auto a = device_alloc(dst.addr, "copy_to");
+    if (!a.ok()) return a.status();
+    if (dst_offset > a->bytes || bytes > a->bytes - dst_offset) {
+      return out_of_range("copy_to: {} bytes at offset {} exceed the {}-byte allocation", bytes, dst_offset, a->bytes);
+    }
+    return endpoint_of(a->worker).control_copy_to(a->child_addr, dst_offset,
+                                                  {static_cast<const uint8_t*>(src), bytes},
+                                                  now_ns() + kControlDeadlineNs);
+  }
+  if (dst_offset > dst.bytes || !heap_->within_live_block(dst.addr + dst_offset, bytes)) {
+    return out_of_range("copy_to: {:#x}+{} is not inside a live shared-heap block", dst.addr + dst_offset, bytes);
+  }
+  std::memcpy(reinterpret_cast<void*>(dst.addr + dst_offset), src, bytes);
+  return Status();
+}
+
+Status NodeWorker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset) {
+  if (is_node_device_addr(src.addr)) {
+    auto a = device_alloc(src.addr, "copy_from");
+    if (!a.ok()) return a.status();
+    if (src_offset > a->bytes || bytes > a->bytes - src_offset) {
+      return out_of_range("copy_from: {} bytes at offset {} exceed the {}-byte allocation", bytes, src_offset, a->bytes);
+    }
+    return endpoint_of(a->worker).control_copy_from(a->child_addr, src_offset, {static_cast<uint8_t*>(dst), bytes},
+                                                    now_ns() + kControlDeadlineNs);
+  }
+  if (src_offset > src.bytes || !heap_->within_live_block(src.addr + src_offset, bytes)) {
+    return out_of_range("copy_from: {:#x}+{} is not inside a live shared-heap block", src.addr + src_offset, bytes);
+  }
+  std::memcpy(dst, reinterpret_cast<const void*>(src.addr + src_offset), bytes);
+  return Status();
+}
+
+Status NodeWorker::close(std::chrono::milliseconds drain) {
+  {
+    std::lock_guard<std::mutex> lock(admit_mu_);
+    if (closing_ && scheduler_ == nullptr) return Status();
+    closing_ = true;
+  }
+  admit_bell_.ring();
+  const uint64_t deadline = now_ns() + static_cast<uint64_t>(drain.count()) * 1'000'000ull;
+  if (scheduler_ != nullptr) scheduler_->stop(deadline);
+  Status first;
+  auto close_all = [&](std::vector<std::unique_ptr<ForkedChild>>& children) {
+    for (auto& c : children) {
+      std::vector<EndpointEvent> events;
+      Status st = c->close(std::max<uint64_t>(deadline, now_ns() + 5'000'000'000ull), events);
+      if (!st.ok() && first.ok()) first = st;
+    }
+  };
+  close_all(chips_);
+  close_all(subs_);
+  scheduler_.reset();
+  ports_.clear();
+  chips_.clear();
+  subs_.clear();
+  return first;
+}
+
+}  // namespace simpler

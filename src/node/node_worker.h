@@ -1,0 +1,111 @@
+// NodeWorker: the engine behind Worker at Level::Node (L3). It maps the
+// shared heap, forks every child (chips with a ChipChildHandler, sub workers
+// with a SubWorkerHandler) before starting any thread of its own, then runs
+// the Scheduler. It admits whole runs in FIFO order, at most pipeline_depth
+// at once (begin_run takes no lease, R41), builds each run on the caller's
+// thread through an Orchestrator, and keeps the registry of caller-owned
+// buffers and the live runs borrowing them (R47).
+// Threads: the controlling thread calls everything public; the scheduler
+// thread calls back into retire/free hooks. Owns children, heap and scheduler.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ipc/forked_child.h"
+#include "node/scheduler.h"
+#include "node/shared_heap.h"
+#include "node/worker_lane.h"
+#include "simpler/worker.h"
+
+namespace simpler {
+
+// Device addresses at the node level name their chip: bit 62 marks a device
+// address, bits 48..55 hold the chip index, the low 48 bits the chip's own
+// address. Shared-heap addresses are plain host pointers (below 2^47).
+inline constexpr uint64_t kNodeDeviceTag = 1ull << 62;
+inline constexpr uint64_t kNodeChipShift = 48;
+inline constexpr uint64_t kNodeChildAddrMask = (1ull << kNodeChipShift) - 1;
+inline constexpr uint32_t kNodeMaxChips = 255;
+inline bool is_node_device_addr(uint64_t a) { return (a & kNodeDeviceTag) != 0; }
+
+// Spawns one child and checks the sets its handler granted (R68): fewer than
+// `requested` fails, and the child is closed. `what` names it in errors.
+Result<std::unique_ptr<ForkedChild>> spawn_node_child(std::function<std::unique_ptr<RunHandler>()> make_handler,
+                                                      const SpawnOptions& options, uint64_t requested,
+                                                      const std::string& what);
+
+class NodeWorker {
+ public:
+  // Validates the config (naming the field) before anything is mapped or forked.
+  static Status validate(const WorkerConfig& config);
+  static Result<std::unique_ptr<NodeWorker>> create(const WorkerConfig& config, std::vector<ChipCallable> callables,
+                                                    std::vector<SubFunction> functions);
+  ~NodeWorker();
+
+  Result<DeviceBuffer> malloc_on(uint32_t worker, uint64_t bytes);
+  Result<DeviceBuffer> malloc_shared(uint64_t bytes);
+  Status free(DeviceBuffer buffer);
+  Status copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset);
+  Status copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset);
+
+  RunHandle submit(const std::function<Status(Orchestrator&)>& orchestration);
+  // Drains every admitted run (past `drain` each held run is failed), stops
+  // the scheduler and closes every child. After it, no run is live.
+  Status close(std::chrono::milliseconds drain);
+
+  // Introspection for tests and the observer.
+  uint32_t admitted_runs() const;
+  size_t chips() const { return chips_.size(); }
+  size_t sub_workers() const { return subs_.size(); }
+  ForkedChild& chip_child(size_t i) { return *chips_[i]; }
+  ForkedChild& sub_child(size_t i) { return *subs_[i]; }
+  SharedHeap& heap() { return *heap_; }
+
+ private:
+  friend class NodeOrchestrator;
+  struct DeviceAlloc {
+    uint32_t worker;
+    uint64_t child_addr;
+    uint64_t bytes;
+  };
+
+  NodeWorker(const WorkerConfig& config, std::vector<ChipCallable> callables, std::vector<SubFunction> functions);
+  Status spawn_children();
+  bool begin_run();  // false when closing
+  void end_run();
+  void on_retire(NodeRun& run);
+  // The child address of a device argument bound for chip `worker`, or why not.
+  Result<uint64_t> child_address(const DeviceBuffer& b, uint32_t worker) const;
+  Result<DeviceAlloc> device_alloc(uint64_t node_addr, const char* what) const;
+  MailboxEndpoint& endpoint_of(uint32_t worker) { return chips_[worker]->endpoint(); }
+
+  const WorkerConfig config_;
+  const std::vector<ChipCallable> callables_;
+  const std::vector<SubFunction> functions_;
+  std::unique_ptr<SharedHeap> heap_;
+  std::vector<std::unique_ptr<ForkedChild>> chips_;
+  std::vector<std::unique_ptr<ForkedChild>> subs_;
+  std::vector<std::unique_ptr<MailboxPort>> ports_;
+  std::unique_ptr<Scheduler> scheduler_;
+
+  mutable std::mutex mem_mu_;
+  std::map<uint64_t, DeviceAlloc> device_allocs_;  // by node address
+  std::map<uint64_t, uint64_t> shared_allocs_;     // caller-owned heap blocks: addr -> bytes
+  std::map<uint64_t, uint32_t> borrows_;           // node address -> live runs using it
+
+  mutable std::mutex admit_mu_;
+  uint32_t admitted_ = 0;  // runs in the FIFO: admitted, not yet terminal
+  bool closing_ = false;
+  Doorbell admit_bell_;
+  std::atomic<uint64_t> next_run_id_{1};
+  std::atomic<uint64_t> next_task_id_{1};
+};
+
+}  // namespace simpler

@@ -1,0 +1,134 @@
+// Scheduler: the node's single progress thread and its only publisher (R34).
+// It takes whole runs from the inbox, wires their tasks' dependencies through
+// the TensorMap (tags over overlapping tensor regions, within and across live
+// runs), keeps the READY queue, claims a task READY -> RUNNING only after its
+// lane's can_dispatch() said yes (R32, R33), publishes it, and turns endpoint
+// terminals into task completions and run terminals.
+// Threads: enqueue() from any thread; everything else on the scheduler thread
+// (or, before start(), on a test thread driving step()). Owns the runs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/doorbell.h"
+#include "chip/run_state.h"
+#include "node/worker_lane.h"
+
+namespace simpler {
+
+struct NodeRun;
+
+struct NodeTask {
+  enum class State : uint8_t { kPending, kReady, kRunning, kDone };
+  uint64_t id = 0;      // node-unique; the dispatch id on the wire (never 0)
+  uint32_t index = 0;   // within its run
+  NodeRun* run = nullptr;
+  bool sub = false;     // a sub function, on any sub worker; else a chip callable
+  uint32_t worker = 0;  // chip index; for a sub task, the sub worker it went to
+  Digest callable{};
+  std::vector<uint8_t> config;  // request-frame config bytes
+  std::vector<uint8_t> blob;    // the arguments as the child decodes them
+  TaskArgs args;                // node-wide addresses, for the TensorMap
+  std::vector<uint32_t> allocs; // the run's heap allocations it uses
+  State state = State::kPending;
+  uint32_t fanin = 0;
+  std::vector<NodeTask*> successors;
+  Status poison;  // set when a predecessor failed: the task completes with it, unrun
+};
+
+struct HeapAlloc {
+  uint64_t addr = 0;
+  uint32_t users = 0;
+  bool scope_ended = false;
+  bool freed = false;
+};
+
+struct NodeRun {
+  uint64_t id = 0;
+  std::shared_ptr<detail::RunState> handle;
+  std::vector<std::unique_ptr<NodeTask>> tasks;
+  std::vector<HeapAlloc> allocs;
+  std::vector<uint64_t> borrowed;  // caller-owned buffers its tasks use (node addresses)
+  uint32_t remaining = 0;
+  Status first_error;
+};
+
+class Scheduler {
+ public:
+  struct Hooks {
+    // Scheduler thread, once per run, before its handle completes.
+    std::function<void(NodeRun&)> retire;
+    std::function<void(uint64_t addr)> free_heap;
+  };
+
+  // `bell` is rung by every child and by enqueue(); the thread parks on it.
+  Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*> subs, Doorbell* bell, Hooks hooks);
+  ~Scheduler();
+
+  void enqueue(std::unique_ptr<NodeRun> run);
+  // One round: inbox, endpoint progress, dispatch. True when anything moved.
+  bool step();
+  void start();
+  // Lets every run reach its terminal, then ends the thread. At deadline_ns
+  // every endpoint is poisoned so each held run gets its terminal now.
+  void stop(uint64_t deadline_ns);
+
+  // Scheduler thread, or a test between steps.
+  size_t ready_count() const { return ready_.size(); }
+  size_t live_runs() const { return runs_.size(); }
+  WorkerLane& chip_lane(size_t i) { return chip_lanes_[i]; }
+  WorkerLane& sub_lane(size_t i) { return sub_lanes_[i]; }
+  uint64_t publications() const { return publications_; }
+
+ private:
+  struct Access {
+    NodeTask* task;
+    TensorView view;
+    Tag tag;
+  };
+
+  void main();
+  bool idle();
+  void admit(std::unique_ptr<NodeRun> run);
+  void wire(NodeTask* t);
+  bool dispatch_ready();
+  void dispatch_claimed(NodeTask* t, WorkerLane& lane);
+  bool handle_events();
+  void finish(NodeTask* t, const Status& st);
+  void retire(NodeRun* run);
+  bool retire_finished();
+  void release_alloc(HeapAlloc& a);
+
+  std::vector<WorkerLane> chip_lanes_;
+  std::vector<WorkerLane> sub_lanes_;
+  Doorbell* bell_;
+  Hooks hooks_;
+
+  std::mutex inbox_mu_;
+  std::vector<std::unique_ptr<NodeRun>> inbox_;
+  std::vector<std::unique_ptr<NodeRun>> incoming_;  // swapped with inbox_ each round
+
+  std::unordered_map<uint64_t, std::unique_ptr<NodeRun>> runs_;
+  std::unordered_map<uint64_t, NodeTask*> running_;  // by dispatch id
+  std::deque<NodeTask*> ready_;
+  std::vector<Access> accesses_;  // the TensorMap: every live task's tensor accesses
+  std::vector<EndpointEvent> events_;
+  std::vector<NodeRun*> retiring_;  // every task done; retired at the end of the phase
+  uint32_t next_sub_ = 0;
+  uint64_t publications_ = 0;
+
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<uint64_t> stop_deadline_ns_{0};
+  bool aborted_ = false;
+  std::thread thread_;
+};
+
+}  // namespace simpler

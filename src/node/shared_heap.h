@@ -1,0 +1,47 @@
+// SharedHeap: the node's host memory shared with every child. It is mapped
+// before any fork, so each child sees it at the same address; its first page
+// holds the node bell (rung by every child and by submitters, parked on by
+// the scheduler), the rest is handed out first-fit in 64-byte blocks.
+// Thread-safe: the user thread allocates, the scheduler thread frees.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+#include "base/doorbell.h"
+#include "base/shared_memory.h"
+#include "ipc/chip_child_handler.h"
+
+namespace simpler {
+
+class SharedHeap {
+ public:
+  // Maps `bytes` of allocatable memory plus the header page.
+  static Result<std::unique_ptr<SharedHeap>> create(uint64_t bytes);
+
+  Doorbell& bell() const { return *static_cast<Doorbell*>(mapping_.data()); }
+  // The allocatable range, as children check their arguments against it.
+  HostRange range() const { return range_; }
+
+  // A zeroed block of `bytes` (> 0); RESOURCE_EXHAUSTED when none fits.
+  Result<uint64_t> alloc(uint64_t bytes);
+  // Refuses an address that is not the start of a live block.
+  Status free(uint64_t addr);
+  // The size of the live block starting at addr, or 0.
+  uint64_t block_size(uint64_t addr) const;
+  // [addr, addr + bytes) lies inside one live block.
+  bool within_live_block(uint64_t addr, uint64_t bytes) const;
+  uint64_t live_blocks() const;
+
+ private:
+  explicit SharedHeap(SharedMapping m);
+
+  SharedMapping mapping_;
+  HostRange range_;
+  mutable std::mutex mu_;
+  std::map<uint64_t, uint64_t> free_;  // addr -> bytes, coalesced
+  std::map<uint64_t, uint64_t> live_;  // addr -> bytes
+};
+
+}  // namespace simpler

@@ -1,0 +1,65 @@
+#include "node/worker_lane.h"
+
+#include <exception>
+
+#include "base/errors.h"
+
+namespace simpler {
+
+void WorkerLane::start(EndpointPort* port) {
+  port_ = port;
+  lanes_.assign(port->max_inflight_tasks(), kNoTask);
+  inflight_ = 0;
+}
+
+bool WorkerLane::can_dispatch() {
+  return inflight_ < lanes_.size() && port_->available_request_transport() > 0;
+}
+
+SubmitDispatchResult WorkerLane::submit_dispatch(const PublishSpec& spec, std::vector<EndpointEvent>& out,
+                                                 Status& refusal) {
+  size_t lane = 0;
+  while (lane < lanes_.size() && lanes_[lane] != kNoTask) ++lane;
+  if (lane == lanes_.size()) {
+    refusal = internal_error("task {} was claimed for an endpoint with no free lane", spec.dispatch_id);
+    return SubmitDispatchResult::kRefused;
+  }
+  try {
+    auto p = port_->publish(spec);
+    if (!p.ok()) {
+      refusal = p.status();
+      return SubmitDispatchResult::kRefused;
+    }
+  } catch (const std::exception& e) {
+    // Nothing was reserved between the gate and here, so there is nothing to
+    // give back; the run learns of the failure once, from this terminal.
+    EndpointEvent ev;
+    ev.kind = EndpointEvent::Kind::kTerminal;
+    ev.run_id = spec.run_id;
+    ev.dispatch_id = spec.dispatch_id;
+    ev.task_slot = spec.task_slot;
+    ev.status = internal_error("publication of task {} threw: {}", spec.dispatch_id, e.what());
+    out.push_back(std::move(ev));
+    return SubmitDispatchResult::kPublicationReported;
+  }
+  lanes_[lane] = spec.dispatch_id;
+  ++inflight_;
+  return SubmitDispatchResult::kSubmitted;
+}
+
+void WorkerLane::progress(std::vector<EndpointEvent>& out) {
+  const size_t first = out.size();
+  port_->poll(out);
+  for (size_t i = first; i < out.size(); ++i) {
+    if (out[i].kind != EndpointEvent::Kind::kTerminal) continue;
+    for (uint64_t& l : lanes_) {
+      if (l == out[i].dispatch_id) {
+        l = kNoTask;
+        --inflight_;
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace simpler

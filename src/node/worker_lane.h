@@ -1,0 +1,81 @@
+// WorkerLane: the scheduler's hold on one child endpoint (upstream's
+// WorkerThread in a WorkerManager): a fixed array of lanes, one per run-state
+// entry the endpoint can hold, sized once in start() (R44). can_dispatch() is
+// the ordinary lane's gate: a free lane AND a free request frame (R33).
+// EndpointPort is the endpoint as lanes see it, so a test can inject faults.
+// Threads: only the scheduler thread (the one publisher, R34) touches a lane
+// and its port after start.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "ipc/mailbox_endpoint.h"
+
+namespace simpler {
+
+class EndpointPort {
+ public:
+  virtual ~EndpointPort() = default;
+  // Free request frames; 0 once poisoned.
+  virtual uint32_t available_request_transport() = 0;
+  // The run-state entries: how many tasks the endpoint can hold at once.
+  virtual uint64_t max_inflight_tasks() const = 0;
+  // As MailboxEndpoint::publish: a Status refusal writes nothing; no free
+  // frame throws TransportExhausted after poisoning.
+  virtual Result<Publication> publish(const PublishSpec& spec) = 0;
+  virtual void poll(std::vector<EndpointEvent>& out) = 0;
+  virtual void poison(const Status& cause) = 0;
+  virtual std::optional<Status> poisoned() const = 0;
+};
+
+class MailboxPort final : public EndpointPort {
+ public:
+  explicit MailboxPort(MailboxEndpoint& ep) : ep_(ep) {}
+  uint32_t available_request_transport() override { return ep_.available_request_transport(); }
+  uint64_t max_inflight_tasks() const override { return ep_.view().entry_count(); }
+  Result<Publication> publish(const PublishSpec& spec) override { return ep_.publish(spec); }
+  void poll(std::vector<EndpointEvent>& out) override { ep_.poll(out); }
+  void poison(const Status& cause) override { ep_.poison(cause); }
+  std::optional<Status> poisoned() const override { return ep_.poisoned(); }
+
+ private:
+  MailboxEndpoint& ep_;
+};
+
+enum class SubmitDispatchResult : uint8_t {
+  kSubmitted,            // published; the task is live on the endpoint
+  kRefused,              // publish returned an error; nothing was written
+  kPublicationReported,  // publication threw: its one terminal is already in `out`; not live
+};
+
+class WorkerLane {
+ public:
+  static constexpr uint64_t kNoTask = 0;
+
+  // Sizes the lanes from the endpoint's capacity; the only allocation.
+  void start(EndpointPort* port);
+  EndpointPort& port() const { return *port_; }
+
+  // A lane free AND a request frame free; re-read on every call, so a second
+  // publication in one round sees the frame the first one took (R34).
+  bool can_dispatch();
+  // Publishes one claimed task (dispatch_id = its task id, never kNoTask).
+  // Catches a throwing publication: the task's failure terminal is appended
+  // to `out` exactly once and no lane or reservation is left behind (R36, R37).
+  SubmitDispatchResult submit_dispatch(const PublishSpec& spec, std::vector<EndpointEvent>& out, Status& refusal);
+  // Polls the endpoint into `out` and frees the lane of every terminal. No
+  // allocation of its own (R44); `out` should have capacity reserved.
+  void progress(std::vector<EndpointEvent>& out);
+
+  uint32_t inflight() const { return inflight_; }
+  uint32_t lanes() const { return static_cast<uint32_t>(lanes_.size()); }
+
+ private:
+  EndpointPort* port_ = nullptr;
+  std::vector<uint64_t> lanes_;  // dispatch id per lane, kNoTask when free
+  uint32_t inflight_ = 0;
+};
+
+}  // namespace simpler

@@ -1,0 +1,455 @@
+// The node level (L3) over real forked children: the user's example through
+// the public Worker, and one case per requirement (R41-R43, R45-R47, R54,
+// R67, R68, R77) plus a child killed with SIGKILL. Kernels wait on gates in
+// shared memory so the instants under test exist without sleeps.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <limits>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "ipc/sub_worker_handler.h"
+#include "node/node_worker.h"
+#include "node/observer.h"
+#include "node_test_util.h"
+#include "test_util.h"
+
+namespace simpler::testing {
+namespace {
+
+std::vector<float> iota_floats(int n, float base) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = base + i;
+  return v;
+}
+
+// Sums two f32 tensors into a third: the sub function of the examples.
+Status add_sub(const TaskArgsView& a) {
+  const int64_t n = a[0].tensor.shape(0);
+  const float* x = a.data<float>(0);
+  const float* y = a.data<float>(1);
+  float* z = a.data<float>(2);
+  for (int64_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
+  return Status();
+}
+
+Status failing_sub(const TaskArgsView&) { return Status(StatusCode::kKernelFailed, "failing_sub says no"); }
+
+std::unique_ptr<NodeWorker> make_node(const WorkerConfig& c, std::vector<SubFunction> fns = {}) {
+  std::vector<ChipCallable> callables{axpb_callable()};
+  auto w = NodeWorker::create(c, callables, std::move(fns));
+  EXPECT_TRUE(w.ok()) << w.status().to_string();
+  return w.ok() ? std::move(w).value() : nullptr;
+}
+
+std::vector<Observer::Target> targets_of(NodeWorker& w) {
+  std::vector<Observer::Target> t;
+  for (size_t i = 0; i < w.chips(); ++i) {
+    t.push_back({w.chip_child(i).mapping(), w.chip_child(i).endpoint().view()});
+  }
+  return t;
+}
+
+// The example through the public API: two chips and a sub worker;
+// each run's sub task waits on both chip outputs through their tensor tags.
+TEST(NodeWorker, TwoChipsAndASubWorkerThroughThePublicApi) {
+  Watchdog dog;
+  make_node_gates();
+  Worker w(Level::Node, node_config(2, 1, 8, 4));
+  auto chip = w.register_callable(axpb_callable());
+  ASSERT_TRUE(chip.ok());
+  auto post = w.register_function(add_sub);
+  ASSERT_TRUE(post.ok());
+  ASSERT_TRUE(w.init().ok());
+  const int n = 256, runs = 16;
+  auto x0 = w.malloc_on(0, n * 4), x1 = w.malloc_on(1, n * 4);
+  ASSERT_TRUE(x0.ok() && x1.ok());
+  ASSERT_TRUE(w.copy_to(*x0, iota_floats(n, 0).data(), n * 4).ok());
+  ASSERT_TRUE(w.copy_to(*x1, iota_floats(n, 1000).data(), n * 4).ok());
+  std::vector<DeviceBuffer> z(runs);
+  std::vector<RunHandle> handles;
+  for (int r = 0; r < runs; ++r) {
+    auto zb = w.malloc_shared(n * 4);
+    ASSERT_TRUE(zb.ok());
+    z[r] = *zb;
+    handles.push_back(w.submit([&, r](Orchestrator& o) -> Status {
+      Scope scope(o);
+      auto y0 = o.alloc({n}, DType::F32), y1 = o.alloc({n}, DType::F32);
+      if (!y0.ok() || !y1.ok()) return internal_error("alloc failed");
+      (void)o.submit_next_level(*chip, axpb_args(x0->view({n}, DType::F32), *y0, 2, r, -1), 0);
+      (void)o.submit_next_level(*chip, axpb_args(x1->view({n}, DType::F32), *y1, 3, 0, -1), 1);
+      TaskArgs s;
+      s.add_tensor(*y0, Tag::Input).add_tensor(*y1, Tag::Input).add_tensor(z[r].view({n}, DType::F32), Tag::OutputExisting);
+      return o.submit_sub(*post, s).status();
+    }));
+  }
+  for (int r = 0; r < runs; ++r) {
+    ASSERT_TRUE(wait_run(handles[r]).ok()) << handles[r].result().to_string();
+    const auto* out = reinterpret_cast<const float*>(z[r].addr);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], 2.0f * i + r + 3.0f * (1000 + i)) << "run " << r << " i " << i;
+  }
+  for (auto& b : z) EXPECT_TRUE(w.free(b).ok());
+  EXPECT_TRUE(w.free(*x0).ok());
+  EXPECT_TRUE(w.free(*x1).ok());
+  EXPECT_TRUE(w.close().ok());
+}
+
+// R46: an allocation live on worker 0 submitted to worker 1 is refused with
+// the canonical text, through submit_next_level, and nothing is published.
+TEST(NodeWorker, R46ArgumentForTheWrongWorkerIsRefused) {
+  Watchdog dog;
+  make_node_gates();
+  auto w = make_node(node_config(2, 0, 2));
+  ASSERT_NE(w, nullptr);
+  auto x = w->malloc_on(0, 64 * 4), y = w->malloc_on(1, 64 * 4);
+  ASSERT_TRUE(x.ok() && y.ok());
+  Status refused;
+  RunHandle r = w->submit([&](Orchestrator& o) {
+    refused = o.submit_next_level(CallableHandle{0, axpb_callable().digest()},
+                                  axpb_args(x->view({64}, DType::F32), y->view({64}, DType::F32), 1, 0, -1), 1)
+                  .status();
+    return Status();
+  });
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(refused.message(), "not a live allocation on target worker 1")) << refused.to_string();
+  EXPECT_EQ(wait_run(r), refused.ok() ? Status() : r.result());
+  EXPECT_FALSE(r.result().ok());
+  EXPECT_EQ(w->admitted_runs(), 0u);
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// R47: one device result is the input of 4 later runs; free is refused while
+// any of them is live and succeeds after.
+TEST(NodeWorker, R47DeviceResultFeedsLaterRuns) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(1, 0, 8));
+  ASSERT_NE(w, nullptr);
+  const int n = 64;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x = w->malloc_on(0, n * 4), d = w->malloc_on(0, n * 4);
+  ASSERT_TRUE(x.ok() && d.ok());
+  ASSERT_TRUE(w->copy_to(*x, iota_floats(n, 1).data(), n * 4, 0).ok());
+  RunHandle producer = w->submit([&](Orchestrator& o) {
+    return o.submit_next_level(h, axpb_args(x->view({n}, DType::F32), d->view({n}, DType::F32), 10, 0, -1), 0)
+        .status();
+  });
+  std::vector<DeviceBuffer> outs;
+  std::vector<RunHandle> borrowers;
+  for (int k = 0; k < 4; ++k) {
+    auto out = w->malloc_shared(n * 4);
+    ASSERT_TRUE(out.ok());
+    outs.push_back(*out);
+    borrowers.push_back(w->submit([&, k](Orchestrator& o) {
+      return o.submit_next_level(h, axpb_args(d->view({n}, DType::F32), outs[k].view({n}, DType::F32), 1, k, 0), 0)
+          .status();
+    }));
+  }
+  ASSERT_TRUE(wait_run(producer).ok()) << producer.result().to_string();
+  Status refused = w->free(*d);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(contains(refused.message(), "borrowed by 4 live run")) << refused.to_string();
+  gates->open_gate(0);
+  for (int k = 0; k < 4; ++k) {
+    ASSERT_TRUE(wait_run(borrowers[k]).ok()) << borrowers[k].result().to_string();
+    const auto* o = reinterpret_cast<const float*>(outs[k].addr);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(o[i], 10.0f * (1 + i) + k);
+  }
+  EXPECT_TRUE(w->free(*d).ok());
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// Intermediates allocated in a scope return to the shared heap once the scope
+// ended and their last user finished; the rest when the run is terminal.
+TEST(NodeWorker, IntermediatesReturnToTheHeap) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(1, 1, 2), {add_sub});
+  ASSERT_NE(w, nullptr);
+  const int n = 32;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x = w->malloc_on(0, n * 4);
+  auto z = w->malloc_shared(n * 4);
+  ASSERT_TRUE(x.ok() && z.ok());
+  ASSERT_TRUE(w->copy_to(*x, iota_floats(n, 0).data(), n * 4, 0).ok());
+  const uint64_t baseline = w->heap().live_blocks();
+  RunHandle r = w->submit([&](Orchestrator& o) -> Status {
+    auto kept = o.alloc({n}, DType::F32);  // outside any scope: freed at the run's terminal
+    if (!kept.ok()) return kept.status();
+    Scope scope(o);
+    auto y = o.alloc({n}, DType::F32);
+    if (!y.ok()) return y.status();
+    SIMPLER_RETURN_IF_ERROR(o.submit_next_level(h, axpb_args(x->view({n}, DType::F32), *y, 2, 0, 0), 0).status());
+    TaskArgs s;
+    s.add_tensor(*y, Tag::Input).add_tensor(*y, Tag::Input).add_tensor(z->view({n}, DType::F32), Tag::OutputExisting);
+    return o.submit_sub(FunctionHandle{0, sub_function_digest(0)}, s).status();
+  });
+  EXPECT_EQ(w->heap().live_blocks(), baseline + 2);  // the gate holds the chip task: both still live
+  gates->open_gate(0);
+  ASSERT_TRUE(wait_run(r).ok()) << r.result().to_string();
+  EXPECT_EQ(w->heap().live_blocks(), baseline);
+  const auto* out = reinterpret_cast<const float*>(z->addr);
+  for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], 4.0f * i);
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// Submits `count` one-task runs of gate 0 from a thread of its own.
+struct GatedSubmitter {
+  GatedSubmitter(NodeWorker& w, int count, int n, uint32_t chips)
+      : outs(count), handles(count) {
+    const CallableHandle h{0, axpb_callable().digest()};
+    for (uint32_t c = 0; c < chips; ++c) {
+      auto x = w.malloc_on(c, n * 4);
+      EXPECT_TRUE(x.ok());
+      EXPECT_TRUE(w.copy_to(*x, iota_floats(n, 0).data(), n * 4, 0).ok());
+      xs.push_back(*x);
+    }
+    for (auto& o : outs) o = *w.malloc_shared(static_cast<uint64_t>(n) * 4 * chips);
+    thread = std::thread([&w, this, count, n, chips, h] {
+      first_submit_ns = now_ns();
+      for (int r = 0; r < count; ++r) {
+        handles[r] = w.submit([&, r](Orchestrator& o) {
+          for (uint32_t c = 0; c < chips; ++c) {
+            const TensorView out = TensorView(outs[r], {n}, DType::F32, static_cast<int64_t>(c) * n);
+            SIMPLER_RETURN_IF_ERROR(o.submit_next_level(h, axpb_args(xs[c].view({n}, DType::F32), out, 1, r, 0), c).status());
+          }
+          return Status();
+        });
+      }
+    });
+  }
+  ~GatedSubmitter() {
+    if (thread.joinable()) thread.join();
+  }
+  void verify(int n, uint32_t chips) {
+    thread.join();
+    for (size_t r = 0; r < handles.size(); ++r) {
+      ASSERT_TRUE(wait_run(handles[r]).ok()) << handles[r].result().to_string();
+      const auto* o = reinterpret_cast<const float*>(outs[r].addr);
+      for (int i = 0; i < n * static_cast<int>(chips); ++i) ASSERT_EQ(o[i], static_cast<float>(i % n + r));
+    }
+  }
+  std::vector<DeviceBuffer> xs;
+  std::vector<DeviceBuffer> outs;
+  std::vector<RunHandle> handles;
+  uint64_t first_submit_ns = 0;
+  std::thread thread;
+};
+
+// R42 (with R76, R77): pipeline_depth 8, launch_depth 4, 64 submissions:
+// (a) all 8 sets held at one coherent instant, (b) every set carries a run,
+// (c) the widest launched instant is exactly 4, (d) every result is right.
+// The evidence comes only from snapshots; observing starts before the first
+// submit, after the device allocations.
+TEST(NodeWidth, R42GrantVersusLaunchBudget) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(1, 0, 8, 4));
+  ASSERT_NE(w, nullptr);
+  Observer obs;
+  ASSERT_TRUE(obs.start(targets_of(*w), now_ns() + kTestWaitNs).ok());
+  const uint64_t observing_since = obs.evidence(0).first_sample_ns;
+  const int n = 32;
+  GatedSubmitter sub(*w, 64, n, 1);
+  ASSERT_TRUE(eventually([&] {
+    const Evidence e = obs.evidence(0);
+    return e.widest_held == 8 && e.widest == 4;
+  })) << "held " << obs.evidence(0).widest_held << ", launched " << obs.evidence(0).widest;
+  gates->open_gate(0);
+  sub.verify(n, 1);
+  ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
+  const Evidence e = obs.evidence(0);
+  EXPECT_EQ(e.widest_held, 8u);                                        // (a)
+  EXPECT_EQ(e.held_sets, (std::set<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7}));  // (b)
+  EXPECT_EQ(e.widest, 4u);                                             // (c)
+  EXPECT_LE(observing_since, sub.first_submit_ns);                     // R77
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// R43: pipeline_depth 5, launch_depth 5: five runs launched and accepted at
+// one coherent instant, results intact.
+TEST(NodeWidth, R43FiveLaunchedAtOnce) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(1, 0, 5, 5));
+  ASSERT_NE(w, nullptr);
+  Observer obs;
+  ASSERT_TRUE(obs.start(targets_of(*w), now_ns() + kTestWaitNs).ok());
+  const int n = 32;
+  GatedSubmitter sub(*w, 10, n, 1);
+  ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest == 5; })) << obs.evidence(0).widest;
+  gates->open_gate(0);
+  sub.verify(n, 1);
+  ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
+  EXPECT_EQ(obs.evidence(0).widest, 5u);
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// R45: each of two chip endpoints independently reaches its full grant (4).
+TEST(NodeWidth, R45EachEndpointCarriesItsGrant) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(2, 0, 4, 4));
+  ASSERT_NE(w, nullptr);
+  Observer obs;
+  ASSERT_TRUE(obs.start(targets_of(*w), now_ns() + kTestWaitNs).ok());
+  const int n = 16;
+  GatedSubmitter sub(*w, 12, n, 2);
+  ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest_held == 4 && obs.evidence(1).widest_held == 4; }));
+  gates->open_gate(0);
+  sub.verify(n, 2);
+  ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
+  EXPECT_EQ(obs.evidence(0).widest_held, 4u);
+  EXPECT_EQ(obs.evidence(1).widest_held, 4u);
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// R41: with the FIFO full, the next begin_run parks, and the parked caller
+// holds no set: admitted runs and held sets stay at the grant.
+TEST(NodeAdmission, R41BeginRunIsFifoBoundedAndTakesNoLease) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(1, 0, 2));
+  ASSERT_NE(w, nullptr);
+  Observer obs;
+  ASSERT_TRUE(obs.start(targets_of(*w), now_ns() + kTestWaitNs).ok());
+  const int n = 16;
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> third_returned{false};
+  GatedSubmitter sub(*w, 2, n, 1);
+  sub.thread.join();
+  ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest_held == 2; }));
+  RunHandle third;
+  std::thread blocked([&] {
+    tid = gettid();
+    third = w->submit([](Orchestrator&) { return Status(); });
+    third_returned = true;
+  });
+  ASSERT_TRUE(eventually([&] { return tid.load() != 0 && thread_state(tid.load()) == 'S'; }));
+  EXPECT_FALSE(third_returned.load());
+  EXPECT_EQ(w->admitted_runs(), 2u);
+  EXPECT_EQ(obs.evidence(0).widest_held, 2u);
+  gates->open_gate(0);
+  blocked.join();
+  EXPECT_TRUE(wait_run(third).ok());
+  for (auto& h : sub.handles) EXPECT_TRUE(wait_run(h).ok());
+  ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// R54: a node with 5 unwaited runs (one failing) is closed: no run is live,
+// every handle is terminal, and the failed run returns the same error on
+// every read.
+TEST(NodeClose, R54CloseDrainsWide) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(1, 1, 5), {failing_sub});
+  ASSERT_NE(w, nullptr);
+  const int n = 16;
+  GatedSubmitter sub(*w, 4, n, 1);
+  sub.thread.join();
+  auto heap_in = w->malloc_shared(64);
+  ASSERT_TRUE(heap_in.ok());
+  RunHandle failing = w->submit([&](Orchestrator& o) {
+    TaskArgs a;
+    a.add_tensor(heap_in->view({16}, DType::F32), Tag::Input);
+    return o.submit_sub(FunctionHandle{0, sub_function_digest(0)}, a).status();
+  });
+  gates->open_gate(0);
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+  EXPECT_EQ(w->admitted_runs(), 0u);
+  for (auto& h : sub.handles) {
+    ASSERT_TRUE(h.done());
+    EXPECT_TRUE(h.result().ok()) << h.result().to_string();
+  }
+  ASSERT_TRUE(failing.done());
+  const Status first = failing.result();
+  EXPECT_EQ(first.code(), StatusCode::kKernelFailed);
+  EXPECT_TRUE(contains(first.message(), "failing_sub says no")) << first.to_string();
+  EXPECT_EQ(failing.result(), first);
+  EXPECT_EQ(failing.wait(), first);
+}
+
+// A chip child killed with SIGKILL: every run it held gets a terminal error,
+// the other chip keeps serving, and later work for the dead chip fails fast.
+TEST(NodeFailure, KilledChildFailsOnlyItsOwnRuns) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(2, 0, 4));
+  ASSERT_NE(w, nullptr);
+  Observer obs;
+  ASSERT_TRUE(obs.start(targets_of(*w), now_ns() + kTestWaitNs).ok());
+  const int n = 16;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x0 = w->malloc_on(0, n * 4), x1 = w->malloc_on(1, n * 4);
+  auto y = w->malloc_shared(n * 4 * 4);
+  ASSERT_TRUE(x0.ok() && x1.ok() && y.ok());
+  std::vector<RunHandle> on0, on1;
+  for (int r = 0; r < 2; ++r) {
+    on0.push_back(w->submit([&, r](Orchestrator& o) {
+      return o.submit_next_level(h, axpb_args(x0->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, r * n), 1, 0, 0), 0).status();
+    }));
+    on1.push_back(w->submit([&, r](Orchestrator& o) {
+      return o.submit_next_level(h, axpb_args(x1->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, (2 + r) * n), 1, 0, 0), 1).status();
+    }));
+  }
+  ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest_held == 2 && obs.evidence(1).widest_held == 2; }));
+  ASSERT_EQ(::kill(w->chip_child(0).pid(), SIGKILL), 0);
+  for (auto& r : on0) {
+    Status st = wait_run(r);
+    EXPECT_EQ(st.code(), StatusCode::kAborted) << st.to_string();
+    EXPECT_TRUE(contains(st.message(), "signal 9")) << st.to_string();
+  }
+  gates->open_gate(0);
+  for (auto& r : on1) EXPECT_TRUE(wait_run(r).ok()) << r.result().to_string();
+  RunHandle later = w->submit([&](Orchestrator& o) {
+    return o.submit_next_level(h, axpb_args(x1->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, 2 * n), 1, 0, -1), 1).status();
+  });
+  EXPECT_TRUE(wait_run(later).ok());
+  RunHandle dead = w->submit([&](Orchestrator& o) {
+    return o.submit_next_level(h, axpb_args(x0->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, 0), 1, 0, -1), 0).status();
+  });
+  EXPECT_TRUE(contains(wait_run(dead).message(), "chip worker 0 is gone")) << dead.result().to_string();
+  ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
+  EXPECT_FALSE(w->close(std::chrono::seconds(30)).ok()) << "close reports the killed child";
+}
+
+// R67: pipeline_depth accepts [1, 2^32 - 1] at the facade; 0 is refused
+// naming the field. 2^32 is not representable in the field's type, and
+// 2^32 - 1 passes the facade only to fail the mailbox cap (R69), again
+// naming pipeline_depth, before anything is mapped or forked.
+TEST(NodeConfig, R67DepthRange) {
+  static_assert(std::numeric_limits<decltype(WorkerConfig::pipeline_depth)>::max() == 4294967295u,
+                "2^32 must be unrepresentable: the facade's type is the upper bound");
+  for (uint32_t d : {1u, 3u, 8u}) EXPECT_TRUE(NodeWorker::validate(node_config(1, 0, d)).ok()) << d;
+  EXPECT_REFUSED(NodeWorker::validate(node_config(1, 0, 0)), StatusCode::kInvalidArgument, "pipeline_depth = 0");
+  const Status top = NodeWorker::validate(node_config(1, 0, 4294967295u));
+  EXPECT_FALSE(top.ok());
+  EXPECT_TRUE(contains(top.message(), "pipeline_depth = 4294967295")) << top.to_string();
+  Worker w(Level::Node, node_config(1, 0, 0));
+  EXPECT_REFUSED(w.init(), StatusCode::kInvalidArgument, "pipeline_depth");
+}
+
+// A child handler that resolves fewer sets than asked for.
+class UnderGrantingHandler final : public RunHandler {
+ public:
+  uint64_t granted_sets() const override { return 1; }
+  void start(RunRequest, RunTicket ticket) override { ticket.complete(Status()); }
+};
+
+// R68: a child that grants 1 for a request of 4 fails startup.
+TEST(NodeConfig, R68UnderGrantFailsStartup) {
+  Watchdog dog;
+  SpawnOptions o;
+  o.granted_sets = 4;
+  auto c = spawn_node_child([] { return std::make_unique<UnderGrantingHandler>(); }, o, 4, "chip worker 0");
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(contains(c.status().message(), "granted 1 run-resource sets of the pipeline_depth = 4")) << c.status().to_string();
+}
+
+}  // namespace
+}  // namespace simpler::testing

@@ -1,0 +1,75 @@
+// Helpers of the node-level tests: gates in shared memory that kernels in
+// forked chip children wait on, a gated chip callable, and bounded waits.
+// Test-thread use only; the kernel runs on simulated cores of a child.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "base/doorbell.h"
+#include "base/leak.h"
+#include "base/shared_memory.h"
+#include "ipc_test_util.h"
+#include "simpler/simpler.h"
+
+namespace simpler::testing {
+
+// Set before the node forks, so every child inherits the pointer.
+inline TestGates* g_node_gates = nullptr;
+
+// out[i] = in[i] * args[2] + args[3] over 1-D f32 views, after gate args[4]
+// (-1: none) opens; a gate that stays shut fails the task after 30 s.
+extern "C" inline void node_axpb_kernel(int64_t* args) {
+  const int gate = static_cast<int>(args[4]);
+  if (gate >= 0 && !spin_then_park(g_node_gates->bell, [&] { return g_node_gates->is_open(gate); }, SpinPolicy{},
+                                   now_ns() + kTestWaitNs)) {
+    simpler_kernel_fail("node_axpb_kernel: gate never opened");
+    return;
+  }
+  const DeviceTensor *in = tensor_arg(args, 0), *out = tensor_arg(args, 1);
+  for (int64_t i = 0; i < in->shape[0]; ++i) {
+    tensor_data<float>(out)[i * out->stride[0]] =
+        tensor_data<float>(in)[i * in->stride[0]] * static_cast<float>(args[2]) + static_cast<float>(args[3]);
+  }
+}
+
+inline ChipCallable axpb_callable() {
+  KernelLibrary k;
+  EXPECT_TRUE(k.add_function(0, CoreType::AIV, "node_axpb_kernel", node_axpb_kernel).ok());
+  return ChipCallable("axpb", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+                      {Param::input(), Param::output(), Param::scalar(), Param::scalar(), Param::scalar()});
+}
+
+inline TaskArgs axpb_args(const TensorView& in, const TensorView& out, int64_t mul, int64_t add, int64_t gate) {
+  TaskArgs a;
+  a.add_tensor(in, Tag::Input).add_tensor(out, Tag::OutputExisting).add_scalar(mul).add_scalar(add).add_scalar(gate);
+  return a;
+}
+
+// Maps the gates; they stay mapped for the test process's life (children
+// that outlive a failed test may still read them).
+inline TestGates* make_node_gates() {
+  auto m = SharedMapping::create_anonymous(sizeof(TestGates));
+  EXPECT_TRUE(m.ok());
+  auto* keep = abandon(new SharedMapping(std::move(m).value()));
+  g_node_gates = new (keep->data()) TestGates();
+  return g_node_gates;
+}
+
+inline WorkerConfig node_config(uint32_t chips, uint32_t subs, uint32_t depth, uint32_t launch = 0) {
+  WorkerConfig c;
+  c.geometry = Geometry::small();
+  c.chips = chips;
+  c.sub_workers = subs;
+  c.pipeline_depth = depth;
+  c.launch_depth = launch;
+  c.device_memory_bytes = 64ull << 20;
+  c.max_tasks_per_run = 16;
+  c.shared_heap_bytes = 16ull << 20;
+  return c;
+}
+
+}  // namespace simpler::testing
