@@ -291,11 +291,15 @@ TEST(Observer, R75SamplerFailuresReachTheCaller) {
   {
     Observer o;
     std::atomic<int> calls{0};
+    std::atomic<bool> armed{false};  // only after start() returned, or start() itself reports it
     o.set_sample_hook([&] {
-      if (calls.fetch_add(1) == 3) throw std::runtime_error("sampler blew up");
+      calls.fetch_add(1);
+      if (armed.load()) throw std::runtime_error("sampler blew up");
     });
     ASSERT_TRUE(o.start({{mapping, view}}, now_ns() + kTestWaitNs).ok());
-    ASSERT_TRUE(eventually([&] { return calls.load() > 3; }));
+    const int before = calls.load();
+    armed.store(true);
+    ASSERT_TRUE(eventually([&] { return calls.load() > before; }));
     Status st = o.stop(now_ns() + kTestWaitNs);
     EXPECT_TRUE(contains(st.message(), "sampler blew up")) << st.to_string();
   }
