@@ -12,5 +12,9 @@ Result<Json> runs_in_flight();
 Result<Json> dispatch();
 Result<Json> idle_cpu();
 Result<Json> native_run();
+Result<Json> l3_sub_latency();
+Result<Json> l3_pipelined();
+Result<Json> mailbox_round_trip();
+Result<Json> mailbox_bytes();
 
 }  // namespace simpler::bench

@@ -1,5 +1,6 @@
 #include "harness.h"
 
+#include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
@@ -39,6 +40,15 @@ uint64_t process_cpu_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+uint64_t reaped_children_cpu_ns() {
+  rusage u{};
+  getrusage(RUSAGE_CHILDREN, &u);
+  const auto ns = [](const timeval& t) {
+    return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(t.tv_usec) * 1000ull;
+  };
+  return ns(u.ru_utime) + ns(u.ru_stime);
+}
+
 int process_threads() {
   std::ifstream in("/proc/self/status");
   std::string line;
@@ -73,16 +83,25 @@ Json summary_json(const Summary& s) {
 
 double round3(double v) { return std::round(v * 1000.0) / 1000.0; }
 
-Result<CallableHandle> prepare_chip(Worker& worker, const std::string& name,
-                                    OrchestrationFn orchestrate) {
+Result<ChipCallable> noop_callable(const std::string& name, OrchestrationFn orchestrate) {
   KernelLibrary kernels;
   if (Status s = kernels.add_function(kNoopFuncId, CoreType::AIV, "simpler_bench_noop_kernel",
                                       &simpler_bench_noop_kernel);
       !s.ok()) {
     return s;
   }
-  Result<CallableHandle> handle =
-      worker.register_callable(ChipCallable(name, std::move(orchestrate), std::move(kernels), {}));
+  return ChipCallable(name, std::move(orchestrate), std::move(kernels), {});
+}
+
+Status one_noop_task(ChipOrchestrator& o, const TaskArgs& /*run_args*/) {
+  return o.submit_aiv(kNoopFuncId, TaskArgs{}).status();
+}
+
+Result<CallableHandle> prepare_chip(Worker& worker, const std::string& name,
+                                    OrchestrationFn orchestrate) {
+  Result<ChipCallable> callable = noop_callable(name, std::move(orchestrate));
+  if (!callable.ok()) return callable.status();
+  Result<CallableHandle> handle = worker.register_callable(std::move(callable).value());
   if (!handle.ok()) return handle;
   if (Status s = worker.init(); !s.ok()) return s;
   return handle;

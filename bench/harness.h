@@ -1,6 +1,7 @@
-// Shared machinery of the benchmarks: clocks, sample statistics, process CPU
-// time, and setting up a chip Worker with the no-op kernel. Called by one
-// benchmark at a time from the CLI's main thread; owns nothing long-lived.
+// Shared machinery of the benchmarks: clocks, sample statistics, CPU time of
+// the process and its reaped children, the no-op callable, and the windowed
+// runs-in-flight rate. Called by one benchmark at a time from the CLI's main
+// thread; owns nothing long-lived.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,9 @@ inline constexpr uint32_t kNoopFuncId = 0;
 uint64_t wall_ns();
 // CPU time of every thread of this process (user + system).
 uint64_t process_cpu_ns();
+// CPU time of this process's children that have been reaped (user + system):
+// the forked chip, sub worker and peer processes, once their benchmark closed them.
+uint64_t reaped_children_cpu_ns();
 // Threads of this process, from /proc/self/status; 0 if unreadable.
 int process_threads();
 
@@ -40,10 +44,50 @@ Json summary_json(const Summary& s);
 // are far below run-to-run noise.
 double round3(double v);
 
-// Registers `orchestrate` with the no-op kernel (AIV, kNoopFuncId) and an empty
-// signature on a fresh `worker`, then inits it.
+// A callable named `name` running `orchestrate` over the no-op kernel (AIV,
+// kNoopFuncId), with an empty signature.
+Result<ChipCallable> noop_callable(const std::string& name, OrchestrationFn orchestrate);
+
+// Registers noop_callable(name, orchestrate) on a fresh `worker`, then inits it.
 Result<CallableHandle> prepare_chip(Worker& worker, const std::string& name,
                                     OrchestrationFn orchestrate);
+
+// One chip run of a single no-op AIV task: the unit of the latency benchmarks.
+Status one_noop_task(ChipOrchestrator& o, const TaskArgs& run_args);
+
+inline double to_us(uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
+
+// Throughput with a fixed number of operations outstanding: start(k) begins one
+// in slot k, finish(k) waits for it (a Status). Each window keeps `depth`
+// slots busy for window_ns and returns completions per second; the figure is
+// the median over `windows`, so one window lost to a neighbour's burst does
+// not decide it.
+template <typename Start, typename Finish>
+Result<double> in_flight_rate(uint32_t depth, uint64_t window_ns, Start&& start, Finish&& finish) {
+  std::vector<bool> live(depth, true);
+  const uint64_t t0 = wall_ns();
+  for (uint32_t k = 0; k < depth; ++k) start(k);
+  uint64_t completed = 0;
+  // Slots are refilled in order, so the ring drains in order once the window ends.
+  for (uint32_t k = 0; live[k]; k = (k + 1) % depth) {
+    if (Status s = finish(k); !s.ok()) return s;
+    ++completed;
+    live[k] = wall_ns() - t0 < window_ns;
+    if (live[k]) start(k);
+  }
+  return static_cast<double>(completed) * 1e9 / static_cast<double>(wall_ns() - t0);
+}
+
+template <typename Start, typename Finish>
+Result<double> median_rate(uint32_t depth, uint64_t window_ns, int windows, Start&& start, Finish&& finish) {
+  std::vector<double> rates;
+  for (int w = 0; w < windows; ++w) {
+    Result<double> r = in_flight_rate(depth, window_ns, start, finish);
+    if (!r.ok()) return r;
+    rates.push_back(*r);
+  }
+  return summarize(std::move(rates)).p50;
+}
 
 // Human-readable rendering of a benchmark's JSON: one "path  value" line per leaf.
 std::string render_table(const Json& j);

@@ -25,10 +25,6 @@ double idle_pct() {
   return 100.0 * static_cast<double>(c1 - c0) / static_cast<double>(w1 - w0);
 }
 
-Status one_noop_task(ChipOrchestrator& o, const TaskArgs& /*run_args*/) {
-  return o.submit_aiv(kNoopFuncId, TaskArgs{}).status();
-}
-
 }  // namespace
 
 Result<Json> idle_cpu() {

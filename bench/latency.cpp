@@ -21,43 +21,7 @@ constexpr std::array<uint32_t, 5> kInFlight = {1, 2, 4, 8, 16};
 constexpr uint64_t kThroughputWindowNs = 200'000'000;
 constexpr int kThroughputWindows = 5;
 
-Status one_noop_task(ChipOrchestrator& o, const TaskArgs& /*run_args*/) {
-  return o.submit_aiv(kNoopFuncId, TaskArgs{}).status();
-}
-
 unsigned pool_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
-
-double to_us(uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
-
-// Keeps `depth` operations outstanding for one window: start(k) begins one in
-// slot k, finish(k) waits for it. Returns completions per second.
-template <typename Start, typename Finish>
-Result<double> in_flight_rate(uint32_t depth, Start&& start, Finish&& finish) {
-  std::vector<bool> live(depth, true);
-  const uint64_t t0 = wall_ns();
-  for (uint32_t k = 0; k < depth; ++k) start(k);
-  uint64_t completed = 0;
-  // Slots are refilled in order, so the ring drains in order once the window ends.
-  for (uint32_t k = 0; live[k]; k = (k + 1) % depth) {
-    if (Status s = finish(k); !s.ok()) return s;
-    ++completed;
-    live[k] = wall_ns() - t0 < kThroughputWindowNs;
-    if (live[k]) start(k);
-  }
-  return static_cast<double>(completed) * 1e9 / static_cast<double>(wall_ns() - t0);
-}
-
-// Median over windows: one window lost to a neighbour's burst must not decide.
-template <typename Start, typename Finish>
-Result<double> median_rate(uint32_t depth, Start&& start, Finish&& finish) {
-  std::vector<double> rates;
-  for (int w = 0; w < kThroughputWindows; ++w) {
-    Result<double> r = in_flight_rate(depth, start, finish);
-    if (!r.ok()) return r;
-    rates.push_back(*r);
-  }
-  return summarize(std::move(rates)).p50;
-}
 
 Result<double> simpler_runs_per_s(uint32_t depth) {
   WorkerConfig config;
@@ -72,7 +36,7 @@ Result<double> simpler_runs_per_s(uint32_t depth) {
   }
   std::vector<RunHandle> ring(depth);
   Result<double> rate = median_rate(
-      depth, [&](uint32_t k) { ring[k] = worker.submit(*callable, no_args); },
+      depth, kThroughputWindowNs, kThroughputWindows, [&](uint32_t k) { ring[k] = worker.submit(*callable, no_args); },
       [&](uint32_t k) { return ring[k].wait(); });
   if (Status s = worker.close(); !s.ok()) return s;
   return rate;
@@ -82,7 +46,7 @@ double pool_runs_per_s(uint32_t depth) {
   CondvarPool pool(pool_threads());
   std::vector<CondvarPool::Job> jobs(depth);
   return *median_rate(
-      depth, [&](uint32_t k) { pool.post(jobs[k]); },
+      depth, kThroughputWindowNs, kThroughputWindows, [&](uint32_t k) { pool.post(jobs[k]); },
       [&](uint32_t k) {
         CondvarPool::wait(jobs[k]);
         return Status();

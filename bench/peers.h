@@ -1,7 +1,10 @@
 // Peers measured beside simpler in the same run: a classic condition-variable
-// thread pool (the hand-off most C++ code writes) and a spinning cache-line
-// ping-pong (the hardware floor of any cross-thread round trip). Driven from
-// the benchmark's thread; a CondvarPool owns its worker threads.
+// thread pool (the hand-off most C++ code writes), a pipe ping-pong with a
+// forked process (the classic hand-off to another process) and spinning
+// cache-line ping-pongs between threads or processes (the hardware floor of
+// any round trip). Driven from the benchmark's thread; a CondvarPool owns its
+// worker threads; the forked peers reap their children before returning. They
+// fork, so call them while the benchmark runs no thread of its own.
 #pragma once
 
 #include <condition_variable>
@@ -44,5 +47,15 @@ class CondvarPool {
 
 // Round trips (µs) of one cache line bounced between two spinning threads.
 Summary spin_round_trip_us(int round_trips);
+
+// Round trips (µs) of a pipe ping-pong with a forked child that answers each
+// byte written to one pipe with a byte on another (post one job to another
+// process, block until its answer), after `warmup` untimed ones.
+Result<Summary> pipe_round_trip_us(int warmup, int round_trips);
+
+// Round trips (µs) of one cache line of shared memory bounced between this
+// process and a forked child, both spinning: the floor of any hand-off
+// between two processes.
+Result<Summary> forked_spin_round_trip_us(int round_trips);
 
 }  // namespace simpler::bench

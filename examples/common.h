@@ -82,5 +82,6 @@ std::string compare_floats(const std::vector<float>& got, const std::vector<floa
 Result<ExampleReport> run_vector_add(const ExampleOptions& options);
 Result<ExampleReport> run_matmul_chain(const ExampleOptions& options);
 Result<ExampleReport> run_kernel_failure(const ExampleOptions& options);
+Result<ExampleReport> run_node_pipeline(const ExampleOptions& options);
 
 }  // namespace simpler::examples

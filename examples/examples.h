@@ -1,7 +1,8 @@
 // The example registry behind `simpler demo` and `simpler run`: each example
-// opens its own chip-level Worker, runs its callable (pipelined), verifies every
-// output against a host reference and closes. Call from one thread at a time;
-// the progress callback runs on that thread. Owns nothing between calls.
+// opens its own Worker (chip level, or node level for node_pipeline, which
+// forks), runs it pipelined, verifies every output against a host reference
+// and closes. Call from one thread at a time; the progress callback runs on
+// that thread. Owns nothing between calls.
 #pragma once
 
 #include <chrono>

@@ -91,6 +91,17 @@ TEST(Examples, KernelFailureReportsTheKernelsMessage) {
   EXPECT_NE(r->detail.find("x[1234] = -1 is negative"), std::string::npos) << r->detail;
 }
 
+// The node level: two forked chip children and a sub worker; three tasks per
+// run (one per chip, one sub), every sum checked against the host.
+TEST(Examples, NodePipelineVerifiesAcrossTwoChipsAndASubWorker) {
+  Deadline deadline(std::chrono::seconds(120));
+  Result<ExampleReport> r = run_example("node_pipeline", small_options(16, 8));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->verified) << r->detail;
+  EXPECT_EQ(r->runs, 16);
+  EXPECT_EQ(r->tasks, 16u * 3u);
+}
+
 TEST(Examples, ProgressIsReportedPerRun) {
   Deadline deadline(std::chrono::seconds(60));
   ExampleOptions o = small_options(3, 2);
@@ -178,6 +189,21 @@ TEST(Cli, RunVerifiesAndStaysQuietWithoutATerminal) {
   EXPECT_NE(r.output.find(" ok"), std::string::npos) << r.output;
   // stderr is a pipe here, so no progress line may be drawn.
   EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
+}
+
+// `simpler demo` runs node_pipeline first (its Worker forks at init), then the
+// chip examples, and passes only if every one verified.
+TEST(Cli, DemoRunsTheNodeExampleAndVerifiesEveryExample) {
+  Child r = run_cli("demo");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("node_pipeline"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("examples verified: PASS"), std::string::npos) << r.output;
+}
+
+TEST(Cli, RunNodePipelineVerifies) {
+  Child r = run_cli("run node_pipeline --runs 8 --pipeline-depth 4");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(" ok"), std::string::npos) << r.output;
 }
 
 TEST(Cli, MissingKernelsFailWithTheDirectoryNamed) {
