@@ -108,6 +108,11 @@ struct SchedFixture {
     sched->enqueue(std::move(run));
     return h;
   }
+  // The mock child parks on its own bell, not the gates' one: ring both.
+  void open_gate(int n) {
+    gates->open_gate(n);
+    ep->view().control().child_bell.ring();
+  }
   void start() {
     sched->start();
     started = true;
@@ -139,7 +144,7 @@ TEST_P(SchedulerCases, R32SaturationIsAnOrdinaryState) {
   std::vector<RunHandle> runs;
   for (int i = 0; i < 64; ++i) runs.push_back(fx.submit("gate=0"));
   ASSERT_TRUE(eventually([&] { return fx.gates->handler_calls >= 10; })) << "the child never held M = G + K runs";
-  fx.gates->open_gate(0);
+  fx.open_gate(0);
   for (auto& r : runs) EXPECT_TRUE(wait_run(r).ok()) << r.result().to_string();
   EXPECT_FALSE(fx.ep->poisoned().has_value());
   EXPECT_EQ(fx.gates->handler_calls, 64u);
