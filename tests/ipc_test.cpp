@@ -118,21 +118,22 @@ class MailboxFixture {
     gates_->open_gate(n);
     view().control().child_bell.ring();
   }
-  Publication publish(uint64_t run, const std::string& script, uint32_t task_slot = 0) {
+  Publication publish(uint64_t run, const std::string& script, uint32_t task_slot = 0, bool staged = false) {
     const std::vector<uint8_t> cfg = bytes_of(script);
     PublishSpec s;
     s.run_id = run;
     s.dispatch_id = run;
     s.task_slot = task_slot;
     s.config = cfg;
+    s.staged = staged;
     auto p = ep_->publish(s);
     EXPECT_TRUE(p.ok()) << p.status().to_string();
     return p.ok() ? *p : Publication{};
   }
   // Waits for a free frame first, as an admitter would.
-  Publication publish_when_free(uint64_t run, const std::string& script, uint32_t task_slot = 0) {
+  Publication publish_when_free(uint64_t run, const std::string& script, uint32_t task_slot = 0, bool staged = false) {
     poll_until(*ep_, events_, [&] { return ep_->available_request_transport() > 0; }, "a free request frame");
-    return publish(run, script, task_slot);
+    return publish(run, script, task_slot, staged);
   }
   bool wait_terminal(uint64_t run) {
     return poll_until(*ep_, events_, [&] { return find_event(events_, run, EndpointEvent::Kind::kTerminal) != nullptr; },
@@ -542,6 +543,91 @@ TEST_P(MailboxProtocol, R12ReadinessOnFramesIdentityOnEntries) {
   fx.open_gate(1);
   ASSERT_TRUE(fx.wait_terminal(7));
   EXPECT_EQ(fx.terminal(7)->task_slot, 5u);
+}
+
+// R12 (and R16) for the staged lane: PREPARE_READY is a frame word; the entry reads
+// IDLE (odd) until the child takes it, then FRAME_STAGED; nothing runs until
+// ACTIVATE, which travels on the entry (no frame); CANCEL ends it unrun.
+TEST_P(MailboxProtocol, R12StagedRequestWaitsForActivation) {
+  MailboxFixture fx(GetParam(), 4);
+  const Publication p = fx.publish(7, "text=x", 5, true);
+  const MailboxView v = fx.view();
+  EXPECT_EQ(load_acquire(v.frame(p.frame).header.ready), static_cast<uint32_t>(kMailboxPrepareReady));
+  EXPECT_EQ(load_acquire(v.entry(p.entry).state), static_cast<uint32_t>(kMailboxIdle));
+  EXPECT_EQ(load_acquire(v.entry(p.entry).entry_generation) % 2, 1u);
+  fx.start_ready();
+  poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
+             "hand-back");
+  EXPECT_EQ(load_acquire(v.entry(p.entry).state), static_cast<uint32_t>(kMailboxFrameStaged));
+  EXPECT_EQ(load_acquire(v.frame(p.frame).header.ready), static_cast<uint32_t>(kMailboxIdle));
+  EXPECT_EQ(handler_calls(fx), 0u) << "a staged request runs only at ACTIVATE";
+  EXPECT_EQ(fx.terminal(7), nullptr);
+  ASSERT_TRUE(fx.ep_->activate(p, true).ok());
+  EXPECT_EQ(load_acquire(v.entry(p.entry).activation), static_cast<uint32_t>(kMailboxActivate));
+  ASSERT_TRUE(fx.wait_terminal(7));
+  EXPECT_TRUE(fx.terminal(7)->status.ok()) << fx.terminal(7)->status.to_string();
+  // R16: the acceptance lands in the entry the staged run occupies.
+  EXPECT_TRUE(fx.terminal(7)->accepted);
+  EXPECT_EQ(fx.terminal(7)->entry, p.entry);
+  ASSERT_NE(find_event(fx.events_, 7, EndpointEvent::Kind::kAccepted), nullptr);
+  EXPECT_EQ(find_event(fx.events_, 7, EndpointEvent::Kind::kAccepted)->entry, p.entry);
+  EXPECT_EQ(handler_calls(fx), 1u);
+  EXPECT_FALSE(fx.ep_->activate(p, true).ok()) << "an activation names its occupant";
+
+  const Publication q = fx.publish_when_free(8, "text=never", 6, true);
+  EXPECT_FALSE(fx.ep_->activate(Publication{q.frame, q.entry, q.entry_generation + 2, q.publication}, true).ok());
+  poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(v.entry(q.entry).state) == kMailboxFrameStaged; }, "staging");
+  ASSERT_TRUE(fx.ep_->activate(q, false).ok());
+  ASSERT_TRUE(fx.wait_terminal(8));
+  EXPECT_EQ(fx.terminal(8)->status.code(), StatusCode::kAborted) << fx.terminal(8)->status.to_string();
+  EXPECT_EQ(handler_calls(fx), 1u) << "a cancelled staged request never reaches the handler";
+  EXPECT_EQ(odd_entries(v), 0u);
+}
+
+// R11 for the staged lane: a staged request never activated still gets its
+// terminal when the child shuts down, and the child exits.
+TEST_P(MailboxProtocol, R11ShutdownEndsAStagedRequest) {
+  MailboxFixture fx(GetParam(), 2);
+  const Publication p = fx.publish(3, "text=x", 0, true);
+  fx.start_ready();
+  poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(fx.view().entry(p.entry).state) == kMailboxFrameStaged; },
+             "staging");
+  fx.ep_->request_shutdown();
+  ASSERT_TRUE(fx.wait_terminal(3));
+  EXPECT_EQ(fx.terminal(3)->status.code(), StatusCode::kAborted) << fx.terminal(3)->status.to_string();
+  EXPECT_EQ(handler_calls(fx), 0u);
+  fx.thread_.join();
+  if (GetParam() == ChildKind::kRealLoop) {
+    EXPECT_EQ(fx.exit_code_, kChildExitClean);
+  }
+}
+
+// R39: endpoint-level transport saturation resumes. Two publications fill K;
+// the child withholds both hand-backs, so nothing more is published. Once it
+// acknowledges one frame, that frame carries the third (staged) request as
+// PREPARE_READY, naming the third run's own entry, while the acknowledging
+// run has published no terminal.
+TEST(MailboxStaging, R39SaturatedTransportResumesOnTheAcknowledgedFrame) {
+  MailboxFixture fx(ChildKind::kRealLoop, 4);  // never started: nothing is handed back on its own
+  const Publication a = fx.publish(1, "", 0);
+  const Publication b = fx.publish(2, "", 1);
+  EXPECT_NE(a.frame, b.frame);
+  EXPECT_EQ(fx.ep_->available_request_transport(), 0u);
+  const MailboxView v = fx.view();
+  RequestHeader& h = v.frame(a.frame).header;
+  store_release(h.ready, static_cast<uint32_t>(kMailboxIdle));
+  store_release(v.entry(h.entry_index).consumed_ack, load_acquire(h.publication));
+  EXPECT_EQ(fx.ep_->available_request_transport(), 1u);
+  const Publication c = fx.publish(3, "", 2, true);
+  EXPECT_EQ(c.frame, a.frame);
+  EXPECT_EQ(load_acquire(h.ready), static_cast<uint32_t>(kMailboxPrepareReady));
+  EXPECT_EQ(h.task_slot, 2u);
+  EXPECT_EQ(h.entry_index, c.entry);
+  EXPECT_EQ(v.entry(c.entry).task_slot, 2u);
+  EXPECT_EQ(load_acquire(v.entry(c.entry).entry_generation), c.entry_generation);
+  EXPECT_FALSE(mailbox_state_is_terminal(load_acquire(v.entry(a.entry).state)));
+  EXPECT_FALSE(fx.ep_->poisoned().has_value());
+  EXPECT_EQ(fx.ep_->held_runs(), 3u);
 }
 
 // R13: with K = 2 a third publication without a hand-back throws and poisons;

@@ -276,7 +276,8 @@ class MockMailboxWorker {
       }
       for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
         RequestFrame& fr = view_.frame(f);
-        if (load_acquire(fr.header.ready) != kMailboxTaskReady) continue;
+        const uint32_t ready = load_acquire(fr.header.ready);
+        if (ready != kMailboxTaskReady && ready != kMailboxPrepareReady) continue;
         const uint64_t idx = fr.header.entry_index;
         const uint64_t gen = fr.header.entry_generation;
         if (idx >= view_.entry_count() || gen % 2 == 0) {
@@ -291,9 +292,11 @@ class MockMailboxWorker {
           c.parent_bell.ring();
           continue;
         }
-        Job job{parse_script(fr.config, fr.header.config_bytes), static_cast<uint32_t>(idx), gen, false};
+        const bool staged = ready == kMailboxPrepareReady;
+        Job job{parse_script(fr.config, fr.header.config_bytes), static_cast<uint32_t>(idx), gen, false, staged};
         const uint64_t p = fr.header.publication;
-        std::atomic_ref<uint32_t>(gates_->handler_calls).fetch_add(1);
+        // A staged run reaches its "handler" only at ACTIVATE, as in MailboxChild.
+        if (!staged) std::atomic_ref<uint32_t>(gates_->handler_calls).fetch_add(1);
         store_release(e.state, static_cast<uint32_t>(kMailboxFrameStaged));
         store_release(fr.header.ready, static_cast<uint32_t>(kMailboxIdle));
         store_release(e.consumed_ack, p);
@@ -310,14 +313,20 @@ class MockMailboxWorker {
     uint32_t entry;
     uint64_t generation;
     bool launched;
+    bool awaiting_activation;
   };
   bool pending(uint64_t handled) {
     const ControlFrame& c = view_.control();
     if (load_acquire(c.shutdown) != 0 || load_acquire(c.cmd_seq) != handled) return true;
     for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
-      if (load_acquire(view_.frame(f).header.ready) == kMailboxTaskReady) return true;
+      const uint32_t ready = load_acquire(view_.frame(f).header.ready);
+      if (ready == kMailboxTaskReady || ready == kMailboxPrepareReady) return true;
     }
     for (const Job& j : jobs_) {
+      if (j.awaiting_activation) {
+        if (load_acquire(view_.entry(j.entry).activation) != 0) return true;
+        continue;
+      }
       if (!j.launched ? gates_->is_open(j.script.pre_gate) : gates_->is_open(j.script.gate)) return true;
     }
     return false;
@@ -331,6 +340,22 @@ class MockMailboxWorker {
   }
   void advance() {
     for (auto it = jobs_.begin(); it != jobs_.end();) {
+      if (it->awaiting_activation) {
+        const uint32_t word = load_acquire(view_.entry(it->entry).activation);
+        if (word == 0) {
+          ++it;
+          continue;
+        }
+        if (word != kMailboxActivate) {
+          it->script.code = StatusCode::kAborted;
+          it->script.text = "mock: cancelled before activation";
+          finish(*it, kMailboxTaskFailed);
+          it = jobs_.erase(it);
+          continue;
+        }
+        it->awaiting_activation = false;
+        std::atomic_ref<uint32_t>(gates_->handler_calls).fetch_add(1);
+      }
       if (!it->launched && gates_->is_open(it->script.pre_gate)) {
         it->launched = true;
         if (it->script.accept) {

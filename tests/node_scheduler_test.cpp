@@ -31,13 +31,15 @@ class FaultPort final : public EndpointPort {
   uint32_t available_request_transport() override { return inner_->available_request_transport(); }
   uint64_t max_inflight_tasks() const override { return inner_->max_inflight_tasks(); }
   Result<Publication> publish(const PublishSpec& spec) override {
-    if (armed) throw std::runtime_error("injected publication fault");
+    if (armed && (!staged_only || spec.staged)) throw std::runtime_error("injected publication fault");
     return inner_->publish(spec);
   }
+  Status activate(const Publication& p, bool launch) override { return inner_->activate(p, launch); }
   void poll(std::vector<EndpointEvent>& out) override { inner_->poll(out); }
   void poison(const Status& cause) override { inner_->poison(cause); }
   std::optional<Status> poisoned() const override { return inner_->poisoned(); }
   bool armed = true;
+  bool staged_only = false;        // throw only from staged publications
   EndpointPort* inner_ = nullptr;  // set by the fixture
 };
 
@@ -107,6 +109,84 @@ struct SchedFixture {
     RunHandle h(run->handle);
     sched->enqueue(std::move(run));
     return h;
+  }
+  // One run of several chip tasks on worker 0. Each task names the fake
+  // device buffers it writes and reads (ids), which is all the TensorMap
+  // needs to order them; the child sees only the script.
+  struct TaskSpec {
+    std::string script;
+    std::vector<int> writes;
+    std::vector<int> reads;
+  };
+  RunHandle submit_tasks(const std::vector<TaskSpec>& specs) {
+    auto run = std::make_unique<NodeRun>();
+    run->id = next_run++;
+    run->handle = std::make_shared<detail::RunState>(run->id);
+    for (const TaskSpec& s : specs) {
+      auto t = std::make_unique<NodeTask>();
+      t->id = next_task++;
+      t->index = static_cast<uint32_t>(run->tasks.size());
+      t->run = run.get();
+      t->config.assign(s.script.begin(), s.script.end());
+      EXPECT_TRUE(encode_args_blob(TaskArgs{}, t->blob).ok());
+      auto view = [](int b) { return TensorView(DeviceBuffer{0x100000u + 0x1000u * b, 256}, {64}, DType::F32); };
+      for (int b : s.writes) t->args.add_tensor(view(b), Tag::OutputExisting);
+      for (int b : s.reads) t->args.add_tensor(view(b), Tag::Input);
+      run->tasks.push_back(std::move(t));
+    }
+    RunHandle h(run->handle);
+    sched->enqueue(std::move(run));
+    return h;
+  }
+  // The hand-back a child makes after copying the payload out (frame word
+  // to IDLE, then the ACK into the entry its header names), for the frame
+  // carrying task_slot `slot`; the run itself stays unfinished.
+  void hand_back(uint32_t slot) {
+    const MailboxView v = ep->view();
+    for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+      RequestHeader& h = v.frame(f).header;
+      const uint32_t ready = load_acquire(h.ready);
+      if ((ready != kMailboxTaskReady && ready != kMailboxPrepareReady) || h.task_slot != slot) continue;
+      store_release(v.entry(h.entry_index).state, static_cast<uint32_t>(kMailboxFrameStaged));
+      store_release(h.ready, static_cast<uint32_t>(kMailboxIdle));
+      store_release(v.entry(h.entry_index).consumed_ack, load_acquire(h.publication));
+      return;
+    }
+    ADD_FAILURE() << "no published frame carries task_slot " << slot;
+  }
+  // The terminal a child stores for the run in the entry carrying `slot`.
+  void complete(uint32_t slot, StatusCode code = StatusCode::kOk) {
+    const MailboxView v = ep->view();
+    for (uint64_t i = 0; i < v.entry_count(); ++i) {
+      MailboxRunEntry& e = v.entry(i);
+      if (load_acquire(e.entry_generation) % 2 == 0 || e.task_slot != slot) continue;
+      store_release(e.rc, static_cast<int32_t>(code));
+      copy_text(e.error_text, sizeof e.error_text, code == StatusCode::kOk ? "" : "scripted failure");
+      store_release(e.state, static_cast<uint32_t>(code == StatusCode::kOk ? kMailboxTaskDone : kMailboxTaskFailed));
+      return;
+    }
+    ADD_FAILURE() << "no held entry carries task_slot " << slot;
+  }
+  // The frame carrying task_slot `slot`, and its readiness word.
+  std::optional<std::pair<size_t, uint32_t>> frame_of(uint32_t slot) const {
+    const MailboxView v = ep->view();
+    for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+      const RequestHeader& h = v.frame(f).header;
+      const uint32_t ready = load_acquire(h.ready);
+      if ((ready == kMailboxTaskReady || ready == kMailboxPrepareReady) && h.task_slot == slot) {
+        return std::make_pair(f, ready);
+      }
+    }
+    return std::nullopt;
+  }
+  // The state of the held entry carrying `slot` (kMailboxIdle when none).
+  uint32_t entry_state(uint32_t slot) const {
+    const MailboxView v = ep->view();
+    for (uint64_t i = 0; i < v.entry_count(); ++i) {
+      const MailboxRunEntry& e = v.entry(i);
+      if (load_acquire(e.entry_generation) % 2 == 1 && load_acquire(e.task_slot) == slot) return load_acquire(e.state);
+    }
+    return kMailboxIdle;
   }
   // The mock child parks on its own bell, not the gates' one: ring both.
   void open_gate(int n) {
@@ -254,6 +334,211 @@ TEST(SchedulerGates, R37ThousandThrowsRetireNoTransport) {
   (void)fx.submit("");
   (void)fx.sched->step();
   EXPECT_EQ(fx.sched->publications(), 1u);
+}
+
+// ---------------------------------------------------------------------------
+// The staged lane (R38-R40): driven step by step against a real endpoint
+// whose "child" is the test, which hands frames back and stores terminals.
+
+// R38: a parked staged request resumes on the acknowledged frame. Three tasks
+// on one chip: A and B are READY, C reads A's output. The child withholds
+// both hand-backs: A and B go out, C stays unclaimed with can_stage() false.
+// After the child ACKs A's frame, that frame carries C's own entry (matched
+// by task_slot) as PREPARE_READY while A has published no terminal.
+TEST(SchedulerStaging, R38ParkedStagedRequestResumesOnTheAcknowledgedFrame) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  (void)fx.submit_tasks({{"", {0}, {}}, {"", {1}, {}}, {"", {}, {0}}});
+  EXPECT_TRUE(fx.sched->step());
+  EXPECT_EQ(fx.sched->publications(), 2u);
+  EXPECT_EQ(fx.sched->stagings(), 0u);
+  EXPECT_FALSE(fx.sched->chip_lane(0).can_stage());
+  EXPECT_TRUE(fx.sched->chip_lane(0).single_empty());
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->publications(), 2u) << "nothing is published without a frame";
+  const auto a_frame = fx.frame_of(0);
+  ASSERT_TRUE(a_frame.has_value());
+  fx.hand_back(0);
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->stagings(), 1u);
+  const auto c_frame = fx.frame_of(2);
+  ASSERT_TRUE(c_frame.has_value());
+  EXPECT_EQ(c_frame->first, a_frame->first) << "C resumes on the frame A's child acknowledged";
+  EXPECT_EQ(c_frame->second, static_cast<uint32_t>(kMailboxPrepareReady));
+  const RequestHeader& h = fx.ep->view().frame(c_frame->first).header;
+  EXPECT_EQ(fx.ep->view().entry(h.entry_index).task_slot, 2u);
+  EXPECT_EQ(load_acquire(fx.ep->view().entry(h.entry_index).entry_generation), h.entry_generation);
+  EXPECT_FALSE(mailbox_state_is_terminal(fx.entry_state(0))) << "A published no terminal";
+  EXPECT_FALSE(fx.sched->chip_lane(0).single_empty());
+  EXPECT_FALSE(fx.ep->poisoned().has_value());
+}
+
+// R40 (#2577 regression 1): a successor never publishes before its
+// predecessor's publication. Both frames are taken by other runs when A and
+// its successor C arrive; the first frame handed back goes to A, and C is
+// staged only on the next.
+TEST(SchedulerStaging, R40SuccessorNeverPublishesBeforeItsPredecessor) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  (void)fx.submit_tasks({{"", {5}, {}}});
+  (void)fx.submit_tasks({{"", {6}, {}}});
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->publications(), 2u);
+  (void)fx.submit_tasks({{"", {0}, {}}, {"", {}, {0}}});  // A = slot 0, C = slot 1 of run 3
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->publications(), 2u);
+  // Hand back run 1's frame (its only task is slot 0 too, so by frame order).
+  const MailboxView v = fx.ep->view();
+  RequestHeader& h0 = v.frame(0).header;
+  store_release(h0.ready, static_cast<uint32_t>(kMailboxIdle));
+  store_release(v.entry(h0.entry_index).consumed_ack, load_acquire(h0.publication));
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->publications(), 3u);
+  EXPECT_EQ(fx.sched->stagings(), 0u) << "C waits for a frame of its own after A's";
+  EXPECT_EQ(load_acquire(v.frame(0).header.ready), static_cast<uint32_t>(kMailboxTaskReady));
+  EXPECT_EQ(v.frame(0).header.run_id, 3u);
+  RequestHeader& h1 = v.frame(1).header;
+  store_release(h1.ready, static_cast<uint32_t>(kMailboxIdle));
+  store_release(v.entry(h1.entry_index).consumed_ack, load_acquire(h1.publication));
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->stagings(), 1u);
+  EXPECT_EQ(load_acquire(v.frame(1).header.ready), static_cast<uint32_t>(kMailboxPrepareReady));
+  EXPECT_EQ(v.frame(1).header.task_slot, 1u);
+}
+
+// R40 (#2577 regression 2): active-first dispatch order. A READY task and a
+// preparable successor compete for one free frame: the READY task takes it.
+TEST(SchedulerStaging, R40ActiveFirstOrder) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  (void)fx.submit_tasks({{"", {0}, {}}, {"", {}, {0}}, {"", {1}, {}}});  // A, C (after A), B
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->publications(), 2u);  // A and B
+  (void)fx.submit_tasks({{"", {2}, {}}});    // D: READY, arrives while C waits
+  fx.hand_back(0);
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->publications(), 3u);
+  EXPECT_EQ(fx.sched->stagings(), 0u) << "the READY task took the frame";
+  EXPECT_EQ(fx.sched->ready_count(), 0u);
+  fx.hand_back(2);  // B's frame
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->stagings(), 1u);
+  ASSERT_TRUE(fx.frame_of(1).has_value());
+  EXPECT_EQ(fx.frame_of(1)->second, static_cast<uint32_t>(kMailboxPrepareReady));
+}
+
+// R40 (#2577 regression 3): one staged successor per lane (single_empty).
+// Two successors of A: C1 is staged; C2 is not, though a frame and a lane are
+// free; when A ends C1 is activated and C2, now READY, goes out as an
+// ordinary publication.
+TEST(SchedulerStaging, R40SingleStagedSuccessorPerLane) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  RunHandle r = fx.submit_tasks({{"", {0}, {}}, {"", {}, {0}}, {"", {}, {0}}});
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->publications(), 2u);
+  EXPECT_EQ(fx.sched->stagings(), 1u);
+  fx.hand_back(0);
+  fx.hand_back(1);
+  (void)fx.sched->step();
+  EXPECT_TRUE(fx.sched->chip_lane(0).can_stage());
+  EXPECT_FALSE(fx.sched->chip_lane(0).single_empty());
+  EXPECT_EQ(fx.sched->stagings(), 1u) << "C2 waits: the staged lane is taken";
+  fx.complete(0);
+  (void)fx.sched->step();
+  const MailboxView v = fx.ep->view();
+  bool activated = false;
+  for (uint64_t i = 0; i < v.entry_count(); ++i) {
+    if (load_acquire(v.entry(i).entry_generation) % 2 == 1 && v.entry(i).task_slot == 1) {
+      activated = load_acquire(v.entry(i).activation) == kMailboxActivate;
+    }
+  }
+  EXPECT_TRUE(activated) << "C1 is activated when A succeeds";
+  EXPECT_TRUE(fx.sched->chip_lane(0).single_empty());
+  ASSERT_TRUE(fx.frame_of(2).has_value());
+  EXPECT_EQ(fx.frame_of(2)->second, static_cast<uint32_t>(kMailboxTaskReady));
+  EXPECT_EQ(fx.sched->stagings(), 1u);
+  fx.complete(1);
+  fx.complete(2);
+  while (fx.sched->step()) {
+  }
+  ASSERT_TRUE(r.done());
+  EXPECT_TRUE(r.result().ok()) << r.result().to_string();
+}
+
+// R40: the ownership guard. A successor whose run no longer owns its set is
+// not staged; it is published only once READY, as an ordinary task.
+TEST(SchedulerStaging, R40SuccessorWhoseLeaseIsNotOwnedIsNotStaged) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  (void)fx.submit_tasks({{"", {5}, {}}});                  // run 1: takes a frame
+  (void)fx.submit_tasks({{"", {0}, {}}, {"", {}, {0}}});   // run 2: A, then C
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->publications(), 2u);
+  ASSERT_EQ(fx.sched->stagings(), 0u);
+  auto lease = fx.sched->lease_of(2);
+  ASSERT_TRUE(lease.has_value());
+  ASSERT_TRUE(fx.sched->run_resources().owns(*lease));
+  ASSERT_TRUE(fx.sched->run_resources().release(*lease));
+  const MailboxView v = fx.ep->view();
+  for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+    RequestHeader& h = v.frame(f).header;
+    store_release(h.ready, static_cast<uint32_t>(kMailboxIdle));
+    store_release(v.entry(h.entry_index).consumed_ack, load_acquire(h.publication));
+  }
+  (void)fx.sched->step();
+  EXPECT_TRUE(fx.sched->chip_lane(0).can_stage());
+  EXPECT_TRUE(fx.sched->chip_lane(0).single_empty());
+  EXPECT_EQ(fx.sched->stagings(), 0u) << "the guard refused a run that does not own its set";
+  EXPECT_EQ(fx.sched->publications(), 2u);
+}
+
+// R36 for the staged lane: a staged publication that throws is reported once
+// as the successor's failure, holds no staged slot or frame, and its
+// predecessor's later terminal does not finish it again.
+TEST(SchedulerStaging, R36StagedPublicationThatThrewIsReportedNotSubmitted) {
+  FaultPort fault;
+  fault.staged_only = true;
+  SchedFixture fx(ChildKind::kNone, 8, &fault);
+  RunHandle r = fx.submit_tasks({{"", {0}, {}}, {"", {}, {0}}});
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->publications(), 1u);
+  EXPECT_EQ(fx.sched->stagings(), 0u);
+  EXPECT_TRUE(fx.sched->chip_lane(0).single_empty());
+  EXPECT_EQ(fx.sched->chip_lane(0).inflight(), 1u);
+  EXPECT_EQ(fx.ep->available_request_transport(), kMailboxRequestFrames - 1);
+  EXPECT_FALSE(r.done()) << "the predecessor still runs";
+  fx.hand_back(0);
+  fx.complete(0);
+  while (fx.sched->step()) {
+  }
+  ASSERT_TRUE(r.done());
+  EXPECT_EQ(r.result().code(), StatusCode::kInternal);
+  EXPECT_TRUE(contains(r.result().message(), "injected publication fault")) << r.result().to_string();
+  EXPECT_EQ(fx.sched->live_runs(), 0u);
+  EXPECT_EQ(fx.ep->available_request_transport(), kMailboxRequestFrames);
+  EXPECT_FALSE(fx.ep->poisoned().has_value());
+}
+
+// R17 + the staged lane end to end, through the mock and a forked child
+// alike: C (reading A's output) is staged and taken by the child while A is
+// held on a gate, and runs after A; when A fails, C is cancelled unrun and
+// the run reports A's error.
+TEST_P(SchedulerCases, StagedSuccessorRunsAfterItsPredecessor) {
+  Watchdog dog;
+  SchedFixture fx(GetParam(), 4);
+  fx.start();
+  RunHandle ok = fx.submit_tasks({{"gate=0", {0}, {}}, {"text=c", {}, {0}}});
+  ASSERT_TRUE(eventually([&] { return fx.entry_state(1) == kMailboxFrameStaged; })) << "C was never staged";
+  EXPECT_FALSE(mailbox_state_is_terminal(fx.entry_state(0)));
+  EXPECT_EQ(load_acquire(fx.gates->handler_calls), 1u) << "C runs only at ACTIVATE";
+  fx.open_gate(0);
+  EXPECT_TRUE(wait_run(ok).ok()) << ok.result().to_string();
+  EXPECT_EQ(load_acquire(fx.gates->handler_calls), 2u);
+
+  RunHandle bad = fx.submit_tasks({{"gate=1;fail=6;text=a fails", {1}, {}}, {"text=c", {}, {1}}});
+  ASSERT_TRUE(eventually([&] { return fx.entry_state(1) == kMailboxFrameStaged; })) << "C was never staged";
+  fx.open_gate(1);
+  const Status st = wait_run(bad);
+  EXPECT_EQ(st.code(), StatusCode::kKernelFailed) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "a fails")) << st.to_string();
+  EXPECT_EQ(load_acquire(fx.gates->handler_calls), 3u) << "the cancelled C never reached the handler";
+  EXPECT_FALSE(fx.ep->poisoned().has_value());
 }
 
 // R74: a snapshot reports an instant only when both passes agree; over the

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <thread>
@@ -91,6 +92,13 @@ TEST(NodeWorker, TwoChipsAndASubWorkerThroughThePublicApi) {
     ASSERT_TRUE(wait_run(handles[r]).ok()) << handles[r].result().to_string();
     const auto* out = reinterpret_cast<const float*>(z[r].addr);
     for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], 2.0f * i + r + 3.0f * (1000 + i)) << "run " << r << " i " << i;
+    // Node RunStats: three tasks, all run to success; both scoped
+    // intermediates were freed when the sub task (their last user) finished.
+    const RunStats s = handles[r].stats();
+    EXPECT_EQ(s.tasks, 3u);
+    EXPECT_EQ(s.executed, 3u);
+    EXPECT_EQ(s.released_early, 2u);
+    EXPECT_GE(s.device_us, 0.0);
   }
   for (auto& b : z) EXPECT_TRUE(w.free(b).ok());
   EXPECT_TRUE(w.free(*x0).ok());
@@ -371,6 +379,8 @@ TEST(NodeClose, R54CloseDrainsWide) {
   EXPECT_EQ(first.code(), StatusCode::kKernelFailed);
   EXPECT_TRUE(contains(first.message(), "failing_sub says no")) << first.to_string();
   EXPECT_EQ(failing.result(), first);
+  EXPECT_EQ(failing.stats().tasks, 1u);
+  EXPECT_EQ(failing.stats().executed, 0u) << "a failed task is not counted as executed";
   EXPECT_EQ(failing.wait(), first);
 }
 
@@ -416,6 +426,368 @@ TEST(NodeFailure, KilledChildFailsOnlyItsOwnRuns) {
   EXPECT_TRUE(contains(wait_run(dead).message(), "chip worker 0 is gone")) << dead.result().to_string();
   ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
   EXPECT_FALSE(w->close(std::chrono::seconds(30)).ok()) << "close reports the killed child";
+}
+
+// A chip child whose kernel blocks on a gate that never opens: past the
+// node's run_timeout the child is killed and its run ends DEADLINE_EXCEEDED,
+// the other chip keeps serving, later work for the hung chip fails fast, and
+// close() returns (reporting the killed child).
+TEST(NodeFailure, HungChildIsKilledAtItsRunDeadline) {
+  Watchdog dog;
+  make_node_gates();
+  WorkerConfig c = node_config(2, 0, 2);
+  // Long enough for every ordinary run here, also under sanitizers; the hung
+  // run never ends on its own (gate 7 stays shut until the kernel's own 30 s).
+  c.run_timeout = std::chrono::milliseconds(2000);
+  auto w = make_node(c);
+  ASSERT_NE(w, nullptr);
+  const int n = 16;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x0 = w->malloc_on(0, n * 4), x1 = w->malloc_on(1, n * 4);
+  auto y = w->malloc_shared(n * 4 * 4);
+  ASSERT_TRUE(x0.ok() && x1.ok() && y.ok());
+  auto on = [&](uint32_t chip, int slot, int gate) {
+    const DeviceBuffer& x = chip == 0 ? *x0 : *x1;
+    return w->submit([&, chip, slot, gate](Orchestrator& o) {
+      return o.submit_next_level(h, axpb_args(x.view({n}, DType::F32), TensorView(*y, {n}, DType::F32, slot * n), 1, 0, gate),
+                                 chip).status();
+    });
+  };
+  RunHandle hung = on(0, 0, 7);
+  RunHandle other = on(1, 1, -1);
+  EXPECT_TRUE(wait_run(other).ok()) << other.result().to_string();
+  // The run's own result is DEADLINE_EXCEEDED, so wait on done() rather
+  // than through wait_for, whose timeout has the same code.
+  (void)hung.wait_for(std::chrono::nanoseconds(kTestWaitNs));
+  ASSERT_TRUE(hung.done());
+  const Status st = hung.result();
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "child hung")) << st.to_string();
+  RunHandle after = on(1, 2, -1);
+  EXPECT_TRUE(wait_run(after).ok()) << after.result().to_string();
+  RunHandle dead = on(0, 3, -1);
+  EXPECT_TRUE(contains(wait_run(dead).message(), "chip worker 0 is gone")) << dead.result().to_string();
+  EXPECT_FALSE(w->close(std::chrono::seconds(30)).ok()) << "close reports the killed child";
+}
+
+// run_timeout below 0 is refused, naming the field; 0 (no deadline) is accepted.
+TEST(NodeConfig, RunTimeoutIsValidated) {
+  WorkerConfig c = node_config(1, 0, 2);
+  c.run_timeout = std::chrono::milliseconds(-1);
+  EXPECT_REFUSED(NodeWorker::validate(c), StatusCode::kInvalidArgument, "run_timeout");
+  c.run_timeout = std::chrono::milliseconds(0);
+  EXPECT_TRUE(NodeWorker::validate(c).ok());
+}
+
+// R72 at the node level: each chip's total is forwarded exactly (5 * 2^32 + 7,
+// above 2^32) and is stable across reads, free <= total and moves by exactly
+// what malloc_on took on that chip only; the node's memory_info is the sum.
+TEST(NodeMemory, R72MemoryInfoIsForwardedExactly) {
+  Watchdog dog;
+  make_node_gates();
+  constexpr uint64_t kTotal = 5 * (uint64_t{1} << 32) + 7;
+  WorkerConfig c = node_config(2, 0, 2);
+  c.device_memory_bytes = kTotal;
+  auto w = make_node(c);
+  ASSERT_NE(w, nullptr);
+  auto a0 = w->memory_info_on(0), a1 = w->memory_info_on(1);
+  ASSERT_TRUE(a0.ok() && a1.ok()) << a0.status().to_string() << a1.status().to_string();
+  EXPECT_EQ(a0->total_bytes, kTotal);
+  EXPECT_EQ(a1->total_bytes, kTotal);
+  EXPECT_LE(a0->free_bytes, a0->total_bytes);
+  auto big = w->malloc_on(0, uint64_t{1} << 33);
+  ASSERT_TRUE(big.ok()) << big.status().to_string();
+  auto b0 = w->memory_info_on(0), b1 = w->memory_info_on(1);
+  ASSERT_TRUE(b0.ok() && b1.ok());
+  EXPECT_EQ(b0->total_bytes, a0->total_bytes);
+  EXPECT_EQ(a0->free_bytes - b0->free_bytes, uint64_t{1} << 33);
+  EXPECT_EQ(b1->free_bytes, a1->free_bytes);
+  auto sum = w->memory_info();
+  ASSERT_TRUE(sum.ok());
+  EXPECT_EQ(sum->total_bytes, 2 * kTotal);
+  EXPECT_EQ(sum->free_bytes, b0->free_bytes + b1->free_bytes);
+  EXPECT_REFUSED(w->memory_info_on(2).status(), StatusCode::kInvalidArgument, "worker = 2");
+  EXPECT_TRUE(w->free(*big).ok());
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// R72 through the public facade: Worker::memory_info at Level::Node is the
+// chips' sum, exact above 2^32.
+TEST(NodeMemory, R72WorkerFacadeSumsItsChips) {
+  Watchdog dog;
+  WorkerConfig c = node_config(2, 0, 1);
+  c.device_memory_bytes = 5 * (uint64_t{1} << 32) + 7;
+  Worker w(Level::Node, c);
+  ASSERT_TRUE(w.init().ok());
+  auto m = w.memory_info();
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->total_bytes, 2 * (5 * (uint64_t{1} << 32) + 7));
+  EXPECT_LE(m->free_bytes, m->total_bytes);
+  EXPECT_TRUE(w.close().ok());
+}
+
+// The state of the held entry of chip `chip` carrying task_slot `slot` and
+// the set it took (kMailboxIdle / kMailboxNoSet when no held entry does).
+std::pair<uint32_t, uint32_t> chip_entry(NodeWorker& w, size_t chip, uint32_t slot) {
+  const MailboxView v = w.chip_child(chip).endpoint().view();
+  for (uint64_t i = 0; i < v.entry_count(); ++i) {
+    const MailboxRunEntry& e = v.entry(i);
+    if (load_acquire(e.entry_generation) % 2 == 1 && load_acquire(e.task_slot) == slot) {
+      return {load_acquire(e.state), load_acquire(e.set_slot)};
+    }
+  }
+  return {kMailboxIdle, kMailboxNoSet};
+}
+
+// The staged lane over a real chip child: C reads (through the shared heap)
+// what A writes on the same chip. While A is held on a gate, C is published
+// PREPARE_READY, taken by the child and natively prepared (it holds a set)
+// but not launched; once A succeeds C is activated, copies its input in only
+// then, and computes from A's result. When A fails, the staged C is
+// cancelled unrun, its set comes back, and the chip serves two runs at once.
+TEST(NodeStaging, StagedSuccessorIsPreparedWhileItsPredecessorRuns) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(1, 0, 2));
+  ASSERT_NE(w, nullptr);
+  const int n = 64;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x = w->malloc_on(0, n * 4);
+  auto heap = w->malloc_shared(n * 4 * 4);
+  ASSERT_TRUE(x.ok() && heap.ok());
+  ASSERT_TRUE(w->copy_to(*x, iota_floats(n, 1).data(), n * 4, 0).ok());
+  const TensorView y(*heap, {n}, DType::F32, 0), z(*heap, {n}, DType::F32, n);
+  auto chain = [&](int64_t mul_a, int gate) {
+    return w->submit([&, mul_a, gate](Orchestrator& o) {
+      (void)o.submit_next_level(h, axpb_args(x->view({n}, DType::F32), y, mul_a, 0, gate), 0);
+      return o.submit_next_level(h, axpb_args(y, z, 3, 1, -1), 0).status();
+    });
+  };
+  RunHandle ok = chain(2, 3);
+  ASSERT_TRUE(eventually([&] {
+    const auto [state, set] = chip_entry(*w, 0, 1);
+    return state == kMailboxFrameStaged && set != kMailboxNoSet;
+  })) << "C was not staged and natively prepared: A state " << chip_entry(*w, 0, 0).first << " set "
+       << chip_entry(*w, 0, 0).second << ", C state " << chip_entry(*w, 0, 1).first << " set "
+       << chip_entry(*w, 0, 1).second;
+  ASSERT_TRUE(eventually([&] { return chip_entry(*w, 0, 0).first == kMailboxTaskLaunched; })) << "A never launched";
+  EXPECT_EQ(chip_entry(*w, 0, 1).first, static_cast<uint32_t>(kMailboxFrameStaged)) << "C launched before its activation";
+  gates->open_gate(3);
+  ASSERT_TRUE(wait_run(ok).ok()) << ok.result().to_string();
+  const auto* zf = reinterpret_cast<const float*>(heap->addr) + n;
+  for (int i = 0; i < n; ++i) ASSERT_EQ(zf[i], 3.0f * (2.0f * (1 + i)) + 1.0f) << i;
+
+  RunHandle bad = chain(kAxpbFail, 4);
+  ASSERT_TRUE(eventually([&] { return chip_entry(*w, 0, 1).first == kMailboxFrameStaged; }));
+  gates->open_gate(4);
+  const Status st = wait_run(bad);
+  EXPECT_EQ(st.code(), StatusCode::kKernelFailed) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "asked to fail")) << st.to_string();
+  // Both sets are free again: two runs are launched at once.
+  std::vector<RunHandle> pair;
+  for (int r = 0; r < 2; ++r) {
+    pair.push_back(w->submit([&, r](Orchestrator& o) {
+      return o.submit_next_level(h, axpb_args(x->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, (2 + r) * n),
+                                              1, 0, 5), 0).status();
+    }));
+  }
+  const MailboxView v = w->chip_child(0).endpoint().view();
+  ASSERT_TRUE(eventually([&] {
+    int launched = 0;
+    for (uint64_t i = 0; i < v.entry_count(); ++i) {
+      launched += load_acquire(v.entry(i).entry_generation) % 2 == 1 &&
+                  load_acquire(v.entry(i).state) == kMailboxTaskLaunched;
+    }
+    return launched == 2;
+  })) << "the cancelled staged run kept its set";
+  gates->open_gate(5);
+  for (auto& r : pair) EXPECT_TRUE(wait_run(r).ok()) << r.result().to_string();
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// A chip child killed with SIGKILL while it holds a running A and its staged
+// successor C: the run gets one terminal with the child's cause, and nothing
+// waits on the activation that can no longer come.
+TEST(NodeStaging, KilledChildEndsTheStagedSuccessorToo) {
+  Watchdog dog;
+  make_node_gates();
+  auto w = make_node(node_config(1, 0, 2));
+  ASSERT_NE(w, nullptr);
+  const int n = 16;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x = w->malloc_on(0, n * 4);
+  auto heap = w->malloc_shared(n * 4 * 2);
+  ASSERT_TRUE(x.ok() && heap.ok());
+  const TensorView y(*heap, {n}, DType::F32, 0), z(*heap, {n}, DType::F32, n);
+  RunHandle r = w->submit([&](Orchestrator& o) {
+    (void)o.submit_next_level(h, axpb_args(x->view({n}, DType::F32), y, 2, 0, 8), 0);
+    return o.submit_next_level(h, axpb_args(y, z, 3, 1, -1), 0).status();
+  });
+  ASSERT_TRUE(eventually([&] { return chip_entry(*w, 0, 1).first == kMailboxFrameStaged; }));
+  ASSERT_EQ(::kill(w->chip_child(0).pid(), SIGKILL), 0);
+  const Status st = wait_run(r);
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "signal 9")) << st.to_string();
+  EXPECT_FALSE(w->close(std::chrono::seconds(30)).ok()) << "close reports the killed child";
+}
+
+// Doubles a f32 tensor into another: a sub function for groups.
+Status double_sub(const TaskArgsView& a) {
+  const int64_t n = a[0].tensor.shape(0);
+  const float* x = a.data<float>(0);
+  float* y = a.data<float>(1);
+  for (int64_t i = 0; i < n; ++i) y[i] = 2 * x[i];
+  return Status();
+}
+
+// A next-level group over both chips, and a sub task that reads both
+// members' outputs: the group is one task, done when both members are.
+TEST(NodeGroup, NextLevelGroupIsOneTaskOverSeveralChips) {
+  Watchdog dog;
+  make_node_gates();
+  auto w = make_node(node_config(2, 1, 2), {add_sub});
+  ASSERT_NE(w, nullptr);
+  const int n = 32;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x0 = w->malloc_on(0, n * 4), x1 = w->malloc_on(1, n * 4);
+  auto heap = w->malloc_shared(n * 4 * 3);
+  ASSERT_TRUE(x0.ok() && x1.ok() && heap.ok());
+  ASSERT_TRUE(w->copy_to(*x0, iota_floats(n, 0).data(), n * 4, 0).ok());
+  ASSERT_TRUE(w->copy_to(*x1, iota_floats(n, 100).data(), n * 4, 0).ok());
+  const TensorView y0(*heap, {n}, DType::F32, 0), y1(*heap, {n}, DType::F32, n), z(*heap, {n}, DType::F32, 2 * n);
+  uint32_t group_id = 99, count = 0;
+  RunHandle r = w->submit([&](Orchestrator& o) -> Status {
+    auto g = o.submit_next_level_group(h, {axpb_args(x0->view({n}, DType::F32), y0, 2, 0, -1),
+                                           axpb_args(x1->view({n}, DType::F32), y1, 3, 0, -1)}, {0, 1});
+    if (!g.ok()) return g.status();
+    group_id = *g;
+    TaskArgs s;
+    s.add_tensor(y0, Tag::Input).add_tensor(y1, Tag::Input).add_tensor(z, Tag::OutputExisting);
+    SIMPLER_RETURN_IF_ERROR(o.submit_sub(FunctionHandle{0, sub_function_digest(0)}, s).status());
+    count = o.task_count();
+    return Status();
+  });
+  ASSERT_TRUE(wait_run(r).ok()) << r.result().to_string();
+  EXPECT_EQ(group_id, 0u);
+  EXPECT_EQ(count, 2u) << "the group is one task";
+  EXPECT_EQ(r.stats().tasks, 2u);
+  EXPECT_EQ(r.stats().executed, 2u);
+  const auto* zf = reinterpret_cast<const float*>(heap->addr) + 2 * n;
+  for (int i = 0; i < n; ++i) ASSERT_EQ(zf[i], 2.0f * i + 3.0f * (100 + i)) << i;
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// A member failure fails the group (naming the member) and poisons its
+// successors; the other member still ran. A group refused at build adds
+// nothing: duplicate workers, a member's bad argument, a sub group larger
+// than the sub workers.
+TEST(NodeGroup, MemberFailureFailsTheGroupAndRefusalAddsNothing) {
+  Watchdog dog;
+  make_node_gates();
+  auto w = make_node(node_config(2, 1, 2), {add_sub});
+  ASSERT_NE(w, nullptr);
+  const int n = 16;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x0 = w->malloc_on(0, n * 4), x1 = w->malloc_on(1, n * 4);
+  auto heap = w->malloc_shared(n * 4 * 3);
+  ASSERT_TRUE(x0.ok() && x1.ok() && heap.ok());
+  ASSERT_TRUE(w->copy_to(*x0, iota_floats(n, 1).data(), n * 4, 0).ok());
+  const TensorView y0(*heap, {n}, DType::F32, 0), y1(*heap, {n}, DType::F32, n), z(*heap, {n}, DType::F32, 2 * n);
+  std::memset(reinterpret_cast<void*>(heap->addr), 0, n * 4 * 3);
+  RunHandle r = w->submit([&](Orchestrator& o) -> Status {
+    (void)o.submit_next_level_group(h, {axpb_args(x0->view({n}, DType::F32), y0, 1, 0, -1),
+                                        axpb_args(x1->view({n}, DType::F32), y1, kAxpbFail, 0, -1)}, {0, 1});
+    TaskArgs s;
+    s.add_tensor(y0, Tag::Input).add_tensor(y1, Tag::Input).add_tensor(z, Tag::OutputExisting);
+    return o.submit_sub(FunctionHandle{0, sub_function_digest(0)}, s).status();
+  });
+  const Status st = wait_run(r);
+  EXPECT_EQ(st.code(), StatusCode::kKernelFailed) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "group member 1")) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "asked to fail")) << st.to_string();
+  EXPECT_EQ(reinterpret_cast<const float*>(heap->addr)[3], 4.0f) << "member 0 ran";
+  EXPECT_EQ(reinterpret_cast<const float*>(heap->addr)[2 * n], 0.0f) << "the successor was poisoned, not run";
+  EXPECT_EQ(r.stats().executed, 0u);
+
+  uint32_t tasks_after = 99;
+  RunHandle dup = w->submit([&](Orchestrator& o) -> Status {
+    auto g = o.submit_next_level_group(h, {axpb_args(x0->view({n}, DType::F32), y0, 1, 0, -1),
+                                           axpb_args(x0->view({n}, DType::F32), y1, 1, 0, -1)}, {0, 0});
+    auto bad = o.submit_next_level_group(h, {axpb_args(x0->view({n}, DType::F32), y0, 1, 0, -1),
+                                             axpb_args(x0->view({n}, DType::F32), y1, 1, 0, -1)}, {0, 1});
+    auto big = o.submit_sub_group(FunctionHandle{0, sub_function_digest(0)}, {TaskArgs{}, TaskArgs{}});
+    tasks_after = o.task_count();
+    EXPECT_TRUE(contains(g.status().message(), "distinct workers")) << g.status().to_string();
+    EXPECT_TRUE(contains(bad.status().message(), "group member 1")) << bad.status().to_string();
+    EXPECT_TRUE(contains(bad.status().message(), "target worker 1")) << bad.status().to_string();
+    EXPECT_TRUE(contains(big.status().message(), "sub_workers = 1")) << big.status().to_string();
+    return Status();
+  });
+  EXPECT_EQ(wait_run(dup).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(tasks_after, 0u) << "a refused group adds nothing";
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// No member is published unless every member can be: chip 1's lanes are all
+// held by gated tasks, so the group over chips 0 and 1 stays READY and its
+// chip-0 member is not published, while a later task of the same run goes
+// out on chip 0. Once chip 1 drains, the group runs.
+TEST(NodeGroup, NothingIsPublishedUnlessEveryMemberCanBe) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(2, 0, 2));
+  ASSERT_NE(w, nullptr);
+  const int n = 16;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x0 = w->malloc_on(0, n * 4), x1 = w->malloc_on(1, n * 4);
+  auto heap = w->malloc_shared(n * 4 * 8);
+  ASSERT_TRUE(x0.ok() && x1.ok() && heap.ok());
+  const uint64_t lanes = w->chip_child(1).endpoint().view().entry_count();  // G + K
+  RunHandle fill = w->submit([&](Orchestrator& o) -> Status {
+    for (uint64_t k = 0; k < lanes; ++k) {
+      SIMPLER_RETURN_IF_ERROR(o.submit_next_level(h, axpb_args(x1->view({n}, DType::F32),
+                                                               TensorView(*heap, {n}, DType::F32, k * n), 1, 0, 6), 1).status());
+    }
+    return Status();
+  });
+  RunHandle r = w->submit([&](Orchestrator& o) -> Status {
+    SIMPLER_RETURN_IF_ERROR(o.submit_next_level_group(
+        h, {axpb_args(x0->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, 5 * n), 1, 0, -1),
+            axpb_args(x1->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, 6 * n), 1, 0, -1)}, {0, 1}).status());
+    return o.submit_next_level(h, axpb_args(x0->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, 7 * n), 1, 0, 6), 0)
+        .status();
+  });
+  // The later task (slot 1) is on chip 0: the round that published it had
+  // the group, ahead of it in READY order, refused by chip 1's gate.
+  ASSERT_TRUE(eventually([&] { return chip_entry(*w, 0, 1).first != kMailboxIdle; }));
+  EXPECT_EQ(chip_entry(*w, 0, 0).first, static_cast<uint32_t>(kMailboxIdle)) << "the group's chip-0 member went out alone";
+  gates->open_gate(6);
+  EXPECT_TRUE(wait_run(fill).ok()) << fill.result().to_string();
+  EXPECT_TRUE(wait_run(r).ok()) << r.result().to_string();
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// A sub group: each member on its own sub worker, all-or-nothing.
+TEST(NodeGroup, SubGroupRunsEachMemberOnItsOwnSubWorker) {
+  Watchdog dog;
+  auto w = make_node(node_config(0, 2, 2), {double_sub});
+  ASSERT_NE(w, nullptr);
+  const int n = 8;
+  auto heap = w->malloc_shared(n * 4 * 4);
+  ASSERT_TRUE(heap.ok());
+  auto* f = reinterpret_cast<float*>(heap->addr);
+  for (int i = 0; i < 2 * n; ++i) f[i] = static_cast<float>(i);
+  std::vector<TaskArgs> members(2);
+  for (int m = 0; m < 2; ++m) {
+    members[m].add_tensor(TensorView(*heap, {n}, DType::F32, m * n), Tag::Input)
+        .add_tensor(TensorView(*heap, {n}, DType::F32, (2 + m) * n), Tag::OutputExisting);
+  }
+  RunHandle r = w->submit([&](Orchestrator& o) {
+    return o.submit_sub_group(FunctionHandle{0, sub_function_digest(0)}, members).status();
+  });
+  ASSERT_TRUE(wait_run(r).ok()) << r.result().to_string();
+  for (int i = 0; i < 2 * n; ++i) ASSERT_EQ(f[2 * n + i], 2.0f * i) << i;
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
 }
 
 // R67: pipeline_depth accepts [1, 2^32 - 1] at the facade; 0 is refused

@@ -17,16 +17,23 @@
 
 namespace simpler::testing {
 
+inline constexpr int64_t kAxpbFail = -999;
+
 // Set before the node forks, so every child inherits the pointer.
 inline TestGates* g_node_gates = nullptr;
 
 // out[i] = in[i] * args[2] + args[3] over 1-D f32 views, after gate args[4]
-// (-1: none) opens; a gate that stays shut fails the task after 30 s.
+// (-1: none) opens; a gate that stays shut fails the task after 30 s, and a
+// multiplier of kAxpbFail fails it once the gate opened.
 extern "C" inline void node_axpb_kernel(int64_t* args) {
   const int gate = static_cast<int>(args[4]);
   if (gate >= 0 && !spin_then_park(g_node_gates->bell, [&] { return g_node_gates->is_open(gate); }, SpinPolicy{},
                                    now_ns() + kTestWaitNs)) {
     simpler_kernel_fail("node_axpb_kernel: gate never opened");
+    return;
+  }
+  if (args[2] == kAxpbFail) {
+    simpler_kernel_fail("node_axpb_kernel: asked to fail");
     return;
   }
   const DeviceTensor *in = tensor_arg(args, 0), *out = tensor_arg(args, 1);

@@ -64,9 +64,15 @@ class Orchestrator {
   virtual Result<uint32_t> submit_next_level(CallableHandle callable, const TaskArgs& args, uint32_t worker) = 0;
   // One call of `fn` on any sub worker; every tensor must be in the shared heap.
   virtual Result<uint32_t> submit_sub(FunctionHandle fn, const TaskArgs& args) = 0;
-  // All-or-nothing tasks over several workers: not built yet (UNIMPLEMENTED).
+  // One task of several members, all-or-nothing: member i runs `callable`
+  // with args[i] on chip workers[i] (distinct workers). Either every member
+  // is accepted or the group adds nothing; no member is published unless
+  // every one can be; the task is done when all members are, and fails with
+  // the first member that fails. Returns the group's id within the run.
   virtual Result<uint32_t> submit_next_level_group(CallableHandle callable, const std::vector<TaskArgs>& args,
                                                    const std::vector<uint32_t>& workers) = 0;
+  // As above for `fn`, each member on a distinct sub worker (a group may
+  // not be larger than sub_workers).
   virtual Result<uint32_t> submit_sub_group(FunctionHandle fn, const std::vector<TaskArgs>& args) = 0;
 
   // An intermediate in the shared heap owned by the run. Allocated inside a

@@ -27,8 +27,15 @@ struct WorkerConfig {
   uint64_t device_memory_bytes = 1ull << 30; // simulated GM size (reserved, committed on touch)
   uint32_t max_tasks_per_run = 16384;        // graph capacity of one run-resource set
   uint64_t shared_heap_bytes = 64ull << 20;  // Level::Node: host memory shared with every child
+  // Level::Node: a chip task with no terminal this long after its publication
+  // (a staged successor: after its activation) means its child hangs: the
+  // child is killed, each run it held ends DEADLINE_EXCEEDED and the other
+  // children keep serving. 0 = no deadline.
+  std::chrono::milliseconds run_timeout{std::chrono::minutes(10)};
 };
 
+// At Level::Node: `executed` counts tasks a child ran to success, and
+// `device_us` spans the run's first publication to its last task terminal.
 struct RunStats {
   uint32_t tasks = 0;          // tasks in the run's graph
   uint32_t executed = 0;       // subtasks that ran a kernel
@@ -98,6 +105,8 @@ class Worker {
   Status free(DeviceBuffer buffer);
   Status copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset = 0);
   Status copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset = 0);
+  // Device memory, exact in 64 bits. Level::Node: the sum over its chips,
+  // each read through that chip's control frame.
   Result<MemoryInfo> memory_info() const;
 
   // Asynchronous: builds the run's graph on this thread and launches it. Blocks

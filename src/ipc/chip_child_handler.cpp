@@ -50,18 +50,58 @@ void ChipChildHandler::start(RunRequest request, RunTicket ticket) {
       return;
     }
     ++in_flight_;
+    if (request.staged) staged_[ticket.entry_index()] = StagedRun{ticket.generation(), std::nullopt, -1};
     to_prepare_.emplace_back(std::move(request), ticket);
   }
   prepare_bell_.ring();
 }
 
 void ChipChildHandler::fail(const RunTicket& ticket, const Status& st, MailboxDisposition d) {
+  {
+    // A staged run that ends here will never launch: a later activation of
+    // this occupant finds nothing to do.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = staged_.find(ticket.entry_index());
+    if (it != staged_.end() && it->second.generation == ticket.generation()) staged_.erase(it);
+  }
   ticket.complete(st, d);
   std::lock_guard<std::mutex> lock(mu_);
   if (--in_flight_ == 0) idle_bell_.ring();
 }
 
-Status ChipChildHandler::stage_in(TaskArgs& args, std::vector<Staged>& staged) {
+void ChipChildHandler::cancel(Prepared& run, const Status& why) {
+  (void)worker_->finalize(run.storage, run.epoch);  // aborts the prepared run and frees its set
+  unstage(run.staged);
+  fail(run.ticket, why, kDispositionNativePrepared);
+  prepare_bell_.ring();
+}
+
+void ChipChildHandler::activate(uint32_t entry_index, uint64_t generation, bool launch) {
+  std::optional<Prepared> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = staged_.find(entry_index);
+    if (it == staged_.end() || it->second.generation != generation) return;  // it already ended
+    if (!it->second.prepared) {
+      it->second.activation = launch ? 1 : 0;  // the preparer routes it when it is prepared
+      return;
+    }
+    Prepared p = std::move(*it->second.prepared);
+    staged_.erase(it);
+    if (launch) {
+      to_launch_.push_back(std::move(p));
+    } else {
+      cancelled.emplace(std::move(p));
+    }
+  }
+  if (cancelled) {
+    cancel(*cancelled, make_error(StatusCode::kAborted, "cancelled before activation"));
+  } else {
+    launch_bell_.ring();
+  }
+}
+
+Status ChipChildHandler::map_in(TaskArgs& args, std::vector<Staged>& staged) {
   for (size_t i = 0; i < args.size(); ++i) {
     TaskArg& a = args[i];
     if (a.kind != TaskArg::Kind::Tensor) continue;
@@ -88,6 +128,10 @@ Status ChipChildHandler::stage_in(TaskArgs& args, std::vector<Staged>& staged) {
     }
     a.tensor = TensorView::from_parts(it->device, a.tensor.dtype(), a.tensor.ndim(), shape, stride, a.tensor.offset());
   }
+  return Status();
+}
+
+Status ChipChildHandler::copy_in(const std::vector<Staged>& staged) {
   // Whole spans in: a partially written output keeps the bytes it does not write.
   for (const Staged& s : staged) {
     if (s.end <= s.first) continue;
@@ -145,7 +189,9 @@ void ChipChildHandler::preparer_main() {
     }, SpinPolicy{});
     ticket.hold_set(lease->slot);
     std::vector<Staged> staged;
-    if (Status st = stage_in(*args, staged); !st.ok()) {
+    Status mapped = map_in(*args, staged);
+    if (mapped.ok() && !req.staged) mapped = copy_in(staged);
+    if (Status st = mapped; !st.ok()) {
       unstage(staged);
       worker_->release_lease(*lease);
       fail(ticket, st, kDispositionValidatedOnly);
@@ -164,11 +210,29 @@ void ChipChildHandler::preparer_main() {
       prepare_bell_.ring();
       continue;
     }
+    Prepared p{storage, *epoch, ticket, std::move(staged), req.staged};
+    std::optional<Prepared> cancelled;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      to_launch_.push_back(Prepared{storage, *epoch, ticket, std::move(staged)});
+      auto it = req.staged ? staged_.find(ticket.entry_index()) : staged_.end();
+      if (!req.staged) {
+        to_launch_.push_back(std::move(p));
+      } else if (it == staged_.end() || it->second.generation != ticket.generation() || it->second.activation == 0) {
+        if (it != staged_.end() && it->second.generation == ticket.generation()) staged_.erase(it);
+        cancelled.emplace(std::move(p));
+      } else if (it->second.activation == 1) {
+        staged_.erase(it);
+        to_launch_.push_back(std::move(p));
+      } else {
+        it->second.prepared.emplace(std::move(p));  // held, prepared, until activate()
+        continue;
+      }
     }
-    launch_bell_.ring();
+    if (cancelled) {
+      cancel(*cancelled, make_error(StatusCode::kAborted, "cancelled before activation"));
+    } else {
+      launch_bell_.ring();
+    }
   }
 }
 
@@ -187,7 +251,9 @@ void ChipChildHandler::launcher_main() {
       to_launch_.pop_front();
       ++launched_;
     }
-    if (Status st = worker_->launch(run->storage, run->epoch); !st.ok()) {
+    Status st = run->copy_in_pending ? copy_in(run->staged) : Status();
+    if (st.ok()) st = worker_->launch(run->storage, run->epoch);
+    if (!st.ok()) {
       (void)worker_->finalize(run->storage, run->epoch);  // aborts the prepared run and frees its set
       unstage(run->staged);
       {
@@ -298,6 +364,14 @@ Result<ControlReply> ChipChildHandler::control(const ControlCommand& cmd, uint8_
       if (cmd.args[2] > capacity) return invalid_argument("copy_from of {} B exceeds {} B", cmd.args[2], capacity);
       SIMPLER_RETURN_IF_ERROR(worker_->copy_from(data, *b, cmd.args[2], cmd.args[1]));
       reply.data_bytes = static_cast<uint32_t>(cmd.args[2]);
+      return reply;
+    }
+    case kCtrlMemoryInfo: {
+      const MemoryInfo m = worker_->memory_info();
+      if (capacity < sizeof m.free_bytes) return internal_error("no room for the memory info reply");
+      std::memcpy(data, &m.free_bytes, sizeof m.free_bytes);
+      reply.value = m.total_bytes;
+      reply.data_bytes = sizeof m.free_bytes;
       return reply;
     }
     default:

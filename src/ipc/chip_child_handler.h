@@ -3,13 +3,16 @@
 // native lifecycle on three threads of its own: a preparer (takes a set,
 // records it in the entry, stages shared-heap tensors onto the device,
 // prepares), a launcher (launches in order within launch_depth, acceptance at
-// the launch marker) and a completer (finalize, copy-back, terminal).
-// The serve loop calls start/control/drain; the threads own the device calls.
+// the launch marker) and a completer (finalize, copy-back, terminal). A staged
+// run waits, prepared, between the preparer and the launcher for activate().
+// The serve loop calls start/activate/control/drain; the threads own the
+// device calls.
 #pragma once
 
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -40,6 +43,11 @@ class ChipChildHandler final : public RunHandler {
   Status init() override;
   uint64_t granted_sets() const override { return worker_ != nullptr ? worker_->grant() : 0; }
   void start(RunRequest request, RunTicket ticket) override;
+  // A staged request is prepared natively (set, device buffers, graph) and
+  // held; its shared-heap inputs are copied in only at activation, after
+  // its predecessors wrote them.
+  bool stages_natively() const override { return true; }
+  void activate(uint32_t entry_index, uint64_t generation, bool launch) override;
   Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity) override;
   void drain(uint64_t deadline_ns) override;
 
@@ -57,6 +65,13 @@ class ChipChildHandler final : public RunHandler {
     uint64_t epoch;
     RunTicket ticket;
     std::vector<Staged> staged;
+    bool copy_in_pending = false;  // a staged run: inputs are copied at launch
+  };
+  // A staged request from start() until it is launched or has ended.
+  struct StagedRun {
+    uint64_t generation = 0;
+    std::optional<Prepared> prepared;
+    int activation = -1;  // -1: none yet; 0: cancel; 1: launch
   };
   struct StorageDeleter {
     void operator()(unsigned char* p) const;
@@ -67,7 +82,11 @@ class ChipChildHandler final : public RunHandler {
   void completer_main();
   // Fails the run; every set and staged buffer is already returned.
   void fail(const RunTicket& ticket, const Status& st, MailboxDisposition d);
-  Status stage_in(TaskArgs& args, std::vector<Staged>& staged);
+  // Gives every shared-heap tensor a device stand-in and rebinds the args to it.
+  Status map_in(TaskArgs& args, std::vector<Staged>& staged);
+  Status copy_in(const std::vector<Staged>& staged);
+  // Ends a prepared, never-launched run with `why`; mu_ not held.
+  void cancel(Prepared& run, const Status& why);
   Status stage_out(const std::vector<Staged>& staged);
   void unstage(std::vector<Staged>& staged);
   Result<uint32_t> callable_for(const Digest& digest) const;
@@ -84,6 +103,7 @@ class ChipChildHandler final : public RunHandler {
   std::deque<std::pair<RunRequest, RunTicket>> to_prepare_;
   std::deque<Prepared> to_launch_;
   std::deque<Prepared> to_finalize_;
+  std::map<uint32_t, StagedRun> staged_;  // by entry index
   uint32_t in_flight_ = 0;  // started, not yet completed
   // Accepted runs whose terminal is not yet stored: an entry reads LAUNCHED
   // until its terminal, so this (not the device's own count) bounds what an

@@ -70,9 +70,15 @@ int MailboxChild::serve() {
     if (load_acquire(c.shutdown) != 0) break;
     if (const uint64_t seq = load_acquire(c.cmd_seq); seq != handled_cmd) handled_cmd = serve_command(seq);
     for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
-      if (load_acquire(view_.frame(f).header.ready) != kMailboxTaskReady) continue;
-      if (!take(f, stop_reason)) return stop(stop_reason);
+      const uint32_t ready = load_acquire(view_.frame(f).header.ready);
+      if (ready != kMailboxTaskReady && ready != kMailboxPrepareReady) continue;
+      if (!take(f, ready == kMailboxPrepareReady, stop_reason)) return stop(stop_reason);
     }
+    serve_activations();
+  }
+  // After shutdown nothing activates a staged run: each ends unlaunched.
+  while (!awaiting_.empty()) {
+    end_staged(awaiting_.size() - 1, false, make_error(StatusCode::kAborted, "the child shut down before this staged run was activated"));
   }
   return exit_sweep();
 }
@@ -81,9 +87,48 @@ bool MailboxChild::work_pending(uint64_t handled_cmd) const {
   const ControlFrame& c = view_.control();
   if (load_acquire(c.shutdown) != 0 || load_acquire(c.cmd_seq) != handled_cmd) return true;
   for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
-    if (load_acquire(view_.frame(f).header.ready) == kMailboxTaskReady) return true;
+    const uint32_t ready = load_acquire(view_.frame(f).header.ready);
+    if (ready == kMailboxTaskReady || ready == kMailboxPrepareReady) return true;
+  }
+  for (const Awaiting& a : awaiting_) {
+    const MailboxRunEntry& e = view_.entry(a.entry);
+    if (load_acquire(e.activation) != 0 || load_acquire(e.entry_generation) != a.generation) return true;
   }
   return false;
+}
+
+void MailboxChild::end_staged(size_t k, bool launch, const Status& why) {
+  Awaiting a = std::move(awaiting_[k]);
+  awaiting_.erase(awaiting_.begin() + static_cast<std::ptrdiff_t>(k));
+  RunTicket ticket(this, a.entry, a.generation);
+  if (!a.held) {
+    handler_.activate(a.entry, a.generation, launch);  // the native stager ends a cancelled run through its ticket
+  } else if (launch) {
+    a.held->staged = false;
+    handler_.start(std::move(*a.held), ticket);
+  } else {
+    ticket.complete(why);
+  }
+}
+
+void MailboxChild::serve_activations() {
+  for (size_t k = 0; k < awaiting_.size();) {
+    const MailboxRunEntry& e = view_.entry(awaiting_[k].entry);
+    const uint32_t word = load_acquire(e.activation);
+    if (load_acquire(e.entry_generation) != awaiting_[k].generation) {
+      // The parent released the entry without a terminal (it gave the run
+      // one of its own): nothing will activate it.
+      end_staged(k, false, make_error(StatusCode::kAborted, "the parent released this staged run"));
+    } else if (word == kMailboxActivate) {
+      end_staged(k, true, Status());
+    } else if (word == kMailboxCancel) {
+      end_staged(k, false, make_error(StatusCode::kAborted, "cancelled before activation"));
+    } else if (word != 0) {
+      end_staged(k, false, invalid_argument("unknown activation word {} for a staged run", word));
+    } else {
+      ++k;
+    }
+  }
 }
 
 uint64_t MailboxChild::serve_command(uint64_t seq) {
@@ -117,7 +162,7 @@ uint64_t MailboxChild::serve_command(uint64_t seq) {
   return seq;
 }
 
-bool MailboxChild::take(size_t f, std::string& stop_reason) {
+bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   RequestFrame& fr = view_.frame(f);
   RequestHeader& h = fr.header;
   const uint64_t publication = load_acquire(h.publication);
@@ -146,6 +191,7 @@ bool MailboxChild::take(size_t f, std::string& stop_reason) {
   req.run_id = load_relaxed(h.run_id);
   req.dispatch_id = load_relaxed(h.dispatch_id);
   req.task_slot = load_relaxed(h.task_slot);
+  req.staged = staged;
   const uint32_t version = load_relaxed(h.protocol_version);
   const uint32_t config_bytes = load_relaxed(h.config_bytes);
   const uint32_t args_bytes = load_relaxed(h.args_bytes);
@@ -177,9 +223,16 @@ bool MailboxChild::take(size_t f, std::string& stop_reason) {
   RunTicket ticket(this, req.entry_index, generation);
   if (!malformed.ok()) {
     ticket.complete(malformed);
-  } else {
+  } else if (!staged) {
     handler_.start(std::move(req), ticket);
+  } else if (handler_.stages_natively()) {
+    awaiting_.push_back(Awaiting{req.entry_index, generation, std::nullopt});
+    handler_.start(std::move(req), ticket);
+  } else {
+    const uint32_t entry = req.entry_index;
+    awaiting_.push_back(Awaiting{entry, generation, std::move(req)});
   }
+  // An ACTIVATE written before this take is served on the same pass.
   return true;
 }
 
@@ -208,6 +261,9 @@ void MailboxChild::complete(uint32_t entry, uint64_t generation, const Status& r
   if (sealed_ || it == owed_.end() || it->second.generation != generation) return;
   owed_.erase(it);
   MailboxRunEntry& e = view_.entry(entry);
+  // The parent released the entry without waiting (it poisoned the endpoint
+  // and gave the run a terminal of its own): the entry is no longer this run's.
+  if (load_acquire(e.entry_generation) != generation) return;
   char text[kMailboxErrorTextSize];
   copy_text(text, sizeof text, result.message());
   stores_->store32(reinterpret_cast<uint32_t&>(e.rc), static_cast<uint32_t>(result.code()));

@@ -1,6 +1,7 @@
 // The child side of one mailbox: the serve loop that takes requests off the
 // request frames, hands them to a RunHandler and publishes each run's progress
-// into its entry. serve() runs on one thread (the forked child's main thread,
+// into its entry. A request published PREPARE_READY (staged) is held until
+// the parent writes ACTIVATE or CANCEL into its entry. serve() runs on one thread (the forked child's main thread,
 // or a test thread); RunTickets complete from any thread. The MailboxChild
 // must outlive every ticket its handler still holds.
 #pragma once
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -28,6 +30,8 @@ struct RunRequest {
   uint64_t dispatch_id = 0;
   uint32_t task_slot = 0;
   uint64_t run_epoch = 0;  // child-unique, minted at staging
+  // Published PREPARE_READY: prepare it, but launch only on activate().
+  bool staged = false;
   Digest callable{};
   std::vector<uint8_t> config;
   std::vector<uint8_t> args_blob;  // untrusted: decode with decode_args_blob
@@ -48,6 +52,7 @@ class RunTicket {
   // evidence reads it (R76). Before complete(); stores nothing after it.
   void hold_set(uint32_t slot) const;
   uint32_t entry_index() const { return entry_; }
+  uint64_t generation() const { return generation_; }
 
  private:
   friend class MailboxChild;
@@ -70,6 +75,13 @@ class RunHandler {
   // On the serve-loop thread. Must not wait for the run: the loop keeps
   // serving frames while it executes; completion comes later through `ticket`.
   virtual void start(RunRequest request, RunTicket ticket) = 0;
+  // True when start() accepts a staged request and prepares it natively,
+  // holding it until activate(). Otherwise the child keeps a staged request
+  // itself and calls start() with it only at ACTIVATE.
+  virtual bool stages_natively() const { return false; }
+  // Serve-loop thread, once per staged request a native stager started:
+  // launch it (`launch`), or end it unlaunched through its ticket.
+  virtual void activate(uint32_t entry_index, uint64_t generation, bool launch) {}
   // `data` holds the command's `in_bytes` and has room for `capacity` reply bytes.
   virtual Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity);
   // Before the exit sweep (not after a stop): finish or abandon every started
@@ -110,9 +122,12 @@ class MailboxChild {
 
   int fail_init(const std::string& why);
   bool work_pending(uint64_t handled_cmd) const;
+  // Delivers every ACTIVATE / CANCEL the parent wrote for a staged run.
+  void serve_activations();
+  void end_staged(size_t k, bool launch, const Status& why);
   uint64_t serve_command(uint64_t seq);
   // False when the header is unattributable (the endpoint must stop).
-  bool take(size_t f, std::string& stop_reason);
+  bool take(size_t f, bool staged, std::string& stop_reason);
   int stop(const std::string& reason);
   int exit_sweep();
   void accept(uint32_t entry, uint64_t generation);
@@ -129,6 +144,15 @@ class MailboxChild {
   PlainStores plain_;
   StorePrimitive* stores_;
   uint64_t next_epoch_ = 1;
+
+  // Staged runs not yet activated (serve-loop thread only); `held` keeps the
+  // request of a handler that does not stage natively.
+  struct Awaiting {
+    uint32_t entry = 0;
+    uint64_t generation = 0;
+    std::optional<RunRequest> held;
+  };
+  std::vector<Awaiting> awaiting_;
 
   std::mutex mu_;  // entry stores from tickets vs. stop and sweep
   bool sealed_ = false;

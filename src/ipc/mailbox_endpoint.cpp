@@ -119,7 +119,7 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
     return *poisoned_;
   }
   free_entries_.pop_back();
-  r = EntryRecord{r.generation + 1, true, false, spec.run_id, spec.dispatch_id, spec.task_slot, now_ns()};
+  r = EntryRecord{r.generation + 1, true, false, spec.run_id, spec.dispatch_id, spec.task_slot, now_ns(), spec.staged};
   held_.push_back(i);
 
   MailboxRunEntry& e = view_.entry(i);
@@ -134,6 +134,7 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
   store_relaxed(e.rc, 0);
   store_relaxed(e.accepted, 0u);
   store_relaxed(e.consumed_ack, uint64_t{0});
+  store_relaxed(e.activation, 0u);
   std::memset(e.error_text, 0, sizeof e.error_text);  // a recycled entry never shows the last occupant's text
   store_release(e.entry_generation, r.generation);
 
@@ -154,10 +155,26 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
   if (!spec.config.empty()) std::memcpy(fr.config, spec.config.data(), spec.config.size());
   if (!spec.args_blob.empty()) std::memcpy(fr.args, spec.args_blob.data(), spec.args_blob.size());
   store_relaxed(h.publication, p);
-  store_release(h.ready, static_cast<uint32_t>(kMailboxTaskReady));
+  store_release(h.ready, static_cast<uint32_t>(spec.staged ? kMailboxPrepareReady : kMailboxTaskReady));
   frames_[f] = FrameRecord{true, i, r.generation, p};
   view_.control().child_bell.ring();
   return Publication{static_cast<uint32_t>(f), i, r.generation, p};
+}
+
+Status MailboxEndpoint::activate(const Publication& p, bool launch) {
+  if (poisoned_) return make_error(StatusCode::kAborted, "endpoint is poisoned: {}", poisoned_->to_string());
+  if (p.entry >= entries_.size()) return out_of_range("activate: entry {} is outside the table", p.entry);
+  EntryRecord& r = entries_[p.entry];
+  if (!r.held || r.generation != p.entry_generation) {
+    return failed_precondition("activate: entry {} generation {} is not held (it is {})", p.entry, p.entry_generation,
+                               r.generation);
+  }
+  if (!r.staged) return failed_precondition("activate: run {} in entry {} is not staged", r.run_id, p.entry);
+  r.staged = false;
+  r.published_ns = now_ns();
+  store_release(view_.entry(p.entry).activation, static_cast<uint32_t>(launch ? kMailboxActivate : kMailboxCancel));
+  view_.control().child_bell.ring();
+  return Status();
 }
 
 void MailboxEndpoint::reclaim_frames() {
@@ -266,7 +283,7 @@ void MailboxEndpoint::poll(std::vector<EndpointEvent>& out) {
       if (!poisoned_ && options_.run_deadline_ns != 0) {
         for (uint32_t i : held_) {
           const EntryRecord& r = entries_[i];
-          if (t - r.published_ns < options_.run_deadline_ns) continue;
+          if (r.staged || t - r.published_ns < options_.run_deadline_ns) continue;
           const std::string why = fmt::format("child hung: run {} had no terminal {} ms after publication; child killed",
                                               r.run_id, options_.run_deadline_ns / 1'000'000);
           liveness_->kill(why);
@@ -404,6 +421,22 @@ Status MailboxEndpoint::control_copy_from(uint64_t addr, uint64_t offset, std::s
     done += n;
   }
   return Status();
+}
+
+Result<DeviceMemoryReport> MailboxEndpoint::control_memory_info(uint64_t deadline_ns) {
+  uint8_t data[sizeof(uint64_t)];
+  auto r = command(kCtrlMemoryInfo, {}, {}, data, deadline_ns);
+  if (!r.ok()) return r.status();
+  if (r->data_bytes != sizeof data) {
+    return internal_error("memory info reply carries {} data bytes, expected {}", r->data_bytes, sizeof data);
+  }
+  DeviceMemoryReport m;
+  m.total_bytes = r->value;
+  std::memcpy(&m.free_bytes, data, sizeof data);
+  if (m.free_bytes > m.total_bytes) {
+    return internal_error("the child reports {} free of {} total device bytes", m.free_bytes, m.total_bytes);
+  }
+  return m;
 }
 
 }  // namespace simpler

@@ -1,5 +1,6 @@
 // MailboxEndpoint: the parent side of one mailbox. It registers the region
-// (checking the extent first), publishes requests into free frames, reclaims
+// (checking the extent first), publishes requests into free frames (TASK_READY,
+// or PREPARE_READY for a staged run it later activates through the entry), reclaims
 // frames on ACKs and entries on terminals, and poisons itself when the child
 // is gone or stopped, giving every held run one terminal with one cause.
 // Threads: one publisher thread (the Scheduler) calls publish, poll,
@@ -51,6 +52,11 @@ struct EndpointOptions {
   uint64_t liveness_period_ns = 10'000'000;
 };
 
+struct DeviceMemoryReport {
+  uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;
+};
+
 struct PublishSpec {
   uint64_t run_id = 0;
   uint64_t dispatch_id = 0;
@@ -60,6 +66,9 @@ struct PublishSpec {
   Digest callable{};
   std::span<const uint8_t> config;
   std::span<const uint8_t> args_blob;
+  // Published PREPARE_READY (the staged lane): the child prepares it and
+  // launches it only after activate().
+  bool staged = false;
 };
 
 struct Publication {
@@ -106,6 +115,10 @@ class MailboxEndpoint {
   // endpoint with a Status, writing nothing. No free frame: poisons, throws
   // TransportExhausted.
   Result<Publication> publish(const PublishSpec& spec);
+  // For a run published staged and still held: ACTIVATE (`launch`) or CANCEL,
+  // once, through the entry, so it needs no request frame. The run's deadline
+  // restarts here: until now it waited on its predecessors, not on the child.
+  Status activate(const Publication& p, bool launch);
 
   // Never blocks. Appends acceptance (at most once per dispatch, always
   // before that dispatch's terminal) and terminal events; releases each entry
@@ -132,6 +145,9 @@ class MailboxEndpoint {
   Status control_free(uint64_t addr, uint64_t deadline_ns);
   Status control_copy_to(uint64_t addr, uint64_t offset, std::span<const uint8_t> bytes, uint64_t deadline_ns);
   Status control_copy_from(uint64_t addr, uint64_t offset, std::span<uint8_t> out, uint64_t deadline_ns);
+  // The child's device memory, forwarded exactly (64-bit, R72); a reply that
+  // is malformed or has free > total is refused.
+  Result<DeviceMemoryReport> control_memory_info(uint64_t deadline_ns);
 
  private:
   struct FrameRecord {
@@ -148,6 +164,7 @@ class MailboxEndpoint {
     uint64_t dispatch_id = 0;
     uint32_t task_slot = 0;
     uint64_t published_ns = 0;
+    bool staged = false;     // published PREPARE_READY, not yet activated or cancelled
   };
 
   MailboxEndpoint(MailboxView view, EndpointOptions options);

@@ -50,6 +50,9 @@ std::vector<WireConstant> mailbox_wire_constants() {
       wc("STATE_TASK_DONE", kMailboxTaskDone),
       wc("STATE_TASK_FAILED", kMailboxTaskFailed),
       wc("STATE_ENDPOINT_FAILED", kMailboxEndpointFailed),
+      wc("STATE_PREPARE_READY", kMailboxPrepareReady),
+      wc("STATE_ACTIVATE", kMailboxActivate),
+      wc("STATE_CANCEL", kMailboxCancel),
       wc("DISPOSITION_NONE", kDispositionNone),
       wc("DISPOSITION_VALIDATED_ONLY", kDispositionValidatedOnly),
       wc("DISPOSITION_NATIVE_PREPARED", kDispositionNativePrepared),
@@ -57,6 +60,7 @@ std::vector<WireConstant> mailbox_wire_constants() {
       wc("CTRL_FREE", kCtrlFree),
       wc("CTRL_COPY_TO", kCtrlCopyTo),
       wc("CTRL_COPY_FROM", kCtrlCopyFrom),
+      wc("CTRL_MEMORY_INFO", kCtrlMemoryInfo),
       wc("CTRL_DATA_OFFSET", kControlDataOffset),
       wc("FRAME_OFF_PUBLICATION", offsetof(RequestHeader, publication)),
       wc("FRAME_OFF_ENTRY_INDEX", offsetof(RequestHeader, entry_index)),
@@ -80,6 +84,7 @@ std::vector<WireConstant> mailbox_wire_constants() {
       wc("ENTRY_OFF_ACCEPTED", kEntryOffAccepted),
       wc("ENTRY_OFF_CONSUMED_ACK", kEntryOffConsumedAck),
       wc("ENTRY_OFF_ERROR_TEXT", kEntryOffErrorText),
+      wc("ENTRY_OFF_ACTIVATION", kEntryOffActivation),
   };
 }
 

@@ -46,6 +46,9 @@ enum MailboxState : uint32_t {
   kMailboxTaskDone = 5,       // entry terminal: success
   kMailboxTaskFailed = 6,     // entry terminal: the run failed (rc, text)
   kMailboxEndpointFailed = 7, // entry terminal: the child's exit sweep owed this run
+  kMailboxPrepareReady = 8,   // frame: a staged successor waits: prepare it, launch only on ACTIVATE
+  kMailboxActivate = 9,       // entry activation word (parent): launch the staged run
+  kMailboxCancel = 10,        // entry activation word (parent): end the staged run unlaunched
 };
 inline constexpr bool mailbox_state_is_terminal(uint32_t s) {
   return s == kMailboxTaskDone || s == kMailboxTaskFailed || s == kMailboxEndpointFailed;
@@ -64,7 +67,14 @@ enum MailboxEndpointState : uint32_t {
   kEndpointStopped = 2,  // unattributable header: reason in ControlFrame::stop_reason
   kEndpointExited = 3,   // shut down after the exit sweep
 };
-enum MailboxControlOp : uint32_t { kCtrlNone = 0, kCtrlMalloc = 1, kCtrlFree = 2, kCtrlCopyTo = 3, kCtrlCopyFrom = 4 };
+enum MailboxControlOp : uint32_t {
+  kCtrlNone = 0,
+  kCtrlMalloc = 1,
+  kCtrlFree = 2,
+  kCtrlCopyTo = 3,
+  kCtrlCopyFrom = 4,
+  kCtrlMemoryInfo = 5,  // reply value: total bytes; reply data: the free bytes as one uint64
+};
 
 struct ControlCommand {
   MailboxControlOp op = kCtrlNone;
@@ -125,7 +135,7 @@ struct ControlFrame {
 };
 
 struct RequestHeader {
-  uint32_t ready;  // MailboxState: IDLE / TASK_READY (parent), IDLE / FRAME_REFUSED (child)
+  uint32_t ready;  // MailboxState: IDLE / TASK_READY / PREPARE_READY (parent), IDLE / FRAME_REFUSED (child)
   uint32_t protocol_version;
   uint64_t publication;  // endpoint-unique; 0 while the parent rewrites the frame
   uint64_t entry_index;
@@ -167,7 +177,10 @@ struct alignas(64) MailboxRunEntry {
   uint32_t accepted;          // child, at the launch marker; sticky
   uint64_t consumed_ack;      // child: the publication it consumed; its last store for that frame
   char error_text[kMailboxErrorTextSize];  // child: NUL-terminated
-  uint8_t reserved[56];
+  // parent: 0, then ACTIVATE or CANCEL once for a run published PREPARE_READY.
+  // A word of its own, so `state` keeps one writing side.
+  uint32_t activation;
+  uint8_t reserved[52];
 };
 
 static_assert(sizeof(ControlFrame) == kMailboxFrameSize);
@@ -197,6 +210,7 @@ static_assert(offsetof(MailboxRunEntry, state) == 40 && offsetof(MailboxRunEntry
 static_assert(offsetof(MailboxRunEntry, run_epoch) == 48 && offsetof(MailboxRunEntry, rc) == 56);
 static_assert(offsetof(MailboxRunEntry, accepted) == 60 && offsetof(MailboxRunEntry, consumed_ack) == 64);
 static_assert(offsetof(MailboxRunEntry, error_text) == 72);
+static_assert(offsetof(MailboxRunEntry, activation) == 328);
 static_assert(kMailboxEntriesOffset % alignof(MailboxRunEntry) == 0);
 
 // Exported byte offsets, for readers on the far side of the wire (and R3's
@@ -214,6 +228,7 @@ inline constexpr size_t kEntryOffRc = offsetof(MailboxRunEntry, rc);
 inline constexpr size_t kEntryOffAccepted = offsetof(MailboxRunEntry, accepted);
 inline constexpr size_t kEntryOffConsumedAck = offsetof(MailboxRunEntry, consumed_ack);
 inline constexpr size_t kEntryOffErrorText = offsetof(MailboxRunEntry, error_text);
+inline constexpr size_t kEntryOffActivation = offsetof(MailboxRunEntry, activation);
 
 // Every constant both sides must agree on, by name (R18).
 std::vector<WireConstant> mailbox_wire_constants();

@@ -39,12 +39,12 @@ class NodeOrchestrator final : public Orchestrator {
     return record(next_level(callable, args, worker));
   }
   Result<uint32_t> submit_sub(FunctionHandle fn, const TaskArgs& args) override { return record(sub(fn, args)); }
-  Result<uint32_t> submit_next_level_group(CallableHandle, const std::vector<TaskArgs>&,
-                                           const std::vector<uint32_t>&) override {
-    return record<uint32_t>(make_error(StatusCode::kUnimplemented, "submit_next_level_group is not built yet"));
+  Result<uint32_t> submit_next_level_group(CallableHandle callable, const std::vector<TaskArgs>& args,
+                                           const std::vector<uint32_t>& workers) override {
+    return record(next_level_group(callable, args, workers));
   }
-  Result<uint32_t> submit_sub_group(FunctionHandle, const std::vector<TaskArgs>&) override {
-    return record<uint32_t>(make_error(StatusCode::kUnimplemented, "submit_sub_group is not built yet"));
+  Result<uint32_t> submit_sub_group(FunctionHandle fn, const std::vector<TaskArgs>& args) override {
+    return record(sub_group(fn, args));
   }
 
   Result<TensorView> alloc(const std::vector<int64_t>& shape, DType dtype) override {
@@ -115,20 +115,17 @@ class NodeOrchestrator final : public Orchestrator {
     }
   }
 
-  Result<uint32_t> build(bool sub, const Digest& digest, const TaskArgs& args, uint32_t worker) {
+  // Places every tensor of `args` for `worker` (counting t's uses of run
+  // allocations and the run's borrows) and encodes the child's blob. The
+  // caller undoes t's counts on failure.
+  Status encode(bool sub, const TaskArgs& args, uint32_t worker, NodeTask& t, std::vector<uint8_t>& blob) {
     SIMPLER_RETURN_IF_ERROR(args.validate());
-    auto t = std::make_unique<NodeTask>();
     TaskArgs wire = args;
-    const size_t borrowed_before = run_.borrowed.size();
     for (size_t i = 0; i < args.size(); ++i) {
       const TaskArg& a = args[i];
       if (a.kind != TaskArg::Kind::Tensor) continue;
-      auto addr = place(a, i, sub, worker, *t);
-      if (!addr.ok()) {
-        for (uint32_t k : t->allocs) --run_.allocs[k].users;
-        run_.borrowed.resize(borrowed_before);
-        return addr.status();
-      }
+      auto addr = place(a, i, sub, worker, t);
+      if (!addr.ok()) return addr.status();
       int64_t shape[kMaxDims], stride[kMaxDims];
       for (int d = 0; d < a.tensor.ndim(); ++d) {
         shape[d] = a.tensor.shape(d);
@@ -137,9 +134,18 @@ class NodeOrchestrator final : public Orchestrator {
       wire[i].tensor = TensorView::from_parts(DeviceBuffer{*addr, a.tensor.buffer().bytes}, a.tensor.dtype(),
                                               a.tensor.ndim(), shape, stride, a.tensor.offset());
     }
-    if (Status st = encode_args_blob(wire, t->blob); !st.ok()) {
-      for (uint32_t k : t->allocs) --run_.allocs[k].users;
-      run_.borrowed.resize(borrowed_before);
+    return encode_args_blob(wire, blob);
+  }
+  void undo(NodeTask& t, size_t borrowed_before) {
+    for (uint32_t k : t.allocs) --run_.allocs[k].users;
+    run_.borrowed.resize(borrowed_before);
+  }
+
+  Result<uint32_t> build(bool sub, const Digest& digest, const TaskArgs& args, uint32_t worker) {
+    auto t = std::make_unique<NodeTask>();
+    const size_t borrowed_before = run_.borrowed.size();
+    if (Status st = encode(sub, args, worker, *t, t->blob); !st.ok()) {
+      undo(*t, borrowed_before);
       return st;
     }
     t->id = w_.next_task_id_.fetch_add(1);
@@ -161,6 +167,68 @@ class NodeOrchestrator final : public Orchestrator {
       return not_found("callable id {} is not registered with this worker", callable.id);
     }
     return build(false, callable.digest, args, worker);
+  }
+
+  // All-or-nothing: every member is checked and encoded, or the group adds
+  // nothing. Members go to distinct workers, published together.
+  Result<uint32_t> build_group(bool sub, const Digest& digest, const std::vector<TaskArgs>& args,
+                               const std::vector<uint32_t>& workers) {
+    auto t = std::make_unique<NodeTask>();
+    const size_t borrowed_before = run_.borrowed.size();
+    for (size_t m = 0; m < args.size(); ++m) {
+      GroupMember member;
+      member.worker = sub ? 0 : workers[m];
+      member.args = args[m];
+      if (Status st = encode(sub, args[m], member.worker, *t, member.blob); !st.ok()) {
+        undo(*t, borrowed_before);
+        return Status(st.code(), fmt::format("group member {}: {}", m, st.message()));
+      }
+      member.id = w_.next_task_id_.fetch_add(1);
+      t->members.push_back(std::move(member));
+    }
+    t->id = t->members.front().id;
+    t->index = static_cast<uint32_t>(run_.tasks.size());
+    t->run = &run_;
+    t->sub = sub;
+    t->worker = t->members.front().worker;
+    t->callable = digest;
+    run_.tasks.push_back(std::move(t));
+    return run_.tasks.back()->index;
+  }
+
+  Result<uint32_t> next_level_group(CallableHandle callable, const std::vector<TaskArgs>& args,
+                                    const std::vector<uint32_t>& workers) {
+    if (args.empty()) return invalid_argument("submit_next_level_group: a group needs at least one member");
+    if (args.size() != workers.size()) {
+      return invalid_argument("submit_next_level_group: {} argument sets for {} workers", args.size(), workers.size());
+    }
+    for (size_t m = 0; m < workers.size(); ++m) {
+      if (workers[m] >= w_.chips_.size()) {
+        return invalid_argument("workers[{}] = {}: this node has {} chip workers", m, workers[m], w_.chips_.size());
+      }
+      for (size_t k = 0; k < m; ++k) {
+        if (workers[k] == workers[m]) {
+          return invalid_argument("workers[{}] = workers[{}] = {}: a group's members run on distinct workers", k, m,
+                                  workers[m]);
+        }
+      }
+    }
+    if (callable.id >= w_.callables_.size() || w_.callables_[callable.id].digest() != callable.digest) {
+      return not_found("callable id {} is not registered with this worker", callable.id);
+    }
+    return build_group(false, callable.digest, args, workers);
+  }
+
+  Result<uint32_t> sub_group(FunctionHandle fn, const std::vector<TaskArgs>& args) {
+    if (args.empty()) return invalid_argument("submit_sub_group: a group needs at least one member");
+    if (args.size() > w_.subs_.size()) {
+      return invalid_argument("submit_sub_group: a group of {} runs its members at once on distinct sub workers; "
+                              "this node has sub_workers = {}", args.size(), w_.subs_.size());
+    }
+    if (fn.id >= w_.functions_.size() || sub_function_digest(fn.id) != fn.digest) {
+      return not_found("function id {} is not registered with this worker", fn.id);
+    }
+    return build_group(true, fn.digest, args, {});
   }
 
   Result<uint32_t> sub(FunctionHandle fn, const TaskArgs& args) {
@@ -186,6 +254,7 @@ Status NodeWorker::validate(const WorkerConfig& c) {
   if (auto m = mailbox_size(c.pipeline_depth); !m.ok()) {
     return Status(m.status().code(), fmt::format("pipeline_depth = {}: {}", c.pipeline_depth, m.status().message()));
   }
+  if (c.run_timeout.count() < 0) return invalid_argument("run_timeout = {} ms: must be >= 0 (0: no deadline)", c.run_timeout.count());
   if (c.launch_depth > c.pipeline_depth) {
     return invalid_argument("launch_depth = {} exceeds pipeline_depth = {}: a launched run holds a set",
                             c.launch_depth, c.pipeline_depth);
@@ -219,7 +288,8 @@ Result<std::unique_ptr<NodeWorker>> NodeWorker::create(const WorkerConfig& confi
   Scheduler::Hooks hooks;
   hooks.retire = [self](NodeRun& run) { self->on_retire(run); };
   hooks.free_heap = [self](uint64_t addr) { (void)self->heap_->free(addr); };
-  w->scheduler_ = std::make_unique<Scheduler>(chip_ports, sub_ports, &w->heap_->bell(), std::move(hooks));
+  w->scheduler_ = std::make_unique<Scheduler>(chip_ports, sub_ports, &w->heap_->bell(), std::move(hooks),
+                                              config.pipeline_depth);
   w->scheduler_->start();
   return w;
 }
@@ -229,10 +299,15 @@ Status NodeWorker::spawn_children() {
   so.granted_sets = config_.pipeline_depth;
   so.child.shared_parent_bell = &heap_->bell();
   const HostRange range = heap_->range();
+  // Only a chip's runs carry the deadline: a sub function is the user's host
+  // code, with no device that could hang on its behalf.
+  SpawnOptions chip_so = so;
+  const uint64_t timeout_ms = static_cast<uint64_t>(config_.run_timeout.count());
+  chip_so.endpoint.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
   for (uint32_t i = 0; i < config_.chips; ++i) {
     const WorkerConfig chip_config = config_;
     const std::vector<ChipCallable>& callables = callables_;
-    auto c = spawn_node_child([&] { return std::make_unique<ChipChildHandler>(chip_config, callables, range); }, so,
+    auto c = spawn_node_child([&] { return std::make_unique<ChipChildHandler>(chip_config, callables, range); }, chip_so,
                               config_.pipeline_depth, fmt::format("chip worker {}", i));
     if (!c.ok()) return c.status();
     chips_.push_back(std::move(c).value());
@@ -297,6 +372,7 @@ RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchest
   RunHandle handle(run->handle);
   NodeOrchestrator o(*this, *run);
   Status st;
+  const uint64_t build_start = now_ns();
   try {
     st = orchestration(o);
   } catch (const std::exception& e) {
@@ -304,6 +380,7 @@ RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchest
   } catch (...) {
     st = internal_error("the orchestration threw a non-standard exception");
   }
+  run->build_us = static_cast<double>(now_ns() - build_start) / 1000.0;
   if (st.ok()) st = o.first_error();
   if (!st.ok()) {
     // Nothing was scheduled: the run ends here with its own error.
@@ -411,6 +488,27 @@ Status NodeWorker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64
   }
   std::memcpy(dst, reinterpret_cast<const void*>(src.addr + src_offset), bytes);
   return Status();
+}
+
+Result<MemoryInfo> NodeWorker::memory_info_on(uint32_t worker) {
+  if (worker >= chips_.size()) return invalid_argument("worker = {}: this node has {} chip workers", worker, chips_.size());
+  auto m = endpoint_of(worker).control_memory_info(now_ns() + kControlDeadlineNs);
+  if (!m.ok()) return Status(m.status().code(), fmt::format("chip worker {}: {}", worker, m.status().message()));
+  return MemoryInfo{m->total_bytes, m->free_bytes};
+}
+
+Result<MemoryInfo> NodeWorker::memory_info() {
+  MemoryInfo sum;
+  for (uint32_t i = 0; i < chips_.size(); ++i) {
+    auto m = memory_info_on(i);
+    if (!m.ok()) return m.status();
+    if (m->total_bytes > UINT64_MAX - sum.total_bytes) {
+      return out_of_range("memory_info: the chips' total device bytes exceed 2^64");
+    }
+    sum.total_bytes += m->total_bytes;
+    sum.free_bytes += m->free_bytes;  // free <= total per chip, so this cannot wrap either
+  }
+  return sum;
 }
 
 Status NodeWorker::close(std::chrono::milliseconds drain) {

@@ -54,6 +54,11 @@ class NodeWorker {
   Status free(DeviceBuffer buffer);
   Status copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset);
   Status copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset);
+  // Device memory of chip `worker`, through its control frame, exactly (R72).
+  Result<MemoryInfo> memory_info_on(uint32_t worker);
+  // The sum over every chip (0 / 0 for a node with none); an overflowing sum
+  // is refused, never wrapped.
+  Result<MemoryInfo> memory_info();
 
   RunHandle submit(const std::function<Status(Orchestrator&)>& orchestration);
   // Drains every admitted run (past `drain` each held run is failed), stops

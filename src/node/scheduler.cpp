@@ -10,10 +10,17 @@ namespace {
 // How long the idle thread parks before it polls again for what only a poll
 // notices (a child that died without ringing, a run past its deadline).
 constexpr uint64_t kTickNs = 10'000'000;
+
+RunResourceArena make_arena(uint32_t sets) {
+  auto a = RunResourceArena::create(std::max<uint32_t>(sets, 1));
+  return std::move(a).value();  // refuses only 0, excluded above
+}
 }  // namespace
 
-Scheduler::Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*> subs, Doorbell* bell, Hooks hooks)
-    : chip_lanes_(chips.size()), sub_lanes_(subs.size()), bell_(bell), hooks_(std::move(hooks)) {
+Scheduler::Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*> subs, Doorbell* bell, Hooks hooks,
+                     uint32_t run_sets)
+    : chip_lanes_(chips.size()), sub_lanes_(subs.size()), bell_(bell), hooks_(std::move(hooks)),
+      run_resources_(make_arena(run_sets)) {
   for (size_t i = 0; i < chips.size(); ++i) chip_lanes_[i].start(chips[i]);
   for (size_t i = 0; i < subs.size(); ++i) sub_lanes_[i].start(subs[i]);
   uint64_t entries = 0;
@@ -88,7 +95,8 @@ bool Scheduler::step() {
   for (WorkerLane& l : chip_lanes_) l.progress(events_);
   for (WorkerLane& l : sub_lanes_) l.progress(events_);
   progressed |= handle_events();
-  progressed |= dispatch_ready();
+  progressed |= dispatch_ready();  // active first: a READY task takes a frame before any successor is staged
+  progressed |= stage_preparable();
   progressed |= handle_events();  // terminals of publications that threw
   progressed |= retire_finished();
   return progressed;
@@ -98,6 +106,18 @@ void Scheduler::admit(std::unique_ptr<NodeRun> run) {
   NodeRun* r = run.get();
   runs_.emplace(r->id, std::move(run));
   r->remaining = static_cast<uint32_t>(r->tasks.size());
+  if (auto lease = run_resources_.try_acquire()) {
+    r->lease = *lease;
+  } else {
+    // Admission keeps live runs within the sets; reaching here is its defect.
+    r->first_error = internal_error("run {} admitted with all {} node run sets live", r->id, run_resources_.grant());
+    for (auto& t : r->tasks) {
+      t->state = NodeTask::State::kDone;
+    }
+    r->remaining = 0;
+    retiring_.push_back(r);
+    return;
+  }
   if (r->tasks.empty()) {
     retiring_.push_back(r);
     return;
@@ -112,24 +132,25 @@ void Scheduler::admit(std::unique_ptr<NodeRun> run) {
 }
 
 void Scheduler::wire(NodeTask* t) {
-  for (size_t i = 0; i < t->args.size(); ++i) {
-    const TaskArg& a = t->args[i];
-    if (a.kind != TaskArg::Kind::Tensor || a.tag == Tag::NoDep) continue;
-    for (const Access& prior : accesses_) {
-      if (prior.task == t || prior.task->state == NodeTask::State::kDone) continue;
+  const size_t before = accesses_.size();
+  for_each_arg(t, [&](const TaskArg& a) {
+    if (a.kind != TaskArg::Kind::Tensor || a.tag == Tag::NoDep) return;
+    for (size_t k = 0; k < before; ++k) {
+      const Access& prior = accesses_[k];
+      if (prior.task->state == NodeTask::State::kDone) continue;
       if (!tag_writes(a.tag) && !tag_writes(prior.tag)) continue;  // two reads never order
       if (!prior.view.overlaps(a.tensor)) continue;
       // All of t's edges are added while t is wired, so a repeat from the
       // same predecessor is always its last successor.
       if (!prior.task->successors.empty() && prior.task->successors.back() == t) continue;
       prior.task->successors.push_back(t);
+      t->predecessors.push_back(prior.task);
       ++t->fanin;
     }
-  }
-  for (size_t i = 0; i < t->args.size(); ++i) {
-    const TaskArg& a = t->args[i];
+  });
+  for_each_arg(t, [&](const TaskArg& a) {
     if (a.kind == TaskArg::Kind::Tensor && a.tag != Tag::NoDep) accesses_.push_back(Access{t, a.tensor, a.tag});
-  }
+  });
 }
 
 bool Scheduler::dispatch_ready() {
@@ -138,6 +159,10 @@ bool Scheduler::dispatch_ready() {
   for (size_t k = 0; k < n && !ready_.empty(); ++k) {
     NodeTask* t = ready_.front();
     ready_.pop_front();
+    if (!t->members.empty()) {
+      progressed |= dispatch_group(t);
+      continue;
+    }
     WorkerLane* lane = nullptr;
     Status gone;
     if (!t->sub) {
@@ -178,7 +203,118 @@ bool Scheduler::dispatch_ready() {
   return progressed;
 }
 
-void Scheduler::dispatch_claimed(NodeTask* t, WorkerLane& lane) {
+bool Scheduler::preparable(const NodeTask* t) {
+  if (t->sub || !t->members.empty() || t->state != NodeTask::State::kPending || !t->poison.ok()) return false;
+  for (const NodeTask* p : t->predecessors) {
+    if (p->state == NodeTask::State::kDone) continue;
+    // Published on the same chip: its publication precedes the successor's
+    // in that endpoint's order (#2577), and its terminal activates it.
+    if (p->state != NodeTask::State::kRunning || p->sub || !p->members.empty() || p->worker != t->worker) return false;
+  }
+  return true;
+}
+
+bool Scheduler::dispatch_group(NodeTask* t) {
+  const size_t n = t->members.size();
+  // Every member's gate is asked before any member is published; the
+  // workers are distinct, so each "yes" holds until its publication (R34).
+  Status gone;
+  bool all = true;
+  if (!t->sub) {
+    for (const GroupMember& m : t->members) {
+      WorkerLane& l = chip_lanes_[m.worker];
+      if (auto p = l.port().poisoned()) {
+        gone = make_error(StatusCode::kAborted, "chip worker {} is gone: {}", m.worker, p->to_string());
+        break;
+      }
+      all = all && l.can_dispatch();
+    }
+  } else {
+    size_t live = 0, taken = 0;
+    for (size_t j = 0; j < sub_lanes_.size(); ++j) {
+      const uint32_t s = static_cast<uint32_t>((next_sub_ + j) % sub_lanes_.size());
+      if (sub_lanes_[s].port().poisoned()) continue;
+      ++live;
+      if (taken < n && sub_lanes_[s].can_dispatch()) t->members[taken++].worker = s;
+    }
+    if (live < n) {
+      gone = make_error(StatusCode::kAborted, "a group of {} needs {} sub workers; {} are left", n, n, live);
+    }
+    all = taken == n;
+  }
+  if (!gone.ok()) {
+    t->state = NodeTask::State::kRunning;
+    finish(t, gone);
+    return true;
+  }
+  if (!all) {
+    ready_.push_back(t);  // stays READY: no member is claimed until every one can be
+    return false;
+  }
+  if (t->sub) next_sub_ = static_cast<uint32_t>((t->members.back().worker + 1) % sub_lanes_.size());
+  t->state = NodeTask::State::kRunning;
+  t->members_left = static_cast<uint32_t>(n);
+  for (size_t k = 0; k < n; ++k) {
+    GroupMember& m = t->members[k];
+    WorkerLane& lane = t->sub ? sub_lanes_[m.worker] : chip_lanes_[m.worker];
+    running_[m.id] = t;
+    PublishSpec spec;
+    spec.run_id = t->run->id;
+    spec.dispatch_id = m.id;
+    spec.task_slot = t->index;
+    spec.callable = t->callable;
+    spec.config = t->config;
+    spec.args_blob = m.blob;
+    Status refusal;
+    switch (lane.submit_dispatch(spec, events_, refusal)) {
+      case SubmitDispatchResult::kSubmitted:
+        ++publications_;
+        if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
+        break;
+      case SubmitDispatchResult::kRefused:
+        // Its siblings may already be out: they run on, and the group ends
+        // with this refusal once every member has.
+        running_.erase(m.id);
+        member_done(t, Status(refusal.code(), fmt::format("group member {}: {}", k, refusal.message())));
+        break;
+      case SubmitDispatchResult::kPublicationReported:
+        break;  // its terminal is in events_
+    }
+  }
+  return true;
+}
+
+void Scheduler::member_done(NodeTask* t, const Status& st) {
+  if (!st.ok() && t->group_status.ok()) t->group_status = st;
+  if (--t->members_left != 0) return;
+  if (t->group_status.ok()) ++t->run->executed;
+  finish(t, t->group_status);
+}
+
+bool Scheduler::stage_preparable() {
+  bool progressed = false;
+  size_t keep = 0;
+  for (size_t k = 0; k < preparable_.size(); ++k) {
+    NodeTask* t = preparable_[k];
+    if (!preparable(t)) continue;  // re-offered when its next predecessor is published
+    WorkerLane& lane = chip_lanes_[t->worker];
+    // R40's order: the lane and transport gate, then the single staged slot,
+    // then the ownership guard. A refusal of either gate keeps the task for a
+    // later round; a run that no longer owns its set is never staged.
+    if (lane.port().poisoned() || !lane.can_stage() || !lane.single_empty()) {
+      preparable_[keep++] = t;
+      continue;
+    }
+    if (!can_stage_run_on_worker(t)) continue;
+    t->state = NodeTask::State::kStaged;
+    dispatch_claimed(t, lane, true);
+    progressed = true;
+  }
+  preparable_.resize(keep);
+  return progressed;
+}
+
+void Scheduler::dispatch_claimed(NodeTask* t, WorkerLane& lane, bool staged) {
   running_[t->id] = t;
   PublishSpec spec;
   spec.run_id = t->run->id;
@@ -187,10 +323,18 @@ void Scheduler::dispatch_claimed(NodeTask* t, WorkerLane& lane) {
   spec.callable = t->callable;
   spec.config = t->config;
   spec.args_blob = t->blob;
+  spec.staged = staged;
   Status refusal;
   switch (lane.submit_dispatch(spec, events_, refusal)) {
     case SubmitDispatchResult::kSubmitted:
       ++publications_;
+      if (staged) ++stagings_;
+      if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
+      if (!t->sub) {
+        for (NodeTask* s : t->successors) {
+          if (!s->sub && s->worker == t->worker && s->state == NodeTask::State::kPending) preparable_.push_back(s);
+        }
+      }
       break;
     case SubmitDispatchResult::kRefused:
       running_.erase(t->id);
@@ -209,7 +353,18 @@ bool Scheduler::handle_events() {
     if (it == running_.end()) continue;
     NodeTask* t = it->second;
     running_.erase(it);
-    finish(t, ev.status);
+    t->run->last_terminal_ns = now_ns();
+    if (!t->members.empty()) {
+      size_t k = 0;
+      while (k < t->members.size() && t->members[k].id != ev.dispatch_id) ++k;
+      member_done(t, ev.status.ok() ? ev.status
+                                    : Status(ev.status.code(), fmt::format("group member {}: {}", k, ev.status.message())));
+      progressed = true;
+      continue;
+    }
+    if (ev.status.ok()) ++t->run->executed;
+    // A staged task cancelled because a predecessor failed ends with that cause.
+    finish(t, t->poison.ok() ? ev.status : t->poison);
     progressed = true;
   }
   events_.clear();
@@ -232,14 +387,25 @@ void Scheduler::finish(NodeTask* t, const Status& st) {
   }
   for (uint32_t i : t->allocs) {
     HeapAlloc& a = run->allocs[i];
-    if (--a.users == 0 && a.scope_ended) release_alloc(a);
+    if (--a.users == 0 && a.scope_ended) {
+      if (!a.freed) ++run->released_early;
+      release_alloc(a);
+    }
   }
   for (NodeTask* s : t->successors) {
     if (!st.ok() && s->poison.ok()) {
       s->poison = make_error(StatusCode::kAborted, "not run: task {} of run {} failed: {}", t->index, run->id,
                              st.to_string());
     }
-    if (--s->fanin != 0) continue;
+    if (--s->fanin != 0 || s->state == NodeTask::State::kDone) continue;  // kDone: a staged task that already ended
+    if (s->state == NodeTask::State::kStaged) {
+      // Its lane is the one that staged it; the terminal (launched or
+      // cancelled) arrives as any other. An error here means the endpoint
+      // has given, or will give, that terminal itself.
+      (void)chip_lanes_[s->worker].activate_staged(s->poison.ok());
+      s->state = NodeTask::State::kRunning;
+      continue;
+    }
     if (!s->poison.ok()) {
       s->state = NodeTask::State::kRunning;
       finish(s, s->poison);
@@ -262,9 +428,19 @@ bool Scheduler::retire_finished() {
 
 void Scheduler::retire(NodeRun* run) {
   for (HeapAlloc& a : run->allocs) release_alloc(a);
+  (void)run_resources_.release(run->lease);  // false only when a test already took it back
+  // Its tasks are about to be destroyed: no staging candidate may outlive them.
+  preparable_.erase(std::remove_if(preparable_.begin(), preparable_.end(), [&](NodeTask* t) { return t->run == run; }),
+                    preparable_.end());
   if (hooks_.retire) hooks_.retire(*run);
   RunStats stats;
   stats.tasks = static_cast<uint32_t>(run->tasks.size());
+  stats.executed = run->executed;
+  stats.released_early = run->released_early;
+  stats.build_us = run->build_us;
+  if (run->first_publish_ns != 0 && run->last_terminal_ns >= run->first_publish_ns) {
+    stats.device_us = static_cast<double>(run->last_terminal_ns - run->first_publish_ns) / 1000.0;
+  }
   std::shared_ptr<detail::RunState> handle = run->handle;
   Status result = run->first_error;
   // A successor is wired after its predecessor and keeps it from retiring

@@ -3,7 +3,11 @@
 // the TensorMap (tags over overlapping tensor regions, within and across live
 // runs), keeps the READY queue, claims a task READY -> RUNNING only after its
 // lane's can_dispatch() said yes (R32, R33), publishes it, and turns endpoint
-// terminals into task completions and run terminals.
+// terminals into task completions and run terminals. After the READY tasks
+// (active first), it stages at most one successor per chip lane: a task whose
+// unfinished predecessors are all published on that same chip goes out
+// PREPARE_READY, is prepared in the child while they execute, and is
+// activated when the last one succeeds (cancelled when one fails).
 // Threads: enqueue() from any thread; everything else on the scheduler thread
 // (or, before start(), on a test thread driving step()). Owns the runs.
 #pragma once
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "base/doorbell.h"
+#include "chip/run_resource_arena.h"
 #include "chip/run_state.h"
 #include "node/worker_lane.h"
 
@@ -26,8 +31,17 @@ namespace simpler {
 
 struct NodeRun;
 
+// One member of a group task: its own publication on its own worker.
+struct GroupMember {
+  uint64_t id = 0;      // node-unique dispatch id
+  uint32_t worker = 0;  // chip index; for a sub group, the sub worker it went to
+  std::vector<uint8_t> blob;
+  TaskArgs args;        // node-wide addresses, for the TensorMap
+};
+
 struct NodeTask {
-  enum class State : uint8_t { kPending, kReady, kRunning, kDone };
+  // kStaged: published PREPARE_READY with predecessors still running.
+  enum class State : uint8_t { kPending, kReady, kStaged, kRunning, kDone };
   uint64_t id = 0;      // node-unique; the dispatch id on the wire (never 0)
   uint32_t index = 0;   // within its run
   NodeRun* run = nullptr;
@@ -41,7 +55,14 @@ struct NodeTask {
   State state = State::kPending;
   uint32_t fanin = 0;
   std::vector<NodeTask*> successors;
+  std::vector<NodeTask*> predecessors;
   Status poison;  // set when a predecessor failed: the task completes with it, unrun
+  // A group (all-or-nothing over several workers) when non-empty: published
+  // only when every member can be, done when every member is, failed by the
+  // first member that fails. id, blob and args above are then unused.
+  std::vector<GroupMember> members;
+  uint32_t members_left = 0;
+  Status group_status;
 };
 
 struct HeapAlloc {
@@ -53,12 +74,21 @@ struct HeapAlloc {
 
 struct NodeRun {
   uint64_t id = 0;
+  // The run's node-level set, minted at admission (begin_run takes none,
+  // R41); the staging guard asks whether it is still owned (R40).
+  Lease lease;
   std::shared_ptr<detail::RunState> handle;
   std::vector<std::unique_ptr<NodeTask>> tasks;
   std::vector<HeapAlloc> allocs;
   std::vector<uint64_t> borrowed;  // caller-owned buffers its tasks use (node addresses)
   uint32_t remaining = 0;
   Status first_error;
+  // RunStats inputs.
+  double build_us = 0;           // the orchestration, on the submitting thread
+  uint64_t first_publish_ns = 0;
+  uint64_t last_terminal_ns = 0;
+  uint32_t executed = 0;         // tasks a child ran to success
+  uint32_t released_early = 0;   // scoped intermediates freed before the run's terminal
 };
 
 class Scheduler {
@@ -70,7 +100,11 @@ class Scheduler {
   };
 
   // `bell` is rung by every child and by enqueue(); the thread parks on it.
-  Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*> subs, Doorbell* bell, Hooks hooks);
+  // `run_sets`: how many runs may be live at once (the node's pipeline_depth;
+  // its admission keeps within it).
+  Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*> subs, Doorbell* bell, Hooks hooks,
+            uint32_t run_sets = kDefaultRunSets);
+  static constexpr uint32_t kDefaultRunSets = 4096;
   ~Scheduler();
 
   void enqueue(std::unique_ptr<NodeRun> run);
@@ -87,6 +121,13 @@ class Scheduler {
   WorkerLane& chip_lane(size_t i) { return chip_lanes_[i]; }
   WorkerLane& sub_lane(size_t i) { return sub_lanes_[i]; }
   uint64_t publications() const { return publications_; }
+  uint64_t stagings() const { return stagings_; }
+  RunResourceArena& run_resources() { return run_resources_; }
+  // The node set run `run_id` holds, while it is live.
+  std::optional<Lease> lease_of(uint64_t run_id) const {
+    auto it = runs_.find(run_id);
+    return it == runs_.end() ? std::nullopt : std::optional<Lease>(it->second->lease);
+  }
 
  private:
   struct Access {
@@ -100,7 +141,28 @@ class Scheduler {
   void admit(std::unique_ptr<NodeRun> run);
   void wire(NodeTask* t);
   bool dispatch_ready();
-  void dispatch_claimed(NodeTask* t, WorkerLane& lane);
+  void dispatch_claimed(NodeTask* t, WorkerLane& lane, bool staged = false);
+  // A group: finished now (a worker is gone), left READY (some member's gate
+  // says no) or published member by member. True when it moved.
+  bool dispatch_group(NodeTask* t);
+  void member_done(NodeTask* t, const Status& st);
+  // Every tensor access of t (a group's: every member's).
+  template <typename F>
+  static void for_each_arg(const NodeTask* t, F&& f) {
+    if (t->members.empty()) {
+      for (size_t i = 0; i < t->args.size(); ++i) f(t->args[i]);
+      return;
+    }
+    for (const GroupMember& m : t->members) {
+      for (size_t i = 0; i < m.args.size(); ++i) f(m.args[i]);
+    }
+  }
+  // stage_preparable_run of R40, over every preparable successor.
+  bool stage_preparable();
+  // Every unfinished predecessor is published (not staged) on t's own chip.
+  static bool preparable(const NodeTask* t);
+  // The per-endpoint guard: the run still owns its set.
+  bool can_stage_run_on_worker(const NodeTask* t) const { return run_resources_.owns(t->run->lease); }
   bool handle_events();
   void finish(NodeTask* t, const Status& st);
   void retire(NodeRun* run);
@@ -119,11 +181,14 @@ class Scheduler {
   std::unordered_map<uint64_t, std::unique_ptr<NodeRun>> runs_;
   std::unordered_map<uint64_t, NodeTask*> running_;  // by dispatch id
   std::deque<NodeTask*> ready_;
+  std::vector<NodeTask*> preparable_;  // successors of published chip tasks, in publication order
   std::vector<Access> accesses_;  // the TensorMap: every live task's tensor accesses
   std::vector<EndpointEvent> events_;
   std::vector<NodeRun*> retiring_;  // every task done; retired at the end of the phase
   uint32_t next_sub_ = 0;
   uint64_t publications_ = 0;
+  uint64_t stagings_ = 0;
+  RunResourceArena run_resources_;
 
   std::atomic<bool> stop_requested_{false};
   std::atomic<uint64_t> stop_deadline_ns_{0};

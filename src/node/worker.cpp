@@ -128,9 +128,7 @@ Status Worker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t s
 
 Result<MemoryInfo> Worker::memory_info() const {
   SIMPLER_RETURN_IF_ERROR(impl_->require_ready("memory_info"));
-  if (impl_->node != nullptr) {
-    return make_error(StatusCode::kUnimplemented, "memory_info: not built yet for Level::Node (one per chip)");
-  }
+  if (impl_->node != nullptr) return impl_->node->memory_info();
   return impl_->chip->memory_info();
 }
 

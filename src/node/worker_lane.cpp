@@ -24,11 +24,19 @@ SubmitDispatchResult WorkerLane::submit_dispatch(const PublishSpec& spec, std::v
     refusal = internal_error("task {} was claimed for an endpoint with no free lane", spec.dispatch_id);
     return SubmitDispatchResult::kRefused;
   }
+  if (spec.staged && staged_ != kNoTask) {
+    refusal = internal_error("task {} was staged while task {} holds the staged lane", spec.dispatch_id, staged_);
+    return SubmitDispatchResult::kRefused;
+  }
   try {
     auto p = port_->publish(spec);
     if (!p.ok()) {
       refusal = p.status();
       return SubmitDispatchResult::kRefused;
+    }
+    if (spec.staged) {
+      staged_ = spec.dispatch_id;
+      staged_at_ = *p;
     }
   } catch (const std::exception& e) {
     // Nothing was reserved between the gate and here, so there is nothing to
@@ -47,6 +55,12 @@ SubmitDispatchResult WorkerLane::submit_dispatch(const PublishSpec& spec, std::v
   return SubmitDispatchResult::kSubmitted;
 }
 
+Status WorkerLane::activate_staged(bool launch) {
+  if (staged_ == kNoTask) return failed_precondition("no staged task to activate");
+  staged_ = kNoTask;
+  return port_->activate(staged_at_, launch);
+}
+
 void WorkerLane::progress(std::vector<EndpointEvent>& out) {
   const size_t first = out.size();
   port_->poll(out);
@@ -55,6 +69,7 @@ void WorkerLane::progress(std::vector<EndpointEvent>& out) {
     for (uint64_t& l : lanes_) {
       if (l == out[i].dispatch_id) {
         l = kNoTask;
+        if (staged_ == out[i].dispatch_id) staged_ = kNoTask;  // ended before its activation
         --inflight_;
         break;
       }

@@ -2,6 +2,8 @@
 // WorkerThread in a WorkerManager): a fixed array of lanes, one per run-state
 // entry the endpoint can hold, sized once in start() (R44). can_dispatch() is
 // the ordinary lane's gate: a free lane AND a free request frame (R33).
+// The staged lane holds at most one successor published PREPARE_READY and
+// not yet activated; can_stage() is its gate, with the same transport term.
 // EndpointPort is the endpoint as lanes see it, so a test can inject faults.
 // Threads: only the scheduler thread (the one publisher, R34) touches a lane
 // and its port after start.
@@ -25,6 +27,8 @@ class EndpointPort {
   // As MailboxEndpoint::publish: a Status refusal writes nothing; no free
   // frame throws TransportExhausted after poisoning.
   virtual Result<Publication> publish(const PublishSpec& spec) = 0;
+  // As MailboxEndpoint::activate: ACTIVATE or CANCEL a run published staged.
+  virtual Status activate(const Publication& p, bool launch) = 0;
   virtual void poll(std::vector<EndpointEvent>& out) = 0;
   virtual void poison(const Status& cause) = 0;
   virtual std::optional<Status> poisoned() const = 0;
@@ -36,6 +40,7 @@ class MailboxPort final : public EndpointPort {
   uint32_t available_request_transport() override { return ep_.available_request_transport(); }
   uint64_t max_inflight_tasks() const override { return ep_.view().entry_count(); }
   Result<Publication> publish(const PublishSpec& spec) override { return ep_.publish(spec); }
+  Status activate(const Publication& p, bool launch) override { return ep_.activate(p, launch); }
   void poll(std::vector<EndpointEvent>& out) override { ep_.poll(out); }
   void poison(const Status& cause) override { ep_.poison(cause); }
   std::optional<Status> poisoned() const override { return ep_.poisoned(); }
@@ -61,10 +66,19 @@ class WorkerLane {
   // A lane free AND a request frame free; re-read on every call, so a second
   // publication in one round sees the frame the first one took (R34).
   bool can_dispatch();
-  // Publishes one claimed task (dispatch_id = its task id, never kNoTask).
-  // Catches a throwing publication: the task's failure terminal is appended
-  // to `out` exactly once and no lane or reservation is left behind (R36, R37).
+  // The staged lane's gate: the same lane and transport terms (R33, R40).
+  bool can_stage() { return can_dispatch(); }
+  // No staged successor is waiting for its activation (R40).
+  bool single_empty() const { return staged_ == kNoTask; }
+  // Publishes one claimed task (dispatch_id = its task id, never kNoTask);
+  // spec.staged publishes it PREPARE_READY into the staged lane. Catches a
+  // throwing publication: the task's failure terminal is appended to `out`
+  // exactly once and no lane or reservation is left behind (R36, R37).
   SubmitDispatchResult submit_dispatch(const PublishSpec& spec, std::vector<EndpointEvent>& out, Status& refusal);
+  // Activates (or cancels) the staged successor: it leaves the staged lane
+  // and its terminal arrives like any other. An error means the endpoint
+  // already gave it a terminal of its own (poisoned) or will.
+  Status activate_staged(bool launch);
   // Polls the endpoint into `out` and frees the lane of every terminal. No
   // allocation of its own (R44); `out` should have capacity reserved.
   void progress(std::vector<EndpointEvent>& out);
@@ -76,6 +90,8 @@ class WorkerLane {
   EndpointPort* port_ = nullptr;
   std::vector<uint64_t> lanes_;  // dispatch id per lane, kNoTask when free
   uint32_t inflight_ = 0;
+  uint64_t staged_ = kNoTask;    // the staged successor's dispatch id
+  Publication staged_at_;        // where it was published
 };
 
 }  // namespace simpler
