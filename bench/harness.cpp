@@ -117,4 +117,21 @@ std::string render_table(const Json& j) {
   return out;
 }
 
+Result<double> chip_runs_per_s(const WorkerConfig& config, uint64_t window_ns, int windows, int warmup_runs) {
+  const uint32_t depth = config.pipeline_depth;
+  Worker worker(Level::Chip, config);
+  Result<CallableHandle> callable = prepare_chip(worker, "bench_one_task", one_noop_task);
+  if (!callable.ok()) return callable.status();
+  const TaskArgs no_args;
+  for (int i = 0; i < warmup_runs; ++i) {
+    if (Status s = worker.run(*callable, no_args); !s.ok()) return s;
+  }
+  std::vector<RunHandle> ring(depth);
+  Result<double> rate = median_rate(
+      depth, window_ns, windows, [&](uint32_t k) { ring[k] = worker.submit(*callable, no_args); },
+      [&](uint32_t k) { return ring[k].wait(); });
+  if (Status s = worker.close(); !s.ok()) return s;
+  return rate;
+}
+
 }  // namespace simpler::bench

@@ -89,6 +89,11 @@ Result<double> median_rate(uint32_t depth, uint64_t window_ns, int windows, Star
   return summarize(std::move(rates)).p50;
 }
 
+// One-task runs per second on an L2 Worker of `config` with
+// config.pipeline_depth runs in flight, after `warmup_runs` runs: the figure
+// runs_in_flight reports and l3_pipelined compares against.
+Result<double> chip_runs_per_s(const WorkerConfig& config, uint64_t window_ns, int windows, int warmup_runs);
+
 // Human-readable rendering of a benchmark's JSON: one "path  value" line per leaf.
 std::string render_table(const Json& j);
 

@@ -23,25 +23,6 @@ constexpr int kThroughputWindows = 5;
 
 unsigned pool_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
-Result<double> simpler_runs_per_s(uint32_t depth) {
-  WorkerConfig config;
-  config.pipeline_depth = depth;
-  config.launch_depth = depth;
-  Worker worker(Level::Chip, config);
-  Result<CallableHandle> callable = prepare_chip(worker, "bench_one_task", one_noop_task);
-  if (!callable.ok()) return callable.status();
-  const TaskArgs no_args;
-  for (int i = 0; i < kWarmupRuns; ++i) {
-    if (Status s = worker.run(*callable, no_args); !s.ok()) return s;
-  }
-  std::vector<RunHandle> ring(depth);
-  Result<double> rate = median_rate(
-      depth, kThroughputWindowNs, kThroughputWindows, [&](uint32_t k) { ring[k] = worker.submit(*callable, no_args); },
-      [&](uint32_t k) { return ring[k].wait(); });
-  if (Status s = worker.close(); !s.ok()) return s;
-  return rate;
-}
-
 double pool_runs_per_s(uint32_t depth) {
   CondvarPool pool(pool_threads());
   std::vector<CondvarPool::Job> jobs(depth);
@@ -108,7 +89,10 @@ Result<Json> runs_in_flight() {
   Json per_depth;
   double runs_per_s_at_1 = 0;
   for (uint32_t depth : kInFlight) {
-    Result<double> mine = simpler_runs_per_s(depth);
+    WorkerConfig config;
+    config.pipeline_depth = depth;
+    config.launch_depth = depth;
+    Result<double> mine = chip_runs_per_s(config, kThroughputWindowNs, kThroughputWindows, kWarmupRuns);
     if (!mine.ok()) return mine.status();
     const double peer = pool_runs_per_s(depth);
     if (depth == 1) runs_per_s_at_1 = *mine;

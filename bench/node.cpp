@@ -74,22 +74,6 @@ Result<double> node_runs_per_s(uint32_t depth) {
   return rate;
 }
 
-Result<double> chip_runs_per_s(uint32_t depth) {
-  Worker worker(Level::Chip, bench_config(0, 0, depth));
-  Result<CallableHandle> callable = prepare_chip(worker, "bench_l2_one_task", one_noop_task);
-  if (!callable.ok()) return callable.status();
-  const TaskArgs no_args;
-  for (int i = 0; i < kWarmupRuns; ++i) {
-    if (Status s = worker.run(*callable, no_args); !s.ok()) return s;
-  }
-  std::vector<RunHandle> ring(depth);
-  Result<double> rate = median_rate(
-      depth, kWindowNs, kWindows, [&](uint32_t k) { ring[k] = worker.submit(*callable, no_args); },
-      [&](uint32_t k) { return ring[k].wait(); });
-  if (Status s = worker.close(); !s.ok()) return s;
-  return rate;
-}
-
 }  // namespace
 
 Result<Json> l3_sub_latency() {
@@ -153,7 +137,7 @@ Result<Json> l3_pipelined() {
   for (uint32_t depth : kDepths) {
     Result<double> node = node_runs_per_s(depth);
     if (!node.ok()) return node.status();
-    Result<double> chip = chip_runs_per_s(depth);
+    Result<double> chip = chip_runs_per_s(bench_config(0, 0, depth), kWindowNs, kWindows, kWarmupRuns);
     if (!chip.ok()) return chip.status();
     if (depth == 1) node_at_1 = *node;
     if (*node > best) {
