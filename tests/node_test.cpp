@@ -40,17 +40,26 @@ Status add_sub(const TaskArgsView& a) {
 
 Status failing_sub(const TaskArgsView&) { return Status(StatusCode::kKernelFailed, "failing_sub says no"); }
 
+NodeSpec node_spec(const WorkerConfig& c) {
+  NodeSpec s;
+  s.config = c;
+  return s;
+}
+
 std::unique_ptr<NodeWorker> make_node(const WorkerConfig& c, std::vector<SubFunction> fns = {}) {
   std::vector<ChipCallable> callables{axpb_callable()};
-  auto w = NodeWorker::create(c, callables, std::move(fns));
+  NodeSpec spec = node_spec(c);
+  spec.chip_callables = callables;
+  spec.functions = std::move(fns);
+  auto w = NodeWorker::create(std::move(spec));
   EXPECT_TRUE(w.ok()) << w.status().to_string();
   return w.ok() ? std::move(w).value() : nullptr;
 }
 
 std::vector<Observer::Target> targets_of(NodeWorker& w) {
   std::vector<Observer::Target> t;
-  for (size_t i = 0; i < w.chips(); ++i) {
-    t.push_back({w.chip_child(i).mapping(), w.chip_child(i).endpoint().view()});
+  for (size_t i = 0; i < w.next_level_workers(); ++i) {
+    t.push_back({w.next_child(i).mapping(), w.next_child(i).endpoint().view()});
   }
   return t;
 }
@@ -408,7 +417,7 @@ TEST(NodeFailure, KilledChildFailsOnlyItsOwnRuns) {
     }));
   }
   ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest_held == 2 && obs.evidence(1).widest_held == 2; }));
-  ASSERT_EQ(::kill(w->chip_child(0).pid(), SIGKILL), 0);
+  ASSERT_EQ(::kill(w->next_child(0).pid(), SIGKILL), 0);
   for (auto& r : on0) {
     Status st = wait_run(r);
     EXPECT_EQ(st.code(), StatusCode::kAborted) << st.to_string();
@@ -474,9 +483,9 @@ TEST(NodeFailure, HungChildIsKilledAtItsRunDeadline) {
 TEST(NodeConfig, RunTimeoutIsValidated) {
   WorkerConfig c = node_config(1, 0, 2);
   c.run_timeout = std::chrono::milliseconds(-1);
-  EXPECT_REFUSED(NodeWorker::validate(c), StatusCode::kInvalidArgument, "run_timeout");
+  EXPECT_REFUSED(NodeWorker::validate(node_spec(c)), StatusCode::kInvalidArgument, "run_timeout");
   c.run_timeout = std::chrono::milliseconds(0);
-  EXPECT_TRUE(NodeWorker::validate(c).ok());
+  EXPECT_TRUE(NodeWorker::validate(node_spec(c)).ok());
 }
 
 // R72 at the node level: each chip's total is forwarded exactly (5 * 2^32 + 7,
@@ -529,7 +538,7 @@ TEST(NodeMemory, R72WorkerFacadeSumsItsChips) {
 // The state of the held entry of chip `chip` carrying task_slot `slot` and
 // the set it took (kMailboxIdle / kMailboxNoSet when no held entry does).
 std::pair<uint32_t, uint32_t> chip_entry(NodeWorker& w, size_t chip, uint32_t slot) {
-  const MailboxView v = w.chip_child(chip).endpoint().view();
+  const MailboxView v = w.next_child(chip).endpoint().view();
   for (uint64_t i = 0; i < v.entry_count(); ++i) {
     const MailboxRunEntry& e = v.entry(i);
     if (load_acquire(e.entry_generation) % 2 == 1 && load_acquire(e.task_slot) == slot) {
@@ -591,7 +600,7 @@ TEST(NodeStaging, StagedSuccessorIsPreparedWhileItsPredecessorRuns) {
                                               1, 0, 5), 0).status();
     }));
   }
-  const MailboxView v = w->chip_child(0).endpoint().view();
+  const MailboxView v = w->next_child(0).endpoint().view();
   ASSERT_TRUE(eventually([&] {
     int launched = 0;
     for (uint64_t i = 0; i < v.entry_count(); ++i) {
@@ -624,7 +633,7 @@ TEST(NodeStaging, KilledChildEndsTheStagedSuccessorToo) {
     return o.submit_next_level(h, axpb_args(y, z, 3, 1, -1), 0).status();
   });
   ASSERT_TRUE(eventually([&] { return chip_entry(*w, 0, 1).first == kMailboxFrameStaged; }));
-  ASSERT_EQ(::kill(w->chip_child(0).pid(), SIGKILL), 0);
+  ASSERT_EQ(::kill(w->next_child(0).pid(), SIGKILL), 0);
   const Status st = wait_run(r);
   EXPECT_EQ(st.code(), StatusCode::kAborted) << st.to_string();
   EXPECT_TRUE(contains(st.message(), "signal 9")) << st.to_string();
@@ -742,7 +751,7 @@ TEST(NodeGroup, NothingIsPublishedUnlessEveryMemberCanBe) {
   auto x0 = w->malloc_on(0, n * 4), x1 = w->malloc_on(1, n * 4);
   auto heap = w->malloc_shared(n * 4 * 8);
   ASSERT_TRUE(x0.ok() && x1.ok() && heap.ok());
-  const uint64_t lanes = w->chip_child(1).endpoint().view().entry_count();  // G + K
+  const uint64_t lanes = w->next_child(1).endpoint().view().entry_count();  // G + K
   RunHandle fill = w->submit([&](Orchestrator& o) -> Status {
     for (uint64_t k = 0; k < lanes; ++k) {
       SIMPLER_RETURN_IF_ERROR(o.submit_next_level(h, axpb_args(x1->view({n}, DType::F32),
@@ -797,9 +806,9 @@ TEST(NodeGroup, SubGroupRunsEachMemberOnItsOwnSubWorker) {
 TEST(NodeConfig, R67DepthRange) {
   static_assert(std::numeric_limits<decltype(WorkerConfig::pipeline_depth)>::max() == 4294967295u,
                 "2^32 must be unrepresentable: the facade's type is the upper bound");
-  for (uint32_t d : {1u, 3u, 8u}) EXPECT_TRUE(NodeWorker::validate(node_config(1, 0, d)).ok()) << d;
-  EXPECT_REFUSED(NodeWorker::validate(node_config(1, 0, 0)), StatusCode::kInvalidArgument, "pipeline_depth = 0");
-  const Status top = NodeWorker::validate(node_config(1, 0, 4294967295u));
+  for (uint32_t d : {1u, 3u, 8u}) EXPECT_TRUE(NodeWorker::validate(node_spec(node_config(1, 0, d))).ok()) << d;
+  EXPECT_REFUSED(NodeWorker::validate(node_spec(node_config(1, 0, 0))), StatusCode::kInvalidArgument, "pipeline_depth = 0");
+  const Status top = NodeWorker::validate(node_spec(node_config(1, 0, 4294967295u)));
   EXPECT_FALSE(top.ok());
   EXPECT_TRUE(contains(top.message(), "pipeline_depth = 4294967295")) << top.to_string();
   Worker w(Level::Node, node_config(1, 0, 0));

@@ -433,19 +433,19 @@ TEST(Refusal, AWideGrantIsAcceptedAndServesRuns) {
   f.expect_unchanged();
 }
 
-TEST(Refusal, NetworkLevelIsNotBuiltYetAndAChildlessNodeIsRefused) {
+TEST(Refusal, AChildlessNodeOrNetworkIsRefused) {
   Watchdog dog;
   for (Level level : {Level::Node, Level::Network}) {
     const int threads = thread_count();
-    Worker w(level, small_config());  // chips = 0, sub_workers = 0
+    Worker w(level, small_config());  // chips = 0, sub_workers = 0, nothing added
     EXPECT_EQ(w.level(), level);
-    ASSERT_TRUE(w.register_callable(ChipCallable("noop", [](ChipOrchestrator&, const TaskArgs&) { return Status(); },
-                                                 all_kernels(), {}))
-                    .ok());
+    ChipCallable noop("noop", [](ChipOrchestrator&, const TaskArgs&) { return Status(); }, all_kernels(), {});
     if (level == Level::Node) {
+      ASSERT_TRUE(w.register_callable(noop).ok());
       EXPECT_REFUSED(w.init(), StatusCode::kInvalidArgument, "chips = 0");
     } else {
-      EXPECT_REFUSED(w.init(), StatusCode::kUnimplemented, "Level::Network");
+      EXPECT_REFUSED(w.register_callable(noop).status(), StatusCode::kFailedPrecondition, "NodeCallables");
+      EXPECT_REFUSED(w.init(), StatusCode::kInvalidArgument, "no next-level worker");
     }
     EXPECT_EQ(thread_count(), threads);
     EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");

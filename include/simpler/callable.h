@@ -1,7 +1,8 @@
-// Kernels and chip callables. A KernelLibrary maps func_ids to kernels (loaded
+// Kernels and callables. A KernelLibrary maps func_ids to kernels (loaded
 // from .so files or registered in-process); a ChipCallable bundles an
 // orchestration function, its kernels and its signature, identified by a
-// SHA-256 digest of its contents. Built on one thread, then immutable.
+// SHA-256 digest of its contents; a NodeCallable is one run of a node,
+// identified by its name. Built on one thread, then immutable.
 #pragma once
 
 #include <array>
@@ -18,6 +19,7 @@
 namespace simpler {
 
 class ChipOrchestrator;
+class Orchestrator;
 class TaskArgsView;
 
 using Digest = std::array<uint8_t, 32>;
@@ -70,7 +72,31 @@ class ChipCallable {
   Digest digest_{};
 };
 
-// A registered chip callable, as Worker::register_callable returned it.
+// The orchestration of a node callable: builds one run of a Level::Node
+// worker, in that node's own process, with the handles its worker returned
+// when it registered its chip callables and functions (capture them).
+using NodeOrchestrationFn = std::function<Status(Orchestrator& o, const TaskArgs& run_args)>;
+
+// What a Level::Network worker runs on one of its next-level (node) workers.
+// The node receives `run_args` decoded from the mailbox; their tensors live
+// in the network worker's shared heap, which every node process maps.
+class NodeCallable {
+ public:
+  NodeCallable(std::string name, NodeOrchestrationFn orchestrate);
+
+  const std::string& name() const { return name_; }
+  const NodeOrchestrationFn& orchestrate() const { return orchestrate_; }
+  // SHA-256 over the name: a std::function has no content to hash, so the
+  // name is the identity, and both sides of the mailbox derive it.
+  const Digest& digest() const { return digest_; }
+
+ private:
+  std::string name_;
+  NodeOrchestrationFn orchestrate_;
+  Digest digest_{};
+};
+
+// A registered chip or node callable, as Worker::register_callable returned it.
 struct CallableHandle {
   uint32_t id = 0;
   Digest digest{};

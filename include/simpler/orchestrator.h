@@ -49,23 +49,27 @@ class ChipOrchestrator {
   virtual uint32_t task_count() const = 0;
 };
 
-// The node level (Worker at Level::Node). Tasks depend on one another, within
-// and across live runs, through the tags of their tensor arguments over
-// overlapping regions (device buffers of one chip, or shared-heap tensors).
+// The node and network levels (Worker at Level::Node or Level::Network).
+// Tasks depend on one another, within and across live runs, through the tags
+// of their tensor arguments over overlapping regions (device buffers of one
+// chip, or shared-heap tensors).
 // A refused submit adds nothing and is recorded as the run's first error.
 class Orchestrator {
  public:
   virtual ~Orchestrator() = default;
 
-  // One run of `callable` on chip `worker`. Device tensors must be live
-  // allocations of that chip (Worker::malloc_on); shared-heap tensors are
-  // staged onto its device for the run and written spans copied back.
-  // Returns the task's id within the run.
+  // One run of `callable` on next-level worker `worker`. Level::Node: chip
+  // `worker`; device tensors must be live allocations of that chip
+  // (Worker::malloc_on); shared-heap tensors are staged onto its device for
+  // the run and written spans copied back. Level::Network: node `worker`
+  // runs the NodeCallable as one run of its own; every tensor must be in
+  // the shared heap (a node's own orchestration may pass them on to its
+  // chips and sub workers). Returns the task's id within the run.
   virtual Result<uint32_t> submit_next_level(CallableHandle callable, const TaskArgs& args, uint32_t worker) = 0;
   // One call of `fn` on any sub worker; every tensor must be in the shared heap.
   virtual Result<uint32_t> submit_sub(FunctionHandle fn, const TaskArgs& args) = 0;
   // One task of several members, all-or-nothing: member i runs `callable`
-  // with args[i] on chip workers[i] (distinct workers). Either every member
+  // with args[i] on next-level worker workers[i] (distinct workers). Either every member
   // is accepted or the group adds nothing; no member is published unless
   // every one can be; the task is done when all members are, and fails with
   // the first member that fails. Returns the group's id within the run.

@@ -2,8 +2,8 @@
 // RunHandle, the future of one submitted run. A Worker is used from one
 // controlling thread (register, init, malloc/copy, submit, close); RunHandles
 // may be waited on from any thread. A Worker owns its device (Level::Chip) or
-// its child processes and shared heap (Level::Node), its threads and every
-// allocation it made.
+// its child processes and shared heap (Level::Node, Level::Network), its
+// threads and every allocation it made.
 #pragma once
 
 #include <chrono>
@@ -21,13 +21,13 @@ namespace simpler {
 struct WorkerConfig {
   Geometry geometry = Geometry::small();     // of every chip
   uint32_t chips = 0;                        // Level::Node: chip child processes
-  uint32_t sub_workers = 0;                  // Level::Node: sub worker processes (host functions)
+  uint32_t sub_workers = 0;                  // Level::Node/Network: sub worker processes (host functions)
   uint32_t pipeline_depth = 2;               // runs admitted at once; each holds one run-resource set
   uint32_t launch_depth = 0;                 // runs launched on the device at once; 0 = pipeline_depth
   uint64_t device_memory_bytes = 1ull << 30; // simulated GM size (reserved, committed on touch)
   uint32_t max_tasks_per_run = 16384;        // graph capacity of one run-resource set
-  uint64_t shared_heap_bytes = 64ull << 20;  // Level::Node: host memory shared with every child
-  // Level::Node: a chip task with no terminal this long after its publication
+  uint64_t shared_heap_bytes = 64ull << 20;  // Level::Node/Network: host memory shared with every child
+  // Level::Node/Network: a next-level task with no terminal this long after its publication
   // (a staged successor: after its activation) means its child hangs: the
   // child is killed, each run it held ends DEADLINE_EXCEEDED and the other
   // children keep serving. 0 = no deadline.
@@ -84,37 +84,51 @@ class Worker {
   Level level() const;
   const WorkerConfig& config() const;
 
-  // Before init. Refuses duplicates by name and callables whose kernels are missing.
+  // Level::Chip/Node, before init. Refuses duplicates by name and callables
+  // whose kernels are missing.
   Result<CallableHandle> register_callable(ChipCallable callable);
-  // Level::Node, before init: a host function for the sub workers.
+  // Level::Network, before init: a node run its next-level workers execute.
+  // Refuses duplicates by name.
+  Result<CallableHandle> register_callable(NodeCallable callable);
+  // Level::Node/Network, before init: a host function for the sub workers.
   Result<FunctionHandle> register_function(SubFunction fn);
+  // Level::Network, before init: `worker`, an uninitialised Level::Node
+  // Worker with its callables and functions registered, becomes next-level
+  // worker i (the returned index). It is forked at init and initialised in
+  // its own process, where it runs this worker's NodeCallables. `worker` is
+  // left closed. Refuses another level, an initialised worker, or a config
+  // its own init would refuse (naming the field) and then changes nothing.
+  Result<uint32_t> add_next_level_worker(Worker&& worker);
   // Validates the config (naming the field), creates the device and its
-  // threads. Level::Node: forks every child first, then starts its threads;
-  // fails if a child grants fewer sets than pipeline_depth.
+  // threads. Level::Node/Network: forks every child first, then starts its
+  // threads; fails if a child grants fewer sets than pipeline_depth.
   Status init();
 
-  // Level::Chip: device memory. Level::Node: refused (name the chip with malloc_on).
+  // Level::Chip: device memory. Level::Node: refused (name the chip with
+  // malloc_on). Level::Network: refused (use malloc_shared).
   Result<DeviceBuffer> malloc(uint64_t bytes);
   // Level::Node: device memory of chip `worker`, through its control frame.
   // The address names the chip, so it is refused on any other.
   Result<DeviceBuffer> malloc_on(uint32_t worker, uint64_t bytes);
-  // Level::Node: host memory in the shared heap, which every child maps at the
-  // same address; `addr` is a host pointer the caller may use directly.
+  // Level::Node/Network: host memory in the shared heap, which every child
+  // (and a network's grandchildren) maps at the same address; `addr` is a
+  // host pointer the caller may use directly.
   Result<DeviceBuffer> malloc_shared(uint64_t bytes);
-  // Level::Node: refused while a live run borrows the buffer.
+  // Level::Node/Network: refused while a live run borrows the buffer.
   Status free(DeviceBuffer buffer);
   Status copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset = 0);
   Status copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset = 0);
   // Device memory, exact in 64 bits. Level::Node: the sum over its chips,
-  // each read through that chip's control frame.
+  // each read through that chip's control frame. Level::Network: the sum
+  // over its nodes, each read through that node's control frame.
   Result<MemoryInfo> memory_info() const;
 
   // Asynchronous: builds the run's graph on this thread and launches it. Blocks
   // only while pipeline_depth runs are already in flight. A refused submission
   // returns a handle that is already done with the error.
   RunHandle submit(CallableHandle callable, const TaskArgs& args);
-  // Level::Node: runs `orchestration` on this thread to build one run of
-  // next-level and sub tasks, then schedules it. Blocks only while
+  // Level::Node/Network: runs `orchestration` on this thread to build one
+  // run of next-level and sub tasks, then schedules it. Blocks only while
   // pipeline_depth runs are admitted (whole-run FIFO). The run is terminal
   // when all its tasks are; its result is the first task error.
   RunHandle submit(std::function<Status(Orchestrator&)> orchestration);

@@ -13,6 +13,7 @@ void RunState::complete(Status status, const RunStats& s) {
   stats = s;
   done.store(1, std::memory_order_release);
   bell.ring();
+  if (on_terminal) on_terminal(result);
 }
 
 RunHandle refused_run(uint64_t run_id, Status status) {

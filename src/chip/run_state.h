@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 
 #include "base/doorbell.h"
@@ -19,6 +20,9 @@ struct RunState {
   bool is_done() const { return done.load(std::memory_order_acquire) != 0; }
 
   const uint64_t run_id;
+  // Called once with the result by the completing thread, after waiters were
+  // woken. Set before the run is handed to any other thread, never after.
+  std::function<void(const Status&)> on_terminal;
   std::atomic<uint32_t> done{0};
   Doorbell bell;
   Status result;   // written before `done`, immutable after

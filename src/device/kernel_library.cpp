@@ -72,4 +72,12 @@ ChipCallable::ChipCallable(std::string name, OrchestrationFn orchestrate, Kernel
   digest_ = h.finish();
 }
 
+NodeCallable::NodeCallable(std::string name, NodeOrchestrationFn orchestrate)
+    : name_(std::move(name)), orchestrate_(std::move(orchestrate)) {
+  Sha256 h;
+  h.update("simpler.node_callable.v1");
+  h.update(name_);
+  digest_ = h.finish();
+}
+
 }  // namespace simpler

@@ -14,8 +14,8 @@ void ChipChildHandler::StorageDeleter::operator()(unsigned char* p) const {
   ::operator delete(p, std::align_val_t{native_run_storage_alignment()});
 }
 
-ChipChildHandler::ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRange shared_heap)
-    : config_(config), callables_(std::move(callables)), heap_(shared_heap) {}
+ChipChildHandler::ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRanges shared)
+    : config_(config), callables_(std::move(callables)), heap_(std::move(shared)) {}
 
 ChipChildHandler::~ChipChildHandler() { drain(now_ns() + 5'000'000'000ull); }
 
@@ -108,7 +108,7 @@ Status ChipChildHandler::map_in(TaskArgs& args, std::vector<Staged>& staged) {
     const DeviceBuffer host = a.tensor.buffer();
     if (!heap_.overlaps(host.addr, host.bytes)) continue;
     if (!heap_.contains(host.addr, host.bytes)) {
-      return out_of_range("argument {}: buffer {:#x}+{} straddles the shared heap's end", i, host.addr, host.bytes);
+      return out_of_range("argument {}: buffer {:#x}+{} straddles the end of a shared heap", i, host.addr, host.bytes);
     }
     auto it = std::find_if(staged.begin(), staged.end(), [&](const Staged& s) { return s.host_addr == host.addr; });
     if (it == staged.end()) {

@@ -35,9 +35,28 @@ struct HostRange {
   bool overlaps(uint64_t addr, uint64_t bytes) const { return addr < end && addr + bytes > begin; }
 };
 
+// Every shared host range a child may be handed tensors in: its node's heap
+// and, under a network, the heaps of the levels above (inherited via fork).
+struct HostRanges {
+  std::vector<HostRange> ranges;
+  // Inside one range.
+  bool contains(uint64_t addr, uint64_t bytes) const {
+    for (const HostRange& r : ranges) {
+      if (r.contains(addr, bytes)) return true;
+    }
+    return false;
+  }
+  bool overlaps(uint64_t addr, uint64_t bytes) const {
+    for (const HostRange& r : ranges) {
+      if (r.overlaps(addr, bytes)) return true;
+    }
+    return false;
+  }
+};
+
 class ChipChildHandler final : public RunHandler {
  public:
-  ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRange shared_heap = {});
+  ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRanges shared = {});
   ~ChipChildHandler() override;
 
   Status init() override;
@@ -94,7 +113,7 @@ class ChipChildHandler final : public RunHandler {
 
   const WorkerConfig config_;
   std::vector<ChipCallable> callables_;
-  const HostRange heap_;
+  const HostRanges heap_;
   std::unique_ptr<ChipWorker> worker_;
   std::vector<std::unique_ptr<unsigned char, StorageDeleter>> storage_;  // by set slot
   std::map<uint64_t, DeviceBuffer> buffers_;                              // control-frame allocations

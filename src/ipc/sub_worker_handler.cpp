@@ -14,8 +14,8 @@ Digest sub_function_digest(uint32_t index) {
   return sha256(id.data(), id.size());
 }
 
-SubWorkerHandler::SubWorkerHandler(std::vector<SubFunction> functions, HostRange shared_heap)
-    : functions_(std::move(functions)), heap_(shared_heap) {}
+SubWorkerHandler::SubWorkerHandler(std::vector<SubFunction> functions, HostRanges shared)
+    : functions_(std::move(functions)), heap_(std::move(shared)) {}
 
 SubWorkerHandler::~SubWorkerHandler() { drain(now_ns() + 5'000'000'000ull); }
 

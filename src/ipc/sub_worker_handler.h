@@ -22,7 +22,7 @@ Digest sub_function_digest(uint32_t index);
 
 class SubWorkerHandler final : public RunHandler {
  public:
-  SubWorkerHandler(std::vector<SubFunction> functions, HostRange shared_heap);
+  SubWorkerHandler(std::vector<SubFunction> functions, HostRanges shared);
   ~SubWorkerHandler() override;
 
   Status init() override;
@@ -34,7 +34,7 @@ class SubWorkerHandler final : public RunHandler {
   Status call(const RunRequest& request);
 
   std::vector<SubFunction> functions_;
-  const HostRange heap_;
+  const HostRanges heap_;
   std::mutex mu_;
   std::deque<std::pair<RunRequest, RunTicket>> queue_;
   bool busy_ = false;

@@ -5,6 +5,7 @@
 
 #include "base/errors.h"
 #include "ipc/chip_child_handler.h"
+#include "node/node_child_handler.h"
 #include "ipc/mailbox_layout.h"
 #include "ipc/sub_worker_handler.h"
 #include "task/args_blob.h"
@@ -88,10 +89,19 @@ class NodeOrchestrator final : public Orchestrator {
     }
     if (is_node_device_addr(b.addr)) {
       if (sub) return invalid_argument("argument {}: a sub worker reads only shared-heap tensors, not device memory", i);
+      if (w_.spec_.level == Level::Network) {
+        return invalid_argument("argument {}: a node worker takes only shared-heap tensors; its chips' device "
+                                "memory is its own", i);
+      }
       auto addr = w_.child_address(b, worker);
       if (!addr.ok()) return Status(addr.status().code(), fmt::format("argument {}: {}", i, addr.status().message()));
       borrow(b.addr);
       return *addr;
+    }
+    if (!w_.heap_->range().overlaps(b.addr, b.bytes)) {
+      for (const HostRange& r : w_.spec_.inherited) {
+        if (r.contains(b.addr, b.bytes)) return b.addr;
+      }
     }
     if (!w_.heap_->range().contains(b.addr, b.bytes) || !w_.heap_->within_live_block(b.addr, b.bytes)) {
       return invalid_argument("argument {}: buffer {:#x}+{} is neither a live device allocation nor in the shared heap",
@@ -159,13 +169,18 @@ class NodeOrchestrator final : public Orchestrator {
     return run_.tasks.back()->index;
   }
 
-  Result<uint32_t> next_level(CallableHandle callable, const TaskArgs& args, uint32_t worker) {
-    if (worker >= w_.chips_.size()) {
-      return invalid_argument("worker = {}: this node has {} chip workers", worker, w_.chips_.size());
-    }
-    if (callable.id >= w_.callables_.size() || w_.callables_[callable.id].digest() != callable.digest) {
+  Status check_callable(const CallableHandle& callable) const {
+    if (callable.id >= w_.next_digests_.size() || w_.next_digests_[callable.id] != callable.digest) {
       return not_found("callable id {} is not registered with this worker", callable.id);
     }
+    return Status();
+  }
+
+  Result<uint32_t> next_level(CallableHandle callable, const TaskArgs& args, uint32_t worker) {
+    if (worker >= w_.next_.size()) {
+      return invalid_argument("worker = {}: this worker has {} {}s", worker, w_.next_.size(), w_.next_kind());
+    }
+    SIMPLER_RETURN_IF_ERROR(check_callable(callable));
     return build(false, callable.digest, args, worker);
   }
 
@@ -203,8 +218,9 @@ class NodeOrchestrator final : public Orchestrator {
       return invalid_argument("submit_next_level_group: {} argument sets for {} workers", args.size(), workers.size());
     }
     for (size_t m = 0; m < workers.size(); ++m) {
-      if (workers[m] >= w_.chips_.size()) {
-        return invalid_argument("workers[{}] = {}: this node has {} chip workers", m, workers[m], w_.chips_.size());
+      if (workers[m] >= w_.next_.size()) {
+        return invalid_argument("workers[{}] = {}: this worker has {} {}s", m, workers[m], w_.next_.size(),
+                                w_.next_kind());
       }
       for (size_t k = 0; k < m; ++k) {
         if (workers[k] == workers[m]) {
@@ -213,9 +229,7 @@ class NodeOrchestrator final : public Orchestrator {
         }
       }
     }
-    if (callable.id >= w_.callables_.size() || w_.callables_[callable.id].digest() != callable.digest) {
-      return not_found("callable id {} is not registered with this worker", callable.id);
-    }
+    SIMPLER_RETURN_IF_ERROR(check_callable(callable));
     return build_group(false, callable.digest, args, workers);
   }
 
@@ -225,15 +239,15 @@ class NodeOrchestrator final : public Orchestrator {
       return invalid_argument("submit_sub_group: a group of {} runs its members at once on distinct sub workers; "
                               "this node has sub_workers = {}", args.size(), w_.subs_.size());
     }
-    if (fn.id >= w_.functions_.size() || sub_function_digest(fn.id) != fn.digest) {
+    if (fn.id >= w_.spec_.functions.size() || sub_function_digest(fn.id) != fn.digest) {
       return not_found("function id {} is not registered with this worker", fn.id);
     }
     return build_group(true, fn.digest, args, {});
   }
 
   Result<uint32_t> sub(FunctionHandle fn, const TaskArgs& args) {
-    if (w_.subs_.empty()) return failed_precondition("submit_sub: this node has sub_workers = 0");
-    if (fn.id >= w_.functions_.size() || sub_function_digest(fn.id) != fn.digest) {
+    if (w_.subs_.empty()) return failed_precondition("submit_sub: this worker has sub_workers = 0");
+    if (fn.id >= w_.spec_.functions.size() || sub_function_digest(fn.id) != fn.digest) {
       return not_found("function id {} is not registered with this worker", fn.id);
     }
     return build(true, fn.digest, args, 0);
@@ -245,8 +259,25 @@ class NodeOrchestrator final : public Orchestrator {
   Status first_error_;
 };
 
-Status NodeWorker::validate(const WorkerConfig& c) {
-  if (c.chips + static_cast<uint64_t>(c.sub_workers) == 0) {
+Status NodeWorker::validate(const NodeSpec& spec) {
+  const WorkerConfig& c = spec.config;
+  if (spec.level == Level::Network) {
+    if (c.chips != 0) {
+      return invalid_argument("chips = {}: a Level::Network worker's next level is the nodes added with "
+                              "add_next_level_worker", c.chips);
+    }
+    if (spec.nodes.size() + static_cast<uint64_t>(c.sub_workers) == 0) {
+      return invalid_argument("no next-level worker added and sub_workers = 0: a network needs at least one child");
+    }
+    if (spec.nodes.size() > kNodeMaxChips) {
+      return invalid_argument("{} next-level workers exceed {}", spec.nodes.size(), kNodeMaxChips);
+    }
+    for (size_t i = 0; i < spec.nodes.size(); ++i) {
+      if (Status st = validate(spec.nodes[i]); !st.ok()) {
+        return Status(st.code(), fmt::format("next-level worker {}: {}", i, st.message()));
+      }
+    }
+  } else if (c.chips + static_cast<uint64_t>(c.sub_workers) == 0) {
     return invalid_argument("chips = 0 and sub_workers = 0: a node needs at least one child");
   }
   if (c.chips > kNodeMaxChips) return invalid_argument("chips = {} exceeds {}", c.chips, kNodeMaxChips);
@@ -262,23 +293,27 @@ Status NodeWorker::validate(const WorkerConfig& c) {
   return Status();
 }
 
-NodeWorker::NodeWorker(const WorkerConfig& config, std::vector<ChipCallable> callables,
-                       std::vector<SubFunction> functions)
-    : config_(config), callables_(std::move(callables)), functions_(std::move(functions)) {}
+NodeWorker::NodeWorker(NodeSpec spec) : spec_(std::move(spec)) {
+  if (spec_.level == Level::Network) {
+    for (const NodeCallable& c : spec_.node_callables) next_digests_.push_back(c.digest());
+  } else {
+    for (const ChipCallable& c : spec_.chip_callables) next_digests_.push_back(c.digest());
+  }
+}
 
-Result<std::unique_ptr<NodeWorker>> NodeWorker::create(const WorkerConfig& config, std::vector<ChipCallable> callables,
-                                                       std::vector<SubFunction> functions) {
-  SIMPLER_RETURN_IF_ERROR(validate(config));
-  std::unique_ptr<NodeWorker> w(new NodeWorker(config, std::move(callables), std::move(functions)));
+Result<std::unique_ptr<NodeWorker>> NodeWorker::create(NodeSpec spec) {
+  SIMPLER_RETURN_IF_ERROR(validate(spec));
+  const WorkerConfig config = spec.config;
+  std::unique_ptr<NodeWorker> w(new NodeWorker(std::move(spec)));
   auto heap = SharedHeap::create(config.shared_heap_bytes);
   if (!heap.ok()) return heap.status();
   w->heap_ = std::move(heap).value();
   SIMPLER_RETURN_IF_ERROR(w->spawn_children());
   // Every child is forked; only now does this process start a thread.
-  std::vector<EndpointPort*> chip_ports, sub_ports;
-  for (auto& c : w->chips_) {
+  std::vector<EndpointPort*> next_ports, sub_ports;
+  for (auto& c : w->next_) {
     w->ports_.push_back(std::make_unique<MailboxPort>(c->endpoint()));
-    chip_ports.push_back(w->ports_.back().get());
+    next_ports.push_back(w->ports_.back().get());
   }
   for (auto& c : w->subs_) {
     w->ports_.push_back(std::make_unique<MailboxPort>(c->endpoint()));
@@ -288,33 +323,48 @@ Result<std::unique_ptr<NodeWorker>> NodeWorker::create(const WorkerConfig& confi
   Scheduler::Hooks hooks;
   hooks.retire = [self](NodeRun& run) { self->on_retire(run); };
   hooks.free_heap = [self](uint64_t addr) { (void)self->heap_->free(addr); };
-  w->scheduler_ = std::make_unique<Scheduler>(chip_ports, sub_ports, &w->heap_->bell(), std::move(hooks),
+  w->scheduler_ = std::make_unique<Scheduler>(next_ports, sub_ports, &w->heap_->bell(), std::move(hooks),
                                               config.pipeline_depth);
   w->scheduler_->start();
   return w;
+}
+
+HostRanges NodeWorker::shared_ranges() const {
+  HostRanges r;
+  r.ranges.push_back(heap_->range());
+  r.ranges.insert(r.ranges.end(), spec_.inherited.begin(), spec_.inherited.end());
+  return r;
 }
 
 Status NodeWorker::spawn_children() {
   SpawnOptions so;
   so.granted_sets = config_.pipeline_depth;
   so.child.shared_parent_bell = &heap_->bell();
-  const HostRange range = heap_->range();
-  // Only a chip's runs carry the deadline: a sub function is the user's host
-  // code, with no device that could hang on its behalf.
-  SpawnOptions chip_so = so;
+  const HostRanges ranges = shared_ranges();
+  // Only a next-level worker's runs carry the deadline: a sub function is
+  // the user's host code, with no device that could hang on its behalf.
+  SpawnOptions next_so = so;
   const uint64_t timeout_ms = static_cast<uint64_t>(config_.run_timeout.count());
-  chip_so.endpoint.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
-  for (uint32_t i = 0; i < config_.chips; ++i) {
-    const WorkerConfig chip_config = config_;
-    const std::vector<ChipCallable>& callables = callables_;
-    auto c = spawn_node_child([&] { return std::make_unique<ChipChildHandler>(chip_config, callables, range); }, chip_so,
-                              config_.pipeline_depth, fmt::format("chip worker {}", i));
+  next_so.endpoint.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
+  const uint32_t next_count =
+      spec_.level == Level::Network ? static_cast<uint32_t>(spec_.nodes.size()) : config_.chips;
+  for (uint32_t i = 0; i < next_count; ++i) {
+    std::function<std::unique_ptr<RunHandler>()> make;
+    if (spec_.level == Level::Network) {
+      make = [&, i] {
+        NodeSpec node = spec_.nodes[i];
+        node.inherited = ranges.ranges;
+        return std::make_unique<NodeChildHandler>(std::move(node), spec_.node_callables);
+      };
+    } else {
+      make = [&] { return std::make_unique<ChipChildHandler>(config_, spec_.chip_callables, ranges); };
+    }
+    auto c = spawn_node_child(make, next_so, config_.pipeline_depth, fmt::format("{} {}", next_kind(), i));
     if (!c.ok()) return c.status();
-    chips_.push_back(std::move(c).value());
+    next_.push_back(std::move(c).value());
   }
   for (uint32_t i = 0; i < config_.sub_workers; ++i) {
-    const std::vector<SubFunction>& functions = functions_;
-    auto c = spawn_node_child([&] { return std::make_unique<SubWorkerHandler>(functions, range); }, so,
+    auto c = spawn_node_child([&] { return std::make_unique<SubWorkerHandler>(spec_.functions, ranges); }, so,
                               config_.pipeline_depth, fmt::format("sub worker {}", i));
     if (!c.ok()) return c.status();
     subs_.push_back(std::move(c).value());
@@ -362,14 +412,21 @@ void NodeWorker::on_retire(NodeRun& run) {
   end_run();
 }
 
-RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchestration) {
-  const uint64_t id = next_run_id_.fetch_add(1);
-  if (!orchestration) return detail::refused_run(id, invalid_argument("submit: the orchestration is empty"));
-  if (!begin_run()) return detail::refused_run(id, failed_precondition("submit: the worker is closed"));
+RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchestration,
+                             std::function<void(const Status&)> on_terminal) {
   auto run = std::make_unique<NodeRun>();
-  run->id = id;
-  run->handle = std::make_shared<detail::RunState>(id);
+  run->id = next_run_id_.fetch_add(1);
+  run->handle = std::make_shared<detail::RunState>(run->id);
+  run->handle->on_terminal = std::move(on_terminal);
   RunHandle handle(run->handle);
+  if (!orchestration) {
+    run->handle->complete(invalid_argument("submit: the orchestration is empty"), RunStats{});
+    return handle;
+  }
+  if (!begin_run()) {
+    run->handle->complete(failed_precondition("submit: the worker is closed"), RunStats{});
+    return handle;
+  }
   NodeOrchestrator o(*this, *run);
   Status st;
   const uint64_t build_start = now_ns();
@@ -414,7 +471,11 @@ Result<NodeWorker::DeviceAlloc> NodeWorker::device_alloc(uint64_t node_addr, con
 }
 
 Result<DeviceBuffer> NodeWorker::malloc_on(uint32_t worker, uint64_t bytes) {
-  if (worker >= chips_.size()) return invalid_argument("worker = {}: this node has {} chip workers", worker, chips_.size());
+  if (spec_.level == Level::Network) {
+    return failed_precondition("malloc_on: a Level::Network worker's next-level workers are nodes, whose device "
+                               "memory is their own; pass shared-heap tensors (malloc_shared)");
+  }
+  if (worker >= next_.size()) return invalid_argument("worker = {}: this node has {} chip workers", worker, next_.size());
   auto addr = endpoint_of(worker).control_malloc(bytes, now_ns() + kControlDeadlineNs);
   if (!addr.ok()) return addr.status();
   if ((*addr & ~kNodeChildAddrMask) != 0) {
@@ -491,19 +552,21 @@ Status NodeWorker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64
 }
 
 Result<MemoryInfo> NodeWorker::memory_info_on(uint32_t worker) {
-  if (worker >= chips_.size()) return invalid_argument("worker = {}: this node has {} chip workers", worker, chips_.size());
+  if (worker >= next_.size()) {
+    return invalid_argument("worker = {}: this worker has {} {}s", worker, next_.size(), next_kind());
+  }
   auto m = endpoint_of(worker).control_memory_info(now_ns() + kControlDeadlineNs);
-  if (!m.ok()) return Status(m.status().code(), fmt::format("chip worker {}: {}", worker, m.status().message()));
+  if (!m.ok()) return Status(m.status().code(), fmt::format("{} {}: {}", next_kind(), worker, m.status().message()));
   return MemoryInfo{m->total_bytes, m->free_bytes};
 }
 
 Result<MemoryInfo> NodeWorker::memory_info() {
   MemoryInfo sum;
-  for (uint32_t i = 0; i < chips_.size(); ++i) {
+  for (uint32_t i = 0; i < next_.size(); ++i) {
     auto m = memory_info_on(i);
     if (!m.ok()) return m.status();
     if (m->total_bytes > UINT64_MAX - sum.total_bytes) {
-      return out_of_range("memory_info: the chips' total device bytes exceed 2^64");
+      return out_of_range("memory_info: the next-level workers' total device bytes exceed 2^64");
     }
     sum.total_bytes += m->total_bytes;
     sum.free_bytes += m->free_bytes;  // free <= total per chip, so this cannot wrap either
@@ -528,11 +591,11 @@ Status NodeWorker::close(std::chrono::milliseconds drain) {
       if (!st.ok() && first.ok()) first = st;
     }
   };
-  close_all(chips_);
+  close_all(next_);
   close_all(subs_);
   scheduler_.reset();
   ports_.clear();
-  chips_.clear();
+  next_.clear();
   subs_.clear();
   return first;
 }

@@ -1,7 +1,8 @@
-// NodeWorker: the engine behind Worker at Level::Node (L3). It maps the
-// shared heap, forks every child (chips with a ChipChildHandler, sub workers
-// with a SubWorkerHandler) before starting any thread of its own, then runs
-// the Scheduler. It admits whole runs in FIFO order, at most pipeline_depth
+// NodeWorker: the engine behind Worker at Level::Node (L3) and
+// Level::Network (L4): the level is a label. It maps the shared heap, forks
+// every child (next-level workers: chips with a ChipChildHandler, or nodes
+// with a NodeChildHandler; sub workers with a SubWorkerHandler) before
+// starting any thread of its own, then runs the Scheduler. It admits whole runs in FIFO order, at most pipeline_depth
 // at once (begin_run takes no lease, R41), builds each run on the caller's
 // thread through an Orchestrator, and keeps the registry of caller-owned
 // buffers and the live runs borrowing them (R47).
@@ -35,6 +36,21 @@ inline constexpr uint64_t kNodeChildAddrMask = (1ull << kNodeChipShift) - 1;
 inline constexpr uint32_t kNodeMaxChips = 255;
 inline bool is_node_device_addr(uint64_t a) { return (a & kNodeDeviceTag) != 0; }
 
+// What a NodeWorker is built from. Level::Node: its next level is
+// config.chips chips running `chip_callables`. Level::Network: its next level
+// is one forked node per entry of `nodes`, running `node_callables`.
+struct NodeSpec {
+  Level level = Level::Node;
+  WorkerConfig config;
+  std::vector<ChipCallable> chip_callables;
+  std::vector<NodeCallable> node_callables;
+  std::vector<NodeSpec> nodes;
+  std::vector<SubFunction> functions;
+  // The shared heaps of the levels above, mapped before this process was
+  // forked: tensors there are taken as they are (their owner checked them).
+  std::vector<HostRange> inherited;
+};
+
 // Spawns one child and checks the sets its handler granted (R68): fewer than
 // `requested` fails, and the child is closed. `what` names it in errors.
 Result<std::unique_ptr<ForkedChild>> spawn_node_child(std::function<std::unique_ptr<RunHandler>()> make_handler,
@@ -43,33 +59,39 @@ Result<std::unique_ptr<ForkedChild>> spawn_node_child(std::function<std::unique_
 
 class NodeWorker {
  public:
-  // Validates the config (naming the field) before anything is mapped or forked.
-  static Status validate(const WorkerConfig& config);
-  static Result<std::unique_ptr<NodeWorker>> create(const WorkerConfig& config, std::vector<ChipCallable> callables,
-                                                    std::vector<SubFunction> functions);
+  // Validates the spec (naming the field, and the next-level worker it is
+  // in) before anything is mapped or forked.
+  static Status validate(const NodeSpec& spec);
+  static Result<std::unique_ptr<NodeWorker>> create(NodeSpec spec);
   ~NodeWorker();
 
+  // Level::Node only: a network's next-level workers have no device memory
+  // addressable from it.
   Result<DeviceBuffer> malloc_on(uint32_t worker, uint64_t bytes);
   Result<DeviceBuffer> malloc_shared(uint64_t bytes);
   Status free(DeviceBuffer buffer);
   Status copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset);
   Status copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset);
-  // Device memory of chip `worker`, through its control frame, exactly (R72).
+  // Device memory of next-level worker `worker` (a chip, or the sum over a
+  // node's chips), through its control frame, exactly (R72).
   Result<MemoryInfo> memory_info_on(uint32_t worker);
-  // The sum over every chip (0 / 0 for a node with none); an overflowing sum
-  // is refused, never wrapped.
+  // The sum over every next-level worker (0 / 0 for none); an overflowing
+  // sum is refused, never wrapped.
   Result<MemoryInfo> memory_info();
 
-  RunHandle submit(const std::function<Status(Orchestrator&)>& orchestration);
+  // `on_terminal`, if set, is called once with the run's result on the
+  // thread that completes it (this one, for a refusal).
+  RunHandle submit(const std::function<Status(Orchestrator&)>& orchestration,
+                   std::function<void(const Status&)> on_terminal = {});
   // Drains every admitted run (past `drain` each held run is failed), stops
   // the scheduler and closes every child. After it, no run is live.
   Status close(std::chrono::milliseconds drain);
 
   // Introspection for tests and the observer.
   uint32_t admitted_runs() const;
-  size_t chips() const { return chips_.size(); }
+  size_t next_level_workers() const { return next_.size(); }
   size_t sub_workers() const { return subs_.size(); }
-  ForkedChild& chip_child(size_t i) { return *chips_[i]; }
+  ForkedChild& next_child(size_t i) { return *next_[i]; }
   ForkedChild& sub_child(size_t i) { return *subs_[i]; }
   SharedHeap& heap() { return *heap_; }
 
@@ -81,21 +103,25 @@ class NodeWorker {
     uint64_t bytes;
   };
 
-  NodeWorker(const WorkerConfig& config, std::vector<ChipCallable> callables, std::vector<SubFunction> functions);
+  explicit NodeWorker(NodeSpec spec);
   Status spawn_children();
+  // What a next-level worker is called in errors ("chip worker", "node worker").
+  const char* next_kind() const { return spec_.level == Level::Network ? "node worker" : "chip worker"; }
+  // Own heap first, then the inherited ones.
+  HostRanges shared_ranges() const;
   bool begin_run();  // false when closing
   void end_run();
   void on_retire(NodeRun& run);
   // The child address of a device argument bound for chip `worker`, or why not.
   Result<uint64_t> child_address(const DeviceBuffer& b, uint32_t worker) const;
   Result<DeviceAlloc> device_alloc(uint64_t node_addr, const char* what) const;
-  MailboxEndpoint& endpoint_of(uint32_t worker) { return chips_[worker]->endpoint(); }
+  MailboxEndpoint& endpoint_of(uint32_t worker) { return next_[worker]->endpoint(); }
 
-  const WorkerConfig config_;
-  const std::vector<ChipCallable> callables_;
-  const std::vector<SubFunction> functions_;
+  const NodeSpec spec_;
+  const WorkerConfig& config_ = spec_.config;
+  std::vector<Digest> next_digests_;  // by callable id: what a next-level task may run
   std::unique_ptr<SharedHeap> heap_;
-  std::vector<std::unique_ptr<ForkedChild>> chips_;
+  std::vector<std::unique_ptr<ForkedChild>> next_;
   std::vector<std::unique_ptr<ForkedChild>> subs_;
   std::vector<std::unique_ptr<MailboxPort>> ports_;
   std::unique_ptr<Scheduler> scheduler_;

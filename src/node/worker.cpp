@@ -20,14 +20,21 @@ struct Worker::Impl {
   }
 
   Status require_node(const char* what) const {
-    if (level != Level::Node) return failed_precondition("{}: Level::Node workers only", what);
+    if (level == Level::Chip) return failed_precondition("{}: Level::Node and Level::Network workers only", what);
     return require_ready(what);
+  }
+
+  Status require_created(const char* what) const {
+    if (phase == Phase::Created) return Status();
+    return failed_precondition("{}: only before init() (children fork at init)", what);
   }
 
   const Level level;
   const WorkerConfig config;
   Phase phase = Phase::Created;
   std::vector<ChipCallable> callables;
+  std::vector<NodeCallable> node_callables;
+  std::vector<NodeSpec> nodes;
   std::vector<SubFunction> functions;
   std::unique_ptr<ChipWorker> chip;
   std::unique_ptr<NodeWorker> node;
@@ -43,6 +50,10 @@ const WorkerConfig& Worker::config() const { return impl_->config; }
 Result<CallableHandle> Worker::register_callable(ChipCallable callable) {
   if (impl_->phase != Impl::Phase::Created) {
     return failed_precondition("register_callable('{}'): callables are registered before init()", callable.name());
+  }
+  if (impl_->level == Level::Network) {
+    return failed_precondition("register_callable('{}'): a Level::Network worker runs NodeCallables; register the "
+                               "ChipCallable with the Level::Node worker you add", callable.name());
   }
   if (callable.name().empty()) return invalid_argument("register_callable: name is empty");
   if (!callable.orchestrate()) return invalid_argument("register_callable('{}'): orchestrate is empty", callable.name());
@@ -61,8 +72,60 @@ Result<CallableHandle> Worker::register_callable(ChipCallable callable) {
   return h;
 }
 
+Result<CallableHandle> Worker::register_callable(NodeCallable callable) {
+  if (impl_->level != Level::Network) {
+    return failed_precondition("register_callable('{}'): NodeCallables run on a Level::Network worker's nodes",
+                               callable.name());
+  }
+  SIMPLER_RETURN_IF_ERROR(impl_->require_created("register_callable"));
+  if (callable.name().empty()) return invalid_argument("register_callable: name is empty");
+  if (!callable.orchestrate()) return invalid_argument("register_callable('{}'): orchestrate is empty", callable.name());
+  for (const NodeCallable& c : impl_->node_callables) {
+    if (c.name() == callable.name()) {
+      return invalid_argument("register_callable('{}'): a callable with this name is already registered",
+                              callable.name());
+    }
+  }
+  CallableHandle h{static_cast<uint32_t>(impl_->node_callables.size()), callable.digest()};
+  impl_->node_callables.push_back(std::move(callable));
+  return h;
+}
+
+Result<uint32_t> Worker::add_next_level_worker(Worker&& worker) {
+  if (impl_->level != Level::Network) {
+    return failed_precondition("add_next_level_worker: Level::Network workers only; a node's next level is its chips");
+  }
+  SIMPLER_RETURN_IF_ERROR(impl_->require_created("add_next_level_worker"));
+  if (&worker == this) return invalid_argument("add_next_level_worker: a worker cannot be its own next level");
+  Impl& next = *worker.impl_;
+  if (next.level != Level::Node) {
+    return invalid_argument("add_next_level_worker: worker is at level {}; a network's next level is Level::Node",
+                            static_cast<int>(next.level));
+  }
+  if (next.phase != Impl::Phase::Created) {
+    return failed_precondition("add_next_level_worker: worker is already initialised or closed; add it before its "
+                               "init(), which the network runs in the node's own process");
+  }
+  NodeSpec spec;
+  spec.level = Level::Node;
+  spec.config = next.config;
+  spec.chip_callables = next.callables;
+  spec.functions = next.functions;
+  if (Status st = NodeWorker::validate(spec); !st.ok()) {
+    return Status(st.code(), fmt::format("add_next_level_worker: next-level worker {}: {}", impl_->nodes.size(),
+                                         st.message()));
+  }
+  impl_->nodes.push_back(std::move(spec));
+  next.callables.clear();
+  next.functions.clear();
+  next.phase = Impl::Phase::Closed;
+  return static_cast<uint32_t>(impl_->nodes.size() - 1);
+}
+
 Result<FunctionHandle> Worker::register_function(SubFunction fn) {
-  if (impl_->level != Level::Node) return failed_precondition("register_function: Level::Node workers only");
+  if (impl_->level == Level::Chip) {
+    return failed_precondition("register_function: Level::Node and Level::Network workers only");
+  }
   if (impl_->phase != Impl::Phase::Created) {
     return failed_precondition("register_function: functions are registered before init() (children fork at init)");
   }
@@ -75,11 +138,15 @@ Result<FunctionHandle> Worker::register_function(SubFunction fn) {
 Status Worker::init() {
   if (impl_->phase == Impl::Phase::Ready) return failed_precondition("init: already initialised");
   if (impl_->phase == Impl::Phase::Closed) return failed_precondition("init: the worker is closed");
-  if (impl_->level == Level::Network) {
-    return make_error(StatusCode::kUnimplemented, "init: Level::Network workers are not built yet");
-  }
-  if (impl_->level == Level::Node) {
-    auto node = NodeWorker::create(impl_->config, impl_->callables, impl_->functions);
+  if (impl_->level != Level::Chip) {
+    NodeSpec spec;
+    spec.level = impl_->level;
+    spec.config = impl_->config;
+    spec.chip_callables = impl_->callables;
+    spec.node_callables = impl_->node_callables;
+    spec.nodes = impl_->nodes;
+    spec.functions = impl_->functions;
+    auto node = NodeWorker::create(std::move(spec));
     if (!node.ok()) return node.status();
     impl_->node = std::move(node).value();
     impl_->phase = Impl::Phase::Ready;
@@ -94,6 +161,7 @@ Status Worker::init() {
 
 Result<DeviceBuffer> Worker::malloc(uint64_t bytes) {
   SIMPLER_RETURN_IF_ERROR(impl_->require_ready("malloc"));
+  if (impl_->level == Level::Network) return failed_precondition("malloc: a network has no device memory; use malloc_shared");
   if (impl_->node != nullptr) return failed_precondition("malloc: a node has several chips; name one with malloc_on");
   return impl_->chip->malloc(bytes);
 }
@@ -135,7 +203,7 @@ Result<MemoryInfo> Worker::memory_info() const {
 RunHandle Worker::submit(CallableHandle callable, const TaskArgs& args) {
   if (Status st = impl_->require_ready("submit"); !st.ok()) return detail::refused_run(0, st);
   if (impl_->node != nullptr) {
-    return detail::refused_run(0, failed_precondition("submit: a node runs orchestrations; use submit(orchestration)"));
+    return detail::refused_run(0, failed_precondition("submit: this level runs orchestrations; use submit(orchestration)"));
   }
   if (callable.id >= impl_->callables.size() || impl_->callables[callable.id].digest() != callable.digest) {
     return detail::refused_run(0, not_found("submit: callable id {} (digest {}) is not registered with this worker",

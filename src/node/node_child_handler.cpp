@@ -1,0 +1,150 @@
+#include "node/node_child_handler.h"
+
+#include <cstring>
+#include <exception>
+
+#include "base/errors.h"
+#include "base/leak.h"
+#include "task/args_blob.h"
+
+namespace simpler {
+
+NodeChildHandler::NodeChildHandler(NodeSpec spec, std::vector<NodeCallable> callables)
+    : spec_(std::move(spec)), callables_(std::move(callables)) {}
+
+NodeChildHandler::~NodeChildHandler() { drain(now_ns() + 5'000'000'000ull); }
+
+Status NodeChildHandler::init() {
+  auto node = NodeWorker::create(spec_);
+  if (!node.ok()) return node.status();
+  node_ = std::move(node).value();
+  thread_ = std::thread([this] { main(); });
+  return Status();
+}
+
+void NodeChildHandler::start(RunRequest request, RunTicket ticket) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      ticket.complete(failed_precondition("node worker is draining"));
+      return;
+    }
+    ++in_flight_;
+    queue_.emplace_back(std::move(request), ticket);
+  }
+  bell_.ring();
+}
+
+Result<TaskArgs> NodeChildHandler::decode(const RunRequest& request) const {
+  auto args = decode_args_blob(request.args_blob.data(), request.args_blob.size());
+  if (!args.ok()) return args.status();
+  const HostRanges shared{spec_.inherited};
+  for (size_t i = 0; i < args->size(); ++i) {
+    const TaskArg& a = (*args)[i];
+    if (a.kind != TaskArg::Kind::Tensor) continue;
+    const DeviceBuffer& b = a.tensor.buffer();
+    if (!shared.contains(b.addr, b.bytes)) {
+      return out_of_range("argument {}: buffer {:#x}+{} is not in the network's shared heap, the only memory a "
+                          "node worker is handed", i, b.addr, b.bytes);
+    }
+  }
+  return args;
+}
+
+void NodeChildHandler::finished() {
+  bool idle = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle = --in_flight_ == 0;
+  }
+  if (idle) idle_bell_.ring();
+}
+
+void NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket) {
+  size_t k = 0;
+  while (k < callables_.size() && callables_[k].digest() != request.callable) ++k;
+  if (k == callables_.size()) {
+    ticket.complete(not_found("no node callable with digest {}", digest_hex(request.callable)));
+    finished();
+    return;
+  }
+  auto args = decode(request);
+  if (!args.ok()) {
+    ticket.complete(args.status());
+    finished();
+    return;
+  }
+  const NodeCallable& callable = callables_[k];
+  // The orchestration runs once the node admitted the run, which is this
+  // level's launch marker; a throw fails the run through submit's own catch.
+  (void)node_->submit(
+      [&](Orchestrator& o) {
+        ticket.accepted();
+        return callable.orchestrate()(o, *args);
+      },
+      [this, ticket](const Status& result) {
+        ticket.complete(result, kDispositionNativePrepared);
+        finished();
+      });
+}
+
+void NodeChildHandler::main() {
+  for (;;) {
+    spin_then_park(bell_, [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return stopping_ || !queue_.empty();
+    }, SpinPolicy{});
+    std::optional<std::pair<RunRequest, RunTicket>> job;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty()) return;  // stopping, nothing left
+      job.emplace(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    submit(job->first, job->second);
+  }
+}
+
+Result<ControlReply> NodeChildHandler::control(const ControlCommand& cmd, uint8_t* data, uint32_t,
+                                               uint32_t capacity) {
+  if (cmd.op != kCtrlMemoryInfo) {
+    return failed_precondition("control op {}: a node worker's device memory is its own, not addressable from the "
+                               "network level", static_cast<uint32_t>(cmd.op));
+  }
+  auto m = node_->memory_info();
+  if (!m.ok()) return m.status();
+  if (capacity < sizeof m->free_bytes) return internal_error("no room for the memory info reply");
+  std::memcpy(data, &m->free_bytes, sizeof m->free_bytes);
+  ControlReply reply;
+  reply.value = m->total_bytes;
+  reply.data_bytes = sizeof m->free_bytes;
+  return reply;
+}
+
+void NodeChildHandler::drain(uint64_t deadline_ns) {
+  if (node_ == nullptr) return;
+  const bool idle = spin_then_park(idle_bell_, [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_flight_ == 0;
+  }, SpinPolicy{}, deadline_ns);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  bell_.ring();
+  // Closing the node unblocks a submission waiting for admission and ends
+  // every run it still holds, each through its ticket.
+  const uint64_t now = now_ns();
+  (void)node_->close(std::chrono::milliseconds(deadline_ns > now ? (deadline_ns - now) / 1'000'000ull : 0));
+  if (idle) {
+    thread_.join();
+    node_.reset();
+    return;
+  }
+  // An orchestration that does not return may still be inside the node: keep
+  // it alive for that thread; the child exits after the sweep.
+  thread_.detach();
+  abandon(node_.release());
+}
+
+}  // namespace simpler

@@ -1,0 +1,58 @@
+// NodeChildHandler: the RunHandler of a network's next-level worker, a forked
+// node. In init() (after fork) it builds the node's own NodeWorker, which
+// forks the node's children, then runs each request as one node run: the
+// NodeCallable the request names, over arguments in the network's shared
+// heap. The serve loop calls start/control/drain; a thread of its own submits
+// (a submission may wait for the node's admission), and each run's terminal
+// reaches its ticket from the node's scheduler thread. Owns the NodeWorker.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "base/doorbell.h"
+#include "ipc/mailbox_child.h"
+#include "node/node_worker.h"
+
+namespace simpler {
+
+class NodeChildHandler final : public RunHandler {
+ public:
+  // `spec.inherited` holds the network's heaps, the only memory a request's
+  // tensors may name.
+  NodeChildHandler(NodeSpec spec, std::vector<NodeCallable> callables);
+  ~NodeChildHandler() override;
+
+  Status init() override;
+  // The node admits pipeline_depth runs at once: that many requests run
+  // together, the rest wait for admission in the order they came.
+  uint64_t granted_sets() const override { return node_ != nullptr ? spec_.config.pipeline_depth : 0; }
+  void start(RunRequest request, RunTicket ticket) override;
+  // kCtrlMemoryInfo only: the sum over the node's chips.
+  Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity) override;
+  void drain(uint64_t deadline_ns) override;
+
+ private:
+  void main();
+  // Submits one request as a node run; its ticket completes at the run's terminal.
+  void submit(const RunRequest& request, const RunTicket& ticket);
+  Result<TaskArgs> decode(const RunRequest& request) const;
+  void finished();
+
+  const NodeSpec spec_;
+  const std::vector<NodeCallable> callables_;
+  std::unique_ptr<NodeWorker> node_;
+
+  std::mutex mu_;
+  std::deque<std::pair<RunRequest, RunTicket>> queue_;
+  uint32_t in_flight_ = 0;  // started, terminal not yet reported
+  bool stopping_ = false;
+  Doorbell bell_;       // work, or stopping
+  Doorbell idle_bell_;  // in_flight_ reached 0
+  std::thread thread_;
+};
+
+}  // namespace simpler

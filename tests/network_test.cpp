@@ -1,0 +1,324 @@
+// The network level (L4): a Worker whose next-level workers are forked nodes,
+// each a Level::Node Worker with chips and sub workers of its own. The same
+// engine runs both levels (the level is a label), so these cases check what
+// nesting adds: a node run built in the node's own process from a
+// NodeCallable, tensors in the network's shared heap reaching grandchildren,
+// node failures and deaths confined to their own runs, and the R68 grant
+// check one level up.
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ipc/sub_worker_handler.h"
+#include "node/node_worker.h"
+#include "node/observer.h"
+#include "node_test_util.h"
+#include "test_util.h"
+
+namespace simpler::testing {
+namespace {
+
+constexpr int kN = 128;
+
+// z = x + y over f32 tensors: the sub function at both levels.
+Status add_sub(const TaskArgsView& a) {
+  const int64_t n = a[0].tensor.shape(0);
+  for (int64_t i = 0; i < n; ++i) a.data<float>(2)[i] = a.data<float>(0)[i] + a.data<float>(1)[i];
+  return Status();
+}
+
+// A node as the network adds it: one chip, one sub worker, the axpb callable
+// and add_sub registered in that order, so every node's handles agree.
+struct NodeHandles {
+  CallableHandle axpb;
+  FunctionHandle add;
+};
+
+NodeHandles add_node(Worker& net, uint32_t depth) {
+  Worker node(Level::Node, node_config(1, 1, depth));
+  auto axpb = node.register_callable(axpb_callable());
+  auto add = node.register_function(add_sub);
+  EXPECT_TRUE(axpb.ok() && add.ok());
+  auto index = net.add_next_level_worker(std::move(node));
+  EXPECT_TRUE(index.ok()) << index.status().to_string();
+  return NodeHandles{*axpb, *add};
+}
+
+// One node run: y = x * mul + gate-free add (on the node's chip, y in the
+// node's own heap), then z = y + x (on the node's sub worker). x and z live in
+// the network's heap; args: x, z, mul, gate.
+NodeCallable step_callable(const NodeHandles& h) {
+  return NodeCallable("step", [h](Orchestrator& o, const TaskArgs& a) -> Status {
+    Scope scope(o);
+    auto y = o.alloc({kN}, DType::F32);
+    if (!y.ok()) return y.status();
+    SIMPLER_RETURN_IF_ERROR(o.submit_next_level(h.axpb, axpb_args(a[0].tensor, *y, a[2].scalar, 0, a[3].scalar), 0)
+                                .status());
+    TaskArgs s;
+    s.add_tensor(*y, Tag::Input).add_tensor(a[0].tensor, Tag::Input).add_tensor(a[1].tensor, Tag::OutputExisting);
+    return o.submit_sub(h.add, s).status();
+  });
+}
+
+TaskArgs step_args(const DeviceBuffer& x, const DeviceBuffer& z, int64_t mul, int64_t gate = -1) {
+  TaskArgs a;
+  a.add_tensor(x.view({kN}, DType::F32), Tag::Input)
+      .add_tensor(z.view({kN}, DType::F32), Tag::OutputExisting)
+      .add_scalar(mul)
+      .add_scalar(gate);
+  return a;
+}
+
+DeviceBuffer shared_floats(Worker& w, float base) {
+  auto b = w.malloc_shared(kN * sizeof(float));
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  if (!b.ok()) return {};
+  auto* p = reinterpret_cast<float*>(b->addr);
+  for (int i = 0; i < kN; ++i) p[i] = base + static_cast<float>(i);
+  return *b;
+}
+
+const float* floats(const DeviceBuffer& b) { return reinterpret_cast<const float*>(b.addr); }
+
+// The nesting through the public API: two forked nodes, each with a
+// chip and a sub worker, run a NodeCallable per run; the network's own sub
+// worker then sums both nodes' outputs, waiting on them through tensor tags.
+// Runs are pipelined four deep.
+TEST(NetworkWorker, TwoNodesRunNodeCallablesAndTheNetworkSubWorkerJoinsThem) {
+  Watchdog dog;
+  make_node_gates();
+  WorkerConfig nc = node_config(0, 1, 4);
+  Worker net(Level::Network, nc);
+  const NodeHandles h0 = add_node(net, 4);
+  const NodeHandles h1 = add_node(net, 4);
+  ASSERT_EQ(h0.axpb.digest, h1.axpb.digest);
+  auto step = net.register_callable(step_callable(h0));
+  auto join = net.register_function(add_sub);
+  ASSERT_TRUE(step.ok() && join.ok());
+  ASSERT_TRUE(net.init().ok());
+
+  const int runs = 8;
+  const DeviceBuffer x = shared_floats(net, 1.0f);
+  std::vector<DeviceBuffer> z0(runs), z1(runs), out(runs);
+  std::vector<RunHandle> handles;
+  for (int r = 0; r < runs; ++r) {
+    z0[r] = shared_floats(net, 0);
+    z1[r] = shared_floats(net, 0);
+    out[r] = shared_floats(net, 0);
+    handles.push_back(net.submit([&, r](Orchestrator& o) -> Status {
+      SIMPLER_RETURN_IF_ERROR(o.submit_next_level(*step, step_args(x, z0[r], 2 + r), 0).status());
+      SIMPLER_RETURN_IF_ERROR(o.submit_next_level(*step, step_args(x, z1[r], 10), 1).status());
+      TaskArgs s;
+      s.add_tensor(z0[r].view({kN}, DType::F32), Tag::Input)
+          .add_tensor(z1[r].view({kN}, DType::F32), Tag::Input)
+          .add_tensor(out[r].view({kN}, DType::F32), Tag::OutputExisting);
+      return o.submit_sub(*join, s).status();
+    }));
+  }
+  for (int r = 0; r < runs; ++r) {
+    ASSERT_TRUE(wait_run(handles[r]).ok()) << "run " << r << ": " << handles[r].result().to_string();
+    for (int i = 0; i < kN; ++i) {
+      const float xi = 1.0f + static_cast<float>(i);
+      // node 0: x*(2+r) + x; node 1: x*10 + x; the network sums them.
+      ASSERT_EQ(floats(out[r])[i], xi * static_cast<float>(2 + r) + xi + xi * 10.0f + xi) << "run " << r << " i " << i;
+    }
+    EXPECT_EQ(handles[r].stats().tasks, 3u);
+    EXPECT_EQ(handles[r].stats().executed, 3u);
+  }
+  EXPECT_TRUE(net.close().ok());
+}
+
+// A failing chip kernel inside one node fails that node run, and so only the
+// network run that held it, with the kernel's own text; the runs around it
+// succeed (R14, R15 one level up).
+TEST(NetworkWorker, AFailureInsideANodeIsOnlyItsOwnRuns) {
+  Watchdog dog;
+  make_node_gates();
+  Worker net(Level::Network, node_config(0, 0, 2));
+  const NodeHandles h = add_node(net, 2);
+  auto step = net.register_callable(step_callable(h));
+  ASSERT_TRUE(step.ok());
+  ASSERT_TRUE(net.init().ok());
+  const DeviceBuffer x = shared_floats(net, 0);
+  std::vector<DeviceBuffer> z;
+  std::vector<RunHandle> handles;
+  for (int r = 0; r < 3; ++r) {
+    z.push_back(shared_floats(net, 0));
+    const int64_t mul = r == 1 ? kAxpbFail : 3;
+    handles.push_back(net.submit([&, r, mul](Orchestrator& o) {
+      return o.submit_next_level(*step, step_args(x, z[r], mul), 0).status();
+    }));
+  }
+  EXPECT_TRUE(wait_run(handles[0]).ok()) << handles[0].result().to_string();
+  const Status failed = wait_run(handles[1]);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_TRUE(contains(failed.message(), "asked to fail")) << failed.to_string();
+  EXPECT_TRUE(wait_run(handles[2]).ok()) << handles[2].result().to_string();
+  EXPECT_EQ(floats(z[2])[5], 5.0f * 3 + 5.0f);
+  EXPECT_TRUE(net.close().ok());
+}
+
+// Every refusal names what is wrong and changes nothing: the wrong level,
+// an initialised node, a node whose own config is invalid, callables of the
+// other level, and memory calls a network does not serve.
+TEST(NetworkWorker, RefusalsNameTheFieldAndChangeNothing) {
+  Watchdog dog;
+  Worker net(Level::Network, node_config(0, 0, 2));
+  Worker chip_level(Level::Chip, node_config(0, 0, 2));
+  EXPECT_REFUSED(net.add_next_level_worker(std::move(chip_level)).status(), StatusCode::kInvalidArgument, "Level::Node");
+  Worker bad(Level::Node, node_config(1, 0, 0));
+  EXPECT_REFUSED(net.add_next_level_worker(std::move(bad)).status(), StatusCode::kInvalidArgument,
+                 "next-level worker 0: pipeline_depth = 0");
+  EXPECT_REFUSED(bad.init(), StatusCode::kInvalidArgument, "pipeline_depth = 0");  // `bad` was left as it was
+  EXPECT_REFUSED(net.register_callable(axpb_callable()).status(), StatusCode::kFailedPrecondition, "NodeCallables");
+
+  Worker node(Level::Node, node_config(1, 0, 2));
+  ASSERT_TRUE(node.register_callable(axpb_callable()).ok());
+  EXPECT_REFUSED(node.register_callable(NodeCallable("n", [](Orchestrator&, const TaskArgs&) { return Status(); }))
+                     .status(),
+                 StatusCode::kFailedPrecondition, "Level::Network");
+  EXPECT_REFUSED(node.add_next_level_worker(Worker(Level::Node, node_config(1, 0, 2))).status(),
+                 StatusCode::kFailedPrecondition, "Level::Network workers only");
+  auto index = net.add_next_level_worker(std::move(node));
+  ASSERT_TRUE(index.ok()) << index.status().to_string();
+  EXPECT_EQ(*index, 0u);
+  EXPECT_REFUSED(node.init(), StatusCode::kFailedPrecondition, "closed");  // it lives on in the network now
+  auto noop = NodeCallable("noop", [](Orchestrator&, const TaskArgs&) { return Status(); });
+  ASSERT_TRUE(net.register_callable(noop).ok());
+  EXPECT_REFUSED(net.register_callable(noop).status(), StatusCode::kInvalidArgument, "already registered");
+
+  ASSERT_TRUE(net.init().ok());
+  EXPECT_REFUSED(net.malloc(64).status(), StatusCode::kFailedPrecondition, "malloc_shared");
+  EXPECT_REFUSED(net.malloc_on(0, 64).status(), StatusCode::kFailedPrecondition, "malloc_shared");
+  Worker late(Level::Node, node_config(1, 0, 2));
+  EXPECT_REFUSED(net.add_next_level_worker(std::move(late)).status(), StatusCode::kFailedPrecondition, "before init");
+  EXPECT_TRUE(net.close().ok());
+}
+
+// R72 one level up: the network's memory info is the exact sum of its
+// nodes', each read through that node's control frame from its own chips.
+TEST(NetworkWorker, R72MemoryInfoIsTheExactSumOverNodes) {
+  Watchdog dog;
+  Worker net(Level::Network, node_config(0, 0, 2));
+  WorkerConfig a = node_config(1, 0, 2), b = node_config(2, 0, 2);
+  a.device_memory_bytes = (48ull << 20) + 4096;
+  b.device_memory_bytes = 80ull << 20;
+  Worker na(Level::Node, a), nb(Level::Node, b);
+  ASSERT_TRUE(na.register_callable(axpb_callable()).ok());
+  ASSERT_TRUE(nb.register_callable(axpb_callable()).ok());
+  ASSERT_TRUE(net.add_next_level_worker(std::move(na)).ok());
+  ASSERT_TRUE(net.add_next_level_worker(std::move(nb)).ok());
+  ASSERT_TRUE(net.init().ok());
+  auto m = net.memory_info();
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->total_bytes, a.device_memory_bytes + 2 * b.device_memory_bytes);
+  EXPECT_LE(m->free_bytes, m->total_bytes);
+  auto again = net.memory_info();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->total_bytes, m->total_bytes);
+  EXPECT_TRUE(net.close().ok());
+}
+
+// R68 one level up: a node that admits fewer runs than the network's
+// pipeline_depth fails the network's startup, naming both numbers.
+TEST(NetworkWorker, R68ANodeGrantingFewerSetsFailsStartup) {
+  Watchdog dog;
+  Worker net(Level::Network, node_config(0, 0, 4));
+  Worker node(Level::Node, node_config(1, 0, 2));
+  ASSERT_TRUE(node.register_callable(axpb_callable()).ok());
+  ASSERT_TRUE(net.add_next_level_worker(std::move(node)).ok());
+  EXPECT_REFUSED(net.init(), StatusCode::kFailedPrecondition, "granted 2 run-resource sets of the pipeline_depth = 4");
+}
+
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
+    std::string line;
+    std::getline(in, line);
+    const size_t p = line.rfind(')');
+    if (p == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(line.c_str() + p + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) out.push_back(pid);
+  }
+  closedir(d);
+  return out;
+}
+
+// True once `pid` has ended (a pidfd turns readable at its exit), false at the deadline.
+bool exits_within(pid_t pid, int timeout_ms) {
+  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return errno == ESRCH;
+  pollfd p{fd, POLLIN, 0};
+  const int r = poll(&p, 1, timeout_ms);
+  close(fd);
+  return r == 1;
+}
+
+// A node killed with SIGKILL: its chip and sub worker die with it (they
+// serve nobody), the run it held ends with an error naming the kill, and
+// the other node keeps serving.
+TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  NodeSpec spec;
+  spec.level = Level::Network;
+  spec.config = node_config(0, 0, 2);
+  NodeHandles h{};
+  for (int i = 0; i < 2; ++i) {
+    NodeSpec node;
+    node.config = node_config(1, 1, 2);
+    node.chip_callables = {axpb_callable()};
+    node.functions = {add_sub};
+    spec.nodes.push_back(node);
+  }
+  h.axpb = CallableHandle{0, axpb_callable().digest()};
+  h.add = FunctionHandle{0, sub_function_digest(0)};
+  spec.node_callables = {step_callable(h)};
+  const CallableHandle step{0, spec.node_callables[0].digest()};
+  auto created = NodeWorker::create(spec);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  NodeWorker& net = **created;
+
+  const pid_t victim = net.next_child(0).pid();
+  const std::vector<pid_t> grandchildren = children_of(victim);
+  ASSERT_EQ(grandchildren.size(), 2u) << "node 0 forks one chip and one sub worker";
+
+  auto x = net.malloc_shared(kN * sizeof(float)), z0 = net.malloc_shared(kN * sizeof(float)),
+       z1 = net.malloc_shared(kN * sizeof(float));
+  ASSERT_TRUE(x.ok() && z0.ok() && z1.ok());
+  for (int i = 0; i < kN; ++i) reinterpret_cast<float*>(x->addr)[i] = static_cast<float>(i);
+  Observer obs;
+  ASSERT_TRUE(obs.start({{net.next_child(0).mapping(), net.next_child(0).endpoint().view()}}, now_ns() + kTestWaitNs).ok());
+  // Gate 0 stays shut: the run on node 0 cannot finish before its node dies.
+  RunHandle held = net.submit([&](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, *z0, 2, 0), 0).status(); });
+  ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest == 1; })) << "the run never launched on node 0";
+  ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const Status ended = wait_run(held);
+  EXPECT_EQ(ended.code(), StatusCode::kAborted) << ended.to_string();
+  EXPECT_TRUE(contains(ended.message(), "signal 9")) << ended.to_string();
+  for (pid_t g : grandchildren) EXPECT_TRUE(exits_within(g, 30'000)) << "grandchild " << g << " outlived its node";
+
+  RunHandle other = net.submit([&](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, *z1, 4), 1).status(); });
+  EXPECT_TRUE(wait_run(other).ok()) << other.result().to_string();
+  EXPECT_EQ(floats(*z1)[3], 3.0f * 4 + 3.0f);
+  gates->open_gate(0);
+  EXPECT_FALSE(net.close(std::chrono::seconds(30)).ok()) << "close reports the killed node";
+}
+
+}  // namespace
+}  // namespace simpler::testing
