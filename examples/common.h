@@ -83,5 +83,6 @@ Result<ExampleReport> run_vector_add(const ExampleOptions& options);
 Result<ExampleReport> run_matmul_chain(const ExampleOptions& options);
 Result<ExampleReport> run_kernel_failure(const ExampleOptions& options);
 Result<ExampleReport> run_node_pipeline(const ExampleOptions& options);
+Result<ExampleReport> run_network_pipeline(const ExampleOptions& options);
 
 }  // namespace simpler::examples

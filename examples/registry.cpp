@@ -9,13 +9,17 @@ struct Entry {
 };
 
 const std::vector<Entry>& entries() {
-  // node_pipeline comes first: its Worker forks at init, so `simpler demo`
-  // runs it while the process has no other thread yet (the chip examples'
-  // Workers start device threads).
+  // node_pipeline and network_pipeline come first: their Workers fork at
+  // init, so `simpler demo` runs them while the process has no other thread
+  // yet (each closes its Worker, joining its threads, before the next; the
+  // chip examples' Workers start device threads).
   static const std::vector<Entry> kEntries = {
       {{"node_pipeline", "L3: 2 chip children + 1 sub worker; per run a vector_add per chip, then a sub task sums both",
         64},
        run_node_pipeline},
+      {{"network_pipeline", "L4: 2 forked nodes (1 chip + 1 sub worker each) run a NodeCallable per run; a network "
+        "sub task sums both", 32},
+       run_network_pipeline},
       {{"vector_add", "one AIV task: c = a + b over 65536 f32", 200}, run_vector_add},
       {{"matmul_chain", "tiled relu(A·B + bias): 384 AIC/AIV tasks per run with per-tile chains", 32},
        run_matmul_chain},

@@ -102,6 +102,17 @@ TEST(Examples, NodePipelineVerifiesAcrossTwoChipsAndASubWorker) {
   EXPECT_EQ(r->tasks, 16u * 3u);
 }
 
+// The network level: two forked nodes, each with its own chip child and sub
+// worker, run a NodeCallable per run; the network's sub task joins them.
+TEST(Examples, NetworkPipelineVerifiesAcrossTwoForkedNodes) {
+  Deadline deadline(std::chrono::seconds(120));
+  Result<ExampleReport> r = run_example("network_pipeline", small_options(8, 4));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->verified) << r->detail;
+  EXPECT_EQ(r->runs, 8);
+  EXPECT_EQ(r->tasks, 8u * 3u);
+}
+
 TEST(Examples, ProgressIsReportedPerRun) {
   Deadline deadline(std::chrono::seconds(60));
   ExampleOptions o = small_options(3, 2);
@@ -191,12 +202,13 @@ TEST(Cli, RunVerifiesAndStaysQuietWithoutATerminal) {
   EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
 }
 
-// `simpler demo` runs node_pipeline first (its Worker forks at init), then the
-// chip examples, and passes only if every one verified.
-TEST(Cli, DemoRunsTheNodeExampleAndVerifiesEveryExample) {
+// `simpler demo` runs node_pipeline and network_pipeline first (their Workers
+// fork at init), then the chip examples, and passes only if every one verified.
+TEST(Cli, DemoRunsTheNodeAndNetworkExamplesAndVerifiesEveryExample) {
   Child r = run_cli("demo");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("node_pipeline"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("network_pipeline"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("examples verified: PASS"), std::string::npos) << r.output;
 }
 
