@@ -179,6 +179,8 @@ TEST(NetworkWorker, RefusalsNameTheFieldAndChangeNothing) {
                  "next-level worker 0: pipeline_depth = 0");
   EXPECT_REFUSED(bad.init(), StatusCode::kInvalidArgument, "pipeline_depth = 0");  // `bad` was left as it was
   EXPECT_REFUSED(net.register_callable(axpb_callable()).status(), StatusCode::kFailedPrecondition, "NodeCallables");
+  Worker launching(Level::Network, node_config(0, 1, 2, 1));
+  EXPECT_REFUSED(launching.init(), StatusCode::kInvalidArgument, "launch_depth = 1");
 
   Worker node(Level::Node, node_config(1, 0, 2));
   ASSERT_TRUE(node.register_callable(axpb_callable()).ok());

@@ -23,7 +23,7 @@ struct WorkerConfig {
   uint32_t chips = 0;                        // Level::Node: chip child processes
   uint32_t sub_workers = 0;                  // Level::Node/Network: sub worker processes (host functions)
   uint32_t pipeline_depth = 2;               // runs admitted at once; each holds one run-resource set
-  uint32_t launch_depth = 0;                 // runs launched on the device at once; 0 = pipeline_depth
+  uint32_t launch_depth = 0;                 // runs launched on a device at once; 0 = pipeline_depth (Network: 0 only)
   uint64_t device_memory_bytes = 1ull << 30; // simulated GM size (reserved, committed on touch)
   uint32_t max_tasks_per_run = 16384;        // graph capacity of one run-resource set
   uint64_t shared_heap_bytes = 64ull << 20;  // Level::Node/Network: host memory shared with every child

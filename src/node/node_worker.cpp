@@ -266,6 +266,10 @@ Status NodeWorker::validate(const NodeSpec& spec) {
       return invalid_argument("chips = {}: a Level::Network worker's next level is the nodes added with "
                               "add_next_level_worker", c.chips);
     }
+    if (c.launch_depth != 0) {
+      return invalid_argument("launch_depth = {}: a network launches nothing on a device itself; set launch_depth on "
+                              "the nodes it adds", c.launch_depth);
+    }
     if (spec.nodes.size() + static_cast<uint64_t>(c.sub_workers) == 0) {
       return invalid_argument("no next-level worker added and sub_workers = 0: a network needs at least one child");
     }
