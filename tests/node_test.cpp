@@ -790,14 +790,15 @@ TEST(NodeGroup, SubGroupRunsEachMemberOnItsOwnSubWorker) {
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
 }
 
-// R67: pipeline_depth accepts [1, 2^32 - 1] at the facade; 0 is refused
+// R67, R73: pipeline_depth accepts [1, 2^32 - 1] at the facade (the program
+// contract has no upper depth: 9 and 1024 validate); 0 is refused
 // naming the field. 2^32 is not representable in the field's type, and
 // 2^32 - 1 passes the facade only to fail the mailbox cap (R69), again
 // naming pipeline_depth, before anything is mapped or forked.
 TEST(NodeConfig, R67DepthRange) {
   static_assert(std::numeric_limits<decltype(WorkerConfig::pipeline_depth)>::max() == 4294967295u,
                 "2^32 must be unrepresentable: the facade's type is the upper bound");
-  for (uint32_t d : {1u, 3u, 8u}) EXPECT_TRUE(NodeWorker::validate(node_config(1, 0, d)).ok()) << d;
+  for (uint32_t d : {1u, 3u, 8u, 9u, 1024u}) EXPECT_TRUE(NodeWorker::validate(node_config(1, 0, d)).ok()) << d;
   EXPECT_REFUSED(NodeWorker::validate(node_config(1, 0, 0)), StatusCode::kInvalidArgument, "pipeline_depth = 0");
   const Status top = NodeWorker::validate(node_config(1, 0, 4294967295u));
   EXPECT_FALSE(top.ok());
