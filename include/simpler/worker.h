@@ -108,6 +108,11 @@ class Worker {
   // Device memory, exact in 64 bits. Level::Node: the sum over its chips,
   // each read through that chip's control frame.
   Result<MemoryInfo> memory_info() const;
+  // Level::Node: device memory of chip `worker` alone, read through its
+  // control frame, exact in 64 bits; a worker the node does not have is
+  // INVALID_ARGUMENT naming it. Level::Chip: FAILED_PRECONDITION, as for
+  // malloc_on: the one chip's memory is memory_info().
+  Result<MemoryInfo> memory_info_on(uint32_t worker) const;
 
   // Asynchronous: builds the run's graph on this thread and launches it. Blocks
   // only while pipeline_depth runs are already in flight. A refused submission
