@@ -6,7 +6,7 @@ PACKAGES := build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev
             libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev
 SIMPLER := build/default/src/cli/simpler
 
-.PHONY: deps configure build demo test test-asan test-tsan bench install clean
+.PHONY: deps configure build demo test test-asan test-tsan bench install clean api-snapshot
 
 deps:
 	@missing=""; for p in $(PACKAGES); do \
@@ -31,6 +31,11 @@ demo: build
 
 test: build
 	ctest --preset default -j $(JOBS)
+
+# R71: rewrites tests/api_snapshot/public_api.txt after a deliberate public API
+# change; review and commit its diff with the change.
+api-snapshot: configure
+	cmake --build --preset default --target update_api_snapshot
 
 test-asan: deps
 	cmake --preset asan >/dev/null

@@ -1,5 +1,5 @@
 // The chip's native-run lifecycle, run-resource grant and HostApi (issue 3):
-// R20-R25, R48, R50, R51, R52, R72, R78, R79, R81-R86, plus launch_depth.
+// R20-R25, R48, R50, R51, R52, R72, R73, R78, R79, R81-R86, plus launch_depth.
 // Drives ChipWorker directly on the small simulated chip.
 #include <gtest/gtest.h>
 
@@ -17,6 +17,7 @@
 
 #include "base/doorbell.h"
 #include "chip/chip_worker.h"
+#include "chip/pipeline_contract.h"
 
 namespace simpler {
 namespace {
@@ -600,6 +601,84 @@ TEST(LaunchDepth, AboveGrantIsRefused) {
   auto w = ChipWorker::create(cfg, {});
   ASSERT_FALSE(w.ok());
   EXPECT_NE(w.status().message().find("launch_depth = 3"), std::string::npos) << w.status().message();
+}
+
+// R73: the runtime's program contract declares no upper depth. 9, 1024 and
+// 2^32 - 1 validate; 9 and 1024 are what ChipWorker::create (the path of
+// Worker::init) grants, every owner that wide, and a run is served at each.
+TEST(PipelineContract, R73ProgramContractHasNoUpperDepth) {
+  for (uint32_t d : {1u, 9u, 1024u, 4294967295u}) {
+    EXPECT_TRUE(is_valid_pipeline_contract(PipelineContract{d, 0}).ok()) << d;
+    EXPECT_TRUE(is_valid_pipeline_contract(PipelineContract{d, d}).ok()) << d;
+  }
+  const Status over = is_valid_pipeline_contract(PipelineContract{9, 10});
+  EXPECT_EQ(over.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(over.message().find("launch_depth = 10"), std::string::npos) << over.message();
+  for (uint32_t d : {9u, 1024u}) {
+    Fixture f(d);
+    ASSERT_NE(f.worker, nullptr) << d;
+    EXPECT_EQ(f.worker->grant(), d);
+    for (const auto& [name, width] : f.worker->owner_widths()) EXPECT_EQ(width, d) << name;
+    EXPECT_TRUE(f.worker->submit(0, f.inout_args()).wait_for(30s).ok()) << d;
+    EXPECT_TRUE(f.worker->close(30s).ok());
+  }
+}
+
+// R73 through the public facade: a chip Worker initialises at depth 9 and 1024.
+TEST(PipelineContract, R73WorkerInitAcceptsDeepGrants) {
+  for (uint32_t d : {9u, 1024u}) {
+    WorkerConfig cfg;
+    cfg.pipeline_depth = d;
+    cfg.max_tasks_per_run = 64;
+    cfg.device_memory_bytes = 256ull << 20;
+    Worker w(Level::Chip, cfg);
+    EXPECT_TRUE(w.init().ok()) << d;
+    EXPECT_TRUE(w.memory_info().ok()) << d;
+    EXPECT_TRUE(w.close().ok()) << d;
+  }
+}
+
+// R73: depth 0 is refused naming the field, by the contract, by create, by the
+// facade and by a regrant, and changes nothing: the facade stays
+// uninitialised, and the regranted worker keeps its grant of 2 and serves.
+TEST(PipelineContract, R73DepthZeroIsRefusedAndChangesNothing) {
+  const Status zero = is_valid_pipeline_contract(PipelineContract{0, 0});
+  EXPECT_EQ(zero.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(zero.message().find("pipeline_depth = 0"), std::string::npos) << zero.message();
+  WorkerConfig cfg;
+  cfg.pipeline_depth = 0;
+  auto created = ChipWorker::create(cfg, {});
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(created.status().message().find("pipeline_depth = 0"), std::string::npos);
+  Worker facade(Level::Chip, cfg);
+  const Status init = facade.init();
+  EXPECT_EQ(init.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(init.message().find("pipeline_depth"), std::string::npos) << init.message();
+  EXPECT_EQ(facade.memory_info().status().code(), StatusCode::kFailedPrecondition) << "init did not happen";
+
+  Fixture f(2);
+  const Status regrant = f.worker->set_run_resource_grant(0);
+  EXPECT_EQ(regrant.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(regrant.message().find("pipeline_depth = 0"), std::string::npos) << regrant.message();
+  EXPECT_EQ(f.worker->grant(), 2u);
+  for (const auto& [name, width] : f.worker->owner_widths()) EXPECT_EQ(width, 2u) << name;
+  EXPECT_EQ(f.worker->set_counts().free, 2u);
+  EXPECT_TRUE(f.worker->submit(0, f.inout_args()).wait_for(30s).ok());
+}
+
+// R73, asserted apart from the program contract: the kernel contract, what a
+// callable is served by an unconfigured Worker, declares pipeline_depth 2 (and
+// launch_depth = depth), and an unconfigured chip grants exactly that.
+TEST(PipelineContract, R73KernelContractDeclaresDepthTwo) {
+  const PipelineContract kernel = program_contract(WorkerConfig{});
+  EXPECT_EQ(kernel.pipeline_depth, 2u);
+  EXPECT_EQ(kernel.launch_depth, 0u);
+  EXPECT_TRUE(is_valid_pipeline_contract(kernel).ok());
+  auto w = ChipWorker::create(WorkerConfig{}, {});
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ((*w)->grant(), kernel.pipeline_depth);
+  EXPECT_EQ((*w)->launch_depth(), kernel.pipeline_depth);
 }
 
 // R51: storage whose destruction cannot be proved is abandoned, never freed.

@@ -222,6 +222,10 @@ TEST(NetworkWorker, R72MemoryInfoIsTheExactSumOverNodes) {
   auto m = net.memory_info();
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   EXPECT_EQ(m->total_bytes, a.device_memory_bytes + 2 * b.device_memory_bytes);
+  auto on1 = net.memory_info_on(1);
+  ASSERT_TRUE(on1.ok()) << on1.status().to_string();
+  EXPECT_EQ(on1->total_bytes, 2 * b.device_memory_bytes);
+  EXPECT_REFUSED(net.memory_info_on(2).status(), StatusCode::kInvalidArgument, "worker = 2");
   EXPECT_LE(m->free_bytes, m->total_bytes);
   auto again = net.memory_info();
   ASSERT_TRUE(again.ok());

@@ -1,7 +1,7 @@
 // The node level (L3) over real forked children: the user's example through
 // the public Worker, and one case per requirement (R41-R43, R45-R47, R54,
-// R67, R68, R77) plus a child killed with SIGKILL. Kernels wait on gates in
-// shared memory so the instants under test exist without sleeps.
+// R67, R68, R72, R73, R77) plus a child killed with SIGKILL. Kernels wait on
+// gates in shared memory so the instants under test exist without sleeps.
 #include <signal.h>
 
 #include <gtest/gtest.h>
@@ -535,6 +535,60 @@ TEST(NodeMemory, R72WorkerFacadeSumsItsChips) {
   EXPECT_TRUE(w.close().ok());
 }
 
+// Worker::memory_info_on at Level::Node reads one chip through its control
+// frame. R72: each chip's total is forwarded exactly (5 * 2^32 + 7), and free
+// moves by exactly what malloc_on took on that chip only. Refused before init
+// and after close (FAILED_PRECONDITION) and for a chip the node does not have
+// (INVALID_ARGUMENT naming `worker`).
+TEST(NodeMemory, R72WorkerFacadeReadsOneChipExactly) {
+  Watchdog dog;
+  constexpr uint64_t kTotal = 5 * (uint64_t{1} << 32) + 7;
+  constexpr uint64_t kTaken = (uint64_t{1} << 33) + 4096;
+  WorkerConfig c = node_config(2, 0, 1);
+  c.device_memory_bytes = kTotal;
+  Worker w(Level::Node, c);
+  EXPECT_REFUSED(w.memory_info_on(0).status(), StatusCode::kFailedPrecondition, "init()");
+  ASSERT_TRUE(w.init().ok());
+  auto a0 = w.memory_info_on(0), a1 = w.memory_info_on(1);
+  ASSERT_TRUE(a0.ok() && a1.ok()) << a0.status().to_string() << a1.status().to_string();
+  EXPECT_EQ(a0->total_bytes, kTotal);  // R72: exact above 2^32
+  EXPECT_EQ(a1->total_bytes, kTotal);
+  EXPECT_LE(a0->free_bytes, a0->total_bytes);
+  EXPECT_LE(a1->free_bytes, a1->total_bytes);
+  auto big = w.malloc_on(1, kTaken);
+  ASSERT_TRUE(big.ok()) << big.status().to_string();
+  auto b0 = w.memory_info_on(0), b1 = w.memory_info_on(1);
+  ASSERT_TRUE(b0.ok() && b1.ok()) << b0.status().to_string() << b1.status().to_string();
+  EXPECT_EQ(b1->total_bytes, a1->total_bytes);
+  EXPECT_EQ(a1->free_bytes - b1->free_bytes, kTaken);  // R72: the free value forwarded exactly
+  EXPECT_EQ(b0->free_bytes, a0->free_bytes) << "chip 0 was not touched";
+  auto sum = w.memory_info();
+  ASSERT_TRUE(sum.ok()) << sum.status().to_string();
+  EXPECT_EQ(sum->total_bytes, b0->total_bytes + b1->total_bytes);
+  EXPECT_EQ(sum->free_bytes, b0->free_bytes + b1->free_bytes);
+  EXPECT_REFUSED(w.memory_info_on(2).status(), StatusCode::kInvalidArgument, "worker = 2");
+  EXPECT_REFUSED(w.memory_info_on(UINT32_MAX).status(), StatusCode::kInvalidArgument, "worker = 4294967295");
+  EXPECT_TRUE(w.free(*big).ok());
+  auto c1 = w.memory_info_on(1);
+  ASSERT_TRUE(c1.ok()) << c1.status().to_string();
+  EXPECT_EQ(c1->free_bytes, a1->free_bytes);
+  EXPECT_TRUE(w.close().ok());
+  EXPECT_REFUSED(w.memory_info_on(0).status(), StatusCode::kFailedPrecondition, "closed");
+}
+
+// At Level::Chip memory_info_on is refused as malloc_on is, naming the level;
+// the chip's memory is memory_info().
+TEST(NodeMemory, MemoryInfoOnIsRefusedAtChipLevel) {
+  WorkerConfig c = node_config(0, 0, 2);
+  Worker w(Level::Chip, c);
+  EXPECT_REFUSED(w.memory_info_on(0).status(), StatusCode::kFailedPrecondition, "Level::Node");
+  ASSERT_TRUE(w.init().ok());
+  EXPECT_REFUSED(w.memory_info_on(0).status(), StatusCode::kFailedPrecondition, "Level::Node");
+  EXPECT_REFUSED(w.malloc_on(0, 64).status(), StatusCode::kFailedPrecondition, "Level::Node");
+  EXPECT_TRUE(w.memory_info().ok());
+  EXPECT_TRUE(w.close().ok());
+}
+
 // The state of the held entry of chip `chip` carrying task_slot `slot` and
 // the set it took (kMailboxIdle / kMailboxNoSet when no held entry does).
 std::pair<uint32_t, uint32_t> chip_entry(NodeWorker& w, size_t chip, uint32_t slot) {
@@ -799,14 +853,15 @@ TEST(NodeGroup, SubGroupRunsEachMemberOnItsOwnSubWorker) {
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
 }
 
-// R67: pipeline_depth accepts [1, 2^32 - 1] at the facade; 0 is refused
+// R67, R73: pipeline_depth accepts [1, 2^32 - 1] at the facade (the program
+// contract has no upper depth: 9 and 1024 validate); 0 is refused
 // naming the field. 2^32 is not representable in the field's type, and
 // 2^32 - 1 passes the facade only to fail the mailbox cap (R69), again
 // naming pipeline_depth, before anything is mapped or forked.
 TEST(NodeConfig, R67DepthRange) {
   static_assert(std::numeric_limits<decltype(WorkerConfig::pipeline_depth)>::max() == 4294967295u,
                 "2^32 must be unrepresentable: the facade's type is the upper bound");
-  for (uint32_t d : {1u, 3u, 8u}) EXPECT_TRUE(NodeWorker::validate(node_spec(node_config(1, 0, d))).ok()) << d;
+  for (uint32_t d : {1u, 3u, 8u, 9u, 1024u}) EXPECT_TRUE(NodeWorker::validate(node_spec(node_config(1, 0, d))).ok()) << d;
   EXPECT_REFUSED(NodeWorker::validate(node_spec(node_config(1, 0, 0))), StatusCode::kInvalidArgument, "pipeline_depth = 0");
   const Status top = NodeWorker::validate(node_spec(node_config(1, 0, 4294967295u)));
   EXPECT_FALSE(top.ok());

@@ -122,6 +122,12 @@ class Worker {
   // each read through that chip's control frame. Level::Network: the sum
   // over its nodes, each read through that node's control frame.
   Result<MemoryInfo> memory_info() const;
+  // Level::Node: device memory of chip `worker` alone, read through its
+  // control frame, exact in 64 bits; a worker the node does not have is
+  // INVALID_ARGUMENT naming it. Level::Network: the sum over node `worker`'s
+  // chips, through that node's control frame. Level::Chip:
+  // FAILED_PRECONDITION, as for malloc_on: the one chip's memory is memory_info().
+  Result<MemoryInfo> memory_info_on(uint32_t worker) const;
 
   // Asynchronous: builds the run's graph on this thread and launches it. Blocks
   // only while pipeline_depth runs are already in flight. A refused submission

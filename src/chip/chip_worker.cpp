@@ -5,17 +5,14 @@
 
 #include "base/errors.h"
 #include "base/leak.h"
+#include "chip/pipeline_contract.h"
 #include "task/args_blob.h"
 
 namespace simpler {
 
 Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& config,
                                                        std::vector<ChipCallable> callables) {
-  if (config.pipeline_depth == 0) return invalid_argument("pipeline_depth = 0: the grant must be at least 1");
-  if (config.launch_depth > config.pipeline_depth) {
-    return invalid_argument("launch_depth = {} exceeds pipeline_depth = {}: a launched run holds a set",
-                            config.launch_depth, config.pipeline_depth);
-  }
+  SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(config)));
   SIMPLER_RETURN_IF_ERROR(check_host_api_ops(SimRunner::ops()));
   std::unique_ptr<ChipWorker> w(new ChipWorker(config, std::move(callables)));
   auto device = SimDevice::create(config.geometry, config.device_memory_bytes);
@@ -107,9 +104,8 @@ std::vector<std::pair<std::string, uint32_t>> ChipWorker::owner_widths() const {
 }
 
 Status ChipWorker::set_run_resource_grant(uint32_t g) {
-  if (g == 0) return invalid_argument("pipeline_depth = 0: the grant must be at least 1");
-  if (config_.launch_depth > g) {
-    return invalid_argument("regrant to {}: launch_depth = {} would exceed it", g, config_.launch_depth);
+  if (Status st = is_valid_pipeline_contract(PipelineContract{g, config_.launch_depth}); !st.ok()) {
+    return Status(st.code(), fmt::format("regrant to {}: {}", g, st.message()));
   }
   if (closing_.load(std::memory_order_acquire)) return failed_precondition("regrant: the worker is closed");
   // Every owner is asked first; any "no" refuses before anything is built.

@@ -1,11 +1,12 @@
 #include "chip/run_resource_arena.h"
 
 #include "base/errors.h"
+#include "chip/pipeline_contract.h"
 
 namespace simpler {
 
 Result<RunResourceArena> RunResourceArena::create(uint32_t grant) {
-  if (grant == 0) return invalid_argument("pipeline_depth = 0: the grant must be at least 1");
+  SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(PipelineContract{grant, 0}));
   return RunResourceArena(grant);
 }
 

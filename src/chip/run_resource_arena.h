@@ -28,7 +28,7 @@ struct ArenaCounts {
 
 class RunResourceArena {
  public:
-  // Refuses a grant of 0, naming pipeline_depth.
+  // Refuses what the pipeline contract refuses (a grant of 0), naming pipeline_depth.
   static Result<RunResourceArena> create(uint32_t grant);
 
   // The lowest free slot with a fresh generation, or nothing when every set is

@@ -4,10 +4,11 @@
 #include <cstring>
 
 #include "base/errors.h"
+#include "chip/pipeline_contract.h"
 #include "ipc/chip_child_handler.h"
-#include "node/node_child_handler.h"
 #include "ipc/mailbox_layout.h"
 #include "ipc/sub_worker_handler.h"
+#include "node/node_child_handler.h"
 #include "task/args_blob.h"
 
 namespace simpler {
@@ -285,15 +286,11 @@ Status NodeWorker::validate(const NodeSpec& spec) {
     return invalid_argument("chips = 0 and sub_workers = 0: a node needs at least one child");
   }
   if (c.chips > kNodeMaxChips) return invalid_argument("chips = {} exceeds {}", c.chips, kNodeMaxChips);
-  if (c.pipeline_depth == 0) return invalid_argument("pipeline_depth = 0: the grant must be at least 1");
+  SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(c)));
   if (auto m = mailbox_size(c.pipeline_depth); !m.ok()) {
     return Status(m.status().code(), fmt::format("pipeline_depth = {}: {}", c.pipeline_depth, m.status().message()));
   }
   if (c.run_timeout.count() < 0) return invalid_argument("run_timeout = {} ms: must be >= 0 (0: no deadline)", c.run_timeout.count());
-  if (c.launch_depth > c.pipeline_depth) {
-    return invalid_argument("launch_depth = {} exceeds pipeline_depth = {}: a launched run holds a set",
-                            c.launch_depth, c.pipeline_depth);
-  }
   return Status();
 }
 

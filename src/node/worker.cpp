@@ -200,6 +200,11 @@ Result<MemoryInfo> Worker::memory_info() const {
   return impl_->chip->memory_info();
 }
 
+Result<MemoryInfo> Worker::memory_info_on(uint32_t worker) const {
+  SIMPLER_RETURN_IF_ERROR(impl_->require_node("memory_info_on"));
+  return impl_->node->memory_info_on(worker);
+}
+
 RunHandle Worker::submit(CallableHandle callable, const TaskArgs& args) {
   if (Status st = impl_->require_ready("submit"); !st.ok()) return detail::refused_run(0, st);
   if (impl_->node != nullptr) {
