@@ -14,6 +14,7 @@ Result<Json> idle_cpu();
 Result<Json> native_run();
 Result<Json> l3_sub_latency();
 Result<Json> l3_pipelined();
+Result<Json> l4_latency();
 Result<Json> mailbox_round_trip();
 Result<Json> mailbox_bytes();
 

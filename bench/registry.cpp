@@ -31,6 +31,9 @@ const std::vector<Entry>& entries() {
        &l3_sub_latency},
       {{"l3_pipelined", "runs/s of 1-task runs through one chip child at depth 1..64 vs the L2 Worker at the same depth"},
        &l3_pipelined},
+      {{"l4_latency", "1-task run through a forked node (Level::Network -> NodeCallable -> one sub task), submit -> "
+                      "wait, p50/p99 vs the same sub task on a Level::Node Worker"},
+       &l4_latency},
       {{"mailbox_round_trip", "parent <-> forked child over the mailbox (control command, request ACK, terminal), "
                               "p50/p99 vs a forked cache-line ping-pong"},
        &mailbox_round_trip},

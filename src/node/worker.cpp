@@ -99,8 +99,8 @@ Result<uint32_t> Worker::add_next_level_worker(Worker&& worker) {
   if (&worker == this) return invalid_argument("add_next_level_worker: a worker cannot be its own next level");
   Impl& next = *worker.impl_;
   if (next.level != Level::Node) {
-    return invalid_argument("add_next_level_worker: worker is at level {}; a network's next level is Level::Node",
-                            static_cast<int>(next.level));
+    return invalid_argument("add_next_level_worker: worker is a {} worker; a network's next level is Level::Node",
+                            next.level == Level::Chip ? "Level::Chip" : "Level::Network");
   }
   if (next.phase != Impl::Phase::Created) {
     return failed_precondition("add_next_level_worker: worker is already initialised or closed; add it before its "
