@@ -298,6 +298,7 @@ Status NodeWorker::spawn_children() {
   SpawnOptions so;
   so.granted_sets = config_.pipeline_depth;
   so.child.shared_parent_bell = &heap_->bell();
+  so.child.spin = kNodeSpin;
   const HostRange range = heap_->range();
   // Only a chip's runs carry the deadline: a sub function is the user's host
   // code, with no device that could hang on its behalf.
@@ -368,7 +369,7 @@ RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchest
   if (!begin_run()) return detail::refused_run(id, failed_precondition("submit: the worker is closed"));
   auto run = std::make_unique<NodeRun>();
   run->id = id;
-  run->handle = std::make_shared<detail::RunState>(id);
+  run->handle = std::make_shared<detail::RunState>(id, kNodeSpin);
   RunHandle handle(run->handle);
   NodeOrchestrator o(*this, *run);
   Status st;
