@@ -21,6 +21,7 @@
 #include "ipc/mailbox_child.h"
 #include "ipc/mailbox_endpoint.h"
 #include "ipc/mailbox_layout.h"
+#include "ipc/sub_worker_handler.h"
 #include "ipc_test_util.h"
 #include "task/args_blob.h"
 
@@ -901,6 +902,111 @@ TEST(MailboxStoreOrder, R6TerminalIsTheLastStoreToAnEntry) {
     terminal_stores += after_terminal[r];
   }
   EXPECT_EQ(terminal_stores, static_cast<size_t>(kRuns));
+  for (const auto& [r, t] : after_terminal) EXPECT_TRUE(t) << "entry " << r - kEntryBase << " ends on its terminal";
+}
+
+// A sub worker runs a function already seen to be short on the serve-loop
+// thread, and any other on its own thread, beside which the loop keeps
+// handing frames back (R4); a run queued behind it is never taken inline
+// ahead of it; the terminal stays the last store to each entry either way (R6).
+TEST(MailboxStoreOrder, SubWorkerRunsShortFunctionsOnTheLoop) {
+  RecordingStores rec;
+  auto m = SharedMapping::create_anonymous(*mailbox_size(2));
+  ASSERT_TRUE(m.ok());
+  auto ep = MailboxEndpoint::create(m->data(), m->size(), 2);
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  std::mutex mu;
+  std::vector<std::thread::id> short_on, long_on;
+  std::atomic<bool> release{false};
+  Doorbell release_bell;
+  SubWorkerHandler handler(
+      {[&](const TaskArgsView&) {
+         std::lock_guard<std::mutex> lock(mu);
+         short_on.push_back(std::this_thread::get_id());
+         return Status();
+       },
+       [&](const TaskArgsView&) {
+         // Longer than the inline budget on any machine: the duration is what is under test.
+         std::this_thread::sleep_for(std::chrono::milliseconds(1));
+         if (!spin_then_park(release_bell, [&] { return release.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs)) {
+           return Status(StatusCode::kDeadlineExceeded, "the long function was never released");
+         }
+         std::lock_guard<std::mutex> lock(mu);
+         long_on.push_back(std::this_thread::get_id());
+         return Status();
+       }},
+      HostRanges{});
+  ChildOptions options;
+  options.stores = &rec;
+  MailboxChild child((*ep)->view(), handler, options);
+  std::thread loop([&] { (void)child.serve(); });
+  ASSERT_TRUE((*ep)->wait_ready(now_ns() + kTestWaitNs).ok());
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(encode_args_blob(TaskArgs{}, blob).ok());
+  std::vector<EndpointEvent> events;
+  auto publish = [&](uint64_t run, uint32_t fn) {
+    PublishSpec s;
+    s.run_id = run;
+    s.dispatch_id = run;
+    s.callable = sub_function_digest(fn);
+    s.args_blob = blob;
+    ASSERT_TRUE((*ep)->publish(s).ok());
+  };
+  auto terminal = [&](uint64_t run) {
+    return poll_until(**ep, events, [&] { return find_event(events, run, EndpointEvent::Kind::kTerminal) != nullptr; },
+                      "terminal of run " + std::to_string(run));
+  };
+
+  const uint64_t kShortRuns = 200;
+  for (uint64_t run = 1; run <= kShortRuns; ++run) {
+    publish(run, 0);
+    ASSERT_TRUE(terminal(run));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(short_on.size(), kShortRuns);
+    EXPECT_NE(short_on.front(), loop.get_id()) << "a function not yet seen to be short runs on the handler's thread";
+    EXPECT_NE(std::count(short_on.begin(), short_on.end(), loop.get_id()), 0) << "no short run was taken inline";
+  }
+
+  // The long run holds the handler's thread; the short one published behind
+  // it is handed back at once and queued, not run inline ahead of it.
+  publish(kShortRuns + 1, 1);
+  publish(kShortRuns + 2, 0);
+  ASSERT_TRUE(poll_until(**ep, events, [&] { return (*ep)->available_request_transport() == kMailboxRequestFrames; },
+                         "both frames handed back while the long run executes"));
+  EXPECT_EQ(find_event(events, kShortRuns + 1, EndpointEvent::Kind::kTerminal), nullptr);
+  EXPECT_EQ(find_event(events, kShortRuns + 2, EndpointEvent::Kind::kTerminal), nullptr);
+  release.store(true);
+  release_bell.ring();
+  ASSERT_TRUE(terminal(kShortRuns + 1));
+  ASSERT_TRUE(terminal(kShortRuns + 2));
+  publish(kShortRuns + 3, 1);  // seen to be long: on the handler's thread again
+  ASSERT_TRUE(terminal(kShortRuns + 3));
+  for (const EndpointEvent& e : events) {
+    if (e.kind == EndpointEvent::Kind::kTerminal) {
+      EXPECT_TRUE(e.status.ok()) << e.status.to_string();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_NE(short_on.back(), loop.get_id()) << "the run queued behind the long one ran inline";
+    ASSERT_EQ(long_on.size(), 2u);
+    for (const std::thread::id& id : long_on) EXPECT_NE(id, loop.get_id());
+  }
+  (*ep)->request_shutdown();
+  loop.join();
+
+  std::map<int, bool> after_terminal;
+  for (const auto& s : rec.snapshot()) {
+    const int r = region_of((*ep)->view(), s.addr);
+    if (r < kEntryBase) continue;
+    const uintptr_t off = s.addr - reinterpret_cast<uintptr_t>(&(*ep)->view().entry(r - kEntryBase));
+    if (after_terminal[r]) {
+      ASSERT_EQ(off, kEntryOffRunEpoch) << "store after the terminal to entry " << r - kEntryBase;
+    }
+    after_terminal[r] = off == kEntryOffState && mailbox_state_is_terminal(static_cast<uint32_t>(s.value));
+  }
   for (const auto& [r, t] : after_terminal) EXPECT_TRUE(t) << "entry " << r - kEntryBase << " ends on its terminal";
 }
 

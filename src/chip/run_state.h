@@ -13,13 +13,14 @@
 namespace simpler::detail {
 
 struct RunState {
-  explicit RunState(uint64_t id) : run_id(id) {}
+  explicit RunState(uint64_t id, SpinPolicy wait_spin = {}) : run_id(id), spin(wait_spin) {}
 
   // Publishes the terminal result; a second call is a broken invariant and aborts.
   void complete(Status status, const RunStats& stats);
   bool is_done() const { return done.load(std::memory_order_acquire) != 0; }
 
   const uint64_t run_id;
+  const SpinPolicy spin;  // how a waiter spins before it parks
   // Called once with the result by the completing thread, after waiters were
   // woken. Set before the run is handed to any other thread, never after.
   std::function<void(const Status&)> on_terminal;

@@ -22,7 +22,8 @@ Result<ControlReply> RunHandler::control(const ControlCommand& cmd, uint8_t*, ui
 
 MailboxChild::MailboxChild(MailboxView view, RunHandler& handler, ChildOptions options)
     : view_(view), handler_(handler), options_(std::move(options)),
-      stores_(options_.stores != nullptr ? options_.stores : &plain_) {}
+      stores_(options_.stores != nullptr ? options_.stores : &plain_),
+      command_data_(new uint8_t[kControlDataCapacity]) {}
 
 int MailboxChild::fail_init(const std::string& why) {
   ControlFrame& c = view_.control();
@@ -59,16 +60,16 @@ int MailboxChild::serve() {
   stores_->store32(c.child_wire_count, static_cast<uint32_t>(n));
   // Read before INIT_READY: a command the parent posts the instant it sees
   // INIT_READY must not be mistaken for one already answered.
-  uint64_t handled_cmd = load_acquire(c.reply_seq);
+  handled_cmd_ = load_acquire(c.reply_seq);
   stores_->store32(c.endpoint_state, kEndpointServing);
   stores_->store32(c.init_state, kInitReady);
   ring_parent();
 
   std::string stop_reason;
   for (;;) {
-    spin_then_park(c.child_bell, [&] { return work_pending(handled_cmd); }, options_.spin);
+    spin_then_park(c.child_bell, [&] { return work_pending(); }, options_.spin);
     if (load_acquire(c.shutdown) != 0) break;
-    if (const uint64_t seq = load_acquire(c.cmd_seq); seq != handled_cmd) handled_cmd = serve_command(seq);
+    if (const uint64_t seq = load_acquire(c.cmd_seq); seq != handled_cmd_) handled_cmd_ = serve_command(seq);
     for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
       const uint32_t ready = load_acquire(view_.frame(f).header.ready);
       if (ready != kMailboxTaskReady && ready != kMailboxPrepareReady) continue;
@@ -83,9 +84,9 @@ int MailboxChild::serve() {
   return exit_sweep();
 }
 
-bool MailboxChild::work_pending(uint64_t handled_cmd) const {
+bool MailboxChild::work_pending() const {
   const ControlFrame& c = view_.control();
-  if (load_acquire(c.shutdown) != 0 || load_acquire(c.cmd_seq) != handled_cmd) return true;
+  if (load_acquire(c.shutdown) != 0 || load_acquire(c.cmd_seq) != handled_cmd_) return true;
   for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
     const uint32_t ready = load_acquire(view_.frame(f).header.ready);
     if (ready == kMailboxTaskReady || ready == kMailboxPrepareReady) return true;
@@ -95,6 +96,16 @@ bool MailboxChild::work_pending(uint64_t handled_cmd) const {
     if (load_acquire(e.activation) != 0 || load_acquire(e.entry_generation) != a.generation) return true;
   }
   return false;
+}
+
+bool MailboxChild::quiet() const {
+  const ControlFrame& c = view_.control();
+  if (!awaiting_.empty() || load_acquire(c.shutdown) != 0 || load_acquire(c.cmd_seq) != handled_cmd_) return false;
+  for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+    const uint32_t ready = load_acquire(view_.frame(f).header.ready);
+    if (ready == kMailboxTaskReady || ready == kMailboxPrepareReady) return false;
+  }
+  return true;
 }
 
 void MailboxChild::end_staged(size_t k, bool launch, const Status& why) {
@@ -139,13 +150,13 @@ uint64_t MailboxChild::serve_command(uint64_t seq) {
   const uint32_t in_bytes = std::min<uint32_t>(load_relaxed(c.cmd_data_bytes), kControlDataCapacity);
   // The handler works on a private copy so that every store to the frame
   // still goes through the store primitive.
-  std::vector<uint8_t> data(kControlDataCapacity);
-  std::memcpy(data.data(), c.data, in_bytes);
-  auto r = handler_.control(cmd, data.data(), in_bytes, kControlDataCapacity);
+  uint8_t* data = command_data_.get();
+  std::memcpy(data, c.data, in_bytes);
+  auto r = handler_.control(cmd, data, in_bytes, kControlDataCapacity);
   char text[kMailboxErrorTextSize];
   if (r.ok()) {
     const uint32_t out = std::min<uint32_t>(r->data_bytes, kControlDataCapacity);
-    stores_->store_bytes(c.data, data.data(), out);
+    stores_->store_bytes(c.data, data, out);
     stores_->store64(c.reply_value, r->value);
     stores_->store32(c.reply_data_bytes, out);
     copy_text(text, sizeof text, "");
@@ -224,7 +235,9 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   if (!malformed.ok()) {
     ticket.complete(malformed);
   } else if (!staged) {
-    handler_.start(std::move(req), ticket);
+    // Asked after the ACK: a frame the parent fills during an inline run is
+    // taken by the next pass, only later.
+    if (!quiet() || !handler_.try_run_inline(req, ticket)) handler_.start(std::move(req), ticket);
   } else if (handler_.stages_natively()) {
     awaiting_.push_back(Awaiting{req.entry_index, generation, std::nullopt});
     handler_.start(std::move(req), ticket);

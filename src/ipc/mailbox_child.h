@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -75,6 +76,14 @@ class RunHandler {
   // On the serve-loop thread. Must not wait for the run: the loop keeps
   // serving frames while it executes; completion comes later through `ticket`.
   virtual void start(RunRequest request, RunTicket ticket) = 0;
+  // On the serve-loop thread, offered a non-staged request (already ACKed)
+  // instead of start() only while nothing else waits on the loop: no other
+  // frame ready, no command, no shutdown, no staged run awaiting activation.
+  // The handler may run it to its terminal right here and return true, which
+  // saves the hop to a thread of its own; the loop serves nothing else until
+  // this returns, so take only a run known to be short. False sends it to
+  // start().
+  virtual bool try_run_inline(const RunRequest& request, const RunTicket& ticket) { return false; }
   // True when start() accepts a staged request and prepares it natively,
   // holding it until activate(). Otherwise the child keeps a staged request
   // itself and calls start() with it only at ACTIVATE.
@@ -121,7 +130,10 @@ class MailboxChild {
   };
 
   int fail_init(const std::string& why);
-  bool work_pending(uint64_t handled_cmd) const;
+  bool work_pending() const;
+  // Nothing waits on the loop: no frame ready (the one just taken reads IDLE
+  // unless the parent refilled it), no command, no shutdown, no staged run.
+  bool quiet() const;
   // Delivers every ACTIVATE / CANCEL the parent wrote for a staged run.
   void serve_activations();
   void end_staged(size_t k, bool launch, const Status& why);
@@ -144,6 +156,10 @@ class MailboxChild {
   PlainStores plain_;
   StorePrimitive* stores_;
   uint64_t next_epoch_ = 1;
+  uint64_t handled_cmd_ = 0;  // the last command sequence answered
+  // The handler's private copy of a command's payload: allocated once, since
+  // zero-filling the whole capacity per command costs more than most commands.
+  std::unique_ptr<uint8_t[]> command_data_;
 
   // Staged runs not yet activated (serve-loop thread only); `held` keeps the
   // request of a handler that does not stage natively.

@@ -1,11 +1,17 @@
 // SubWorkerHandler: the RunHandler of a sub worker child. It runs registered
 // host functions (SubFunction) over tensors in the node's shared heap, one at
-// a time on a thread of its own (started in init, so after fork). The serve
-// loop calls start/drain; the function table is copied in before fork and
-// never changes.
+// a time: on the serve-loop thread when the loop is otherwise idle and the
+// function's last run was short (no thread hop on the latency path), else on
+// a thread of its own (started in init, so after fork). The serve loop calls
+// start/try_run_inline/drain; the function table is copied in before fork and
+// never changes. A function that was short and then blocks holds the loop
+// with it: a later frame's hand-back waits for its return like the later
+// function itself would, and close() ends the child at its deadline.
 #pragma once
 
+#include <atomic>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -27,13 +33,22 @@ class SubWorkerHandler final : public RunHandler {
 
   Status init() override;
   void start(RunRequest request, RunTicket ticket) override;
+  bool try_run_inline(const RunRequest& request, const RunTicket& ticket) override;
   void drain(uint64_t deadline_ns) override;
 
  private:
   void main();
-  Status call(const RunRequest& request);
+  // The function's index, or functions_.size() when none has that digest.
+  size_t find(const Digest& callable) const;
+  // Accepts, calls and completes one request, and records whether it was short.
+  void run(size_t index, const RunRequest& request, const RunTicket& ticket);
+  Status call(size_t index, const RunRequest& request);
 
   std::vector<SubFunction> functions_;
+  std::vector<Digest> digests_;  // sub_function_digest(i), hashed once
+  // Per function: its last run returned within the inline budget. Starts
+  // false, so a function runs inline only once it has been seen to be short.
+  std::unique_ptr<std::atomic<bool>[]> short_;
   const HostRanges heap_;
   std::mutex mu_;
   std::deque<std::pair<RunRequest, RunTicket>> queue_;

@@ -93,7 +93,7 @@ void NodeChildHandler::main() {
     spin_then_park(bell_, [&] {
       std::lock_guard<std::mutex> lock(mu_);
       return stopping_ || !queue_.empty();
-    }, SpinPolicy{});
+    }, kNodeSpin);
     std::optional<std::pair<RunRequest, RunTicket>> job;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -341,6 +341,7 @@ Status NodeWorker::spawn_children() {
   SpawnOptions so;
   so.granted_sets = config_.pipeline_depth;
   so.child.shared_parent_bell = &heap_->bell();
+  so.child.spin = kNodeSpin;
   const HostRanges ranges = shared_ranges();
   // Only a next-level worker's runs carry the deadline: a sub function is
   // the user's host code, with no device that could hang on its behalf.
@@ -417,7 +418,7 @@ RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchest
                              std::function<void(const Status&)> on_terminal) {
   auto run = std::make_unique<NodeRun>();
   run->id = next_run_id_.fetch_add(1);
-  run->handle = std::make_shared<detail::RunState>(run->id);
+  run->handle = std::make_shared<detail::RunState>(run->id, kNodeSpin);
   run->handle->on_terminal = std::move(on_terminal);
   RunHandle handle(run->handle);
   if (!orchestration) {

@@ -75,7 +75,7 @@ void Scheduler::main() {
     if (progressed) continue;
     uint64_t wake = now_ns() + kTickNs;
     if (stop_requested_.load() && !aborted_) wake = std::min(wake, stop_deadline_ns_.load());
-    spin_then_park(*bell_, [&] { return bell_->arm() != armed; }, SpinPolicy{}, wake);
+    spin_then_park(*bell_, [&] { return bell_->arm() != armed; }, kNodeSpin, wake);
   }
 }
 
