@@ -368,11 +368,7 @@ Result<ControlReply> ChipChildHandler::control(const ControlCommand& cmd, uint8_
     }
     case kCtrlMemoryInfo: {
       const MemoryInfo m = worker_->memory_info();
-      if (capacity < sizeof m.free_bytes) return internal_error("no room for the memory info reply");
-      std::memcpy(data, &m.free_bytes, sizeof m.free_bytes);
-      reply.value = m.total_bytes;
-      reply.data_bytes = sizeof m.free_bytes;
-      return reply;
+      return memory_info_reply(m.total_bytes, m.free_bytes, data, capacity);
     }
     default:
       return invalid_argument("unknown control op {}", static_cast<uint32_t>(cmd.op));

@@ -20,6 +20,15 @@ Result<ControlReply> RunHandler::control(const ControlCommand& cmd, uint8_t*, ui
   return make_error(StatusCode::kUnimplemented, "control command {} is not served by this child", cmd.op);
 }
 
+Result<ControlReply> memory_info_reply(uint64_t total_bytes, uint64_t free_bytes, uint8_t* data, uint32_t capacity) {
+  if (capacity < sizeof free_bytes) return internal_error("no room for the memory info reply");
+  std::memcpy(data, &free_bytes, sizeof free_bytes);
+  ControlReply reply;
+  reply.value = total_bytes;
+  reply.data_bytes = sizeof free_bytes;
+  return reply;
+}
+
 MailboxChild::MailboxChild(MailboxView view, RunHandler& handler, ChildOptions options)
     : view_(view), handler_(handler), options_(std::move(options)),
       stores_(options_.stores != nullptr ? options_.stores : &plain_),

@@ -64,6 +64,10 @@ class RunTicket {
   uint64_t generation_;
 };
 
+// kCtrlMemoryInfo's reply, as every handler that serves it writes it: the
+// total in the reply value, the free bytes as one uint64 in `data`.
+Result<ControlReply> memory_info_reply(uint64_t total_bytes, uint64_t free_bytes, uint8_t* data, uint32_t capacity);
+
 class RunHandler {
  public:
   virtual ~RunHandler() = default;

@@ -1,6 +1,5 @@
 #include "node/node_child_handler.h"
 
-#include <cstring>
 #include <exception>
 
 #include "base/errors.h"
@@ -113,12 +112,7 @@ Result<ControlReply> NodeChildHandler::control(const ControlCommand& cmd, uint8_
   }
   auto m = node_->memory_info();
   if (!m.ok()) return m.status();
-  if (capacity < sizeof m->free_bytes) return internal_error("no room for the memory info reply");
-  std::memcpy(data, &m->free_bytes, sizeof m->free_bytes);
-  ControlReply reply;
-  reply.value = m->total_bytes;
-  reply.data_bytes = sizeof m->free_bytes;
-  return reply;
+  return memory_info_reply(m->total_bytes, m->free_bytes, data, capacity);
 }
 
 void NodeChildHandler::drain(uint64_t deadline_ns) {
