@@ -390,6 +390,11 @@ TEST_P(MailboxProtocol, R7GenerationParityIsOccupancy) {
   EXPECT_EQ(odd_entries(fx.view()), 1u);
   poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
              "second's hand-back");
+  // The ACK is the child's last store of the hand-off and the handler is
+  // called only after it; the acceptance comes from the handler, so the
+  // count is complete only once it arrived.
+  poll_until(*fx.ep_, fx.events_, [&] { return find_event(fx.events_, 2, EndpointEvent::Kind::kAccepted) != nullptr; },
+             "second's acceptance");
   const uint32_t calls = handler_calls(fx);
   forge_frame(fx.view(), 0, first.entry, first.entry_generation);
   poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(fx.view().frame(0).header.ready) == kMailboxFrameRefused; },
@@ -444,6 +449,11 @@ TEST_P(MailboxProtocol, R9UnattributableHeaderStopsTheEndpoint) {
     fx.publish_when_free(2, "gate=1;text=held 2");
     poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
                "both hand-backs");
+    // Both handler calls follow their ACKs: count them only once both runs were accepted.
+    poll_until(*fx.ep_, fx.events_, [&] {
+      return find_event(fx.events_, 1, EndpointEvent::Kind::kAccepted) != nullptr &&
+             find_event(fx.events_, 2, EndpointEvent::Kind::kAccepted) != nullptr;
+    }, "both acceptances");
     const uint32_t calls = handler_calls(fx);
     const size_t before = rec.size();
     if (kind == 0) {

@@ -37,11 +37,21 @@ inline constexpr std::chrono::seconds kWait{30};
 // Kills the test process if a test body outlives `limit`, so that a hang in a
 // call that takes no deadline (Worker::close, a blocking submit) still fails
 // with a message instead of running into the ctest timeout.
+//
+// Tests fork right after constructing one (ForkedChild::spawn wants no other
+// thread running), so the constructor returns only once the watchdog thread
+// is past its start-up and blocked in its wait: a thread that is still
+// starting may hold an allocator lock (GCC 12's ASan allocator takes one in
+// thread start-up and, unlike glibc malloc, does not guard its locks across
+// fork), and a child forked then inherits it held: every thread that child
+// starts blocks forever, and its runs never execute.
 class Watchdog {
  public:
   explicit Watchdog(std::chrono::seconds limit = std::chrono::seconds(90))
       : thread_([this, limit] {
           std::unique_lock lock(mu_);
+          started_ = true;
+          cv_.notify_all();
           if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
             const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
             std::fprintf(stderr, "watchdog: %s.%s still running after %lld s; aborting\n",
@@ -50,7 +60,11 @@ class Watchdog {
             std::fflush(stderr);
             std::_Exit(124);
           }
-        }) {}
+        }) {
+    // mu_ is free again only once the thread waits in wait_for.
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return started_; });
+  }
   ~Watchdog() {
     {
       std::lock_guard lock(mu_);
@@ -65,6 +79,7 @@ class Watchdog {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
+  bool started_ = false;
   bool done_ = false;
   std::thread thread_;
 };

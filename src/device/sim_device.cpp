@@ -49,10 +49,13 @@ void SimDevice::aicpu_loop(uint32_t index) {
   Doorbell& bell = bells_[index].bell;
   uint64_t idle_since = 0;
   uint32_t idle_polls = 0;
-  while (!stop_.load(std::memory_order_acquire)) {
-    // Armed before polling: a ring that lands after this point (a FIN, a launch)
-    // makes the park below return at once, so no wake-up is lost.
+  for (;;) {
+    // Armed before stop_ and the poll are read: a ring that lands after this
+    // point (a FIN, a launch, stop()) makes the park below return at once, so
+    // no wake-up is lost. Reading stop_ before arming would let a stop() that
+    // lands in between park this thread for good, and stop() join it forever.
     const uint32_t armed = bell.arm();
+    if (stop_.load(std::memory_order_acquire)) return;
     if (program_->poll(index)) {
       idle_since = 0;
       idle_polls = 0;

@@ -1,6 +1,9 @@
 // ForkedChild: one child process serving one mailbox. spawn() maps the region,
-// registers it, forks (the caller guarantees no thread has started yet), runs
-// the serve loop with a handler built in the child, and waits for INIT_READY.
+// registers it, forks, runs the serve loop with a handler built in the child,
+// and waits for INIT_READY. The caller guarantees that no other thread of the
+// process is running at the fork: one inside an allocator that does not guard
+// its locks across fork (GCC 12's ASan) leaves a lock held in the child, and
+// every thread the child then starts blocks on it forever.
 // The parent side is used from the publisher thread; check() from any thread.
 // Owns the mapping, the endpoint and the child's pid until close().
 #pragma once
