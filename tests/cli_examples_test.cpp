@@ -77,7 +77,7 @@ TEST(Examples, NodePipelineVerifiesAcrossTwoChipsAndASubWorker) {
 // The network level: two forked nodes, each with its own chip child and sub
 // worker, run a NodeCallable per run; the network's sub task joins them.
 TEST(Examples, NetworkPipelineVerifiesAcrossTwoForkedNodes) {
-  Deadline deadline(std::chrono::seconds(120));
+  Watchdog dog(std::chrono::seconds(120));
   Result<ExampleReport> r = run_example("network_pipeline", small_options(8, 4));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE(r->verified) << r->detail;
