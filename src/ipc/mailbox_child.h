@@ -64,6 +64,12 @@ class RunTicket {
   uint64_t generation_;
 };
 
+// How long a handler's last run of the same kind may have taken for it to
+// take the next on the serve-loop thread (RunHandler::try_run_inline): a
+// frame the parent publishes meanwhile, a command or shutdown then waits no
+// longer than a few futex wakes of a parked thread would take anyway.
+inline constexpr uint64_t kInlineRunBudgetNs = 50'000;
+
 // kCtrlMemoryInfo's reply, as every handler that serves it writes it: the
 // total in the reply value, the free bytes as one uint64 in `data`.
 Result<ControlReply> memory_info_reply(uint64_t total_bytes, uint64_t free_bytes, uint8_t* data, uint32_t capacity);

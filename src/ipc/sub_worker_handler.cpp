@@ -9,13 +9,6 @@
 
 namespace simpler {
 
-namespace {
-// A function runs inline only if its last run took at most this long, so a
-// frame the parent publishes meanwhile, a command or shutdown waits no longer
-// than a few futex wakes of a parked thread would take anyway.
-constexpr uint64_t kInlineBudgetNs = 50'000;
-}  // namespace
-
 Digest sub_function_digest(uint32_t index) {
   const std::string id = fmt::format("simpler.sub_function:{}", index);
   return sha256(id.data(), id.size());
@@ -71,7 +64,7 @@ void SubWorkerHandler::run(size_t index, const RunRequest& request, const RunTic
   ticket.accepted();  // a host function has no later launch marker than its call
   const uint64_t t0 = now_ns();
   const Status st = call(index, request);
-  if (index < functions_.size()) short_[index].store(now_ns() - t0 <= kInlineBudgetNs, std::memory_order_relaxed);
+  if (index < functions_.size()) short_[index].store(now_ns() - t0 <= kInlineRunBudgetNs, std::memory_order_relaxed);
   ticket.complete(st, kDispositionNativePrepared);
 }
 

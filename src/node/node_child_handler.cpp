@@ -9,7 +9,9 @@
 namespace simpler {
 
 NodeChildHandler::NodeChildHandler(NodeSpec spec, std::vector<NodeCallable> callables)
-    : spec_(std::move(spec)), callables_(std::move(callables)) {}
+    : spec_(std::move(spec)), callables_(std::move(callables)), short_(new std::atomic<bool>[callables_.size()]) {
+  for (size_t i = 0; i < callables_.size(); ++i) short_[i].store(false, std::memory_order_relaxed);
+}
 
 NodeChildHandler::~NodeChildHandler() { drain(now_ns() + 5'000'000'000ull); }
 
@@ -59,32 +61,56 @@ void NodeChildHandler::finished() {
   if (idle) idle_bell_.ring();
 }
 
-void NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket) {
+bool NodeChildHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket) {
+  size_t k = 0;
+  while (k < callables_.size() && callables_[k].digest() != request.callable) ++k;
+  if (k == callables_.size() || !short_[k].load(std::memory_order_relaxed)) return false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || busy_ || !queue_.empty()) return false;
+    ++in_flight_;
+  }
+  if (submit(request, ticket, /*wait=*/false)) return true;
+  // Not admitted: start() counts it again, and drain (this thread too) cannot
+  // run in between.
+  std::lock_guard<std::mutex> lock(mu_);
+  --in_flight_;
+  return false;
+}
+
+bool NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket, bool wait) {
   size_t k = 0;
   while (k < callables_.size() && callables_[k].digest() != request.callable) ++k;
   if (k == callables_.size()) {
     ticket.complete(not_found("no node callable with digest {}", digest_hex(request.callable)));
     finished();
-    return;
+    return true;
   }
   auto args = decode(request);
   if (!args.ok()) {
     ticket.complete(args.status());
     finished();
-    return;
+    return true;
   }
   const NodeCallable& callable = callables_[k];
   // The orchestration runs once the node admitted the run, which is this
   // level's launch marker; a throw fails the run through submit's own catch.
-  (void)node_->submit(
-      [&](Orchestrator& o) {
-        ticket.accepted();
-        return callable.orchestrate()(o, *args);
-      },
-      [this, ticket](const Status& result) {
-        ticket.complete(result, kDispositionNativePrepared);
-        finished();
-      });
+  const std::function<Status(Orchestrator&)> orchestration = [&](Orchestrator& o) {
+    ticket.accepted();
+    return callable.orchestrate()(o, *args);
+  };
+  std::function<void(const Status&)> on_terminal = [this, ticket](const Status& result) {
+    ticket.complete(result, kDispositionNativePrepared);
+    finished();
+  };
+  const uint64_t t0 = now_ns();
+  if (wait) {
+    (void)node_->submit(orchestration, std::move(on_terminal));
+  } else if (!node_->try_submit(orchestration, std::move(on_terminal)).has_value()) {
+    return false;
+  }
+  short_[k].store(now_ns() - t0 <= kInlineRunBudgetNs, std::memory_order_relaxed);
+  return true;
 }
 
 void NodeChildHandler::main() {
@@ -99,8 +125,11 @@ void NodeChildHandler::main() {
       if (queue_.empty()) return;  // stopping, nothing left
       job.emplace(std::move(queue_.front()));
       queue_.pop_front();
+      busy_ = true;
     }
-    submit(job->first, job->second);
+    (void)submit(job->first, job->second, /*wait=*/true);
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
   }
 }
 

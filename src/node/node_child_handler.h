@@ -2,11 +2,14 @@
 // node. In init() (after fork) it builds the node's own NodeWorker, which
 // forks the node's children, then runs each request as one node run: the
 // NodeCallable the request names, over arguments in the network's shared
-// heap. The serve loop calls start/control/drain; a thread of its own submits
-// (a submission may wait for the node's admission), and each run's terminal
-// reaches its ticket from the node's scheduler thread. Owns the NodeWorker.
+// heap. The serve loop calls start/try_run_inline/control/drain; a thread of
+// its own submits what may wait for the node's admission, the loop itself a
+// request the node admits at once and whose callable built quickly last
+// time. Each run's terminal reaches its ticket from the node's scheduler
+// thread. Owns the NodeWorker.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -31,24 +34,33 @@ class NodeChildHandler final : public RunHandler {
   // together, the rest wait for admission in the order they came.
   uint64_t granted_sets() const override { return node_ != nullptr ? spec_.config.pipeline_depth : 0; }
   void start(RunRequest request, RunTicket ticket) override;
+  // Submits on the loop when nothing is queued or being submitted (so order
+  // holds), the callable's last build took at most kInlineRunBudgetNs and the
+  // node admits the run without waiting.
+  bool try_run_inline(const RunRequest& request, const RunTicket& ticket) override;
   // kCtrlMemoryInfo only: the sum over the node's chips.
   Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity) override;
   void drain(uint64_t deadline_ns) override;
 
  private:
   void main();
-  // Submits one request as a node run; its ticket completes at the run's terminal.
-  void submit(const RunRequest& request, const RunTicket& ticket);
+  // Submits one request as a node run; its ticket completes at the run's
+  // terminal. False only when `wait` is false and the node admits no more
+  // runs now: nothing was done and the ticket is untouched.
+  bool submit(const RunRequest& request, const RunTicket& ticket, bool wait);
   Result<TaskArgs> decode(const RunRequest& request) const;
   void finished();
 
   const NodeSpec spec_;
   const std::vector<NodeCallable> callables_;
+  // Per callable: its last submission returned within the inline budget.
+  std::unique_ptr<std::atomic<bool>[]> short_;
   std::unique_ptr<NodeWorker> node_;
 
   std::mutex mu_;
   std::deque<std::pair<RunRequest, RunTicket>> queue_;
   uint32_t in_flight_ = 0;  // started, terminal not yet reported
+  bool busy_ = false;       // the thread is inside a submission
   bool stopping_ = false;
   Doorbell bell_;       // work, or stopping
   Doorbell idle_bell_;  // in_flight_ reached 0

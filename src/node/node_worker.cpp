@@ -381,18 +381,22 @@ uint32_t NodeWorker::admitted_runs() const {
   return admitted_;
 }
 
+NodeWorker::Admission NodeWorker::try_admit() {
+  std::lock_guard<std::mutex> lock(admit_mu_);
+  if (closing_) return Admission::kClosing;
+  if (admitted_ >= config_.pipeline_depth) return Admission::kFull;
+  ++admitted_;
+  return Admission::kAdmitted;
+}
+
 bool NodeWorker::begin_run() {
   // FIFO-bounded and lease-free (R41): a parked caller holds nothing.
-  bool admitted = false;
+  Admission a = Admission::kFull;
   spin_then_park(admit_bell_, [&] {
-    std::lock_guard<std::mutex> lock(admit_mu_);
-    if (closing_) return true;
-    if (admitted_ >= config_.pipeline_depth) return false;
-    ++admitted_;
-    admitted = true;
-    return true;
+    a = try_admit();
+    return a != Admission::kFull;
   }, SpinPolicy{});
-  return admitted;
+  return a == Admission::kAdmitted;
 }
 
 void NodeWorker::end_run() {
@@ -414,21 +418,45 @@ void NodeWorker::on_retire(NodeRun& run) {
   end_run();
 }
 
-RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchestration,
-                             std::function<void(const Status&)> on_terminal) {
+std::unique_ptr<NodeRun> NodeWorker::new_run(std::function<void(const Status&)> on_terminal) {
   auto run = std::make_unique<NodeRun>();
   run->id = next_run_id_.fetch_add(1);
   run->handle = std::make_shared<detail::RunState>(run->id, kNodeSpin);
   run->handle->on_terminal = std::move(on_terminal);
+  return run;
+}
+
+RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchestration,
+                             std::function<void(const Status&)> on_terminal) {
+  std::unique_ptr<NodeRun> run = new_run(std::move(on_terminal));
   RunHandle handle(run->handle);
   if (!orchestration) {
     run->handle->complete(invalid_argument("submit: the orchestration is empty"), RunStats{});
-    return handle;
-  }
-  if (!begin_run()) {
+  } else if (!begin_run()) {
     run->handle->complete(failed_precondition("submit: the worker is closed"), RunStats{});
-    return handle;
+  } else {
+    build_and_schedule(std::move(run), orchestration);
   }
+  return handle;
+}
+
+std::optional<RunHandle> NodeWorker::try_submit(const std::function<Status(Orchestrator&)>& orchestration,
+                                                std::function<void(const Status&)> on_terminal) {
+  if (!orchestration) return submit(orchestration, std::move(on_terminal));
+  const Admission a = try_admit();
+  if (a == Admission::kFull) return std::nullopt;
+  std::unique_ptr<NodeRun> run = new_run(std::move(on_terminal));
+  RunHandle handle(run->handle);
+  if (a == Admission::kClosing) {
+    run->handle->complete(failed_precondition("submit: the worker is closed"), RunStats{});
+  } else {
+    build_and_schedule(std::move(run), orchestration);
+  }
+  return handle;
+}
+
+void NodeWorker::build_and_schedule(std::unique_ptr<NodeRun> run,
+                                    const std::function<Status(Orchestrator&)>& orchestration) {
   NodeOrchestrator o(*this, *run);
   Status st;
   const uint64_t build_start = now_ns();
@@ -446,14 +474,13 @@ RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchest
     for (HeapAlloc& a : run->allocs) (void)heap_->free(a.addr);
     end_run();
     run->handle->complete(st, RunStats{});
-    return handle;
+    return;
   }
   {
     std::lock_guard<std::mutex> lock(mem_mu_);
     for (uint64_t addr : run->borrowed) ++borrows_[addr];
   }
   scheduler_->enqueue(std::move(run));
-  return handle;
 }
 
 Result<uint64_t> NodeWorker::child_address(const DeviceBuffer& b, uint32_t worker) const {

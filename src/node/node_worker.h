@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,10 @@ class NodeWorker {
   // thread that completes it (this one, for a refusal).
   RunHandle submit(const std::function<Status(Orchestrator&)>& orchestration,
                    std::function<void(const Status&)> on_terminal = {});
+  // As submit, but never waits for admission: nullopt (nothing created,
+  // nothing called) while pipeline_depth runs are admitted.
+  std::optional<RunHandle> try_submit(const std::function<Status(Orchestrator&)>& orchestration,
+                                      std::function<void(const Status&)> on_terminal = {});
   // Drains every admitted run (past `drain` each held run is failed), stops
   // the scheduler and closes every child. After it, no run is live.
   Status close(std::chrono::milliseconds drain);
@@ -109,7 +114,12 @@ class NodeWorker {
   const char* next_kind() const { return spec_.level == Level::Network ? "node worker" : "chip worker"; }
   // Own heap first, then the inherited ones.
   HostRanges shared_ranges() const;
+  enum class Admission { kAdmitted, kFull, kClosing };
+  Admission try_admit();
   bool begin_run();  // false when closing
+  std::unique_ptr<NodeRun> new_run(std::function<void(const Status&)> on_terminal);
+  // Builds an admitted run on this thread and hands it to the scheduler.
+  void build_and_schedule(std::unique_ptr<NodeRun> run, const std::function<Status(Orchestrator&)>& orchestration);
   void end_run();
   void on_retire(NodeRun& run);
   // The child address of a device argument bound for chip `worker`, or why not.
