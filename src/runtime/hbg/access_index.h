@@ -59,7 +59,8 @@ class AccessIndex {
   void set_head(size_t b, uint32_t link);
   // Visits one record; true when it is dead afterwards.
   template <typename Conflict>
-  bool visit(uint32_t r, const TensorView& view, uint64_t first, uint64_t end, bool write, Conflict& conflict);
+  bool visit(uint32_t r, uint64_t alloc, const TensorView& view, uint64_t first, uint64_t end, bool write,
+             Conflict& conflict);
 
   std::vector<Rec> recs_;
   std::vector<Link> links_;
@@ -74,12 +75,16 @@ class AccessIndex {
 bool write_covers(const TensorView& w, const TensorView& a);
 
 template <typename Conflict>
-bool AccessIndex::visit(uint32_t r, const TensorView& view, uint64_t first, uint64_t end, bool write,
+bool AccessIndex::visit(uint32_t r, uint64_t alloc, const TensorView& view, uint64_t first, uint64_t end, bool write,
                         Conflict& conflict) {
   Rec& a = recs_[r];
   if (a.dead) return true;
   if (a.seen == adds_) return false;
   a.seen = adds_;
+  // A bucket holds granules of every allocation that hashes there, and byte
+  // ranges are offsets within their own allocation: another allocation's
+  // record never overlaps, whatever its offsets.
+  if (a.alloc != alloc) return false;
   if (a.end <= first || a.first >= end) return false;
   const bool same_buffer = a.view.buffer().addr == view.buffer().addr;
   // The byte ranges intersect; through one buffer the per-dimension test
@@ -106,7 +111,7 @@ void AccessIndex::add(uint64_t alloc, const TensorView& view, uint64_t first, ui
   auto sweep = [&](std::vector<uint32_t>& list) {
     size_t keep = 0;
     for (uint32_t r : list) {
-      if (!visit(r, view, first, end, write, conflict)) list[keep++] = r;
+      if (!visit(r, alloc, view, first, end, write, conflict)) list[keep++] = r;
     }
     list.resize(keep);
   };
@@ -116,7 +121,7 @@ void AccessIndex::add(uint64_t alloc, const TensorView& view, uint64_t first, ui
       uint32_t prev = 0;
       for (uint32_t cur = head(b); cur != 0;) {
         const Link l = links_[cur - 1];
-        if (visit(l.rec, view, first, end, write, conflict)) {
+        if (visit(l.rec, alloc, view, first, end, write, conflict)) {
           if (prev == 0) set_head(b, l.next); else links_[prev - 1].next = l.next;
         } else {
           prev = cur;
