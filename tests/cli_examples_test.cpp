@@ -4,47 +4,21 @@
 #include <sys/wait.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "examples.h"
+#include "test_util.h"
 
 namespace simpler::examples {
 namespace {
 
-// Kills the test process if a test body outlives its deadline, so a hang in
-// Worker::close (which no wait_for can bound) still fails fast.
-class Deadline {
- public:
-  explicit Deadline(std::chrono::seconds limit)
-      : thread_([this, limit] {
-          std::unique_lock lock(mu_);
-          if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
-            std::fprintf(stderr, "deadline of %lld s exceeded\n", static_cast<long long>(limit.count()));
-            std::_Exit(124);
-          }
-        }) {}
-  ~Deadline() {
-    {
-      std::lock_guard lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
+// Every test body runs under a Watchdog: a hang in Worker::close (which no
+// wait_for can bound) still fails fast.
+using simpler::testing::Watchdog;
 
 ExampleOptions small_options(int runs, int depth) {
   ExampleOptions o;
@@ -55,7 +29,7 @@ ExampleOptions small_options(int runs, int depth) {
 }
 
 TEST(Examples, EveryExampleVerifiesOnSmall) {
-  Deadline deadline(std::chrono::seconds(120));
+  Watchdog dog(std::chrono::seconds(120));
   for (const std::string& name : example_names()) {
     Result<ExampleReport> r = run_example(name, small_options(4, 2));
     ASSERT_TRUE(r.ok()) << name << ": " << r.status().to_string();
@@ -66,7 +40,7 @@ TEST(Examples, EveryExampleVerifiesOnSmall) {
 }
 
 TEST(Examples, MatmulChainHasHundredsOfTasksPerRun) {
-  Deadline deadline(std::chrono::seconds(60));
+  Watchdog dog(std::chrono::seconds(60));
   Result<ExampleReport> r = run_example("matmul_chain", small_options(1, 1));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE(r->verified) << r->detail;
@@ -75,7 +49,7 @@ TEST(Examples, MatmulChainHasHundredsOfTasksPerRun) {
 }
 
 TEST(Examples, MatmulChainVerifiesOnA2a3WithDeepPipeline) {
-  Deadline deadline(std::chrono::seconds(120));
+  Watchdog dog(std::chrono::seconds(120));
   ExampleOptions o = small_options(6, 6);
   o.geometry = Geometry::a2a3();
   Result<ExampleReport> r = run_example("matmul_chain", o);
@@ -84,7 +58,7 @@ TEST(Examples, MatmulChainVerifiesOnA2a3WithDeepPipeline) {
 }
 
 TEST(Examples, KernelFailureReportsTheKernelsMessage) {
-  Deadline deadline(std::chrono::seconds(60));
+  Watchdog dog(std::chrono::seconds(60));
   Result<ExampleReport> r = run_example("kernel_failure", small_options(2, 1));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE(r->verified) << r->detail;
@@ -94,7 +68,7 @@ TEST(Examples, KernelFailureReportsTheKernelsMessage) {
 // The node level: two forked chip children and a sub worker; three tasks per
 // run (one per chip, one sub), every sum checked against the host.
 TEST(Examples, NodePipelineVerifiesAcrossTwoChipsAndASubWorker) {
-  Deadline deadline(std::chrono::seconds(120));
+  Watchdog dog(std::chrono::seconds(120));
   Result<ExampleReport> r = run_example("node_pipeline", small_options(16, 8));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE(r->verified) << r->detail;
@@ -105,7 +79,7 @@ TEST(Examples, NodePipelineVerifiesAcrossTwoChipsAndASubWorker) {
 // The network level: two forked nodes, each with its own chip child and sub
 // worker, run a NodeCallable per run; the network's sub task joins them.
 TEST(Examples, NetworkPipelineVerifiesAcrossTwoForkedNodes) {
-  Deadline deadline(std::chrono::seconds(120));
+  Watchdog dog(std::chrono::seconds(120));
   Result<ExampleReport> r = run_example("network_pipeline", small_options(8, 4));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE(r->verified) << r->detail;
@@ -114,7 +88,7 @@ TEST(Examples, NetworkPipelineVerifiesAcrossTwoForkedNodes) {
 }
 
 TEST(Examples, ProgressIsReportedPerRun) {
-  Deadline deadline(std::chrono::seconds(60));
+  Watchdog dog(std::chrono::seconds(60));
   ExampleOptions o = small_options(3, 2);
   int calls = 0;
   int last_done = 0;
@@ -130,7 +104,7 @@ TEST(Examples, ProgressIsReportedPerRun) {
 }
 
 TEST(Examples, RefusesUnknownNamesAndBadOptions) {
-  Deadline deadline(std::chrono::seconds(30));
+  Watchdog dog(std::chrono::seconds(30));
   Result<ExampleReport> unknown = run_example("no_such_example", small_options(1, 1));
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
