@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -15,7 +16,8 @@
 namespace simpler::examples {
 namespace {
 
-// The shared watchdog: it is idle before an example forks its node's children.
+// Every test body runs under a Watchdog: a hang in Worker::close (which no
+// wait_for can bound) still fails fast.
 using simpler::testing::Watchdog;
 
 ExampleOptions small_options(int runs, int depth) {

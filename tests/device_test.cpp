@@ -484,7 +484,7 @@ TEST(SimDevice, IdleDeviceThreadsAllSleep) {
   ASSERT_TRUE(dev.ok());
   CountingProgram program(4);
   (*dev)->start(&program);
-  // Every other thread (72 cores, 4 AICPUs, the watchdog) ends up blocked in
+  // Every other thread (72 cores, 4 AICPUs) ends up blocked in
   // the kernel, not spinning: the no-unbounded-spinning rule.
   std::vector<char> states;
   const bool all_sleep = eventually([&] {

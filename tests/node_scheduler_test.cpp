@@ -223,11 +223,13 @@ TEST_P(SchedulerCases, R32SaturationIsAnOrdinaryState) {
   fx.start();
   std::vector<RunHandle> runs;
   for (int i = 0; i < 64; ++i) runs.push_back(fx.submit("gate=0"));
-  ASSERT_TRUE(eventually([&] { return fx.gates->handler_calls >= 10; })) << "the child never held M = G + K runs";
+  // The child's thread counts handler calls with an atomic add; read them atomically too.
+  ASSERT_TRUE(eventually([&] { return load_acquire(fx.gates->handler_calls) >= 10; }))
+      << "the child never held M = G + K runs";
   fx.open_gate(0);
   for (auto& r : runs) EXPECT_TRUE(wait_run(r).ok()) << r.result().to_string();
   EXPECT_FALSE(fx.ep->poisoned().has_value());
-  EXPECT_EQ(fx.gates->handler_calls, 64u);
+  EXPECT_EQ(load_acquire(fx.gates->handler_calls), 64u);
 }
 
 // R17: the same scheduler drives the mock and a forked child alike: results,

@@ -3,11 +3,12 @@
 #pragma once
 
 #include <dirent.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -38,50 +39,42 @@ inline constexpr std::chrono::seconds kWait{30};
 // call that takes no deadline (Worker::close, a blocking submit) still fails
 // with a message instead of running into the ctest timeout.
 //
-// Tests fork right after constructing one (ForkedChild::spawn wants no other
-// thread running), so the constructor returns only once the watchdog thread
-// is past its start-up and blocked in its wait: a thread that is still
-// starting may hold an allocator lock (GCC 12's ASan allocator takes one in
-// thread start-up and, unlike glibc malloc, does not guard its locks across
-// fork), and a child forked then inherits it held: every thread that child
-// starts blocks forever, and its runs never execute.
+// It is an alarm, not a thread: node tests fork, and the product forks its
+// children before it starts any thread of its own. A watchdog thread would make
+// every such fork a fork of a multi-threaded process, which is what the product
+// avoids and what ThreadSanitizer's die_after_fork checks. A pending alarm is
+// not inherited by a forked child, so children never see it.
 class Watchdog {
  public:
-  explicit Watchdog(std::chrono::seconds limit = std::chrono::seconds(90))
-      : thread_([this, limit] {
-          std::unique_lock lock(mu_);
-          started_ = true;
-          cv_.notify_all();
-          if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
-            const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-            std::fprintf(stderr, "watchdog: %s.%s still running after %lld s; aborting\n",
-                         info ? info->test_suite_name() : "?", info ? info->name() : "?",
-                         static_cast<long long>(limit.count()));
-            std::fflush(stderr);
-            std::_Exit(124);
-          }
-        }) {
-    // mu_ is free again only once the thread waits in wait_for.
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return started_; });
+  explicit Watchdog(std::chrono::seconds limit = std::chrono::seconds(90)) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    const int n = std::snprintf(message_, sizeof message_, "watchdog: %s.%s still running after %lld s; aborting\n",
+                                info ? info->test_suite_name() : "?", info ? info->name() : "?",
+                                static_cast<long long>(limit.count()));
+    length_ = n < 0 ? 0 : std::min(static_cast<size_t>(n), sizeof message_ - 1);
+    struct sigaction sa {};
+    sa.sa_handler = &Watchdog::expired;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, &previous_);
+    alarm(static_cast<unsigned>(limit.count()));
   }
   ~Watchdog() {
-    {
-      std::lock_guard lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
+    alarm(0);
+    sigaction(SIGALRM, &previous_, nullptr);
   }
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool started_ = false;
-  bool done_ = false;
-  std::thread thread_;
+  // Runs in a signal handler: async-signal-safe calls only, on a message
+  // formatted before the alarm was armed.
+  static void expired(int) {
+    (void)!write(STDERR_FILENO, message_, length_);
+    _exit(124);
+  }
+  static inline char message_[512];
+  static inline size_t length_ = 0;
+  struct sigaction previous_ {};
 };
 
 // Polls `cond` (yielding) until it holds or `limit` passes; true when it held.
@@ -94,8 +87,16 @@ inline bool eventually(const std::function<bool()>& cond, std::chrono::nanosecon
   return true;
 }
 
-// Threads of this process, from /proc/self/task.
+// Threads of this process, from /proc/self/task. ThreadSanitizer starts a
+// helper thread of its own at the process's first thread creation; creating
+// and joining one thread before the first count makes that helper part of every
+// count, so a before/after comparison sees only the threads of the code under test.
 inline int thread_count() {
+  static const bool runtime_helpers_started = [] {
+    std::thread([] {}).join();
+    return true;
+  }();
+  (void)runtime_helpers_started;
   int n = 0;
   if (DIR* d = opendir("/proc/self/task")) {
     while (dirent* e = readdir(d)) {
