@@ -61,9 +61,14 @@ void NodeChildHandler::finished() {
   if (idle) idle_bell_.ring();
 }
 
-bool NodeChildHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket) {
+size_t NodeChildHandler::callable_index(const Digest& digest) const {
   size_t k = 0;
-  while (k < callables_.size() && callables_[k].digest() != request.callable) ++k;
+  while (k < callables_.size() && callables_[k].digest() != digest) ++k;
+  return k;
+}
+
+bool NodeChildHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket) {
+  const size_t k = callable_index(request.callable);
   if (k == callables_.size() || !short_[k].load(std::memory_order_relaxed)) return false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -79,8 +84,7 @@ bool NodeChildHandler::try_run_inline(const RunRequest& request, const RunTicket
 }
 
 bool NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket, bool wait) {
-  size_t k = 0;
-  while (k < callables_.size() && callables_[k].digest() != request.callable) ++k;
+  const size_t k = callable_index(request.callable);
   if (k == callables_.size()) {
     ticket.complete(not_found("no node callable with digest {}", digest_hex(request.callable)));
     finished();

@@ -49,6 +49,8 @@ class NodeChildHandler final : public RunHandler {
   // runs now: nothing was done and the ticket is untouched.
   bool submit(const RunRequest& request, const RunTicket& ticket, bool wait);
   Result<TaskArgs> decode(const RunRequest& request) const;
+  // The index of the callable with `digest`, or callables_.size().
+  size_t callable_index(const Digest& digest) const;
   void finished();
 
   const NodeSpec spec_;
