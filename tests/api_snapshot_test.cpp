@@ -15,6 +15,7 @@
 
 #include "api_snapshot/api_normalize.h"
 #include "chip/chip_worker.h"
+#include "simpler/simpler.h"
 #include "ipc/mailbox_layout.h"
 #include "node/node_worker.h"
 #include "test_util.h"

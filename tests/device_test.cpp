@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "device/core.h"
-#include "device/global_memory.h"
-#include "device/sim_device.h"
+#include "device/sim/core.h"
+#include "device/sim/global_memory.h"
+#include "device/sim/sim_device.h"
 #include "simpler/simpler.h"
 #include "test_util.h"
 
@@ -403,7 +403,7 @@ TEST_F(CoreHandoff, KernelFailureSetsTheFailedBitAndTheFirstMessage) {
   const uint64_t t = dispatch(failing_kernel, nullptr);
   const uint64_t st = wait_fin(t);
   EXPECT_NE(st & CoreRegisters::kFailedBit, 0u);
-  EXPECT_STREQ(core_.regs().error, "first report");
+  EXPECT_STREQ(core_.regs().failure.message, "first report");
   // The next task starts clean.
   int64_t value = 0;
   int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 1};
@@ -414,13 +414,13 @@ TEST_F(CoreHandoff, KernelFailureSetsTheFailedBitAndTheFirstMessage) {
 TEST_F(CoreHandoff, AThrowingKernelFailsItsTaskWithTheExceptionText) {
   const uint64_t st = wait_fin(dispatch(throwing_kernel, nullptr));
   EXPECT_NE(st & CoreRegisters::kFailedBit, 0u);
-  EXPECT_STREQ(core_.regs().error, "kernel threw this");
+  EXPECT_STREQ(core_.regs().failure.message, "kernel threw this");
 }
 
 TEST_F(CoreHandoff, ALongFailureMessageIsTruncated) {
   const uint64_t st = wait_fin(dispatch(long_message_kernel, nullptr));
   EXPECT_NE(st & CoreRegisters::kFailedBit, 0u);
-  EXPECT_EQ(std::strlen(core_.regs().error), kKernelErrorBytes - 1);
+  EXPECT_EQ(std::strlen(core_.regs().failure.message), kKernelErrorBytes - 1);
 }
 
 TEST(Core, KernelFailOutsideACoreThreadIsHarmless) {

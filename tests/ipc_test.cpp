@@ -15,6 +15,7 @@
 
 #include "base/shared_memory.h"
 #include "chip/chip_worker.h"
+#include "simpler/simpler.h"
 #include "ipc/chip_child_handler.h"
 #include "simpler/kernel.h"
 #include "ipc/forked_child.h"

@@ -18,6 +18,8 @@
 #include "base/doorbell.h"
 #include "chip/chip_worker.h"
 #include "chip/pipeline_contract.h"
+#include "device/backend_registry.h"
+#include "simpler/simpler.h"
 
 namespace simpler {
 namespace {
@@ -197,14 +199,24 @@ TEST(NativeRun, R86LaunchingRefusesFinalizeAndWait) {
   EXPECT_EQ(f.worker->launched_peak(), 1u);
 }
 
-// R78: the sim backend's table is complete; a missing callback is named.
+// R78: every registered backend's table is complete; a missing callback is named.
 TEST(HostApi, R78TableIsComplete) {
-  EXPECT_TRUE(check_host_api_ops(SimRunner::ops()).ok());
-  HostApiOps broken = SimRunner::ops();
-  broken.arena_setup = nullptr;
-  Status st = check_host_api_ops(broken);
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("arena_setup"), std::string::npos) << st.message();
+  const auto backends = registered_backends();
+  ASSERT_FALSE(backends.empty());
+  for (const BackendInfo* b : backends) {
+    auto device = b->create(DeviceOptions{Geometry::small(), 1 << 20});
+    ASSERT_TRUE(device.ok()) << b->name << ": " << device.status().to_string();
+    auto runner = (*device)->create_runner(4096);
+    ASSERT_TRUE(runner.ok()) << b->name << ": " << runner.status().to_string();
+    const HostApiOps& ops = (*runner)->ops();
+    EXPECT_TRUE(check_host_api_ops(ops).ok()) << b->name;
+    EXPECT_STREQ(ops.backend, b->name);
+    HostApiOps broken = ops;
+    broken.arena_setup = nullptr;
+    Status st = check_host_api_ops(broken);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("arena_setup"), std::string::npos) << st.message();
+  }
 }
 
 // R79: two HostApi values driven from two threads released by one gate; every
@@ -721,7 +733,7 @@ TEST(Grant, R27R31GrantIsTheRequestAndReachesTheRuntime) {
   for (uint32_t g : {1u, 5u, 17u}) {
     Fixture f(g);
     EXPECT_EQ(f.worker->grant(), g);
-    EXPECT_EQ(f.worker->runtime().slot_count(), g);
+    EXPECT_EQ(f.worker->runtime().width(), g);
     for (const auto& [name, width] : f.worker->owner_widths()) EXPECT_EQ(width, g) << name;
   }
 }
@@ -949,7 +961,7 @@ TEST_P(AllGeometries, R89SameLifecycleContract) {
   cfg.device_memory_bytes = 64ull << 20;
   auto w = ChipWorker::create(cfg, std::move(cs));
   ASSERT_TRUE(w.ok());
-  EXPECT_TRUE(check_host_api_ops(SimRunner::ops()).ok());
+  EXPECT_TRUE(check_host_api_ops((*w)->runner().ops()).ok());
   auto buf = (*w)->malloc(64 * 4);
   TaskArgs a;
   a.add_tensor(buf->view({64}, DType::F32), Tag::InOut);

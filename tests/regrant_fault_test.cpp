@@ -10,6 +10,7 @@
 #include <new>
 
 #include "chip/chip_worker.h"
+#include "simpler/simpler.h"
 
 namespace {
 thread_local long t_allocations_left = -1;  // -1: not armed

@@ -31,6 +31,12 @@ const char* tag_name(Tag t);
 inline bool tag_writes(Tag t) { return t == Tag::Output || t == Tag::InOut || t == Tag::OutputExisting; }
 inline bool tag_reads(Tag t) { return t == Tag::Input || t == Tag::InOut; }
 
+// Device memory of a chip, or summed over the chips of a node or network.
+struct MemoryInfo {
+  uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;
+};
+
 enum class CoreType : uint8_t { AIC = 0, AIV = 1 };
 const char* core_type_name(CoreType t);
 

@@ -1,78 +1,22 @@
-// Worker: the user's entry point at every level (the level is a label), and
-// RunHandle, the future of one submitted run. A Worker is used from one
-// controlling thread (register, init, malloc/copy, submit, close); RunHandles
-// may be waited on from any thread. A Worker owns its device (Level::Chip) or
-// its child processes and shared heap (Level::Node, Level::Network), its
-// threads and every allocation it made.
+// Worker: the user's entry point at every level (the level is a label). A
+// Worker is used from one controlling thread (register, init, malloc/copy,
+// submit, close); the RunHandles it returns may be waited on from any thread.
+// It owns its device (Level::Chip) or its child processes and shared heap
+// (Level::Node, Level::Network), its threads and every allocation it made.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
 
 #include "simpler/callable.h"
 #include "simpler/orchestrator.h"
+#include "simpler/run_handle.h"
 #include "simpler/types.h"
+#include "simpler/worker_config.h"
 
 namespace simpler {
-
-struct WorkerConfig {
-  Geometry geometry = Geometry::small();     // of every chip
-  uint32_t chips = 0;                        // Level::Node: chip child processes
-  uint32_t sub_workers = 0;                  // Level::Node/Network: sub worker processes (host functions)
-  uint32_t pipeline_depth = 2;               // runs admitted at once; each holds one run-resource set
-  uint32_t launch_depth = 0;                 // runs launched on a device at once; 0 = pipeline_depth (Network: 0 only)
-  uint64_t device_memory_bytes = 1ull << 30; // simulated GM size (reserved, committed on touch)
-  uint32_t max_tasks_per_run = 16384;        // graph capacity of one run-resource set
-  uint64_t shared_heap_bytes = 64ull << 20;  // Level::Node/Network: host memory shared with every child
-  // Level::Node/Network: a next-level task with no terminal this long after its publication
-  // (a staged successor: after its activation) means its child hangs: the
-  // child is killed, each run it held ends DEADLINE_EXCEEDED and the other
-  // children keep serving. 0 = no deadline.
-  std::chrono::milliseconds run_timeout{std::chrono::minutes(10)};
-};
-
-// At Level::Node: `executed` counts tasks a child ran to success, and
-// `device_us` spans the run's first publication to its last task terminal.
-struct RunStats {
-  uint32_t tasks = 0;          // tasks in the run's graph
-  uint32_t executed = 0;       // subtasks that ran a kernel
-  uint32_t released_early = 0; // intermediates freed during the run because their scope had ended
-  double build_us = 0;         // orchestration (graph build) time on the host
-  double device_us = 0;        // launch to last completion
-};
-
-namespace detail {
-struct RunState;
-}
-
-class RunHandle {
- public:
-  RunHandle() = default;
-  explicit RunHandle(std::shared_ptr<detail::RunState> state) : state_(std::move(state)) {}
-
-  bool valid() const { return state_ != nullptr; }
-  // Never blocks.
-  bool done() const;
-  // Blocks (spin briefly, then park) until the run is terminal; returns its result.
-  Status wait() const;
-  // As wait(), but gives up after `timeout` with DEADLINE_EXCEEDED; the run goes on.
-  Status wait_for(std::chrono::nanoseconds timeout) const;
-  // The terminal result; FAILED_PRECONDITION while the run is not done.
-  Status result() const;
-  RunStats stats() const;
-  uint64_t run_id() const;
-
- private:
-  std::shared_ptr<detail::RunState> state_;
-};
-
-struct MemoryInfo {
-  uint64_t total_bytes = 0;
-  uint64_t free_bytes = 0;
-};
 
 class Worker {
  public:

@@ -6,7 +6,7 @@ const char* version_string() { return SIMPLER_VERSION; }
 
 const char* build_options() {
   static const char* const kOptions = "build_type=" SIMPLER_BUILD_TYPE " sanitize=" SIMPLER_SANITIZE_OPT
-                                      " device=simulated runtimes=host_build_graph";
+                                      "";
   return kOptions;
 }
 

@@ -6,6 +6,7 @@
 #include "base/errors.h"
 #include "base/leak.h"
 #include "chip/pipeline_contract.h"
+#include "device/backend_registry.h"
 #include "task/args_blob.h"
 
 namespace simpler {
@@ -13,24 +14,30 @@ namespace simpler {
 Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& config,
                                                        std::vector<ChipCallable> callables) {
   SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(config)));
-  SIMPLER_RETURN_IF_ERROR(check_host_api_ops(SimRunner::ops()));
+  auto backend = backend_named(config.backend);
+  if (!backend.ok()) return backend.status();
+  auto runtime = runtime_named(config.runtime);
+  if (!runtime.ok()) return runtime.status();
   std::unique_ptr<ChipWorker> w(new ChipWorker(config, std::move(callables)));
-  auto device = SimDevice::create(config.geometry, config.device_memory_bytes);
+  auto device = (*backend)->create(DeviceOptions{config.geometry, config.device_memory_bytes});
   if (!device.ok()) return device.status();
   w->device_ = std::move(device).value();
   ChipWorker* self = w.get();
-  auto rt = hbg::HbgRuntime::create(*w->device_, config.max_tasks_per_run,
-                                    [self](uint32_t slot, hbg::RunOutcome out) { self->on_run_done(slot, std::move(out)); });
+  auto rt = (*runtime)->create(*w->device_, RuntimeOptions{config.max_tasks_per_run},
+                               [self](uint32_t slot, RunOutcome out) { self->on_run_done(slot, std::move(out)); });
   if (!rt.ok()) return rt.status();
   w->runtime_ = std::move(rt).value();
-  const uint64_t arena = hbg::HbgRuntime::arena_bytes(config.max_tasks_per_run);
+  const uint64_t arena = w->runtime_->arena_bytes();
   if (arena * config.pipeline_depth > w->device_->memory().total_bytes()) {
     return resource_exhausted(
         "pipeline_depth = {} x max_tasks_per_run = {} needs {} bytes of graph arenas; device_memory_bytes is {}",
         config.pipeline_depth, config.max_tasks_per_run, arena * config.pipeline_depth,
         w->device_->memory().total_bytes());
   }
-  w->runner_ = std::make_unique<SimRunner>(w->device_->memory(), arena);
+  auto runner = w->device_->create_runner(arena);
+  if (!runner.ok()) return runner.status();
+  w->runner_ = std::move(runner).value();
+  SIMPLER_RETURN_IF_ERROR(check_host_api_ops(w->runner_->ops()));
   auto arena_or = RunResourceArena::create(1);
   w->arena_ = std::make_unique<RunResourceArena>(std::move(arena_or).value());
   SIMPLER_RETURN_IF_ERROR(w->set_run_resource_grant(config.pipeline_depth));
@@ -70,15 +77,13 @@ Status ChipWorker::free(DeviceBuffer buffer) {
 Status ChipWorker::copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset) {
   if (src == nullptr && bytes != 0) return invalid_argument("copy_to: src is null");
   SIMPLER_RETURN_IF_ERROR(check_buffer(dst, dst_offset, bytes, "copy_to dst"));
-  std::memcpy(reinterpret_cast<void*>(dst.addr + dst_offset), src, bytes);
-  return Status();
+  return device_->memory().copy_to_device(dst.addr + dst_offset, src, bytes);
 }
 
 Status ChipWorker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset) {
   if (dst == nullptr && bytes != 0) return invalid_argument("copy_from: dst is null");
   SIMPLER_RETURN_IF_ERROR(check_buffer(src, src_offset, bytes, "copy_from src"));
-  std::memcpy(dst, reinterpret_cast<const void*>(src.addr + src_offset), bytes);
-  return Status();
+  return device_->memory().copy_from_device(dst, src.addr + src_offset, bytes);
 }
 
 MemoryInfo ChipWorker::memory_info() const {
@@ -100,7 +105,7 @@ std::vector<std::pair<std::string, uint32_t>> ChipWorker::owner_widths() const {
           {"native_run_storage", static_cast<uint32_t>(storage_.size())},
           {"launched_run_table", static_cast<uint32_t>(running_.size())},
           {"runner_retained_temps_and_arenas", runner_->width()},
-          {"runtime_graph_sets", runtime_->slot_count()}};
+          {"runtime_graph_sets", runtime_->width()}};
 }
 
 Status ChipWorker::set_run_resource_grant(uint32_t g) {
@@ -129,8 +134,8 @@ Status ChipWorker::set_run_resource_grant(uint32_t g) {
     for (uint32_t i = 0; i < g; ++i) storage.push_back(std::make_unique<StorageBlock>());
     std::vector<NativeRunContext*> running(g, nullptr);
     std::unique_ptr<PaddedBell[]> bells(new PaddedBell[g]);
-    SimRunner::GrantTables tables = SimRunner::build_grant(g);
-    hbg::HbgRuntime::GrantState rt = runtime_->build_grant(g);
+    std::unique_ptr<GrantOwner::Pending> runner_sets = runner_->build_grant(g);
+    std::unique_ptr<GrantOwner::Pending> runtime_sets = runtime_->build_grant(g);
     // Commit: nothing below can fail. The grant is published last.
     arena_.swap(arena);
     newest_generation_.swap(generations);
@@ -138,8 +143,8 @@ Status ChipWorker::set_run_resource_grant(uint32_t g) {
     storage_.swap(storage);
     running_.swap(running);
     set_bells_.swap(bells);
-    runner_->commit_grant(tables);
-    runtime_->commit_grant(rt);
+    runner_->commit_grant(*runner_sets);
+    runtime_->commit_grant(*runtime_sets);
     launch_depth_ = config_.launch_depth == 0 ? g : config_.launch_depth;
     grant_.store(g, std::memory_order_release);
   } catch (const std::bad_alloc&) {
@@ -426,7 +431,7 @@ Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_hol
   return result;
 }
 
-void ChipWorker::on_run_done(uint32_t slot, hbg::RunOutcome out) {
+void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
   NativeRunContext* ctx = running_[slot];
   running_[slot] = nullptr;
   ctx->stats_.tasks = out.tasks;

@@ -1,8 +1,10 @@
-// ChipWorker: one simulated chip (L2) with the host_build_graph runtime. It
-// owns the device, the sim runner (HostApi backend), the run-resource arena
-// and every per-set owner, all exactly as wide as the grant (pipeline_depth),
-// and the native-run lifecycle: prepare -> launch -> poll / wait -> finalize.
-// Worker::submit is prepare + launch with finalize on completion.
+// ChipWorker: one chip (L2): the device of WorkerConfig::backend and the
+// runtime of WorkerConfig::runtime, both found in their registries and seen
+// only through their interfaces. It owns the device, its runner (the HostApi
+// backend), the runtime, the run-resource arena and every per-set owner, all
+// exactly as wide as the grant (pipeline_depth), and the native-run
+// lifecycle: prepare -> launch -> poll / wait -> finalize. Worker::submit is
+// prepare + launch with finalize on completion.
 //
 // Threads: one controlling thread calls everything except the phase calls;
 // phase calls for one run come from one thread at a time (any thread); the
@@ -24,10 +26,9 @@
 #include "chip/native_run.h"
 #include "chip/run_resource_arena.h"
 #include "chip/run_state.h"
-#include "device/sim_device.h"
-#include "device/sim_runner.h"
-#include "runtime/hbg/hbg_runtime.h"
-#include "simpler/worker.h"
+#include "device/device.h"
+#include "runtime/runtime.h"
+#include "simpler/worker_config.h"
 
 namespace simpler {
 
@@ -84,8 +85,8 @@ class ChipWorker {
   Status close(std::chrono::milliseconds drain_timeout);
 
   ExecutionContext& execution_context() { return context_; }
-  SimRunner& runner() { return *runner_; }
-  const hbg::HbgRuntime& runtime() const { return *runtime_; }
+  DeviceRunner& runner() { return *runner_; }
+  const ChipRuntime& runtime() const { return *runtime_; }
   uint32_t launched_now() const;
   uint32_t launched_peak() const;
   size_t registered_runs() const;
@@ -129,7 +130,7 @@ class ChipWorker {
   Result<Lease> acquire_set();
   void enqueue_launch(NativeRunContext* ctx);
   void do_launch(NativeRunContext* ctx);
-  void on_run_done(uint32_t slot, hbg::RunOutcome outcome);
+  void on_run_done(uint32_t slot, RunOutcome outcome);
   // Unregisters, waits until only `own_holds` phase calls are inside, then
   // destroys the context and releases its set.
   Status retire(NativeRunContext* ctx, Status result, uint32_t own_holds);
@@ -138,9 +139,9 @@ class ChipWorker {
   const std::vector<ChipCallable> callables_;
   uint32_t launch_depth_;
   ExecutionContext context_;
-  std::unique_ptr<SimDevice> device_;
-  std::unique_ptr<SimRunner> runner_;
-  std::unique_ptr<hbg::HbgRuntime> runtime_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<DeviceRunner> runner_;
+  std::unique_ptr<ChipRuntime> runtime_;
   std::unique_ptr<RunResourceArena> arena_;
   std::atomic<uint32_t> grant_{0};
 

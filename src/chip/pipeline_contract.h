@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "simpler/status.h"
-#include "simpler/worker.h"
+#include "simpler/worker_config.h"
 
 namespace simpler {
 

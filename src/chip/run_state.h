@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "base/doorbell.h"
-#include "simpler/worker.h"
+#include "simpler/run_handle.h"
 
 namespace simpler::detail {
 

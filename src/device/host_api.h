@@ -4,9 +4,6 @@
 // runner and selection only through the value it is given: no thread-local or
 // global selects a run's resources. Any thread may call through a HostApi; the
 // backend's runner must outlive every HostApi bound to it.
-//
-// It lives in the device (platform) layer, not in chip as ARCHITECTURE.md §2
-// lists it, because the runtimes call it and the runtimes sit above chip.
 #pragma once
 
 #include <cstdint>

@@ -24,7 +24,9 @@
 #include "node/scheduler.h"
 #include "node/shared_heap.h"
 #include "node/worker_lane.h"
-#include "simpler/worker.h"
+#include "simpler/orchestrator.h"
+#include "simpler/run_handle.h"
+#include "simpler/worker_config.h"
 
 namespace simpler {
 

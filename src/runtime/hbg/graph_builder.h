@@ -1,30 +1,21 @@
-// GraphBuilder: the ChipOrchestrator of one run being built in one slot. Lives
-// on the building thread's stack for the duration of the orchestration call.
+// GraphBuilder: the ChipOrchestrator of one host_build_graph run being built
+// in one set. The shared checks are RunBuilder's; this places each task in
+// the set's graph (descriptors, task record) and finds its dependencies.
+// Lives on the building thread's stack for the orchestration call.
 #pragma once
 
+#include "runtime/common/run_builder.h"
 #include "runtime/hbg/hbg_runtime.h"
-#include "simpler/orchestrator.h"
 
 namespace simpler::hbg {
 
-class GraphBuilder final : public ChipOrchestrator {
+class GraphBuilder final : public RunBuilder {
  public:
-  GraphBuilder(HbgRuntime& rt, Slot& slot) : rt_(rt), s_(slot) {}
-
-  Result<TaskRef> submit_aiv(uint32_t func_id, const TaskArgs& args) override;
-  Result<TaskRef> submit_aic(uint32_t func_id, const TaskArgs& args) override;
-  Result<TaskRef> submit_mix(const MixKernels& kernels, const TaskArgs& args) override;
-  Result<TensorView> alloc(const std::vector<int64_t>& shape, DType dtype) override;
-  void scope_begin() override;
-  Status scope_end() override;
-  uint32_t task_count() const override { return s_.task_count; }
+  GraphBuilder(HbgRuntime& rt, Slot& slot, const ChipCallable& callable);
 
  private:
-  Result<TaskRef> submit(TaskKind kind, const uint32_t* funcs, uint32_t nfuncs, const TaskArgs& args);
-  Status refuse(Status st);
-  Result<uint32_t> new_intermediate(uint64_t bytes);
-  // The device allocation holding [addr, addr + bytes), from the build's cache when it can.
-  Result<GlobalMemory::Allocation> allocation_of(uint64_t addr, uint64_t bytes);
+  Status reserve(uint32_t task, uint32_t tensors) override;
+  void place(const CheckedTask& task) override;
   // `base` is the device allocation holding the view's buffer: accesses are
   // grouped by allocation, so views through different sub-buffers of one
   // allocation still meet.

@@ -12,47 +12,59 @@ namespace {
 constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
 uint64_t slot_bytes(const Capacity& c) {
-  return align_up(sizeof(Task) * c.tasks, 64) + align_up(sizeof(DeviceTensor) * c.descriptors, 64) +
+  return align_up(sizeof(GraphTask) * c.tasks, 64) + align_up(sizeof(DeviceTensor) * c.descriptors, 64) +
          align_up(sizeof(uint32_t) * c.edges, 64) + align_up(sizeof(uint32_t) * c.edges, 64);
 }
 
 Capacity capacity_for(uint32_t max_tasks) { return Capacity{max_tasks, max_tasks * 4, max_tasks * 8}; }
 }  // namespace
 
-uint64_t HbgRuntime::arena_bytes(uint32_t max_tasks) { return slot_bytes(capacity_for(max_tasks)); }
+Slot::Slot(const Capacity& c)
+    : pred_mark(c.tasks, 0), counts(c.tasks + 1, 0), accesses(c.descriptors), intermediates(c.tasks * 2) {}
 
-Result<std::unique_ptr<HbgRuntime>> HbgRuntime::create(SimDevice& device, uint32_t max_tasks, RunDoneFn on_done) {
-  if (max_tasks == 0 || max_tasks > (1u << 24)) {
-    return invalid_argument("max_tasks_per_run = {} is outside [1, 2^24]", max_tasks);
+struct HbgRuntime::GrantState final : GrantOwner::Pending {
+  std::vector<std::unique_ptr<Slot>> slots;
+  std::vector<ReadyItem> rings[3];
+};
+
+uint64_t HbgRuntime::arena_bytes() const { return slot_bytes(capacity_); }
+
+Result<std::unique_ptr<ChipRuntime>> HbgRuntime::create(Device& device, const RuntimeOptions& options,
+                                                        RunDoneFn on_done) {
+  if (options.max_tasks_per_run == 0 || options.max_tasks_per_run > (1u << 24)) {
+    return invalid_argument("max_tasks_per_run = {} is outside [1, 2^24]", options.max_tasks_per_run);
   }
-  return std::unique_ptr<HbgRuntime>(new HbgRuntime(device, capacity_for(max_tasks), std::move(on_done)));
+  if (!device.memory().host_mapped()) {
+    return invalid_argument("runtime = 'host_build_graph' builds its graph in device memory from the host; backend "
+                            "'{}' has no host-mapped device memory",
+                            device.backend());
+  }
+  return std::unique_ptr<ChipRuntime>(
+      new HbgRuntime(device, capacity_for(options.max_tasks_per_run), std::move(on_done)));
 }
 
-HbgRuntime::GrantState HbgRuntime::build_grant(uint32_t grant) const {
-  GrantState g;
-  g.slots.reserve(grant);
+std::unique_ptr<GrantOwner::Pending> HbgRuntime::build_grant(uint32_t grant) const {
+  auto g = std::make_unique<GrantState>();
+  g->slots.reserve(grant);
   for (uint32_t i = 0; i < grant; ++i) {
-    auto s = std::make_unique<Slot>();
-    s->index = i;
-    s->pred_mark.assign(capacity_.tasks, 0);
-    s->counts.assign(capacity_.tasks + 1, 0);
-    s->intermediates.reset(new Intermediate[capacity_.tasks * 2]);
-    s->accesses = std::make_unique<AccessIndex>(capacity_.descriptors);
-    g.slots.push_back(std::move(s));
+    g->slots.push_back(std::make_unique<Slot>(capacity_));
+    g->slots.back()->index = i;
   }
-  for (auto& ring : g.rings) ring.resize(size_t{grant} * capacity_.tasks);
+  for (auto& ring : g->rings) ring.resize(size_t{grant} * capacity_.tasks);
   return g;
 }
 
-void HbgRuntime::commit_grant(GrantState& g) noexcept {
+void HbgRuntime::commit_grant(Pending& pending) noexcept {
+  auto& g = static_cast<GrantState&>(pending);
   slots_.swap(g.slots);
   aic_queue_.swap_storage(g.rings[0]);
   aiv_queue_.swap_storage(g.rings[1]);
   mix_queue_.swap_storage(g.rings[2]);
 }
 
-HbgRuntime::HbgRuntime(SimDevice& device, Capacity capacity, RunDoneFn on_done)
+HbgRuntime::HbgRuntime(Device& device, Capacity capacity, RunDoneFn on_done)
     : device_(device),
+      memory_(device.memory()),
       capacity_(capacity),
       on_done_(std::move(on_done)),
       aic_queue_(0),
@@ -61,6 +73,7 @@ HbgRuntime::HbgRuntime(SimDevice& device, Capacity capacity, RunDoneFn on_done)
       inflight_(device.core_count()),
       next_token_(device.core_count(), 0),
       aicpu_(new AicpuState[device.geometry().aicpu_threads]) {
+  for (uint32_t c = 0; c < device.core_count(); ++c) regs_.push_back(&device.core_registers(c));
   for (uint32_t c = 0; c < device.geometry().clusters; ++c) aicpu_[device.owner_of_cluster(c)].clusters.push_back(c);
 }
 
@@ -75,9 +88,9 @@ Status HbgRuntime::bind_arena(Slot& s, const HostApi& api) {
   }
   if (s.arena_addr == *addr) return Status();
   auto* p = reinterpret_cast<uint8_t*>(*addr);
-  s.tasks = reinterpret_cast<Task*>(p);
-  for (uint32_t t = 0; t < capacity_.tasks; ++t) new (&s.tasks[t]) Task();
-  p += align_up(sizeof(Task) * capacity_.tasks, 64);
+  s.tasks = reinterpret_cast<GraphTask*>(p);
+  for (uint32_t t = 0; t < capacity_.tasks; ++t) new (&s.tasks[t]) GraphTask();
+  p += align_up(sizeof(GraphTask) * capacity_.tasks, 64);
   s.descriptors = reinterpret_cast<DeviceTensor*>(p);
   p += align_up(sizeof(DeviceTensor) * capacity_.descriptors, 64);
   s.fanout = reinterpret_cast<uint32_t*>(p);
@@ -87,58 +100,34 @@ Status HbgRuntime::bind_arena(Slot& s, const HostApi& api) {
   return Status();
 }
 
-void HbgRuntime::reset_slot(Slot& s) {
-  // Only the previous run's tasks can hold a mark.
-  std::fill(s.pred_mark.begin(), s.pred_mark.begin() + s.task_count, 0);
-  s.task_count = 0;
-  s.desc_count = 0;
-  s.edges.clear();
-  s.use_pairs.clear();
-  s.accesses->clear();
-  s.known_allocations.fill(GlobalMemory::Allocation{0, 0});
-  s.intermediate_count = 0;
-  s.intermediate_of.clear();
-  s.scopes.clear();
-  s.build_error = Status();
-  s.executed.store(0, std::memory_order_relaxed);
-  s.released_early.store(0, std::memory_order_relaxed);
-  s.failed.store(false, std::memory_order_relaxed);
-  s.first_error = Status();
-}
-
-void HbgRuntime::release_intermediates(Slot& s) {
-  for (uint32_t i = 0; i < s.intermediate_count; ++i) {
-    Intermediate& im = s.intermediates[i];
-    if (im.addr != 0) {
-      (void)device_.memory().free(im.addr);
-      im.addr = 0;
-    }
-  }
-  s.intermediate_count = 0;
-}
-
-void HbgRuntime::discard(uint32_t slot) { release_intermediates(*slots_[slot]); }
+void HbgRuntime::discard(uint32_t slot) { slots_[slot]->intermediates.free_all(memory_); }
 
 Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args) {
   if (api.slot >= slots_.size()) {
     return invalid_argument("pipeline_slot = {} is outside the grant of {}", api.slot, slots_.size());
   }
   Slot& s = *slots_[api.slot];
-  reset_slot(s);
+  // Only the previous run's tasks can hold a mark.
+  std::fill(s.pred_mark.begin(), s.pred_mark.begin() + s.task_count, 0);
+  s.task_count = 0;
+  s.desc_count = 0;
+  s.edges.clear();
+  s.use_pairs.clear();
+  s.accesses.clear();
+  s.intermediates.reset();
+  s.executed.store(0, std::memory_order_relaxed);
+  s.released_early.store(0, std::memory_order_relaxed);
+  s.error.reset();
   SIMPLER_RETURN_IF_ERROR(bind_arena(s, api));
   // The builder reaches the run's HostApi through the slot only while this
   // call runs; the guard unbinds it on every exit, so no finished run's
-  // binding can be used by a later one.
+  // binding can be used by a later one (R88).
   struct BindingGuard {
     Slot& s;
-    ~BindingGuard() {
-      s.api = HostApi{};
-      s.callable = nullptr;
-    }
+    ~BindingGuard() { s.api = HostApi{}; }
   } guard{s};
   s.api = api;
-  s.callable = &callable;
-  GraphBuilder builder(*this, s);
+  GraphBuilder builder(*this, s, callable);
   Status st;
   try {
     st = callable.orchestrate()(builder, run_args);
@@ -150,7 +139,7 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
     st = Status(StatusCode::kInternal,
                 fmt::format("orchestration of '{}' threw a non-standard exception", callable.name()));
   }
-  if (st.ok()) st = s.build_error;
+  if (st.ok()) st = builder.build_error();
   if (st.ok() && s.edges.size() > capacity_.edges) {
     st = resource_exhausted("graph capacity: the run has {} dependency edges, more than {} (8 x max_tasks_per_run)",
                             s.edges.size(), capacity_.edges);
@@ -160,12 +149,7 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
                             capacity_.edges);
   }
   if (!st.ok()) {
-    for (uint32_t i = 0; i < s.intermediate_count; ++i) {
-      Intermediate& im = s.intermediates[i];
-      if (im.addr != 0) (void)api.device_free(im.addr);
-      im.addr = 0;
-    }
-    s.intermediate_count = 0;
+    s.intermediates.free_all(memory_);
     return st;
   }
   finalize_graph(s);
@@ -179,7 +163,7 @@ void HbgRuntime::finalize_graph(Slot& s) {
   for (auto [from, to] : s.edges) ++s.counts[from + 1];
   for (uint32_t t = 0; t < n; ++t) s.counts[t + 1] += s.counts[t];
   for (uint32_t t = 0; t < n; ++t) {
-    Task& task = s.tasks[t];
+    GraphTask& task = s.tasks[t];
     task.fanout_begin = s.counts[t];
     task.fanout_count = s.counts[t + 1] - s.counts[t];
     task.fanin = 0;
@@ -191,7 +175,7 @@ void HbgRuntime::finalize_graph(Slot& s) {
   // use_pairs are appended in task order, so they are already grouped.
   uint32_t u = 0;
   for (uint32_t t = 0; t < n; ++t) {
-    Task& task = s.tasks[t];
+    GraphTask& task = s.tasks[t];
     task.uses_begin = u;
     while (u < s.use_pairs.size() && s.use_pairs[u].first == t) {
       s.uses[u] = s.use_pairs[u].second;
@@ -199,7 +183,7 @@ void HbgRuntime::finalize_graph(Slot& s) {
     }
     task.uses_count = u - task.uses_begin;
     task.fanin_left.store(task.fanin, std::memory_order_relaxed);
-    task.subtasks_left.store(task.kind == TaskKind::Mix ? 3 : 1, std::memory_order_relaxed);
+    task.subtasks_left.store(subtask_count(task.kind), std::memory_order_relaxed);
     task.poisoned.store(0, std::memory_order_relaxed);
   }
 }
@@ -223,21 +207,15 @@ void HbgRuntime::launch(uint32_t slot) {
   device_.ring_all_aicpu();
 }
 
-void HbgRuntime::record_error(Slot& s, Status st) {
-  std::lock_guard<std::mutex> lock(s.error_mu);
-  if (s.first_error.ok()) s.first_error = std::move(st);
-  s.failed.store(true, std::memory_order_release);
-}
-
 void HbgRuntime::dispatch(uint32_t core, ReadyItem item, uint32_t sub) {
   Slot& s = *slots_[item.slot];
-  Task& task = s.tasks[item.task];
+  GraphTask& task = s.tasks[item.task];
   Inflight& f = inflight_[core];
   f.slot = item.slot;
   f.task = item.task;
   f.token = ++next_token_[core];
   f.busy = true;
-  CoreRegisters& r = device_.core(core).regs();
+  CoreRegisters& r = *regs_[core];
   r.fn = task.fn[sub];
   r.args = task.args;
   r.task.store((uint64_t{sub} << 32) | f.token, std::memory_order_release);
@@ -248,14 +226,12 @@ void HbgRuntime::complete_subtask(uint32_t core, bool kernel_failed, std::vector
   Inflight& f = inflight_[core];
   f.busy = false;
   Slot& s = *slots_[f.slot];
-  Task& task = s.tasks[f.task];
+  GraphTask& task = s.tasks[f.task];
   s.executed.fetch_add(1, std::memory_order_relaxed);
   if (kernel_failed) {
-    Core& c = device_.core(core);
-    const uint32_t sub = static_cast<uint32_t>(c.regs().task.load(std::memory_order_relaxed) >> 32);
-    record_error(s, Status(StatusCode::kKernelFailed,
-                           fmt::format("task {} (func_id {} on {} core {}) failed: {}", f.task, task.func_id[sub],
-                                       core_type_name(c.type()), core, c.regs().error)));
+    const CoreRegisters& r = *regs_[core];
+    const auto sub = static_cast<uint32_t>(r.task.load(std::memory_order_relaxed) >> 32);
+    s.error.record(f.task, sub, kernel_failure(f.task, task.kind, sub, task.func_id[sub], r.failure.message));
     task.poisoned.store(1, std::memory_order_relaxed);
   }
   if (task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -263,41 +239,9 @@ void HbgRuntime::complete_subtask(uint32_t core, bool kernel_failed, std::vector
   }
 }
 
-void HbgRuntime::finish_task(Slot& s, uint32_t first, bool first_failed, std::vector<ReadyItem>& ready) {
-  // Poisoned successors finish without running; walk them iteratively so a
-  // long poisoned chain cannot overflow the stack.
-  std::vector<uint32_t> poisoned_done;
-  uint32_t t = first;
-  bool failed = first_failed;
-  uint32_t finished = 0;
-  for (;;) {
-    const Task& task = s.tasks[t];
-    for (uint32_t i = 0; i < task.uses_count; ++i) {
-      Intermediate& im = s.intermediates[s.uses[task.uses_begin + i]];
-      if (im.refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        (void)device_.memory().free(im.addr);
-        im.addr = 0;
-        s.released_early.fetch_add(1, std::memory_order_relaxed);
-      }
-    }
-    for (uint32_t i = 0; i < task.fanout_count; ++i) {
-      const uint32_t succ = s.fanout[task.fanout_begin + i];
-      Task& st = s.tasks[succ];
-      if (failed) st.poisoned.store(1, std::memory_order_relaxed);
-      if (st.fanin_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        if (st.poisoned.load(std::memory_order_acquire) != 0) {
-          poisoned_done.push_back(succ);
-        } else {
-          ready.push_back({s.index, succ});
-        }
-      }
-    }
-    ++finished;
-    if (poisoned_done.empty()) break;
-    t = poisoned_done.back();
-    poisoned_done.pop_back();
-    failed = true;
-  }
+void HbgRuntime::finish_task(Slot& s, uint32_t task, bool failed, std::vector<ReadyItem>& ready) {
+  const uint32_t finished = release_fanout(s.graph(), task, failed, memory_, s.released_early,
+                                           [&](uint32_t succ) { ready.push_back({s.index, succ}); });
   // Successors must be queued before `remaining` can reach zero and hand the slot back.
   publish_ready(ready);
   if (s.remaining.fetch_sub(finished, std::memory_order_acq_rel) == finished) finish_run(s);
@@ -328,11 +272,8 @@ void HbgRuntime::finish_run(Slot& s) {
   out.executed = s.executed.load(std::memory_order_relaxed);
   out.released_early = s.released_early.load(std::memory_order_relaxed);
   out.launch_ns = s.launch_ns;
-  {
-    std::lock_guard<std::mutex> lock(s.error_mu);
-    out.status = s.first_error;
-  }
-  release_intermediates(s);
+  out.status = s.error.get();
+  s.intermediates.free_all(memory_);
   out.end_ns = now_ns();
   on_done_(s.index, std::move(out));
 }
@@ -345,7 +286,7 @@ bool HbgRuntime::poll(uint32_t aicpu) {
     for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
       Inflight& f = inflight_[core];
       if (!f.busy) continue;
-      const uint64_t status = device_.core(core).regs().status.load(std::memory_order_acquire);
+      const uint64_t status = regs_[core]->status.load(std::memory_order_acquire);
       if ((status >> CoreRegisters::kStateShift) != 2 || (status & CoreRegisters::kTokenMask) != f.token) continue;
       complete_subtask(core, (status & CoreRegisters::kFailedBit) != 0, ready);
       progress = true;
@@ -388,5 +329,10 @@ bool HbgRuntime::poll(uint32_t aicpu) {
   }
   return progress;
 }
+
+SIMPLER_REGISTER_RUNTIME(host_build_graph,
+                         RuntimeInfo{"host_build_graph",
+                                     "the host builds each run's whole graph; AICPU threads dispatch it to the cores",
+                                     /*concurrent=*/true, &HbgRuntime::create});
 
 }  // namespace simpler::hbg

@@ -1,4 +1,7 @@
-#include "device/sim_device.h"
+#include "device/sim/sim_device.h"
+
+#include "device/backend_registry.h"
+#include "device/sim/sim_runner.h"
 
 namespace simpler {
 
@@ -41,8 +44,8 @@ void SimDevice::stop() {
   for (auto& c : cores_) c->stop();
 }
 
-void SimDevice::ring_all_aicpu() {
-  for (uint32_t a = 0; a < geometry_.aicpu_threads; ++a) bells_[a].bell.ring();
+Result<std::unique_ptr<DeviceRunner>> SimDevice::create_runner(uint64_t arena_bytes) {
+  return std::unique_ptr<DeviceRunner>(new SimRunner(*memory_, arena_bytes));
 }
 
 void SimDevice::aicpu_loop(uint32_t index) {
@@ -72,5 +75,15 @@ void SimDevice::aicpu_loop(uint32_t index) {
     idle_since = 0;
   }
 }
+
+namespace {
+Result<std::unique_ptr<Device>> create_sim(const DeviceOptions& options) {
+  auto d = SimDevice::create(options.geometry, options.memory_bytes);
+  if (!d.ok()) return d.status();
+  return std::unique_ptr<Device>(std::move(d).value());
+}
+}  // namespace
+
+SIMPLER_REGISTER_BACKEND(sim, BackendInfo{"sim", "simulated chip: AICPU and AICore threads over host memory", &create_sim});
 
 }  // namespace simpler

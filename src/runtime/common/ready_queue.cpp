@@ -1,8 +1,8 @@
-#include "runtime/hbg/ready_queue.h"
+#include "runtime/common/ready_queue.h"
 
 #include <cstdlib>
 
-namespace simpler::hbg {
+namespace simpler {
 
 ReadyQueue::ReadyQueue(size_t capacity) : ring_(capacity == 0 ? 1 : capacity) {}
 
@@ -35,4 +35,4 @@ bool ReadyQueue::pop(ReadyItem& out) {
   return true;
 }
 
-}  // namespace simpler::hbg
+}  // namespace simpler

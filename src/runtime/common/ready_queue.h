@@ -9,7 +9,7 @@
 #include <mutex>
 #include <vector>
 
-namespace simpler::hbg {
+namespace simpler {
 
 // (slot, task) of one ready task.
 struct ReadyItem {
@@ -38,4 +38,4 @@ class ReadyQueue {
   std::atomic<size_t> size_{0};
 };
 
-}  // namespace simpler::hbg
+}  // namespace simpler

@@ -1,4 +1,4 @@
-#include "device/global_memory.h"
+#include "device/sim/global_memory.h"
 
 #include <sys/mman.h>
 
@@ -85,7 +85,7 @@ Status GlobalMemory::free(uint64_t addr) {
   return Status();
 }
 
-Result<GlobalMemory::Allocation> GlobalMemory::containing_allocation(uint64_t addr, uint64_t bytes) const {
+Result<DeviceMemory::Allocation> GlobalMemory::containing_allocation(uint64_t addr, uint64_t bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.upper_bound(addr);
   if (it == live_.begin()) return out_of_range("addr = {:#x} is not inside a live device allocation", addr);
@@ -96,8 +96,24 @@ Result<GlobalMemory::Allocation> GlobalMemory::containing_allocation(uint64_t ad
   return Allocation{it->first, it->second};
 }
 
-Status GlobalMemory::check_range(uint64_t addr, uint64_t bytes) const {
-  return containing_allocation(addr, bytes).status();
+Status GlobalMemory::copy_to_device(uint64_t dst, const void* src, uint64_t bytes) {
+  if (src == nullptr && bytes != 0) return invalid_argument("copy to device: src is null");
+  SIMPLER_RETURN_IF_ERROR(check_range(dst, bytes));
+  std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+  return Status();
+}
+
+Status GlobalMemory::copy_from_device(void* dst, uint64_t src, uint64_t bytes) {
+  if (dst == nullptr && bytes != 0) return invalid_argument("copy from device: dst is null");
+  SIMPLER_RETURN_IF_ERROR(check_range(src, bytes));
+  std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+  return Status();
+}
+
+Status GlobalMemory::memset_device(uint64_t dst, int value, uint64_t bytes) {
+  SIMPLER_RETURN_IF_ERROR(check_range(dst, bytes));
+  std::memset(reinterpret_cast<void*>(dst), value, bytes);
+  return Status();
 }
 
 uint64_t GlobalMemory::allocation_size(uint64_t addr) const {

@@ -1,28 +1,8 @@
-#include "device/sim_runner.h"
-
-#include <cstring>
+#include "device/sim/sim_runner.h"
 
 #include "base/errors.h"
 
 namespace simpler {
-
-Status check_host_api_ops(const HostApiOps& o) {
-  const void* const fields[kHostApiCallbacks] = {
-      reinterpret_cast<const void*>(o.device_malloc),   reinterpret_cast<const void*>(o.device_free),
-      reinterpret_cast<const void*>(o.copy_to_device),  reinterpret_cast<const void*>(o.copy_from_device),
-      reinterpret_cast<const void*>(o.memset_device),   reinterpret_cast<const void*>(o.retained_temp),
-      reinterpret_cast<const void*>(o.arena_setup),     reinterpret_cast<const void*>(o.upload_callable),
-      reinterpret_cast<const void*>(o.swimlane_level)};
-  static const char* const kNames[kHostApiCallbacks] = {"device_malloc", "device_free",     "copy_to_device",
-                                                        "copy_from_device", "memset_device", "retained_temp",
-                                                        "arena_setup",   "upload_callable", "swimlane_level"};
-  for (int i = 0; i < kHostApiCallbacks; ++i) {
-    if (fields[i] == nullptr) {
-      return invalid_argument("HostApiOps of backend '{}': {} is null", o.backend ? o.backend : "?", kNames[i]);
-    }
-  }
-  return Status();
-}
 
 struct SimOps {
   static SimRunner& r(const HostApi& api) { return *static_cast<SimRunner*>(api.runner); }
@@ -30,19 +10,13 @@ struct SimOps {
   static Result<uint64_t> device_malloc(const HostApi& api, uint64_t bytes) { return r(api).memory_.allocate(bytes); }
   static Status device_free(const HostApi& api, uint64_t addr) { return r(api).memory_.free(addr); }
   static Status copy_to_device(const HostApi& api, uint64_t dst, const void* src, uint64_t n) {
-    SIMPLER_RETURN_IF_ERROR(r(api).memory_.check_range(dst, n));
-    std::memcpy(reinterpret_cast<void*>(dst), src, n);
-    return Status();
+    return r(api).memory_.copy_to_device(dst, src, n);
   }
   static Status copy_from_device(const HostApi& api, void* dst, uint64_t src, uint64_t n) {
-    SIMPLER_RETURN_IF_ERROR(r(api).memory_.check_range(src, n));
-    std::memcpy(dst, reinterpret_cast<const void*>(src), n);
-    return Status();
+    return r(api).memory_.copy_from_device(dst, src, n);
   }
   static Status memset_device(const HostApi& api, uint64_t dst, int value, uint64_t n) {
-    SIMPLER_RETURN_IF_ERROR(r(api).memory_.check_range(dst, n));
-    std::memset(reinterpret_cast<void*>(dst), value, n);
-    return Status();
+    return r(api).memory_.memset_device(dst, value, n);
   }
   static Result<uint64_t> retained_temp(const HostApi& api, uint64_t min_bytes) {
     SimRunner& run = r(api);
@@ -78,7 +52,7 @@ struct SimOps {
   static uint32_t swimlane_level(const HostApi& api) { return r(api).swimlane_level_; }
 };
 
-const HostApiOps& SimRunner::ops() {
+const HostApiOps& SimRunner::sim_ops() {
   static const HostApiOps kOps{"sim",
                                &SimOps::device_malloc,
                                &SimOps::device_free,
@@ -92,39 +66,47 @@ const HostApiOps& SimRunner::ops() {
   return kOps;
 }
 
+struct SimRunner::Tables final : GrantOwner::Pending {
+  std::vector<uint64_t> retained_addr;
+  std::vector<uint64_t> retained_bytes;
+  std::vector<uint64_t> arena_addr;
+};
+
 SimRunner::SimRunner(GlobalMemory& memory, uint64_t arena_bytes, uint32_t swimlane_level)
     : memory_(memory), arena_bytes_(arena_bytes), swimlane_level_(swimlane_level) {}
 
 SimRunner::~SimRunner() {
-  GrantTables empty;
-  commit_grant(empty);
+  Tables empty;
+  swap_in(empty);
 }
 
-SimRunner::GrantTables SimRunner::build_grant(uint32_t grant) {
-  GrantTables t;
-  t.retained_addr.assign(grant, 0);
-  t.retained_bytes.assign(grant, 0);
-  t.arena_addr.assign(grant, 0);
+std::unique_ptr<GrantOwner::Pending> SimRunner::build_grant(uint32_t grant) const {
+  auto t = std::make_unique<Tables>();
+  t->retained_addr.assign(grant, 0);
+  t->retained_bytes.assign(grant, 0);
+  t->arena_addr.assign(grant, 0);
   return t;
 }
 
-void SimRunner::commit_grant(GrantTables& t) noexcept {
+void SimRunner::commit_grant(Pending& pending) noexcept { swap_in(static_cast<Tables&>(pending)); }
+
+void SimRunner::swap_in(Tables& t) noexcept {
   retained_addr_.swap(t.retained_addr);
   retained_bytes_.swap(t.retained_bytes);
   arena_addr_.swap(t.arena_addr);
+  // The previous grant's device memory goes back; freeing never allocates.
   for (uint64_t a : t.retained_addr) {
     if (a != 0) (void)memory_.free(a);
   }
   for (uint64_t a : t.arena_addr) {
     if (a != 0) (void)memory_.free(a);
   }
-  t = GrantTables{};
 }
 
 Result<HostApi> SimRunner::bind(uint32_t slot, uint32_t bank) {
   if (slot >= width()) return invalid_argument("pipeline_slot = {} is outside the grant of {}", slot, width());
   if (bank >= width()) return invalid_argument("arena_bank = {} is outside the grant of {}", bank, width());
-  return HostApi{this, slot, bank, &ops()};
+  return HostApi{this, slot, bank, &sim_ops()};
 }
 
 bool SimRunner::callable_uploaded(uint32_t id) const {

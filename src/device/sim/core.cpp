@@ -1,22 +1,4 @@
-#include "device/core.h"
-
-#include <cstring>
-#include <exception>
-
-namespace {
-thread_local simpler::CoreRegisters* tls_core = nullptr;
-
-void record_failure(simpler::CoreRegisters* r, const char* message) {
-  if (r->failed) return;  // the first report wins
-  r->failed = true;
-  std::strncpy(r->error, message != nullptr ? message : "(no message)", simpler::kKernelErrorBytes - 1);
-  r->error[simpler::kKernelErrorBytes - 1] = '\0';
-}
-}  // namespace
-
-extern "C" void simpler_kernel_fail(const char* message) {
-  if (tls_core != nullptr) record_failure(tls_core, message);
-}
+#include "device/sim/core.h"
 
 namespace simpler {
 
@@ -37,7 +19,6 @@ void Core::stop() {
 }
 
 void Core::loop(SpinPolicy policy) {
-  tls_core = &regs_;
   uint64_t last = 0;
   for (;;) {
     uint64_t token = 0;
@@ -52,16 +33,9 @@ void Core::loop(SpinPolicy policy) {
     last = token;
     const uint64_t tok = token & CoreRegisters::kTokenMask;
     regs_.status.store(CoreRegisters::kAck | tok, std::memory_order_release);
-    regs_.failed = false;
-    try {
-      regs_.fn(regs_.args);
-    } catch (const std::exception& e) {
-      record_failure(&regs_, e.what());
-    } catch (...) {
-      record_failure(&regs_, "kernel threw a non-standard exception");
-    }
+    const bool ok = call_kernel(regs_.fn, regs_.args, regs_.failure);
     executed_.fetch_add(1, std::memory_order_relaxed);
-    const uint64_t fin = CoreRegisters::kFin | (regs_.failed ? CoreRegisters::kFailedBit : 0) | tok;
+    const uint64_t fin = CoreRegisters::kFin | (ok ? 0 : CoreRegisters::kFailedBit) | tok;
     regs_.status.store(fin, std::memory_order_release);
     owner_bell_->ring();
   }

@@ -1,0 +1,44 @@
+// WorkerConfig: how a Worker is built, at every level, and the runtimes and
+// backends this build of simpler has to choose from. Plain values; any
+// thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "simpler/types.h"
+
+namespace simpler {
+
+struct WorkerConfig {
+  Geometry geometry = Geometry::small();     // of every chip
+  std::string runtime = "host_build_graph";  // chip runtime of every chip: one of available_runtimes()
+  std::string backend = "sim";               // device backend of every chip: one of available_backends()
+  uint32_t chips = 0;                        // Level::Node: chip child processes
+  uint32_t sub_workers = 0;                  // Level::Node/Network: sub worker processes (host functions)
+  uint32_t pipeline_depth = 2;               // runs admitted at once; each holds one run-resource set
+  uint32_t launch_depth = 0;                 // runs launched on a device at once; 0 = pipeline_depth (Network: 0 only)
+  uint64_t device_memory_bytes = 1ull << 30; // simulated GM size (reserved, committed on touch)
+  uint32_t max_tasks_per_run = 16384;        // graph capacity of one run-resource set
+  uint64_t shared_heap_bytes = 64ull << 20;  // Level::Node/Network: host memory shared with every child
+  // Level::Node/Network: a next-level task with no terminal this long after its publication
+  // (a staged successor: after its activation) means its child hangs: the
+  // child is killed, each run it held ends DEADLINE_EXCEEDED and the other
+  // children keep serving. 0 = no deadline.
+  std::chrono::milliseconds run_timeout{std::chrono::minutes(10)};
+};
+
+// A chip runtime or device backend this build has, by the name its config
+// field takes.
+struct ComponentInfo {
+  std::string name;
+  std::string description;
+};
+// By name. Every name listed here is accepted by WorkerConfig::runtime.
+std::vector<ComponentInfo> available_runtimes();
+// By name. Every name listed here is accepted by WorkerConfig::backend.
+std::vector<ComponentInfo> available_backends();
+
+}  // namespace simpler

@@ -1,0 +1,34 @@
+// CoreRegisters: the handshake registers of one compute core, the dispatch
+// contract between an AICPU (a runtime's scheduler thread) and a core on
+// every backend. The AICPU writes `task` (with `fn`/`args` published by that
+// release store) and rings `bell`; the core answers ACK, then FIN with the
+// dispatch token, in `status`. One writer per word: the AICPU owns
+// task/fn/args, the core owns status and the failure record.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "base/doorbell.h"
+#include "device/kernel_call.h"
+
+namespace simpler {
+
+struct alignas(64) CoreRegisters {
+  static constexpr uint64_t kStateShift = 62;
+  static constexpr uint64_t kAck = uint64_t{1} << kStateShift;
+  static constexpr uint64_t kFin = uint64_t{2} << kStateShift;
+  static constexpr uint64_t kFailedBit = uint64_t{1} << 61;
+  static constexpr uint64_t kTokenMask = 0xffffffffull;
+
+  // AICPU -> core.
+  std::atomic<uint64_t> task{0};
+  simpler_kernel_fn fn = nullptr;
+  int64_t* args = nullptr;
+  Doorbell bell;  // the core parks here
+  // core -> AICPU: `failure` is complete before the FIN store that reports it.
+  alignas(64) std::atomic<uint64_t> status{0};
+  KernelFailure failure;
+};
+
+}  // namespace simpler

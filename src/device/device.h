@@ -1,0 +1,105 @@
+// The backend seam: what a chip runtime and ChipWorker see of a device.
+// A backend (the simulator in device/sim/, one day a real chip) implements
+// Device, DeviceMemory and DeviceRunner and registers itself by name
+// (backend_registry.h); nothing outside its folder names it. The thread that
+// owns the chip creates, starts and stops a Device; its AICPU threads run the
+// runtime's AicpuProgram; memory and runner calls are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "base/grant_owner.h"
+#include "device/core_registers.h"
+#include "device/host_api.h"
+#include "simpler/types.h"
+
+namespace simpler {
+
+// Device memory and its allocator. Addresses are device addresses; when
+// host_mapped(), they are also valid host pointers in this process, which a
+// runtime that builds its graph in place (host_build_graph) requires.
+class DeviceMemory {
+ public:
+  struct Allocation {
+    uint64_t addr;
+    uint64_t bytes;
+  };
+
+  virtual ~DeviceMemory() = default;
+  // RESOURCE_EXHAUSTED names the request and what is free.
+  virtual Result<uint64_t> allocate(uint64_t bytes) = 0;
+  // Refuses an address that is not the start of a live allocation. Never
+  // allocates host memory, so completion paths may call it.
+  virtual Status free(uint64_t addr) = 0;
+  // The live allocation that holds all of [addr, addr + bytes).
+  virtual Result<Allocation> containing_allocation(uint64_t addr, uint64_t bytes) const = 0;
+  // Size of the live allocation starting at addr, or 0.
+  virtual uint64_t allocation_size(uint64_t addr) const = 0;
+  virtual uint64_t total_bytes() const = 0;
+  virtual uint64_t free_bytes() const = 0;
+  virtual bool host_mapped() const = 0;
+  // Copies checked against one live allocation; nothing is copied on a refusal.
+  virtual Status copy_to_device(uint64_t dst, const void* src, uint64_t bytes) = 0;
+  virtual Status copy_from_device(void* dst, uint64_t src, uint64_t bytes) = 0;
+  virtual Status memset_device(uint64_t dst, int value, uint64_t bytes) = 0;
+
+  Status check_range(uint64_t addr, uint64_t bytes) const { return containing_allocation(addr, bytes).status(); }
+};
+
+// What a chip runtime runs on each AICPU thread. poll() does one bounded
+// round of scheduling work for the clusters that thread owns and reports
+// whether it made progress; the device spins and parks around it.
+class AicpuProgram {
+ public:
+  virtual ~AicpuProgram() = default;
+  virtual bool poll(uint32_t aicpu) = 0;
+};
+
+// The backend's per-set device resources behind every run's HostApi: one
+// retained temp buffer per slot and one graph-definition arena per bank,
+// each table exactly as wide as the grant. Callbacks for different slots and
+// banks may run concurrently.
+class DeviceRunner : public GrantOwner {
+ public:
+  // The backend's one complete, immutable callback table (R78).
+  virtual const HostApiOps& ops() const = 0;
+  // Refuses a slot or bank outside the grant, naming it.
+  virtual Result<HostApi> bind(uint32_t slot, uint32_t bank) = 0;
+  // 0 while the slot has none yet.
+  virtual uint64_t retained_addr(uint32_t slot) const = 0;
+  virtual uint64_t arena_addr(uint32_t bank) const = 0;
+  virtual bool callable_uploaded(uint32_t callable_id) const = 0;
+};
+
+// One chip. Cores are numbered the same on every backend: cluster c holds
+// core 3c (AIC) and cores 3c+1, 3c+2 (AIV), and AICPU thread a owns the
+// clusters c with c % aicpu_threads == a.
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual const char* backend() const = 0;
+  virtual const Geometry& geometry() const = 0;
+  virtual DeviceMemory& memory() = 0;
+  // The handshake registers of core `core` (< core_count()); stable for the device's life.
+  virtual CoreRegisters& core_registers(uint32_t core) = 0;
+  // Starts every core and AICPU thread; `program` must outlive stop(). A run
+  // never creates or joins a thread: they live from start() to stop().
+  virtual void start(AicpuProgram* program) = 0;
+  // Joins every device thread; idempotent.
+  virtual void stop() = 0;
+  // Wakes AICPU thread `aicpu` if it is parked.
+  virtual void ring_aicpu(uint32_t aicpu) = 0;
+  // The runner whose bank arenas are `arena_bytes` each.
+  virtual Result<std::unique_ptr<DeviceRunner>> create_runner(uint64_t arena_bytes) = 0;
+
+  uint32_t core_count() const { return geometry().cores(); }
+  static CoreType core_type(uint32_t core) { return core % 3 == 0 ? CoreType::AIC : CoreType::AIV; }
+  uint32_t owner_of_cluster(uint32_t cluster) const { return cluster % geometry().aicpu_threads; }
+  void ring_all_aicpu() {
+    for (uint32_t a = 0; a < geometry().aicpu_threads; ++a) ring_aicpu(a);
+  }
+};
+
+}  // namespace simpler

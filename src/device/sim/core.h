@@ -1,0 +1,47 @@
+// The simulated AICore: one host thread per core, fed through its handshake
+// registers (device/core_registers.h). The owning AICPU thread writes the
+// task register; the core answers ACK, then FIN with the dispatch token, and
+// rings its owner. start/stop are for the device's owning thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+
+#include "base/doorbell.h"
+#include "device/core_registers.h"
+#include "simpler/types.h"
+
+namespace simpler {
+
+class Core {
+ public:
+  Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell);
+  ~Core();
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  void start(const SpinPolicy& policy);
+  // Asks the thread to exit once idle, and joins it.
+  void stop();
+
+  uint32_t id() const { return id_; }
+  CoreType type() const { return type_; }
+  uint32_t cluster() const { return cluster_; }
+  CoreRegisters& regs() { return regs_; }
+  uint64_t executed() const { return executed_.load(std::memory_order_relaxed); }
+
+ private:
+  void loop(SpinPolicy policy);
+
+  const uint32_t id_;
+  const CoreType type_;
+  const uint32_t cluster_;
+  Doorbell* const owner_bell_;
+  CoreRegisters regs_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> executed_{0};
+  std::thread thread_;
+};
+
+}  // namespace simpler

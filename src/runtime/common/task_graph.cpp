@@ -1,0 +1,34 @@
+#include "runtime/common/task_graph.h"
+
+#include "base/errors.h"
+
+namespace simpler {
+
+void FirstError::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  key_ = UINT64_MAX;
+  status_ = Status();
+  failed_.store(false, std::memory_order_relaxed);
+}
+
+void FirstError::record(uint32_t task, uint32_t subtask, Status status) {
+  const uint64_t key = uint64_t{task} << 2 | subtask;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (key < key_) {
+    key_ = key;
+    status_ = std::move(status);
+  }
+  failed_.store(true, std::memory_order_release);
+}
+
+Status FirstError::get() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+Status kernel_failure(uint32_t task, TaskKind kind, uint32_t sub, uint32_t func_id, const char* message) {
+  const char* const what = kind == TaskKind::Mix ? (sub == 0 ? "mix AIC" : "mix AIV") : core_type_name(subtask_core(kind, sub));
+  return make_error(StatusCode::kKernelFailed, "task {} ({} kernel, func_id {}) failed: {}", task, what, func_id, message);
+}
+
+}  // namespace simpler

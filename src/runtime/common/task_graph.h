@@ -1,0 +1,122 @@
+// The fanin core every graph-scheduling runtime shares: the task record a
+// run's graph holds in device memory, run-owned intermediates with their
+// reference counts, the walk that releases a finished task's successors, and
+// the run's first error. A run's graph is written by the building thread
+// before launch; afterwards AICPU threads touch only the atomics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "device/device.h"
+#include "simpler/kernel.h"
+#include "simpler/task_args.h"
+
+namespace simpler {
+
+enum class TaskKind : uint8_t { AIC = 0, AIV = 1, Mix = 2 };
+
+// A mix task is one AIC subtask and two AIV subtasks, started together.
+inline uint32_t subtask_count(TaskKind kind) { return kind == TaskKind::Mix ? 3 : 1; }
+inline CoreType subtask_core(TaskKind kind, uint32_t sub) {
+  return kind == TaskKind::AIC || (kind == TaskKind::Mix && sub == 0) ? CoreType::AIC : CoreType::AIV;
+}
+
+struct alignas(64) GraphTask {
+  std::atomic<uint32_t> fanin_left;
+  std::atomic<uint32_t> subtasks_left;
+  std::atomic<uint32_t> poisoned;
+  uint32_t fanin;
+  TaskKind kind;
+  uint8_t nargs;
+  uint32_t func_id[3];
+  simpler_kernel_fn fn[3];
+  uint32_t fanout_begin;
+  uint32_t fanout_count;
+  uint32_t uses_begin;  // intermediates this task references, released when it ends
+  uint32_t uses_count;
+  int64_t args[kMaxTaskArgs];
+};
+
+// A run-owned device allocation (Worker-owned buffers are never tracked here).
+struct Intermediate {
+  uint64_t addr = 0;
+  // Held by the enclosing scope (or the run) plus one per task using it; the
+  // one who drops it to zero frees the memory.
+  std::atomic<int32_t> refs{0};
+};
+
+// One run's graph as the fanin walk sees it; every array belongs to the run.
+struct TaskGraphView {
+  GraphTask* tasks;
+  const uint32_t* fanout;
+  const uint32_t* uses;
+  Intermediate* intermediates;
+};
+
+// Ends `task`, whose kernels ran (`failed` if one reported failure): drops
+// its references on intermediates, freeing those it was the last user of
+// (counted in `released_early`), and counts down each successor's fanin,
+// poisoning the successors of a failed task. A successor whose fanin reaches
+// zero goes to on_ready(successor) unless it is poisoned; a poisoned one
+// finishes here without running, and so on down its own successors,
+// iteratively, so a long poisoned chain cannot overflow the stack. Returns
+// how many tasks finished, `task` included. Any AICPU thread.
+template <typename OnReady>
+uint32_t release_fanout(const TaskGraphView& g, uint32_t task, bool failed, DeviceMemory& memory,
+                        std::atomic<uint32_t>& released_early, OnReady&& on_ready) {
+  std::vector<uint32_t> poisoned_done;  // allocates only when a failure poisons a successor
+  uint32_t finished = 0;
+  for (;;) {
+    const GraphTask& t = g.tasks[task];
+    for (uint32_t i = 0; i < t.uses_count; ++i) {
+      Intermediate& im = g.intermediates[g.uses[t.uses_begin + i]];
+      if (im.refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        (void)memory.free(im.addr);
+        im.addr = 0;
+        released_early.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    for (uint32_t i = 0; i < t.fanout_count; ++i) {
+      const uint32_t succ = g.fanout[t.fanout_begin + i];
+      GraphTask& s = g.tasks[succ];
+      if (failed) s.poisoned.store(1, std::memory_order_relaxed);
+      if (s.fanin_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        if (s.poisoned.load(std::memory_order_acquire) != 0) {
+          poisoned_done.push_back(succ);
+        } else {
+          on_ready(succ);
+        }
+      }
+    }
+    ++finished;
+    if (poisoned_done.empty()) return finished;
+    task = poisoned_done.back();
+    poisoned_done.pop_back();
+    failed = true;
+  }
+}
+
+// The run's first error: the failure of the lowest (task, subtask), not of
+// whichever core finished first, so every runtime (and every run of one)
+// reports the same error for the same graph. Any thread.
+class FirstError {
+ public:
+  void reset();
+  void record(uint32_t task, uint32_t subtask, Status status);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  Status get() const;
+
+ private:
+  mutable std::mutex mu_;
+  uint64_t key_ = UINT64_MAX;
+  Status status_;
+  std::atomic<bool> failed_{false};
+};
+
+// The error of subtask `sub` of task `task` whose kernel reported `message`.
+Status kernel_failure(uint32_t task, TaskKind kind, uint32_t sub, uint32_t func_id, const char* message);
+
+}  // namespace simpler

@@ -1,0 +1,282 @@
+// The reference runtime: the oracle every other runtime is compared against.
+// One thread (AICPU thread 0) executes each launched run's tasks one after
+// another in submission order, calling the kernels itself: no ready queues,
+// no dispatch to cores. Submission order is a topological order of every
+// graph the tags can describe, so what it computes is what the program
+// means. A failed task poisons every later task that conflicts (overlapping
+// bytes, one of the two writing) with a failed or poisoned one, found by
+// comparing accesses directly rather than through a dependency graph.
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "base/errors.h"
+#include "device/kernel_call.h"
+#include "runtime/common/run_builder.h"
+#include "runtime/common/task_graph.h"
+#include "runtime/runtime.h"
+
+namespace simpler {
+namespace {
+
+// The tensor descriptors a graph may hold per task, on average: the same
+// budget as host_build_graph, so both refuse the same graphs.
+constexpr uint32_t kDescriptorsPerTask = 4;
+
+struct RefTask {
+  TaskKind kind;
+  uint32_t func_id[3];
+  simpler_kernel_fn fn[3];
+  int64_t args[kMaxTaskArgs];
+  uint32_t access_begin;
+  uint32_t access_count;
+  uint32_t uses_begin;
+  uint32_t uses_count;
+};
+
+// Bytes [first, end) of one device allocation that a task reads or writes.
+struct Access {
+  uint64_t first;  // absolute device addresses
+  uint64_t end;
+  TensorView view;
+  bool write;
+};
+
+bool conflict(const Access& a, const Access& b) {
+  if (!a.write && !b.write) return false;
+  if (a.end <= b.first || b.end <= a.first) return false;
+  // Through one buffer the per-dimension test refines the byte ranges.
+  return a.view.buffer().addr != b.view.buffer().addr || a.view.overlaps(b.view);
+}
+
+struct RefSlot {
+  RefSlot(uint32_t max_tasks) : intermediates(max_tasks * 2) {
+    tasks.reserve(max_tasks);
+    accesses.reserve(size_t{max_tasks} * kDescriptorsPerTask);
+    uses.reserve(size_t{max_tasks} * kMaxTaskArgs);
+  }
+
+  uint32_t index = 0;
+  HostApi api;  // bound only inside build()
+  DeviceTensor* descriptors = nullptr;
+  uint32_t desc_count = 0;
+  std::vector<RefTask> tasks;
+  std::vector<Access> accesses;
+  std::vector<uint32_t> uses;
+  Intermediates intermediates;
+  uint64_t launch_ns = 0;
+};
+
+class ReferenceRuntime;
+
+class ReferenceBuilder final : public RunBuilder {
+ public:
+  ReferenceBuilder(RefSlot& s, const ChipCallable& callable, DeviceMemory& memory, uint32_t max_tasks)
+      : RunBuilder(callable, s.api, memory, s.intermediates, max_tasks), s_(s), max_descriptors_(max_tasks * kDescriptorsPerTask) {}
+
+ private:
+  Status reserve(uint32_t, uint32_t tensors) override {
+    if (s_.desc_count + tensors > max_descriptors_) {
+      return resource_exhausted("graph capacity: the run has more than {} tensor arguments", max_descriptors_);
+    }
+    return Status();
+  }
+
+  void place(const CheckedTask& t) override {
+    const TaskArgs& args = *t.args;
+    RefTask task{};
+    task.kind = t.kind;
+    for (uint32_t i = 0; i < 3; ++i) {
+      task.func_id[i] = t.func_id[i];
+      task.fn[i] = t.fn[i];
+    }
+    task.access_begin = static_cast<uint32_t>(s_.accesses.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      const TaskArg& a = args[i];
+      if (a.kind == TaskArg::Kind::Scalar) {
+        task.args[i] = static_cast<int64_t>(a.scalar);
+        continue;
+      }
+      DeviceTensor& d = s_.descriptors[s_.desc_count++];
+      write_descriptor(d, t.views[i]);
+      task.args[i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(&d));
+      if (a.tag == Tag::NoDep) continue;
+      const TensorView& v = t.views[i];
+      s_.accesses.push_back(
+          Access{v.buffer().addr + v.first_byte(), v.buffer().addr + v.end_byte(), v, tag_writes(a.tag)});
+    }
+    task.access_count = static_cast<uint32_t>(s_.accesses.size()) - task.access_begin;
+    task.uses_begin = static_cast<uint32_t>(s_.uses.size());
+    s_.uses.insert(s_.uses.end(), t.uses.begin(), t.uses.begin() + t.use_count);
+    task.uses_count = t.use_count;
+    s_.tasks.push_back(task);
+  }
+
+  RefSlot& s_;
+  const uint32_t max_descriptors_;
+};
+
+class ReferenceRuntime final : public ChipRuntime {
+ public:
+  static Result<std::unique_ptr<ChipRuntime>> create(Device& device, const RuntimeOptions& options,
+                                                     RunDoneFn on_done) {
+    if (options.max_tasks_per_run == 0 || options.max_tasks_per_run > (1u << 24)) {
+      return invalid_argument("max_tasks_per_run = {} is outside [1, 2^24]", options.max_tasks_per_run);
+    }
+    if (!device.memory().host_mapped()) {
+      return invalid_argument("runtime = 'reference' calls kernels on the host; backend '{}' has no host-mapped "
+                              "device memory",
+                              device.backend());
+    }
+    return std::unique_ptr<ChipRuntime>(new ReferenceRuntime(device, options.max_tasks_per_run, std::move(on_done)));
+  }
+
+  std::unique_ptr<Pending> build_grant(uint32_t grant) const override {
+    auto g = std::make_unique<GrantState>();
+    for (uint32_t i = 0; i < grant; ++i) {
+      g->slots.push_back(std::make_unique<RefSlot>(max_tasks_));
+      g->slots.back()->index = i;
+    }
+    return g;
+  }
+
+  void commit_grant(Pending& pending) noexcept override { slots_.swap(static_cast<GrantState&>(pending).slots); }
+  uint32_t width() const override { return static_cast<uint32_t>(slots_.size()); }
+  uint64_t arena_bytes() const override { return uint64_t{max_tasks_} * kDescriptorsPerTask * sizeof(DeviceTensor); }
+  bool binding_held(uint32_t slot) const override { return slots_[slot]->api.bound(); }
+
+  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args) override {
+    if (api.slot >= slots_.size()) {
+      return invalid_argument("pipeline_slot = {} is outside the grant of {}", api.slot, slots_.size());
+    }
+    RefSlot& s = *slots_[api.slot];
+    s.tasks.clear();
+    s.accesses.clear();
+    s.uses.clear();
+    s.desc_count = 0;
+    s.intermediates.reset();
+    uint64_t bytes = 0;
+    auto arena = api.arena_setup(&bytes);
+    if (!arena.ok()) return arena.status();
+    if (bytes < arena_bytes()) return internal_error("arena bank {} has {} bytes, a run needs {}", api.bank, bytes, arena_bytes());
+    s.descriptors = reinterpret_cast<DeviceTensor*>(*arena);
+    struct BindingGuard {
+      RefSlot& s;
+      ~BindingGuard() { s.api = HostApi{}; }
+    } guard{s};
+    s.api = api;
+    ReferenceBuilder builder(s, callable, memory_, max_tasks_);
+    Status st;
+    try {
+      st = callable.orchestrate()(builder, run_args);
+    } catch (const std::bad_alloc&) {
+      st = resource_exhausted("orchestration of '{}': host memory exhausted while building the graph",
+                              callable.name());
+    } catch (const std::exception& e) {
+      st = internal_error("orchestration of '{}' threw: {}", callable.name(), e.what());
+    } catch (...) {
+      st = internal_error("orchestration of '{}' threw a non-standard exception", callable.name());
+    }
+    if (st.ok()) st = builder.build_error();
+    if (!st.ok()) s.intermediates.free_all(memory_);
+    return st;
+  }
+
+  void discard(uint32_t slot) override { slots_[slot]->intermediates.free_all(memory_); }
+
+  void launch(uint32_t slot) override {
+    slots_[slot]->launch_ns = now_ns();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      launched_.push_back(slot);
+    }
+    device_.ring_aicpu(0);
+  }
+
+  bool poll(uint32_t aicpu) override {
+    if (aicpu != 0) return false;
+    uint32_t slot = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (launched_.empty()) return false;
+      slot = launched_.front();
+      launched_.pop_front();
+    }
+    execute(*slots_[slot]);
+    return true;
+  }
+
+ private:
+  struct GrantState final : Pending {
+    std::vector<std::unique_ptr<RefSlot>> slots;
+  };
+
+  ReferenceRuntime(Device& device, uint32_t max_tasks, RunDoneFn on_done)
+      : device_(device), memory_(device.memory()), max_tasks_(max_tasks), on_done_(std::move(on_done)) {}
+
+  void execute(RefSlot& s) {
+    RunOutcome out;
+    out.tasks = static_cast<uint32_t>(s.tasks.size());
+    out.launch_ns = s.launch_ns;
+    FirstError error;
+    std::vector<const Access*> tainted;  // accesses of failed and poisoned tasks
+    KernelFailure failure;
+    for (uint32_t t = 0; t < s.tasks.size(); ++t) {
+      RefTask& task = s.tasks[t];
+      const Access* begin = s.accesses.data() + task.access_begin;
+      const Access* end = begin + task.access_count;
+      bool poisoned = false;
+      for (const Access* a = begin; a != end && !poisoned; ++a) {
+        for (const Access* b : tainted) {
+          if (conflict(*a, *b)) {
+            poisoned = true;
+            break;
+          }
+        }
+      }
+      bool failed = poisoned;
+      if (!poisoned) {
+        for (uint32_t sub = 0; sub < subtask_count(task.kind); ++sub) {
+          ++out.executed;
+          if (!call_kernel(task.fn[sub], task.args, failure)) {
+            error.record(t, sub, kernel_failure(t, task.kind, sub, task.func_id[sub], failure.message));
+            failed = true;
+          }
+        }
+      }
+      if (failed) {
+        for (const Access* a = begin; a != end; ++a) tainted.push_back(a);
+      }
+      for (uint32_t u = 0; u < task.uses_count; ++u) {
+        Intermediate& im = s.intermediates.data()[s.uses[task.uses_begin + u]];
+        if (im.refs.fetch_sub(1, std::memory_order_relaxed) == 1) {
+          (void)memory_.free(im.addr);
+          im.addr = 0;
+          ++out.released_early;
+        }
+      }
+    }
+    out.status = error.get();
+    s.intermediates.free_all(memory_);
+    out.end_ns = now_ns();
+    on_done_(s.index, std::move(out));
+  }
+
+  Device& device_;
+  DeviceMemory& memory_;
+  const uint32_t max_tasks_;
+  RunDoneFn on_done_;
+  std::vector<std::unique_ptr<RefSlot>> slots_;
+  std::mutex mu_;
+  std::deque<uint32_t> launched_;  // runs in launch order, executed one at a time
+};
+
+}  // namespace
+
+SIMPLER_REGISTER_RUNTIME(reference,
+                         RuntimeInfo{"reference",
+                                     "the serial oracle: one thread runs each run's tasks in submission order",
+                                     /*concurrent=*/false, &ReferenceRuntime::create});
+
+}  // namespace simpler
