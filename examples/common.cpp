@@ -45,6 +45,7 @@ Result<KernelLibrary> load_kernels(const std::vector<KernelSpec>& specs) {
 Result<OpenWorker> open_worker(const ExampleOptions& options, ChipCallable callable) {
   WorkerConfig config;
   config.geometry = options.geometry;
+  config.runtime = options.runtime;
   config.pipeline_depth = static_cast<uint32_t>(options.pipeline_depth);
   OpenWorker w{std::make_unique<Worker>(Level::Chip, config), {}};
   if (Status s = take(w.worker->register_callable(std::move(callable)), w.callable); !s.ok()) {

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "conformance.h"
 #include "examples.h"
 #include "test_util.h"
 
@@ -28,16 +29,25 @@ ExampleOptions small_options(int runs, int depth) {
   return o;
 }
 
-TEST(Examples, EveryExampleVerifiesOnSmall) {
+// Every example's bit-exact check, on every runtime and geometry (the node
+// and network examples through chip children of that runtime and geometry).
+class ExamplesOnEveryTarget : public simpler::testing::TargetTest {};
+
+TEST_P(ExamplesOnEveryTarget, EveryExampleVerifies) {
   Watchdog dog(std::chrono::seconds(120));
   for (const std::string& name : example_names()) {
-    Result<ExampleReport> r = run_example(name, small_options(4, 2));
+    ExampleOptions o = small_options(4, 2);
+    o.runtime = GetParam().runtime;
+    o.geometry = geometry();
+    Result<ExampleReport> r = run_example(name, o);
     ASSERT_TRUE(r.ok()) << name << ": " << r.status().to_string();
     EXPECT_TRUE(r->verified) << name << ": " << r->detail;
     EXPECT_EQ(r->runs, 4) << name;
     EXPECT_GT(r->tasks, 0u) << name;
   }
 }
+
+SIMPLER_ON_EVERY_TARGET(ExamplesOnEveryTarget);
 
 TEST(Examples, MatmulChainHasHundredsOfTasksPerRun) {
   Watchdog dog(std::chrono::seconds(60));

@@ -17,6 +17,7 @@
 
 #include "base/doorbell.h"
 #include "chip/chip_worker.h"
+#include "conformance.h"
 #include "chip/pipeline_contract.h"
 #include "device/backend_registry.h"
 #include "simpler/simpler.h"
@@ -69,7 +70,8 @@ extern "C" void add_one_kernel(int64_t* args) {
 }
 
 struct Fixture {
-  explicit Fixture(uint32_t depth = 2, uint32_t launch_depth = 0) {
+  explicit Fixture(uint32_t depth = 2, uint32_t launch_depth = 0,
+                   const testing::ChipTarget& target = {"host_build_graph", "small"}) {
     KernelLibrary k;
     EXPECT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
     EXPECT_TRUE(k.add_function(1, CoreType::AIV, "gate_kernel", gate_kernel).ok());
@@ -79,6 +81,8 @@ struct Fixture {
     cs.emplace_back("gated", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(1, TaskArgs{}).status(); },
                     k, std::vector<Param>{});
     WorkerConfig cfg;
+    cfg.runtime = target.runtime;
+    cfg.geometry = *Geometry::by_name(target.geometry);
     cfg.pipeline_depth = depth;
     cfg.launch_depth = launch_depth;
     cfg.max_tasks_per_run = 64;
@@ -124,9 +128,12 @@ NativeRunDescriptor desc_for(const Lease& l) {
   return d;
 }
 
+// The lifecycle cases run on every runtime and geometry (R89).
+class Lifecycle : public testing::TargetTest {};
+
 // R86: the phase matrix of one run, with every misuse refused and harmless.
-TEST(NativeRun, R86PhaseMatrix) {
-  Fixture f;
+TEST_P(Lifecycle, R86PhaseMatrix) {
+  Fixture f(2, 0, GetParam());
   Storage s;
   auto lease = f.worker->try_acquire_lease();
   ASSERT_TRUE(lease.has_value());
@@ -154,8 +161,8 @@ TEST(NativeRun, R86PhaseMatrix) {
 }
 
 // R86: finalize aborts a prepared run that never launched; the set comes back.
-TEST(NativeRun, R86FinalizeAbortsPreparedRun) {
-  Fixture f;
+TEST_P(Lifecycle, R86FinalizeAbortsPreparedRun) {
+  Fixture f(2, 0, GetParam());
   Storage s;
   auto lease = f.worker->try_acquire_lease();
   auto epoch = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*lease), 0, f.inout_args());
@@ -172,8 +179,8 @@ TEST(NativeRun, R86FinalizeAbortsPreparedRun) {
 
 // R86 + launch_depth: a launch queued behind launch_depth parks in Launching;
 // finalize and wait refuse it then, poll says NOT_READY.
-TEST(NativeRun, R86LaunchingRefusesFinalizeAndWait) {
-  Fixture f(2, 1);
+TEST_P(Lifecycle, R86LaunchingRefusesFinalizeAndWait) {
+  Fixture f(2, 1, GetParam());
   std::unique_ptr<Gate> gate(new Gate);
   g_gate = gate.get();
   RunHandle blocker = f.worker->submit(1, TaskArgs{});
@@ -946,17 +953,16 @@ TEST(HostApi, R88BindingClearedOnEveryExit) {
   }
 }
 
-// R89: every geometry of the sim backend passes the same lifecycle.
-class AllGeometries : public ::testing::TestWithParam<const char*> {};
-
-TEST_P(AllGeometries, R89SameLifecycleContract) {
+// R89: every runtime on every geometry of the sim backend passes the same lifecycle.
+TEST_P(Lifecycle, R89SameLifecycleContract) {
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
   std::vector<ChipCallable> cs;
   cs.emplace_back("add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
                   std::vector<Param>{Param::inout()});
   WorkerConfig cfg;
-  cfg.geometry = *Geometry::by_name(GetParam());
+  cfg.geometry = *Geometry::by_name(GetParam().geometry);
+  cfg.runtime = GetParam().runtime;
   cfg.max_tasks_per_run = 16;
   cfg.device_memory_bytes = 64ull << 20;
   auto w = ChipWorker::create(cfg, std::move(cs));
@@ -979,7 +985,7 @@ TEST_P(AllGeometries, R89SameLifecycleContract) {
   ASSERT_TRUE((*w)->copy_from(&x, *buf, 4, 0).ok());
   EXPECT_EQ(x, 3.0f);
 }
-INSTANTIATE_TEST_SUITE_P(Sim, AllGeometries, ::testing::Values("small", "a2a3", "a5"));
+SIMPLER_ON_EVERY_TARGET(Lifecycle);
 
 }  // namespace
 }  // namespace simpler

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "conformance.h"
 #include "ipc/sub_worker_handler.h"
 #include "node/node_worker.h"
 #include "node/observer.h"
@@ -262,10 +263,22 @@ struct GatedSubmitter {
 // (c) the widest launched instant is exactly 4, (d) every result is right.
 // The evidence comes only from snapshots; observing starts before the first
 // submit, after the device allocations.
-TEST(NodeWidth, R42GrantVersusLaunchBudget) {
+// The width cases run on every chip runtime and geometry: the chip children
+// take the node's runtime and geometry.
+class NodeWidthOnEveryTarget : public TargetTest {
+ protected:
+  WorkerConfig node_config_for(uint32_t chips, uint32_t depth, uint32_t launch) const {
+    WorkerConfig c = node_config(chips, 0, depth, launch);
+    c.runtime = GetParam().runtime;
+    c.geometry = geometry();
+    return c;
+  }
+};
+
+TEST_P(NodeWidthOnEveryTarget, R42GrantVersusLaunchBudget) {
   Watchdog dog;
   TestGates* gates = make_node_gates();
-  auto w = make_node(node_config(1, 0, 8, 4));
+  auto w = make_node(node_config_for(1, 8, 4));
   ASSERT_NE(w, nullptr);
   Observer obs;
   ASSERT_TRUE(obs.start(targets_of(*w), now_ns() + kTestWaitNs).ok());
@@ -289,10 +302,10 @@ TEST(NodeWidth, R42GrantVersusLaunchBudget) {
 
 // R43: pipeline_depth 5, launch_depth 5: five runs launched and accepted at
 // one coherent instant, results intact.
-TEST(NodeWidth, R43FiveLaunchedAtOnce) {
+TEST_P(NodeWidthOnEveryTarget, R43FiveLaunchedAtOnce) {
   Watchdog dog;
   TestGates* gates = make_node_gates();
-  auto w = make_node(node_config(1, 0, 5, 5));
+  auto w = make_node(node_config_for(1, 5, 5));
   ASSERT_NE(w, nullptr);
   Observer obs;
   ASSERT_TRUE(obs.start(targets_of(*w), now_ns() + kTestWaitNs).ok());
@@ -305,6 +318,8 @@ TEST(NodeWidth, R43FiveLaunchedAtOnce) {
   EXPECT_EQ(obs.evidence(0).widest, 5u);
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
 }
+
+SIMPLER_ON_EVERY_TARGET(NodeWidthOnEveryTarget);
 
 // R45: each of two chip endpoints independently reaches its full grant (4).
 TEST(NodeWidth, R45EachEndpointCarriesItsGrant) {

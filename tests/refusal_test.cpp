@@ -426,6 +426,34 @@ TEST(Refusal, BadConfigAtInitChangesNothing) {
   }
 }
 
+// An unknown runtime or backend is refused at init, naming the field and
+// listing what this build has; a node refuses it before it forks a child.
+TEST(Refusal, UnknownRuntimeOrBackendIsRefusedAtInitNamingWhatIsBuilt) {
+  Watchdog dog;
+  std::string built;
+  for (const ComponentInfo& r : available_runtimes()) built += (built.empty() ? "" : ", ") + r.name;
+  EXPECT_TRUE(contains(built, "host_build_graph") && contains(built, "reference")) << built;
+  for (Level level : {Level::Chip, Level::Node}) {
+    SCOPED_TRACE(level == Level::Chip ? "chip" : "node");
+    for (bool bad_runtime : {true, false}) {
+      WorkerConfig c = small_config(2, 64);
+      c.chips = level == Level::Node ? 1 : 0;
+      (bad_runtime ? c.runtime : c.backend) = "no_such_thing";
+      const int threads = thread_count();
+      Worker w(level, c);
+      ASSERT_TRUE(w.register_callable(ChipCallable("noop", [](ChipOrchestrator&, const TaskArgs&) { return Status(); },
+                                                   all_kernels(), {}))
+                      .ok());
+      const Status st = w.init();
+      EXPECT_REFUSED(st, StatusCode::kInvalidArgument, bad_runtime ? "runtime = 'no_such_thing'" : "backend = 'no_such_thing'");
+      EXPECT_TRUE(contains(st.message(), bad_runtime ? built : "sim")) << st.message();
+      EXPECT_EQ(thread_count(), threads) << "a refused init left threads behind";
+      EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");
+      EXPECT_TRUE(w.close().ok());
+    }
+  }
+}
+
 // R67: a wide grant is accepted and works (no compile-time ceiling).
 TEST(Refusal, AWideGrantIsAcceptedAndServesRuns) {
   Watchdog dog;

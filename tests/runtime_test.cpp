@@ -1,5 +1,7 @@
-// The hbg runtime through the public Worker: an AIC+AIV+mix DAG vs a host reference, dependency
-// correctness, runtime-allocated outputs, scopes, pipelined runs, RunHandle, thread and memory invariants.
+// The runtime conformance cases through the public Worker, on every registered runtime and geometry
+// (conformance.h): an AIC+AIV+mix DAG vs a host reference, dependency correctness, runtime-allocated
+// outputs, scopes, pipelined runs, RunHandle, thread and memory invariants. The cases that prove two
+// tasks ran at the same moment run on the concurrent runtimes only.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "conformance.h"
 #include "kernels.h"
 #include "simpler/simpler.h"
 #include "test_util.h"
@@ -16,6 +19,17 @@ namespace simpler {
 namespace {
 
 using namespace testing;
+
+// One fixture per suite; each runs on the targets its instantiation at the end names.
+class Runtime : public TargetTest {};
+class Dependencies : public TargetTest {};
+class Concurrency : public TargetTest {};
+class RuntimeOutputs : public TargetTest {};
+class Scopes : public TargetTest {};
+class Pipeline : public TargetTest {};
+class RunHandleTest : public TargetTest {};
+class WorkerThreads : public TargetTest {};
+class WorkerMemory : public TargetTest {};
 
 // ---- A matmul-like DAG: tiled GEMM (AIC) + bias/ReLU (AIV) + a mix task + an add -----------------
 
@@ -150,9 +164,9 @@ void expect_dag_outputs(Worker& w, const DagBuffers& b, const DagData& d) {
 constexpr uint32_t kDagTasks = kTiles * kTiles * kTiles + kTiles * kTiles + 2;
 constexpr uint32_t kDagSubtasks = kDagTasks + 2;  // the mix task runs three kernels
 
-TEST(Runtime, MatmulDagWithAicAivAndMixMatchesHost) {
+TEST_P(Runtime, MatmulDagWithAicAivAndMixMatchesHost) {
   Watchdog dog;
-  Harness hw(dag_callable());
+  Harness hw(dag_callable(), config());
   DagData d(1);
   DagBuffers b = upload_dag(hw.w, d);
   RunHandle r = hw.submit(b.args(d.s));
@@ -166,20 +180,9 @@ TEST(Runtime, MatmulDagWithAicAivAndMixMatchesHost) {
   EXPECT_TRUE(hw.w.close().ok());
 }
 
-TEST(Runtime, MatmulDagMatchesHostOnA2a3) {
+TEST_P(Runtime, RepeatedRunsOnOneWorkerStayCorrect) {
   Watchdog dog;
-  WorkerConfig c = small_config(2);
-  c.geometry = Geometry::a2a3();
-  Harness hw(dag_callable(), c);
-  DagData d(2);
-  DagBuffers b = upload_dag(hw.w, d);
-  ASSERT_TRUE(hw.run(b.args(d.s)).ok());
-  expect_dag_outputs(hw.w, b, d);
-}
-
-TEST(Runtime, RepeatedRunsOnOneWorkerStayCorrect) {
-  Watchdog dog;
-  Harness hw(dag_callable());
+  Harness hw(dag_callable(), config());
   for (uint32_t seed = 10; seed < 14; ++seed) {
     DagData d(seed);
     DagBuffers b = upload_dag(hw.w, d);
@@ -200,7 +203,7 @@ KernelLibrary dep_kernels() {
                        {kProbe, CoreType::AIV, "probe", probe_kernel}});
 }
 
-TEST(Dependencies, ChainOfInOutTasksGivesTheSequentialResult) {
+TEST_P(Dependencies, ChainOfInOutTasksGivesTheSequentialResult) {
   Watchdog dog;
   constexpr int kSteps = 300;
   constexpr int64_t kLen = 512;
@@ -214,7 +217,7 @@ TEST(Dependencies, ChainOfInOutTasksGivesTheSequentialResult) {
         }
         return Status();
       },
-      dep_kernels(), {Param::inout()}));
+      dep_kernels(), {Param::inout()}), config());
   std::vector<int64_t> host(kLen);
   for (int64_t i = 0; i < kLen; ++i) host[i] = i;
   DeviceBuffer x = upload(hw.w, host);
@@ -229,7 +232,7 @@ TEST(Dependencies, ChainOfInOutTasksGivesTheSequentialResult) {
   EXPECT_EQ(r.stats().tasks, static_cast<uint32_t>(kSteps));
 }
 
-TEST(Dependencies, ReadersAfterAWriterSeeTheWrittenValueAndTheNextWriterWaitsForThem) {
+TEST_P(Dependencies, ReadersAfterAWriterSeeTheWrittenValueAndTheNextWriterWaitsForThem) {
   Watchdog dog;
   constexpr int kRounds = 6, kReaders = 8;
   constexpr int64_t kLen = 256;
@@ -254,7 +257,7 @@ TEST(Dependencies, ReadersAfterAWriterSeeTheWrittenValueAndTheNextWriterWaitsFor
         }
         return Status();
       },
-      dep_kernels(), {Param::inout(), Param::output()}));
+      dep_kernels(), {Param::inout(), Param::output()}), config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(kLen, -1));
   DeviceBuffer out = upload(hw.w, std::vector<int64_t>(kRounds * kReaders * kLen, -1));
   TaskArgs args;
@@ -282,7 +285,7 @@ Status rendezvous_all(ChipOrchestrator& o, const std::vector<TensorView>& views)
   return Status();
 }
 
-TEST(Dependencies, DisjointColumnHalvesOfOneBufferRunAtTheSameTime) {
+TEST_P(Concurrency, DisjointColumnHalvesOfOneBufferRunAtTheSameTime) {
   Watchdog dog;
   g_arrived = 0;
   Harness hw(ChipCallable(
@@ -291,7 +294,7 @@ TEST(Dependencies, DisjointColumnHalvesOfOneBufferRunAtTheSameTime) {
         const TensorView& x = a[0].tensor;  // 8 x 16: halves interleave byte-wise
         return rendezvous_all(o, {*x.tile({0, 0}, {8, 8}), *x.tile({0, 8}, {8, 8})});
       },
-      dep_kernels(), {Param::output()}));
+      dep_kernels(), {Param::output()}), config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(8 * 16, 0));
   TaskArgs args;
   args.add_tensor(x.view({8, 16}, DType::I64), Tag::OutputExisting);
@@ -300,7 +303,7 @@ TEST(Dependencies, DisjointColumnHalvesOfOneBufferRunAtTheSameTime) {
   EXPECT_EQ(download<int64_t>(hw.w, x, 8 * 16), std::vector<int64_t>(8 * 16, 1));
 }
 
-TEST(Dependencies, FourDisjointQuadrantsRunAtTheSameTime) {
+TEST_P(Concurrency, FourDisjointQuadrantsRunAtTheSameTime) {
   Watchdog dog;
   g_arrived = 0;
   Harness hw(ChipCallable(
@@ -313,7 +316,7 @@ TEST(Dependencies, FourDisjointQuadrantsRunAtTheSameTime) {
         }
         return rendezvous_all(o, q);  // the small geometry has exactly 4 AIV cores
       },
-      dep_kernels(), {Param::output()}));
+      dep_kernels(), {Param::output()}), config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(64, 0));
   TaskArgs args;
   args.add_tensor(x.view({8, 8}, DType::I64), Tag::OutputExisting);
@@ -322,7 +325,7 @@ TEST(Dependencies, FourDisjointQuadrantsRunAtTheSameTime) {
   EXPECT_EQ(download<int64_t>(hw.w, x, 64), std::vector<int64_t>(64, 1));
 }
 
-TEST(Dependencies, NoDepArgumentCreatesNoEdge) {
+TEST_P(Concurrency, NoDepArgumentCreatesNoEdge) {
   Watchdog dog;
   g_arrived = 0;
   Harness hw(ChipCallable(
@@ -336,7 +339,7 @@ TEST(Dependencies, NoDepArgumentCreatesNoEdge) {
         passer.add_tensor(y, Tag::OutputExisting).add_scalar(2).add_tensor(x, Tag::NoDep);
         return o.submit_aiv(kRendezvous, passer).status();
       },
-      dep_kernels(), {Param::output(), Param::output()}));
+      dep_kernels(), {Param::output(), Param::output()}), config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(16, 0));
   DeviceBuffer y = upload(hw.w, std::vector<int64_t>(16, 0));
   TaskArgs args;
@@ -346,7 +349,7 @@ TEST(Dependencies, NoDepArgumentCreatesNoEdge) {
 }
 
 // Overlapping writes (and a read after a write) must be ordered: the probe never sees two at once.
-TEST(Dependencies, OverlappingTilesAreNeverRunAtTheSameTime) {
+TEST_P(Concurrency, OverlappingTilesAreNeverRunAtTheSameTime) {
   Watchdog dog;
   g_inside = 0;
   g_max_inside = 0;
@@ -367,7 +370,7 @@ TEST(Dependencies, OverlappingTilesAreNeverRunAtTheSameTime) {
         }
         return Status();
       },
-      dep_kernels(), {Param::inout()}));
+      dep_kernels(), {Param::inout()}), config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(64, 0));
   TaskArgs args;
   args.add_tensor(x.view({8, 8}, DType::I64), Tag::InOut);
@@ -376,7 +379,7 @@ TEST(Dependencies, OverlappingTilesAreNeverRunAtTheSameTime) {
 }
 
 // Readers of one region have no edge between them.
-TEST(Dependencies, ConcurrentReadersOfOneTensorRunAtTheSameTime) {
+TEST_P(Concurrency, ConcurrentReadersOfOneTensorRunAtTheSameTime) {
   Watchdog dog;
   g_arrived = 0;
   Harness hw(ChipCallable(
@@ -393,7 +396,7 @@ TEST(Dependencies, ConcurrentReadersOfOneTensorRunAtTheSameTime) {
         }
         return Status();
       },
-      dep_kernels(), {Param::input(), Param::output()}));
+      dep_kernels(), {Param::input(), Param::output()}), config());
   DeviceBuffer in = upload(hw.w, std::vector<int64_t>(8, 5));
   DeviceBuffer out = upload(hw.w, std::vector<int64_t>(24, 0));
   TaskArgs args;
@@ -405,7 +408,7 @@ TEST(Dependencies, ConcurrentReadersOfOneTensorRunAtTheSameTime) {
 // A DeviceBuffer naming part of an allocation (accepted by submit's range check)
 // aliases the whole-buffer view of that allocation: a write through one and a
 // read through the other must be ordered (or the alias refused).
-TEST(Dependencies, AliasedSubBufferIsOrderedOrRefused) {
+TEST_P(Concurrency, AliasedSubBufferIsOrderedOrRefused) {
   Watchdog dog;
   g_inside = 0;
   g_max_inside = 0;
@@ -424,7 +427,7 @@ TEST(Dependencies, AliasedSubBufferIsOrderedOrRefused) {
         submit_status = r.status();
         return r.status();
       },
-      dep_kernels(), {Param::inout()}));
+      dep_kernels(), {Param::inout()}), config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(64, 0));
   TaskArgs args;
   args.add_tensor(x.view({64}, DType::I64), Tag::InOut);
@@ -453,7 +456,7 @@ KernelLibrary axpb_kernels() { return make_kernels({{kAxpb, CoreType::AIV, "axpb
 
 constexpr int64_t kLen = 1000;
 
-TEST(RuntimeOutputs, AnUnboundOutputIsAllocatedAndFeedsALaterTask) {
+TEST_P(RuntimeOutputs, AnUnboundOutputIsAllocatedAndFeedsALaterTask) {
   Watchdog dog;
   bool bound_in_ref = false;  // set by the orchestration
   uint64_t allocated_bytes = 0;
@@ -474,7 +477,7 @@ TEST(RuntimeOutputs, AnUnboundOutputIsAllocatedAndFeedsALaterTask) {
         if (!tmp.buffer().bound()) return Status(StatusCode::kInternal, "TaskRef.outputs[0] is still unbound");
         return o.submit_aiv(kAxpb, axpb(tmp, a[1].tensor, 1.f, 1.f)).status();
       },
-      axpb_kernels(), {Param::input(), Param::output()}));
+      axpb_kernels(), {Param::input(), Param::output()}), config());
   std::vector<float> in(kLen);
   for (int64_t i = 0; i < kLen; ++i) in[i] = static_cast<float>(i);
   DeviceBuffer din = upload(hw.w, in);
@@ -497,7 +500,7 @@ TEST(RuntimeOutputs, AnUnboundOutputIsAllocatedAndFeedsALaterTask) {
   }
 }
 
-TEST(Scopes, IntermediatesOfAnEndedScopeAreReleasedDuringTheRun) {
+TEST_P(Scopes, IntermediatesOfAnEndedScopeAreReleasedDuringTheRun) {
   Watchdog dog;
   Harness hw(ChipCallable(
       "scoped",
@@ -519,7 +522,7 @@ TEST(Scopes, IntermediatesOfAnEndedScopeAreReleasedDuringTheRun) {
         }
         return Status();
       },
-      axpb_kernels(), {Param::input(), Param::inout()}));
+      axpb_kernels(), {Param::input(), Param::inout()}), config());
   std::vector<float> in(kLen);
   for (int64_t i = 0; i < kLen; ++i) in[i] = static_cast<float>(i % 17);
   DeviceBuffer din = upload(hw.w, in);
@@ -544,7 +547,7 @@ TEST(Scopes, IntermediatesOfAnEndedScopeAreReleasedDuringTheRun) {
   }
 }
 
-TEST(Scopes, AnUnusedIntermediateIsReleasedAtScopeEnd) {
+TEST_P(Scopes, AnUnusedIntermediateIsReleasedAtScopeEnd) {
   Watchdog dog;
   uint64_t free_inside = 0, free_after_scope = 0;  // written by the orchestration
   Worker* worker = nullptr;
@@ -560,7 +563,7 @@ TEST(Scopes, AnUnusedIntermediateIsReleasedAtScopeEnd) {
         free_after_scope = free_bytes(*worker);
         return Status();
       },
-      axpb_kernels(), {}));
+      axpb_kernels(), {}), config());
   worker = &hw.w;
   ASSERT_TRUE(hw.run().ok());
   EXPECT_EQ(free_inside, 1u << 18) << "the intermediate's bytes";
@@ -570,7 +573,7 @@ TEST(Scopes, AnUnusedIntermediateIsReleasedAtScopeEnd) {
   EXPECT_EQ(free_bytes(hw.w), steady);
 }
 
-TEST(Scopes, AllocRefusesABadShape) {
+TEST_P(Scopes, AllocRefusesABadShape) {
   Watchdog dog;
   Status alloc_status;
   Harness hw(ChipCallable(
@@ -579,7 +582,7 @@ TEST(Scopes, AllocRefusesABadShape) {
         alloc_status = o.alloc({4, -4}, DType::F32).status();
         return Status();
       },
-      axpb_kernels(), {}));
+      axpb_kernels(), {}), config());
   uint64_t steady = 0;
   for (int round = 0; round < 2; ++round) {
     Status s = hw.run();
@@ -590,7 +593,7 @@ TEST(Scopes, AllocRefusesABadShape) {
   }
 }
 
-TEST(Scopes, DeviceMemoryExhaustedByIntermediatesFailsTheRunAndLeaksNothing) {
+TEST_P(Scopes, DeviceMemoryExhaustedByIntermediatesFailsTheRunAndLeaksNothing) {
   Watchdog dog;
   bool hog = false;
   Harness hw(ChipCallable(
@@ -603,7 +606,7 @@ TEST(Scopes, DeviceMemoryExhaustedByIntermediatesFailsTheRunAndLeaksNothing) {
                    return o.alloc({16}, DType::F32).status();
                  },
                  axpb_kernels(), {}),
-             small_config(1, 64));
+             config(1, 64));
   ASSERT_TRUE(hw.run().ok());
   const uint64_t steady = free_bytes(hw.w);
   hog = true;
@@ -619,9 +622,9 @@ TEST(Scopes, DeviceMemoryExhaustedByIntermediatesFailsTheRunAndLeaksNothing) {
 
 // ---- Pipelining --------------------------------------------------------------------------------
 
-TEST(Pipeline, SixteenRunsWithDepthFourAreAllCorrect) {
+TEST_P(Pipeline, SixteenRunsWithDepthFourAreAllCorrect) {
   Watchdog dog;
-  WorkerConfig c = small_config(4);
+  WorkerConfig c = config(4);
   Harness hw(ChipCallable(
                  "vaxpb",
                  [](ChipOrchestrator& o, const TaskArgs& a) {
@@ -672,7 +675,7 @@ TEST(Pipeline, SixteenRunsWithDepthFourAreAllCorrect) {
 }
 
 // One run's device result is the input of four later runs in flight together.
-TEST(Pipeline, ADeviceResultFeedsLaterRuns) {
+TEST_P(Pipeline, ADeviceResultFeedsLaterRuns) {
   Watchdog dog;
   Harness hw(ChipCallable(
                  "axpb_run",
@@ -680,7 +683,7 @@ TEST(Pipeline, ADeviceResultFeedsLaterRuns) {
                    return o.submit_aiv(kAxpb, axpb(a[0].tensor, a[1].tensor, scalar_f32(a[2].scalar), 1.f)).status();
                  },
                  axpb_kernels(), {Param::input(), Param::output(), Param::scalar()}),
-             small_config(4, 64));
+             config(4, 64));
   std::vector<float> x(kLen);
   for (int64_t i = 0; i < kLen; ++i) x[i] = static_cast<float>(i);
   DeviceBuffer dx = upload(hw.w, x);
@@ -705,7 +708,7 @@ TEST(Pipeline, ADeviceResultFeedsLaterRuns) {
 }
 
 // R67: pipeline_depth accepts values from 1 upward (0 is refused in the refusal tests).
-TEST(Pipeline, DepthOneThreeAndEightAllWork) {
+TEST_P(Pipeline, DepthOneThreeAndEightAllWork) {
   Watchdog dog;
   for (uint32_t depth : {1u, 3u, 8u}) {
     Harness hw(ChipCallable(
@@ -714,7 +717,7 @@ TEST(Pipeline, DepthOneThreeAndEightAllWork) {
                      return o.submit_aiv(kAxpb, axpb(a[0].tensor, a[1].tensor, 2.f, 1.f)).status();
                    },
                    axpb_kernels(), {Param::input(), Param::output()}),
-               small_config(depth, 64));
+               config(depth, 64));
     std::vector<float> in(kLen, 1.f);
     DeviceBuffer din = upload(hw.w, in);
     std::vector<DeviceBuffer> outs;
@@ -737,13 +740,13 @@ TEST(Pipeline, DepthOneThreeAndEightAllWork) {
 
 enum : uint32_t { kGate = 1, kCount = 2 };
 
-TEST(RunHandleTest, WaitForGivesUpAtItsDeadlineAndTheRunGoesOn) {
+TEST_P(RunHandleTest, WaitForGivesUpAtItsDeadlineAndTheRunGoesOn) {
   Watchdog dog;
   g_gate_open = false;
   g_gate_passed = 0;
   Harness hw(ChipCallable(
       "gated", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(kGate, {}).status(); },
-      make_kernels({{kGate, CoreType::AIV, "gate", gate_kernel}}), {}));
+      make_kernels({{kGate, CoreType::AIV, "gate", gate_kernel}}), {}), config());
   RunHandle r = hw.submit();
   ASSERT_TRUE(r.valid());
   Status early = r.wait_for(std::chrono::milliseconds(1));
@@ -765,7 +768,7 @@ TEST(RunHandleTest, WaitForGivesUpAtItsDeadlineAndTheRunGoesOn) {
   EXPECT_TRUE(from_thread.ok());
 }
 
-TEST(RunHandleTest, AnEmptyHandleRefusesEverything) {
+TEST(EmptyRunHandle, RefusesEverything) {
   RunHandle h;
   EXPECT_FALSE(h.valid());
   EXPECT_FALSE(h.done());
@@ -775,21 +778,21 @@ TEST(RunHandleTest, AnEmptyHandleRefusesEverything) {
   EXPECT_REFUSED(h.wait(), StatusCode::kFailedPrecondition, "RunHandle is empty");
 }
 
-TEST(RunHandleTest, AnEmptyGraphCompletesAtOnce) {
+TEST_P(RunHandleTest, AnEmptyGraphCompletesAtOnce) {
   Watchdog dog;
   Harness hw(ChipCallable("empty", [](ChipOrchestrator&, const TaskArgs&) { return Status(); },
-                          make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}));
+                          make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}), config());
   RunHandle r = hw.submit();
   EXPECT_TRUE(wait_run(r).ok());
   EXPECT_EQ(r.stats().tasks, 0u);
   EXPECT_EQ(r.stats().executed, 0u);
 }
 
-TEST(WorkerThreads, InitCreatesEveryDeviceThreadOnceAndRunsCreateNone) {
+TEST_P(WorkerThreads, InitCreatesEveryDeviceThreadOnceAndRunsCreateNone) {
   Watchdog dog;
   g_count = 0;
   const int before = thread_count();
-  Worker w(Level::Chip, small_config(2, 64));
+  Worker w(Level::Chip, config(2, 64));
   auto h = w.register_callable(ChipCallable(
       "count",
       [](ChipOrchestrator& o, const TaskArgs&) {
@@ -802,7 +805,7 @@ TEST(WorkerThreads, InitCreatesEveryDeviceThreadOnceAndRunsCreateNone) {
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(thread_count(), before);  // nothing before init
   ASSERT_TRUE(w.init().ok());
-  const Geometry g = Geometry::small();
+  const Geometry g = geometry();
   EXPECT_EQ(thread_count(), before + static_cast<int>(g.cores() + g.aicpu_threads));
   const int after_init = thread_count();
   std::vector<RunHandle> runs;
@@ -814,10 +817,9 @@ TEST(WorkerThreads, InitCreatesEveryDeviceThreadOnceAndRunsCreateNone) {
   EXPECT_EQ(thread_count(), before) << "close left device threads behind";
 }
 
-TEST(WorkerThreads, AnIdleA2a3WorkerLetsEveryThreadSleep) {
+TEST_P(WorkerThreads, AnIdleWorkerLetsEveryThreadSleep) {
   Watchdog dog;
-  WorkerConfig c = small_config(2, 64);
-  c.geometry = Geometry::a2a3();
+  WorkerConfig c = config(2, 64);
   Harness hw(ChipCallable(
                  "count",
                  [](ChipOrchestrator& o, const TaskArgs&) {
@@ -829,21 +831,22 @@ TEST(WorkerThreads, AnIdleA2a3WorkerLetsEveryThreadSleep) {
                  make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}),
              c);
   ASSERT_TRUE(hw.run().ok());
-  // After the run, every device thread (72 cores, 4 AICPUs) parks in the
+  // After the run, every device thread (cores and AICPUs) parks in the
   // kernel: an idle chip spins nowhere (no CPU-time assertion, just states).
+  const size_t device_threads = geometry().cores() + geometry().aicpu_threads;
   std::vector<char> states;
   const bool all_sleep = eventually([&] {
     states = other_thread_states();
-    return states.size() >= 76 && std::all_of(states.begin(), states.end(), [](char st) { return st == 'S'; });
+    return states.size() >= device_threads && std::all_of(states.begin(), states.end(), [](char st) { return st == 'S'; });
   });
   EXPECT_TRUE(all_sleep) << "thread states: " << std::string(states.begin(), states.end());
   ASSERT_TRUE(hw.run().ok());  // and wakes up for the next run
 }
 
 // R72: total_bytes is exact and stable across reads; free_bytes <= total and tracks allocations exactly.
-TEST(WorkerMemory, MemoryInfoIsExactAndFreeTracksAllocations) {
+TEST_P(WorkerMemory, MemoryInfoIsExactAndFreeTracksAllocations) {
   Watchdog dog;
-  WorkerConfig c = small_config(2, 64);
+  WorkerConfig c = config(2, 64);
   c.device_memory_bytes = (uint64_t{5} << 32) + 64;  // above 2^32: reserved, committed on touch
   Harness hw(ChipCallable("none", [](ChipOrchestrator&, const TaskArgs&) { return Status(); },
                           make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}),
@@ -866,11 +869,11 @@ TEST(WorkerMemory, MemoryInfoIsExactAndFreeTracksAllocations) {
   EXPECT_EQ(free_bytes(hw.w), m1->free_bytes);
 }
 
-TEST(WorkerMemory, CopiesRoundTripAtOffsetsAndRefuseRangesOutsideTheBuffer) {
+TEST_P(WorkerMemory, CopiesRoundTripAtOffsetsAndRefuseRangesOutsideTheBuffer) {
   Watchdog dog;
   Harness hw(ChipCallable("none", [](ChipOrchestrator&, const TaskArgs&) { return Status(); },
                           make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}),
-             small_config(1, 16));
+             config(1, 16));
   auto b = hw.w.malloc(100);
   ASSERT_TRUE(b.ok());
   std::vector<uint8_t> src(100);
@@ -906,6 +909,16 @@ TEST(WorkerMemory, CopiesRoundTripAtOffsetsAndRefuseRangesOutsideTheBuffer) {
   EXPECT_REFUSED(hw.w.free(*b), StatusCode::kInvalidArgument, "not a live device allocation");
   EXPECT_REFUSED(hw.w.copy_to(*b, src.data(), 4), StatusCode::kInvalidArgument, "not a live device allocation");
 }
+
+SIMPLER_ON_EVERY_TARGET(Runtime);
+SIMPLER_ON_EVERY_TARGET(Dependencies);
+SIMPLER_ON_CONCURRENT_TARGETS(Concurrency);
+SIMPLER_ON_EVERY_TARGET(RuntimeOutputs);
+SIMPLER_ON_EVERY_TARGET(Scopes);
+SIMPLER_ON_EVERY_TARGET(Pipeline);
+SIMPLER_ON_EVERY_TARGET(RunHandleTest);
+SIMPLER_ON_EVERY_TARGET(WorkerThreads);
+SIMPLER_ON_EVERY_TARGET(WorkerMemory);
 
 }  // namespace
 }  // namespace simpler

@@ -90,6 +90,12 @@ std::vector<std::string> geometry_names() {
   return names;
 }
 
+std::vector<std::string> runtime_names() {
+  std::vector<std::string> names;
+  for (const ComponentInfo& r : available_runtimes()) names.push_back(r.name);
+  return names;
+}
+
 std::vector<std::string> example_names() {
 #ifdef SIMPLER_HAVE_EXAMPLES
   return examples::example_names();
@@ -125,10 +131,11 @@ int cmd_run(const RunFlags& flags) {
     return kExitUsage;
   }
   options.geometry = *geometry;
+  options.runtime = flags.runtime;
   options.runs = flags.runs;
   options.pipeline_depth = flags.pipeline_depth;
-  fmt::print("simpler {} run {} on geometry {}, pipeline depth {}\n\n", version_string(), flags.example,
-             describe(options.geometry), options.pipeline_depth);
+  fmt::print("simpler {} run {} with runtime {} on geometry {}, pipeline depth {}\n\n", version_string(),
+             flags.example, options.runtime, describe(options.geometry), options.pipeline_depth);
   std::fflush(stdout);
   ProgressLine progress;
   std::vector<Row> rows;
@@ -150,6 +157,10 @@ int cmd_info() {
     fmt::print("  {:<8} {:>8} {:>4} {:>4} {:>6} {:>6}\n", g.name, g.clusters, g.aic_cores(), g.aiv_cores(),
                g.cores(), g.aicpu_threads);
   }
+  fmt::print("\nruntimes (default {}):\n", WorkerConfig().runtime);
+  for (const ComponentInfo& r : available_runtimes()) fmt::print("  {:<18} {}\n", r.name, r.description);
+  fmt::print("\nbackends (default {}):\n", WorkerConfig().backend);
+  for (const ComponentInfo& b : available_backends()) fmt::print("  {:<18} {}\n", b.name, b.description);
   fmt::print("\nexamples:");
   for (const std::string& name : example_names()) fmt::print(" {}", name);
 #ifdef SIMPLER_HAVE_BENCH

@@ -17,6 +17,7 @@ inline constexpr int kExitUsage = 2;
 struct RunFlags {
   std::string example;
   std::string geometry = "small";
+  std::string runtime = "host_build_graph";
   int runs = 0;  // 0: the example's default
   int pipeline_depth = 4;
 };
@@ -32,8 +33,9 @@ int cmd_run(const RunFlags& flags);
 int cmd_info();
 int cmd_bench(const BenchFlags& flags);
 
-// Names accepted by --geometry and by `simpler run`, for the parser's checks.
+// Names accepted by --geometry, --runtime and by `simpler run`, for the parser's checks.
 std::vector<std::string> geometry_names();
+std::vector<std::string> runtime_names();
 std::vector<std::string> example_names();
 
 }  // namespace simpler::cli

@@ -44,13 +44,16 @@ int main(int argc, char** argv) {
   run->add_option("--geometry", run_flags.geometry, "Chip geometry preset")
       ->check(CLI::IsMember(geometry_names()))
       ->capture_default_str();
+  run->add_option("--runtime", run_flags.runtime, "Chip runtime (see `simpler info`)")
+      ->check(CLI::IsMember(runtime_names()))
+      ->capture_default_str();
   run->add_option("--runs", run_flags.runs, "Runs to submit (default: the example's own)")
       ->check(int_in(1, 1000000));
   run->add_option("--pipeline-depth", run_flags.pipeline_depth, "Runs in flight before waiting on the oldest")
       ->check(int_in(1, 64))
       ->capture_default_str();
 
-  CLI::App* info = app.add_subcommand("info", "Print the version, geometry presets and build options");
+  CLI::App* info = app.add_subcommand("info", "Print the version, geometry presets, runtimes, backends and build options");
 
   BenchFlags bench_flags;
   CLI::App* bench = app.add_subcommand("bench", "Run benchmarks (all, or the named ones)");

@@ -5,10 +5,12 @@
 
 #include "base/errors.h"
 #include "chip/pipeline_contract.h"
+#include "device/backend_registry.h"
 #include "ipc/chip_child_handler.h"
 #include "ipc/mailbox_layout.h"
 #include "ipc/sub_worker_handler.h"
 #include "node/node_child_handler.h"
+#include "runtime/runtime.h"
 #include "task/args_blob.h"
 
 namespace simpler {
@@ -286,6 +288,11 @@ Status NodeWorker::validate(const NodeSpec& spec) {
     return invalid_argument("chips = 0 and sub_workers = 0: a node needs at least one child");
   }
   if (c.chips > kNodeMaxChips) return invalid_argument("chips = {} exceeds {}", c.chips, kNodeMaxChips);
+  if (c.chips != 0) {
+    // Checked here, before anything forks, rather than in each chip child's init.
+    SIMPLER_RETURN_IF_ERROR(runtime_named(c.runtime).status());
+    SIMPLER_RETURN_IF_ERROR(backend_named(c.backend).status());
+  }
   SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(c)));
   if (auto m = mailbox_size(c.pipeline_depth); !m.ok()) {
     return Status(m.status().code(), fmt::format("pipeline_depth = {}: {}", c.pipeline_depth, m.status().message()));

@@ -1,0 +1,78 @@
+// The conformance suite's parameters: every registered chip runtime on every
+// geometry preset (issue 8). A runtime or backend added later is tested by
+// registering it: the suites instantiate over the registry, not over a list
+// in the tests. Test-thread use only.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "runtime/runtime.h"
+#include "simpler/simpler.h"
+
+namespace simpler::testing {
+
+struct ChipTarget {
+  std::string runtime;
+  std::string geometry;
+  bool concurrent = true;  // the runtime runs tasks of one run at once on several cores
+};
+
+inline void PrintTo(const ChipTarget& t, std::ostream* os) { *os << t.runtime << "/" << t.geometry; }
+
+// "host_build_graph_small": a gtest-safe name for the instance.
+inline std::string target_name(const ::testing::TestParamInfo<ChipTarget>& info) {
+  return info.param.runtime + "_" + info.param.geometry;
+}
+
+// Every registered runtime on every geometry preset.
+inline std::vector<ChipTarget> every_target() {
+  std::vector<ChipTarget> out;
+  for (const RuntimeInfo* r : registered_runtimes()) {
+    for (const Geometry& g : Geometry::presets()) out.push_back({r->name, g.name, r->concurrent});
+  }
+  return out;
+}
+
+// The targets whose runtime executes tasks of one run concurrently: the
+// cases that prove two tasks ran at the same moment (or never did) need one.
+inline std::vector<ChipTarget> concurrent_targets() {
+  std::vector<ChipTarget> out;
+  for (const ChipTarget& t : every_target()) {
+    if (t.concurrent) out.push_back(t);
+  }
+  return out;
+}
+
+// A chip Worker config for `target` with graphs of at most `max_tasks` tasks.
+inline WorkerConfig target_config(const ChipTarget& target, uint32_t depth = 2, uint32_t max_tasks = 1024) {
+  WorkerConfig c;
+  c.geometry = *Geometry::by_name(target.geometry);
+  c.runtime = target.runtime;
+  c.pipeline_depth = depth;
+  c.device_memory_bytes = 256ull << 20;
+  c.max_tasks_per_run = max_tasks;
+  return c;
+}
+
+// The fixture of a case that runs on every target it is instantiated for.
+class TargetTest : public ::testing::TestWithParam<ChipTarget> {
+ protected:
+  WorkerConfig config(uint32_t depth = 2, uint32_t max_tasks = 1024) const {
+    return target_config(GetParam(), depth, max_tasks);
+  }
+  Geometry geometry() const { return *Geometry::by_name(GetParam().geometry); }
+};
+
+}  // namespace simpler::testing
+
+// Instantiates `suite` over every target (or the concurrent ones).
+#define SIMPLER_ON_EVERY_TARGET(suite) \
+  INSTANTIATE_TEST_SUITE_P(Conformance, suite, ::testing::ValuesIn(::simpler::testing::every_target()), \
+                           ::simpler::testing::target_name)
+#define SIMPLER_ON_CONCURRENT_TARGETS(suite) \
+  INSTANTIATE_TEST_SUITE_P(Conformance, suite, ::testing::ValuesIn(::simpler::testing::concurrent_targets()), \
+                           ::simpler::testing::target_name)
