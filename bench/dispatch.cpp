@@ -1,5 +1,7 @@
 // dispatch: 10k no-op tasks in three dependency shapes, built from tensor tags
-// on the small geometry, against the same DAG in a oneTBB flow graph.
+// on the small geometry, against the same DAG in a oneTBB flow graph. The
+// reference runtime runs the same DAG too: its row is plain serial execution,
+// so the difference is what the AICPU/core hand-off costs.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -168,30 +170,54 @@ std::pair<Summary, Summary> measure_flow_graph(const Dag& dag) {
   return {summarize(std::move(build_and_run)), summarize(std::move(run_only))};
 }
 
+// A chip Worker of `runtime` whose one callable submits `*current`'s tasks.
+struct DispatchWorker {
+  explicit DispatchWorker(const std::string& runtime) : worker(Level::Chip, config_for(runtime)) {}
+  static WorkerConfig config_for(const std::string& runtime) {
+    WorkerConfig c;
+    c.runtime = runtime;
+    return c;
+  }
+  Status open() {
+    Result<CallableHandle> c = prepare_chip(worker, "bench_dispatch", [this](ChipOrchestrator& o, const TaskArgs&) -> Status {
+      for (const TaskArgs& args : current->args) {
+        if (Result<TaskRef> t = o.submit_aiv(kNoopFuncId, args); !t.ok()) return t.status();
+      }
+      return Status();
+    });
+    if (!c.ok()) return c.status();
+    callable = *c;
+    Result<DeviceBuffer> b = worker.malloc(kTasks * kRowElems * sizeof(float));
+    if (!b.ok()) return b.status();
+    rows = b->view({kTasks, kRowElems}, DType::F32);
+    return Status();
+  }
+  Worker worker;
+  CallableHandle callable;
+  TensorView rows;
+  const Dag* current = nullptr;
+};
+
 }  // namespace
 
 Result<Json> dispatch() {
-  Worker worker(Level::Chip, WorkerConfig{});
-  const Dag* current = nullptr;
-  Result<CallableHandle> callable = prepare_chip(
-      worker, "bench_dispatch", [&current](ChipOrchestrator& o, const TaskArgs&) -> Status {
-        for (const TaskArgs& args : current->args) {
-          if (Result<TaskRef> t = o.submit_aiv(kNoopFuncId, args); !t.ok()) return t.status();
-        }
-        return Status();
-      });
-  if (!callable.ok()) return callable.status();
-  Result<DeviceBuffer> buffer = worker.malloc(kTasks * kRowElems * sizeof(float));
-  if (!buffer.ok()) return buffer.status();
-  const TensorView rows = buffer->view({kTasks, kRowElems}, DType::F32);
+  DispatchWorker hbg("host_build_graph");
+  DispatchWorker reference("reference");
+  if (Status st = hbg.open(); !st.ok()) return st;
+  if (Status st = reference.open(); !st.ok()) return st;
+  const TensorView& rows = hbg.rows;
 
   Json shapes;
   for (const ShapeSpec& spec : kShapes) {
     Result<Dag> dag = make_dag(spec.shape, rows);
     if (!dag.ok()) return dag.status();
+    Result<Dag> ref_dag = make_dag(spec.shape, reference.rows);
+    if (!ref_dag.ok()) return ref_dag.status();
     std::this_thread::sleep_for(kSettle);
-    Result<SimplerFigures> mine = measure_simpler(worker, *callable, current, *dag);
+    Result<SimplerFigures> mine = measure_simpler(hbg.worker, hbg.callable, hbg.current, *dag);
     if (!mine.ok()) return mine.status();
+    Result<SimplerFigures> serial = measure_simpler(reference.worker, reference.callable, reference.current, *ref_dag);
+    if (!serial.ok()) return serial.status();
     const auto [peer, peer_run_only] = measure_flow_graph(*dag);
     const double ratio = mine->ns_per_task.p50 / peer.p50;
     Json s;
@@ -201,6 +227,8 @@ Result<Json> dispatch() {
     s["ns_per_task_min"] = round3(mine->ns_per_task.min);
     s["build_ns_per_task"] = round3(mine->build_ns_per_task.p50);
     s["device_ns_per_task"] = round3(mine->device_ns_per_task.p50);
+    s["reference_ns_per_task"] = round3(serial->ns_per_task.p50);
+    s["reference_device_ns_per_task"] = round3(serial->device_ns_per_task.p50);
     s["peer_ns_per_task"] = round3(peer.p50);
     s["peer_run_only_ns_per_task"] = round3(peer_run_only.p50);
     s["ratio_vs_peer"] = round3(ratio);
@@ -212,13 +240,15 @@ Result<Json> dispatch() {
     s["peer_goal_met"] = ratio <= kPeerGoalRatio;
     shapes[spec.name] = s;
   }
-  if (Status s = worker.close(); !s.ok()) return s;
+  if (Status st = hbg.worker.close(); !st.ok()) return st;
+  if (Status st = reference.worker.close(); !st.ok()) return st;
 
   Json j;
   j["geometry"] = Geometry::small().name;
   j["tasks"] = kTasks;
   j["layer_width"] = kLayerWidth;
   j["shapes"] = shapes;
+  j["runtime"] = "host_build_graph; reference_*: the reference runtime (serial, no hand-off) on the same DAG";
   j["peer"] = "oneTBB flow graph of continue_nodes, same DAG: build + run (ratio basis) and run only";
   return j;
 }

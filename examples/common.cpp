@@ -46,6 +46,7 @@ Result<OpenWorker> open_worker(const ExampleOptions& options, ChipCallable calla
   WorkerConfig config;
   config.geometry = options.geometry;
   config.runtime = options.runtime;
+  config.backend = options.backend;
   config.pipeline_depth = static_cast<uint32_t>(options.pipeline_depth);
   OpenWorker w{std::make_unique<Worker>(Level::Chip, config), {}};
   if (Status s = take(w.worker->register_callable(std::move(callable)), w.callable); !s.ok()) {

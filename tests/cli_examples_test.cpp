@@ -38,6 +38,7 @@ TEST_P(ExamplesOnEveryTarget, EveryExampleVerifies) {
   for (const std::string& name : example_names()) {
     ExampleOptions o = small_options(4, 2);
     o.runtime = GetParam().runtime;
+    o.backend = GetParam().backend;
     o.geometry = geometry();
     Result<ExampleReport> r = run_example(name, o);
     ASSERT_TRUE(r.ok()) << name << ": " << r.status().to_string();

@@ -1,5 +1,5 @@
 // The conformance suite's parameters: every registered chip runtime on every
-// geometry preset (issue 8). A runtime or backend added later is tested by
+// registered backend and every geometry preset (issue 8). A runtime or backend added later is tested by
 // registering it: the suites instantiate over the registry, not over a list
 // in the tests. Test-thread use only.
 #pragma once
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "device/backend_registry.h"
 #include "runtime/runtime.h"
 #include "simpler/simpler.h"
 
@@ -18,21 +19,26 @@ namespace simpler::testing {
 struct ChipTarget {
   std::string runtime;
   std::string geometry;
+  std::string backend = "sim";
   bool concurrent = true;  // the runtime runs tasks of one run at once on several cores
 };
 
-inline void PrintTo(const ChipTarget& t, std::ostream* os) { *os << t.runtime << "/" << t.geometry; }
-
-// "host_build_graph_small": a gtest-safe name for the instance.
-inline std::string target_name(const ::testing::TestParamInfo<ChipTarget>& info) {
-  return info.param.runtime + "_" + info.param.geometry;
+inline void PrintTo(const ChipTarget& t, std::ostream* os) {
+  *os << t.runtime << "/" << t.backend << "/" << t.geometry;
 }
 
-// Every registered runtime on every geometry preset.
+// "host_build_graph_sim_small": a gtest-safe name for the instance.
+inline std::string target_name(const ::testing::TestParamInfo<ChipTarget>& info) {
+  return info.param.runtime + "_" + info.param.backend + "_" + info.param.geometry;
+}
+
+// Every registered runtime on every registered backend and geometry preset.
 inline std::vector<ChipTarget> every_target() {
   std::vector<ChipTarget> out;
   for (const RuntimeInfo* r : registered_runtimes()) {
-    for (const Geometry& g : Geometry::presets()) out.push_back({r->name, g.name, r->concurrent});
+    for (const BackendInfo* b : registered_backends()) {
+      for (const Geometry& g : Geometry::presets()) out.push_back({r->name, g.name, b->name, r->concurrent});
+    }
   }
   return out;
 }
@@ -52,6 +58,7 @@ inline WorkerConfig target_config(const ChipTarget& target, uint32_t depth = 2, 
   WorkerConfig c;
   c.geometry = *Geometry::by_name(target.geometry);
   c.runtime = target.runtime;
+  c.backend = target.backend;
   c.pipeline_depth = depth;
   c.device_memory_bytes = 256ull << 20;
   c.max_tasks_per_run = max_tasks;

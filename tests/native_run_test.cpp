@@ -71,7 +71,7 @@ extern "C" void add_one_kernel(int64_t* args) {
 
 struct Fixture {
   explicit Fixture(uint32_t depth = 2, uint32_t launch_depth = 0,
-                   const testing::ChipTarget& target = {"host_build_graph", "small"}) {
+                   const testing::ChipTarget& target = {"host_build_graph", "small", "sim"}) {
     KernelLibrary k;
     EXPECT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
     EXPECT_TRUE(k.add_function(1, CoreType::AIV, "gate_kernel", gate_kernel).ok());
@@ -82,6 +82,7 @@ struct Fixture {
                     k, std::vector<Param>{});
     WorkerConfig cfg;
     cfg.runtime = target.runtime;
+    cfg.backend = target.backend;
     cfg.geometry = *Geometry::by_name(target.geometry);
     cfg.pipeline_depth = depth;
     cfg.launch_depth = launch_depth;
@@ -963,6 +964,7 @@ TEST_P(Lifecycle, R89SameLifecycleContract) {
   WorkerConfig cfg;
   cfg.geometry = *Geometry::by_name(GetParam().geometry);
   cfg.runtime = GetParam().runtime;
+  cfg.backend = GetParam().backend;
   cfg.max_tasks_per_run = 16;
   cfg.device_memory_bytes = 64ull << 20;
   auto w = ChipWorker::create(cfg, std::move(cs));

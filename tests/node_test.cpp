@@ -270,6 +270,7 @@ class NodeWidthOnEveryTarget : public TargetTest {
   WorkerConfig node_config_for(uint32_t chips, uint32_t depth, uint32_t launch) const {
     WorkerConfig c = node_config(chips, 0, depth, launch);
     c.runtime = GetParam().runtime;
+    c.backend = GetParam().backend;
     c.geometry = geometry();
     return c;
   }

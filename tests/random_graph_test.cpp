@@ -433,7 +433,7 @@ constexpr uint32_t kBatch = 4;
 
 TEST_P(RandomGraphs, BitIdenticalToTheReferenceRuntime) {
   Watchdog dog(std::chrono::seconds(240));
-  GraphRunner reference(target_config(ChipTarget{"reference", "small"}, kBatch));
+  GraphRunner reference(target_config(ChipTarget{"reference", "small", GetParam().backend}, kBatch));
   GraphRunner target(config(kBatch));
   target.occupy_every_set(kBatch);
   const uint64_t steady = target.free_bytes();

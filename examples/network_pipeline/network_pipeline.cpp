@@ -64,6 +64,7 @@ Result<ExampleReport> run_network_pipeline(const ExampleOptions& options) {
   WorkerConfig node_config;
   node_config.geometry = options.geometry;
   node_config.runtime = options.runtime;
+  node_config.backend = options.backend;
   node_config.chips = 1;
   node_config.sub_workers = 1;
   node_config.pipeline_depth = depth;  // a node admits as many runs as the network may hand it

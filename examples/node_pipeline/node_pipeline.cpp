@@ -55,6 +55,7 @@ Result<ExampleReport> run_node_pipeline(const ExampleOptions& options) {
   WorkerConfig config;
   config.geometry = options.geometry;
   config.runtime = options.runtime;
+  config.backend = options.backend;
   config.chips = kChips;
   config.sub_workers = 1;
   config.pipeline_depth = static_cast<uint32_t>(options.pipeline_depth);
