@@ -82,6 +82,48 @@ TEST(Status, ReturnIfErrorStopsAtTheFirstError) {
   EXPECT_EQ(reached, 1);
 }
 
+Status returns_with_context(bool fail, int slot) {
+  SIMPLER_RETURN_IF_ERROR(fail ? out_of_range("too far") : Status(), "slot {}", slot);
+  return Status();
+}
+
+TEST(Status, ReturnIfErrorPrefixesTheContextAndKeepsTheCode) {
+  const Status s = returns_with_context(true, 7);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(s.message(), "slot 7: too far");
+  EXPECT_TRUE(returns_with_context(false, 7).ok());
+}
+
+Result<int> half(int v) {
+  if (v % 2 != 0) return invalid_argument("v = {} is odd", v);
+  return v / 2;
+}
+
+// Assigns through a declaration and through an existing variable; the
+// context form names what failed.
+Result<int> quarter(int v, int& steps) {
+  SIMPLER_ASSIGN_OR_RETURN(int h, half(v));
+  ++steps;
+  SIMPLER_ASSIGN_OR_RETURN(h, half(h), "second halving of {}", v);
+  ++steps;
+  return h;
+}
+
+TEST(Result, AssignOrReturnMovesTheValueOrReturnsTheError) {
+  int steps = 0;
+  Result<int> q = quarter(12, steps);
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(*q, 3);
+  EXPECT_EQ(steps, 2);
+  steps = 0;
+  q = quarter(5, steps);
+  EXPECT_EQ(steps, 0);
+  EXPECT_EQ(q.status(), invalid_argument("v = 5 is odd"));
+  q = quarter(6, steps);
+  EXPECT_EQ(steps, 1);
+  EXPECT_EQ(q.status(), invalid_argument("second halving of 6: v = 3 is odd"));
+}
+
 TEST(Result, HoldsAValue) {
   Result<int> r(42);
   ASSERT_TRUE(r.ok());

@@ -1,5 +1,5 @@
-// fmt-formatted constructors for Status values, for simpler's own sources.
-// Any thread.
+// fmt-formatted constructors for Status values and the propagation macros,
+// for simpler's own sources. Any thread.
 #pragma once
 
 #include <fmt/format.h>
@@ -39,10 +39,37 @@ Status internal_error(fmt::format_string<A...> f, A&&... a) {
   return make_error(StatusCode::kInternal, f, std::forward<A>(a)...);
 }
 
-#define SIMPLER_RETURN_IF_ERROR(expr)          \
-  do {                                         \
-    ::simpler::Status simpler_status_ = (expr); \
-    if (!simpler_status_.ok()) return simpler_status_; \
-  } while (0)
+namespace detail {
+inline Status with_context(Status s) { return s; }
+// "context: original message", with the original code.
+template <typename... A>
+Status with_context(const Status& s, fmt::format_string<A...> f, A&&... a) {
+  return Status(s.code(), fmt::format(f, std::forward<A>(a)...) + ": " + s.message());
+}
+}  // namespace detail
 
 }  // namespace simpler
+
+#define SIMPLER_CONCAT_INNER(a, b) a##b
+#define SIMPLER_CONCAT(a, b) SIMPLER_CONCAT_INNER(a, b)
+
+// SIMPLER_RETURN_IF_ERROR(status_expr [, "context {}", args...]): returns the
+// error from the enclosing function (which returns Status or any Result<T>),
+// its message prefixed with the formatted context when one is given.
+#define SIMPLER_RETURN_IF_ERROR(expr, ...)                                                          \
+  do {                                                                                              \
+    ::simpler::Status simpler_status_ = (expr);                                                     \
+    if (!simpler_status_.ok()) {                                                                    \
+      return ::simpler::detail::with_context(std::move(simpler_status_) __VA_OPT__(, ) __VA_ARGS__); \
+    }                                                                                               \
+  } while (0)
+
+// SIMPLER_ASSIGN_OR_RETURN(lhs, result_expr [, "context {}", args...]):
+// evaluates a Result<T>; on an error returns it (with the context, as above),
+// otherwise moves the value into `lhs`, which may declare it (`auto x`).
+#define SIMPLER_ASSIGN_OR_RETURN(lhs, expr, ...) \
+  SIMPLER_ASSIGN_OR_RETURN_IMPL(SIMPLER_CONCAT(simpler_result_, __LINE__), lhs, expr __VA_OPT__(, ) __VA_ARGS__)
+#define SIMPLER_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr, ...)                                       \
+  auto tmp = (expr);                                                                             \
+  if (!tmp.ok()) return ::simpler::detail::with_context(tmp.status() __VA_OPT__(, ) __VA_ARGS__); \
+  lhs = std::move(tmp).value()
