@@ -10,8 +10,8 @@
 
 #include "base/doorbell.h"
 #include "base/first_fit_allocator.h"
+#include "base/host_range.h"
 #include "base/shared_memory.h"
-#include "ipc/chip_child_handler.h"
 
 namespace simpler {
 
