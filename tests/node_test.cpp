@@ -215,6 +215,28 @@ TEST(NodeWorker, IntermediatesReturnToTheHeap) {
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
 }
 
+// A copy through a freed shared buffer is refused, whether or not the buffer
+// touched the live block before it, and writes nothing.
+TEST(NodeWorker, CopiesThroughAFreedSharedBufferAreRefused) {
+  Watchdog dog;
+  Worker w(Level::Node, node_config(0, 1, 2));
+  ASSERT_TRUE(w.init().ok());
+  auto a = w.malloc_shared(64), b = w.malloc_shared(64), c = w.malloc_shared(64);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_TRUE(w.free(*b).ok());
+  ASSERT_TRUE(w.free(*c).ok());
+  const uint32_t word = 0xdeadbeef;
+  const char* refusal = "not inside a live shared-heap block";
+  for (const DeviceBuffer& gone : {*b, *c}) {
+    EXPECT_REFUSED(w.copy_to(gone, &word, sizeof word), StatusCode::kOutOfRange, refusal);
+    uint32_t back = 0;
+    EXPECT_REFUSED(w.copy_from(&back, gone, sizeof back), StatusCode::kOutOfRange, refusal);
+    EXPECT_EQ(*reinterpret_cast<const uint32_t*>(gone.addr), 0u) << "the refused copy wrote the freed block";
+  }
+  EXPECT_TRUE(w.copy_to(*a, &word, sizeof word).ok());
+  EXPECT_TRUE(w.close().ok());
+}
+
 // Submits `count` one-task runs of gate 0 from a thread of its own.
 struct GatedSubmitter {
   GatedSubmitter(NodeWorker& w, int count, int n, uint32_t chips)

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "base/doorbell.h"
-#include "ipc/chip_child_handler.h"
+#include "base/host_range.h"
 #include "ipc/mailbox_child.h"
 
 namespace simpler {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "base/host_range.h"
 #include "ipc/forked_child.h"
 #include "node/scheduler.h"
 #include "node/shared_heap.h"

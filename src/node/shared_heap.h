@@ -6,12 +6,12 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
-#include <mutex>
+#include <memory>
 
 #include "base/doorbell.h"
+#include "base/first_fit_allocator.h"
+#include "base/host_range.h"
 #include "base/shared_memory.h"
-#include "ipc/chip_child_handler.h"
 
 namespace simpler {
 
@@ -26,22 +26,20 @@ class SharedHeap {
 
   // A zeroed block of `bytes` (> 0); RESOURCE_EXHAUSTED when none fits.
   Result<uint64_t> alloc(uint64_t bytes);
-  // Refuses an address that is not the start of a live block.
-  Status free(uint64_t addr);
+  // Refuses an address that is not the start of a live block; never allocates.
+  Status free(uint64_t addr) noexcept { return blocks_.free(addr); }
   // The size of the live block starting at addr, or 0.
-  uint64_t block_size(uint64_t addr) const;
+  uint64_t block_size(uint64_t addr) const { return blocks_.block_size(addr); }
   // [addr, addr + bytes) lies inside one live block.
-  bool within_live_block(uint64_t addr, uint64_t bytes) const;
-  uint64_t live_blocks() const;
+  bool within_live_block(uint64_t addr, uint64_t bytes) const { return blocks_.containing(addr, bytes).ok(); }
+  uint64_t live_blocks() const { return blocks_.live_blocks(); }
 
  private:
   explicit SharedHeap(SharedMapping m);
 
   SharedMapping mapping_;
   HostRange range_;
-  mutable std::mutex mu_;
-  std::map<uint64_t, uint64_t> free_;  // addr -> bytes, coalesced
-  std::map<uint64_t, uint64_t> live_;  // addr -> bytes
+  FirstFitAllocator blocks_;
 };
 
 }  // namespace simpler

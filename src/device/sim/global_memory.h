@@ -1,14 +1,14 @@
 // GlobalMemory: the simulated chip's global memory (GM), one reserved block of
-// host address space committed on touch, and its allocator. Device addresses
-// are host addresses inside the block, so kernels dereference them directly
-// (host_mapped). Thread-safe: every call may come from any thread.
+// host address space committed on touch, handed out by the base first-fit
+// allocator. Device addresses are host addresses inside the block, so kernels
+// dereference them directly (host_mapped). Thread-safe: every call may come
+// from any thread.
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 
+#include "base/first_fit_allocator.h"
 #include "device/device.h"
 
 namespace simpler {
@@ -23,12 +23,13 @@ class GlobalMemory final : public DeviceMemory {
   GlobalMemory& operator=(const GlobalMemory&) = delete;
 
   // First fit, 64-byte aligned.
-  Result<uint64_t> allocate(uint64_t bytes) override;
-  Status free(uint64_t addr) override;
+  Result<uint64_t> allocate(uint64_t bytes) override { return allocator_.allocate(bytes); }
+  Status free(uint64_t addr) noexcept override { return allocator_.free(addr); }
   Result<Allocation> containing_allocation(uint64_t addr, uint64_t bytes) const override;
-  uint64_t allocation_size(uint64_t addr) const override;
+  uint64_t allocation_size(uint64_t addr) const override { return allocator_.block_size(addr); }
+  // Exactly as configured; only its whole 64-byte blocks can be handed out.
   uint64_t total_bytes() const override { return bytes_; }
-  uint64_t free_bytes() const override;
+  uint64_t free_bytes() const override { return allocator_.free_bytes(); }
   bool host_mapped() const override { return true; }
   Status copy_to_device(uint64_t dst, const void* src, uint64_t bytes) override;
   Status copy_from_device(void* dst, uint64_t src, uint64_t bytes) override;
@@ -41,10 +42,7 @@ class GlobalMemory final : public DeviceMemory {
 
   const uint64_t base_;
   const uint64_t bytes_;
-  mutable std::mutex mu_;
-  std::map<uint64_t, uint64_t> free_;  // addr -> size, coalesced
-  std::map<uint64_t, uint64_t> live_;  // addr -> size
-  uint64_t free_total_;
+  FirstFitAllocator allocator_;
 };
 
 }  // namespace simpler
