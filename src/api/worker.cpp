@@ -111,10 +111,8 @@ Result<uint32_t> Worker::add_next_level_worker(Worker&& worker) {
   spec.config = next.config;
   spec.chip_callables = next.callables;
   spec.functions = next.functions;
-  if (Status st = NodeWorker::validate(spec); !st.ok()) {
-    return Status(st.code(), fmt::format("add_next_level_worker: next-level worker {}: {}", impl_->nodes.size(),
-                                         st.message()));
-  }
+  SIMPLER_RETURN_IF_ERROR(NodeWorker::validate(spec), "add_next_level_worker: next-level worker {}",
+                          impl_->nodes.size());
   impl_->nodes.push_back(std::move(spec));
   next.callables.clear();
   next.functions.clear();
@@ -146,15 +144,11 @@ Status Worker::init() {
     spec.node_callables = impl_->node_callables;
     spec.nodes = impl_->nodes;
     spec.functions = impl_->functions;
-    auto node = NodeWorker::create(std::move(spec));
-    if (!node.ok()) return node.status();
-    impl_->node = std::move(node).value();
+    SIMPLER_ASSIGN_OR_RETURN(impl_->node, NodeWorker::create(std::move(spec)));
     impl_->phase = Impl::Phase::Ready;
     return Status();
   }
-  auto chip = ChipWorker::create(impl_->config, impl_->callables);
-  if (!chip.ok()) return chip.status();
-  impl_->chip = std::move(chip).value();
+  SIMPLER_ASSIGN_OR_RETURN(impl_->chip, ChipWorker::create(impl_->config, impl_->callables));
   impl_->phase = Impl::Phase::Ready;
   return Status();
 }

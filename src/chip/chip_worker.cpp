@@ -14,19 +14,15 @@ namespace simpler {
 Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& config,
                                                        std::vector<ChipCallable> callables) {
   SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(config)));
-  auto backend = backend_named(config.backend);
-  if (!backend.ok()) return backend.status();
-  auto runtime = runtime_named(config.runtime);
-  if (!runtime.ok()) return runtime.status();
+  SIMPLER_ASSIGN_OR_RETURN(const BackendInfo* backend, backend_named(config.backend));
+  SIMPLER_ASSIGN_OR_RETURN(const RuntimeInfo* runtime, runtime_named(config.runtime));
   std::unique_ptr<ChipWorker> w(new ChipWorker(config, std::move(callables)));
-  auto device = (*backend)->create(DeviceOptions{config.geometry, config.device_memory_bytes});
-  if (!device.ok()) return device.status();
-  w->device_ = std::move(device).value();
+  SIMPLER_ASSIGN_OR_RETURN(w->device_, backend->create(DeviceOptions{config.geometry, config.device_memory_bytes}));
   ChipWorker* self = w.get();
-  auto rt = (*runtime)->create(*w->device_, RuntimeOptions{config.max_tasks_per_run},
-                               [self](uint32_t slot, RunOutcome out) { self->on_run_done(slot, std::move(out)); });
-  if (!rt.ok()) return rt.status();
-  w->runtime_ = std::move(rt).value();
+  SIMPLER_ASSIGN_OR_RETURN(w->runtime_, runtime->create(*w->device_, RuntimeOptions{config.max_tasks_per_run},
+                                                         [self](uint32_t slot, RunOutcome out) {
+                                                           self->on_run_done(slot, std::move(out));
+                                                         }));
   const uint64_t arena = w->runtime_->arena_bytes();
   if (arena * config.pipeline_depth > w->device_->memory().total_bytes()) {
     return resource_exhausted(
@@ -34,9 +30,7 @@ Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& confi
         config.pipeline_depth, config.max_tasks_per_run, arena * config.pipeline_depth,
         w->device_->memory().total_bytes());
   }
-  auto runner = w->device_->create_runner(arena);
-  if (!runner.ok()) return runner.status();
-  w->runner_ = std::move(runner).value();
+  SIMPLER_ASSIGN_OR_RETURN(w->runner_, w->device_->create_runner(arena));
   SIMPLER_RETURN_IF_ERROR(check_host_api_ops(w->runner_->ops()));
   auto arena_or = RunResourceArena::create(1);
   w->arena_ = std::make_unique<RunResourceArena>(std::move(arena_or).value());
@@ -64,9 +58,8 @@ Status ChipWorker::check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t
 }
 
 Result<DeviceBuffer> ChipWorker::malloc(uint64_t bytes) {
-  auto addr = device_->memory().allocate(bytes);
-  if (!addr.ok()) return addr.status();
-  return DeviceBuffer{*addr, bytes};
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, device_->memory().allocate(bytes));
+  return DeviceBuffer{addr, bytes};
 }
 
 Status ChipWorker::free(DeviceBuffer buffer) {
@@ -109,9 +102,7 @@ std::vector<std::pair<std::string, uint32_t>> ChipWorker::owner_widths() const {
 }
 
 Status ChipWorker::set_run_resource_grant(uint32_t g) {
-  if (Status st = is_valid_pipeline_contract(PipelineContract{g, config_.launch_depth}); !st.ok()) {
-    return Status(st.code(), fmt::format("regrant to {}: {}", g, st.message()));
-  }
+  SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(PipelineContract{g, config_.launch_depth}), "regrant to {}", g);
   if (closing_.load(std::memory_order_acquire)) return failed_precondition("regrant: the worker is closed");
   // Every owner is asked first; any "no" refuses before anything is built.
   const ArenaCounts c = arena_->counts();
@@ -232,17 +223,14 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   // bytes that cross a mailbox at the node level.
   std::vector<uint8_t> blob;
   SIMPLER_RETURN_IF_ERROR(encode_args_blob(args, blob));
-  auto decoded = decode_args_blob(blob.data(), blob.size());
-  if (!decoded.ok()) return decoded.status();
-  auto api = runner_->bind(lease.slot, desc.arena_bank);
-  if (!api.ok()) return api.status();
+  SIMPLER_ASSIGN_OR_RETURN(TaskArgs decoded, decode_args_blob(blob.data(), blob.size()));
+  SIMPLER_ASSIGN_OR_RETURN(const HostApi api, runner_->bind(lease.slot, desc.arena_bank));
 
   const uint64_t t0 = now_ns();
   const uint64_t epoch = next_run_epoch();
   NativeRunContext* ctx = nullptr;
   try {
-    ctx = new (storage) NativeRunContext(this, desc, epoch, &c, callable, std::move(decoded).value(),
-                                         std::move(config), *api);
+    ctx = new (storage) NativeRunContext(this, desc, epoch, &c, callable, std::move(decoded), std::move(config), api);
   } catch (const std::exception& e) {
     return internal_error("prepare: constructing the run context failed ({}); the storage is still empty", e.what());
   }
@@ -334,10 +322,9 @@ void ChipWorker::do_launch(NativeRunContext* ctx) {
 }
 
 Status ChipWorker::launch(void* storage, uint64_t epoch) {
-  auto ref = lookup(storage, epoch, "launch");
-  if (!ref.ok()) return ref.status();
+  SIMPLER_ASSIGN_OR_RETURN(RunRef ref, lookup(storage, epoch, "launch"));
   SIMPLER_RETURN_IF_ERROR(context_.validate("launch"));
-  NativeRunContext* c = ref->get();
+  NativeRunContext* c = ref.get();
   if (c->phase() != RunPhase::Prepared) {
     return failed_precondition("launch: run {} is {}, not prepared", epoch, run_phase_name(c->phase()));
   }
@@ -348,10 +335,9 @@ Status ChipWorker::launch(void* storage, uint64_t epoch) {
 }
 
 Result<PollState> ChipWorker::poll(void* storage, uint64_t epoch) {
-  auto ref = lookup(storage, epoch, "poll");
-  if (!ref.ok()) return ref.status();
+  SIMPLER_ASSIGN_OR_RETURN(RunRef ref, lookup(storage, epoch, "poll"));
   SIMPLER_RETURN_IF_ERROR(context_.validate("poll"));
-  NativeRunContext* c = ref->get();
+  NativeRunContext* c = ref.get();
   switch (c->phase()) {
     case RunPhase::Prepared:
       return failed_precondition("poll: run {} is prepared, not launched", epoch);
@@ -363,10 +349,9 @@ Result<PollState> ChipWorker::poll(void* storage, uint64_t epoch) {
 }
 
 Status ChipWorker::wait(void* storage, uint64_t epoch, uint64_t deadline_ns) {
-  auto ref = lookup(storage, epoch, "wait");
-  if (!ref.ok()) return ref.status();
+  SIMPLER_ASSIGN_OR_RETURN(RunRef ref, lookup(storage, epoch, "wait"));
   SIMPLER_RETURN_IF_ERROR(context_.validate("wait"));
-  NativeRunContext* c = ref->get();
+  NativeRunContext* c = ref.get();
   if (c->phase() != RunPhase::Launched) {
     return failed_precondition("wait: run {} is {}; launch it first", epoch, run_phase_name(c->phase()));
   }
@@ -377,16 +362,15 @@ Status ChipWorker::wait(void* storage, uint64_t epoch, uint64_t deadline_ns) {
 }
 
 Status ChipWorker::finalize(void* storage, uint64_t epoch) {
-  auto ref = lookup(storage, epoch, "finalize");
-  if (!ref.ok()) return ref.status();
+  SIMPLER_ASSIGN_OR_RETURN(RunRef ref, lookup(storage, epoch, "finalize"));
   SIMPLER_RETURN_IF_ERROR(context_.validate("finalize"));
-  NativeRunContext* c = ref->get();
+  NativeRunContext* c = ref.get();
   switch (c->phase()) {
     case RunPhase::Launching:
       return failed_precondition("finalize: run {} is launching; wait for launch to return", epoch);
     case RunPhase::Prepared:
       runtime_->discard(c->desc_.lease.slot);
-      ref->disown();
+      ref.disown();
       return retire(c, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", epoch), 1);
     default:
       break;
@@ -404,7 +388,7 @@ Status ChipWorker::finalize(void* storage, uint64_t epoch) {
       }
     }
   }
-  ref->disown();
+  ref.disown();
   return retire(c, result, 1);
 }
 

@@ -74,7 +74,7 @@ Result<TaskArgs> decode_args_blob(const uint8_t* data, size_t n) {
                                           r.ndim, r.shape, r.stride, r.offset);
     args.add_tensor(v, static_cast<Tag>(r.tag));
   }
-  if (Status s = args.validate(); !s.ok()) return Status(s.code(), "args blob: " + s.message());
+  SIMPLER_RETURN_IF_ERROR(args.validate(), "args blob");
   return args;
 }
 

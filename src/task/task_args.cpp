@@ -54,9 +54,7 @@ Status TaskArgs::validate() const {
       return invalid_argument("args[{}]: a tensor tagged {} needs a device buffer (only output may be unbound)", i,
                               tag_name(a.tag));
     }
-    if (Status s = a.tensor.validate(); !s.ok()) {
-      return Status(s.code(), fmt::format("args[{}] ({}): {}", i, tag_name(a.tag), s.message()));
-    }
+    SIMPLER_RETURN_IF_ERROR(a.tensor.validate(), "args[{}] ({})", i, tag_name(a.tag));
   }
   return Status();
 }

@@ -27,9 +27,8 @@ GlobalMemory::GlobalMemory(uint64_t base, uint64_t bytes)
 GlobalMemory::~GlobalMemory() { munmap(reinterpret_cast<void*>(base_), bytes_); }
 
 Result<DeviceMemory::Allocation> GlobalMemory::containing_allocation(uint64_t addr, uint64_t bytes) const {
-  auto a = allocator_.containing(addr, bytes);
-  if (!a.ok()) return a.status();
-  return Allocation{a->addr, a->bytes};
+  SIMPLER_ASSIGN_OR_RETURN(const FirstFitAllocator::Allocation a, allocator_.containing(addr, bytes));
+  return Allocation{a.addr, a.bytes};
 }
 
 Status GlobalMemory::copy_to_device(uint64_t dst, const void* src, uint64_t bytes) {

@@ -1,15 +1,15 @@
 #include "device/sim/sim_device.h"
 
+#include "base/errors.h"
 #include "device/backend_registry.h"
 #include "device/sim/sim_runner.h"
 
 namespace simpler {
 
 Result<std::unique_ptr<SimDevice>> SimDevice::create(const Geometry& geometry, uint64_t memory_bytes) {
-  if (Status s = geometry.validate(); !s.ok()) return s;
-  auto memory = GlobalMemory::create(memory_bytes);
-  if (!memory.ok()) return memory.status();
-  return std::unique_ptr<SimDevice>(new SimDevice(geometry, std::move(memory).value()));
+  SIMPLER_RETURN_IF_ERROR(geometry.validate());
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<GlobalMemory> memory, GlobalMemory::create(memory_bytes));
+  return std::unique_ptr<SimDevice>(new SimDevice(geometry, std::move(memory)));
 }
 
 SimDevice::SimDevice(Geometry geometry, std::unique_ptr<GlobalMemory> memory)
@@ -78,9 +78,8 @@ void SimDevice::aicpu_loop(uint32_t index) {
 
 namespace {
 Result<std::unique_ptr<Device>> create_sim(const DeviceOptions& options) {
-  auto d = SimDevice::create(options.geometry, options.memory_bytes);
-  if (!d.ok()) return d.status();
-  return std::unique_ptr<Device>(std::move(d).value());
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<SimDevice> d, SimDevice::create(options.geometry, options.memory_bytes));
+  return std::unique_ptr<Device>(std::move(d));
 }
 }  // namespace
 

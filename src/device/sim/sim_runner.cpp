@@ -23,10 +23,9 @@ struct SimOps {
     uint64_t& addr = run.retained_addr_[api.slot];
     uint64_t& bytes = run.retained_bytes_[api.slot];
     if (addr != 0 && bytes >= min_bytes) return addr;
-    auto fresh = run.memory_.allocate(min_bytes);
-    if (!fresh.ok()) return fresh.status();
+    SIMPLER_ASSIGN_OR_RETURN(const uint64_t fresh, run.memory_.allocate(min_bytes));
     if (addr != 0) (void)run.memory_.free(addr);
-    addr = *fresh;
+    addr = fresh;
     bytes = min_bytes;
     return addr;
   }
@@ -34,11 +33,7 @@ struct SimOps {
     SimRunner& run = r(api);
     uint64_t& addr = run.arena_addr_[api.bank];
     if (addr == 0) {
-      auto fresh = run.memory_.allocate(run.arena_bytes_);
-      if (!fresh.ok()) {
-        return Status(fresh.status().code(), fmt::format("arena bank {}: {}", api.bank, fresh.status().message()));
-      }
-      addr = *fresh;
+      SIMPLER_ASSIGN_OR_RETURN(addr, run.memory_.allocate(run.arena_bytes_), "arena bank {}", api.bank);
     }
     if (bytes_out != nullptr) *bytes_out = run.arena_bytes_;
     return addr;

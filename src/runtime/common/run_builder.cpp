@@ -20,12 +20,11 @@ Result<uint32_t> Intermediates::create(const HostApi& api, uint64_t bytes) {
   if (count_ >= capacity_) {
     return resource_exhausted("run allocates more than {} intermediate tensors (2 x max_tasks_per_run)", capacity_);
   }
-  auto addr = api.device_malloc(bytes);
-  if (!addr.ok()) return Status(addr.status().code(), "intermediate tensor: " + addr.status().message());
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, api.device_malloc(bytes), "intermediate tensor");
   const uint32_t i = count_++;
-  table_[i].addr = *addr;
+  table_[i].addr = addr;
   table_[i].refs.store(1, std::memory_order_relaxed);  // the scope's (or the run's) reference
-  index_of_[*addr] = i;
+  index_of_[addr] = i;
   if (!scopes_.empty()) scopes_.back().push_back(i);
   return i;
 }
@@ -122,10 +121,9 @@ Result<DeviceMemory::Allocation> RunBuilder::allocation_of(uint64_t addr, uint64
   for (const DeviceMemory::Allocation& a : known_) {
     if (a.bytes != 0 && addr >= a.addr && bytes <= a.bytes && addr - a.addr <= a.bytes - bytes) return a;
   }
-  auto found = memory_.containing_allocation(addr, bytes);
-  if (!found.ok()) return found.status();
-  known_[known_next_++ % known_.size()] = *found;
-  return *found;
+  SIMPLER_ASSIGN_OR_RETURN(const DeviceMemory::Allocation found, memory_.containing_allocation(addr, bytes));
+  known_[known_next_++ % known_.size()] = found;
+  return found;
 }
 
 Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args) {

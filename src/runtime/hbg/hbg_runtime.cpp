@@ -81,13 +81,12 @@ HbgRuntime::~HbgRuntime() = default;
 
 Status HbgRuntime::bind_arena(Slot& s, const HostApi& api) {
   uint64_t bytes = 0;
-  auto addr = api.arena_setup(&bytes);
-  if (!addr.ok()) return addr.status();
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, api.arena_setup(&bytes));
   if (bytes < slot_bytes(capacity_)) {
     return internal_error("arena bank {} has {} bytes, a graph needs {}", api.bank, bytes, slot_bytes(capacity_));
   }
-  if (s.arena_addr == *addr) return Status();
-  auto* p = reinterpret_cast<uint8_t*>(*addr);
+  if (s.arena_addr == addr) return Status();
+  auto* p = reinterpret_cast<uint8_t*>(addr);
   s.tasks = reinterpret_cast<GraphTask*>(p);
   for (uint32_t t = 0; t < capacity_.tasks; ++t) new (&s.tasks[t]) GraphTask();
   p += align_up(sizeof(GraphTask) * capacity_.tasks, 64);
@@ -96,7 +95,7 @@ Status HbgRuntime::bind_arena(Slot& s, const HostApi& api) {
   s.fanout = reinterpret_cast<uint32_t*>(p);
   p += align_up(sizeof(uint32_t) * capacity_.edges, 64);
   s.uses = reinterpret_cast<uint32_t*>(p);
-  s.arena_addr = *addr;
+  s.arena_addr = addr;
   return Status();
 }
 

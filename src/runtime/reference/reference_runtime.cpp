@@ -157,10 +157,11 @@ class ReferenceRuntime final : public ChipRuntime {
     s.desc_count = 0;
     s.intermediates.reset();
     uint64_t bytes = 0;
-    auto arena = api.arena_setup(&bytes);
-    if (!arena.ok()) return arena.status();
-    if (bytes < arena_bytes()) return internal_error("arena bank {} has {} bytes, a run needs {}", api.bank, bytes, arena_bytes());
-    s.descriptors = reinterpret_cast<DeviceTensor*>(*arena);
+    SIMPLER_ASSIGN_OR_RETURN(const uint64_t arena, api.arena_setup(&bytes));
+    if (bytes < arena_bytes()) {
+      return internal_error("arena bank {} has {} bytes, a run needs {}", api.bank, bytes, arena_bytes());
+    }
+    s.descriptors = reinterpret_cast<DeviceTensor*>(arena);
     struct BindingGuard {
       RefSlot& s;
       ~BindingGuard() { s.api = HostApi{}; }
