@@ -539,7 +539,7 @@ TEST(Refusal, OrchestrationThrowsANonStandardException) {
     escaped = true;
   }
   EXPECT_FALSE(escaped) << "library bug: an orchestration throwing a non-std::exception escapes Worker::submit "
-                           "(HbgRuntime::build catches only std::exception); the run-resource slot and the "
+                           "(a runtime's build catches only std::exception); the run-resource slot and the "
                            "intermediates it allocated are never released";
   if (!escaped) {
     Status s = wait_run(r);

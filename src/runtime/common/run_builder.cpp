@@ -1,6 +1,8 @@
 #include "runtime/common/run_builder.h"
 
 #include <algorithm>
+#include <exception>
+#include <new>
 
 #include "base/errors.h"
 
@@ -86,6 +88,20 @@ void write_descriptor(DeviceTensor& d, const TensorView& v) {
 RunBuilder::RunBuilder(const ChipCallable& callable, const HostApi& api, DeviceMemory& memory,
                        Intermediates& intermediates, uint32_t max_tasks)
     : callable_(callable), api_(api), memory_(memory), intermediates_(intermediates), max_tasks_(max_tasks) {}
+
+Status RunBuilder::orchestrate(const TaskArgs& run_args) {
+  Status st;
+  try {
+    st = callable_.orchestrate()(*this, run_args);
+  } catch (const std::bad_alloc&) {
+    st = resource_exhausted("orchestration of '{}': host memory exhausted while building the graph", callable_.name());
+  } catch (const std::exception& e) {
+    st = internal_error("orchestration of '{}' threw: {}", callable_.name(), e.what());
+  } catch (...) {
+    st = internal_error("orchestration of '{}' threw a non-standard exception", callable_.name());
+  }
+  return st.ok() ? build_error_ : st;
+}
 
 Status RunBuilder::refuse(Status st) {
   if (build_error_.ok()) build_error_ = st;

@@ -92,9 +92,11 @@ class RunBuilder : public ChipOrchestrator {
   Status scope_end() final;
   uint32_t task_count() const final { return task_count_; }
 
-  // The build's first refusal, or OK: it fails the run even when the
-  // orchestration ignored the refused call's result.
-  const Status& build_error() const { return build_error_; }
+  // Runs the callable's orchestration over this builder. The result is the
+  // orchestration's error, else the build's first refusal (which fails the
+  // run even when the orchestration ignored the refused call's result); a
+  // thrown exception becomes an error here and never leaves.
+  Status orchestrate(const TaskArgs& run_args);
 
  protected:
   // The runtime's own capacity for one more task with `tensors` tensor

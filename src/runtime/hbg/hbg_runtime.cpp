@@ -127,18 +127,7 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
   } guard{s};
   s.api = api;
   GraphBuilder builder(*this, s, callable);
-  Status st;
-  try {
-    st = callable.orchestrate()(builder, run_args);
-  } catch (const std::bad_alloc&) {
-    st = resource_exhausted("orchestration of '{}': host memory exhausted while building the graph", callable.name());
-  } catch (const std::exception& e) {
-    st = Status(StatusCode::kInternal, fmt::format("orchestration of '{}' threw: {}", callable.name(), e.what()));
-  } catch (...) {
-    st = Status(StatusCode::kInternal,
-                fmt::format("orchestration of '{}' threw a non-standard exception", callable.name()));
-  }
-  if (st.ok()) st = builder.build_error();
+  Status st = builder.orchestrate(run_args);
   if (st.ok() && s.edges.size() > capacity_.edges) {
     st = resource_exhausted("graph capacity: the run has {} dependency edges, more than {} (8 x max_tasks_per_run)",
                             s.edges.size(), capacity_.edges);

@@ -168,18 +168,7 @@ class ReferenceRuntime final : public ChipRuntime {
     } guard{s};
     s.api = api;
     ReferenceBuilder builder(s, callable, memory_, max_tasks_);
-    Status st;
-    try {
-      st = callable.orchestrate()(builder, run_args);
-    } catch (const std::bad_alloc&) {
-      st = resource_exhausted("orchestration of '{}': host memory exhausted while building the graph",
-                              callable.name());
-    } catch (const std::exception& e) {
-      st = internal_error("orchestration of '{}' threw: {}", callable.name(), e.what());
-    } catch (...) {
-      st = internal_error("orchestration of '{}' threw a non-standard exception", callable.name());
-    }
-    if (st.ok()) st = builder.build_error();
+    const Status st = builder.orchestrate(run_args);
     if (!st.ok()) s.intermediates.free_all(memory_);
     return st;
   }
