@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "conformance.h"
 #include "kernels.h"
 #include "simpler/simpler.h"
 #include "test_util.h"
@@ -87,6 +88,15 @@ struct Fixture {
   uint64_t baseline = 0;
 };
 
+// The refusals a runtime's builder makes, the kernel-failure path and close
+// run on every runtime, backend and geometry (conformance.h).
+class RuntimeRefusal : public TargetTest {};
+class KernelFailure : public TargetTest {};
+class Close : public TargetTest {};
+SIMPLER_ON_EVERY_TARGET(RuntimeRefusal);
+SIMPLER_ON_EVERY_TARGET(KernelFailure);
+SIMPLER_ON_EVERY_TARGET(Close);
+
 // A refused submission is already done, with the error, and ran nothing.
 void expect_refused_handle(const RunHandle& r, StatusCode code, const std::string& field) {
   ASSERT_TRUE(r.valid());
@@ -109,7 +119,7 @@ TEST(Refusal, UnknownCallableHandle) {
   f.expect_unchanged();
 }
 
-TEST(Refusal, FuncIdWithNoKernel) {
+TEST_P(RuntimeRefusal, FuncIdWithNoKernel) {
   Watchdog dog;
   g_count = 0;
   Status inner;
@@ -119,7 +129,7 @@ TEST(Refusal, FuncIdWithNoKernel) {
         inner = o.submit_aiv(99, {}).status();
         return Status();  // ignores the refusal: the run must fail anyway
       },
-      {});
+      {}, config(2, 64));
   Status s = f.run({});
   EXPECT_REFUSED(inner, StatusCode::kNotFound, "func_id 99");
   EXPECT_REFUSED(s, StatusCode::kNotFound, "func_id 99");
@@ -127,7 +137,7 @@ TEST(Refusal, FuncIdWithNoKernel) {
   f.expect_unchanged();
 }
 
-TEST(Refusal, FuncIdOnTheWrongCoreType) {
+TEST_P(RuntimeRefusal, FuncIdOnTheWrongCoreType) {
   Watchdog dog;
   struct Case {
     std::function<Status(ChipOrchestrator&)> submit;
@@ -143,7 +153,7 @@ TEST(Refusal, FuncIdOnTheWrongCoreType) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.names);
     Status inner;
-    Fixture f([&](ChipOrchestrator& o, const TaskArgs&) { return inner = c.submit(o); }, {});
+    Fixture f([&](ChipOrchestrator& o, const TaskArgs&) { return inner = c.submit(o); }, {}, config(2, 64));
     Status s = f.run({});
     EXPECT_NE(inner.code(), StatusCode::kOk);
     EXPECT_TRUE(contains(inner.message(), c.names)) << inner.to_string();
@@ -234,7 +244,7 @@ TEST(Refusal, TensorOutsideItsBufferAtSubmit) {
   f.expect_unchanged();
 }
 
-TEST(Refusal, TensorOutsideItsBufferInsideTheOrchestration) {
+TEST_P(RuntimeRefusal, TensorOutsideItsBufferInsideTheOrchestration) {
   Watchdog dog;
   g_count = 0;
   Status inner, after;
@@ -248,7 +258,7 @@ TEST(Refusal, TensorOutsideItsBufferInsideTheOrchestration) {
         after = o.submit_aiv(kCount, {}).status();  // the run is already refused
         return Status();
       },
-      {Param::input()});
+      {Param::input()}, config(2, 64));
   Status s = f.run(f.x_args(Tag::Input));
   EXPECT_REFUSED(inner, StatusCode::kOutOfRange, "task 1: args[1]");
   EXPECT_REFUSED(after, StatusCode::kAborted, "earlier submit");
@@ -257,7 +267,7 @@ TEST(Refusal, TensorOutsideItsBufferInsideTheOrchestration) {
   f.expect_unchanged();
 }
 
-TEST(Refusal, FreedBufferInsideTheOrchestration) {
+TEST_P(RuntimeRefusal, FreedBufferInsideTheOrchestration) {
   Watchdog dog;
   DeviceBuffer stale;
   Status inner;
@@ -268,7 +278,7 @@ TEST(Refusal, FreedBufferInsideTheOrchestration) {
         inner = o.submit_aiv(kCount, t).status();
         return inner;
       },
-      {});
+      {}, config(2, 64));
   auto b = f.w.malloc(64);
   ASSERT_TRUE(b.ok());
   stale = *b;
@@ -280,7 +290,7 @@ TEST(Refusal, FreedBufferInsideTheOrchestration) {
   f.expect_unchanged();
 }
 
-TEST(Refusal, TooManyArgumentsInOneTask) {
+TEST_P(RuntimeRefusal, TooManyArgumentsInOneTask) {
   Watchdog dog;
   Fixture f(
       [](ChipOrchestrator& o, const TaskArgs&) {
@@ -288,7 +298,7 @@ TEST(Refusal, TooManyArgumentsInOneTask) {
         for (size_t i = 0; i <= kMaxTaskArgs; ++i) t.add_scalar(1);
         return o.submit_aiv(kCount, t).status();
       },
-      {});
+      {}, config(2, 64));
   EXPECT_REFUSED(f.run({}), StatusCode::kInvalidArgument, "33 arguments");
   f.expect_unchanged();
 }
@@ -482,7 +492,7 @@ TEST(Refusal, AChildlessNodeOrNetworkIsRefused) {
 
 // ---- Orchestration failures --------------------------------------------------------------------
 
-TEST(Refusal, OrchestrationReturnsAnError) {
+TEST_P(RuntimeRefusal, OrchestrationReturnsAnError) {
   Watchdog dog;
   g_count = 0;
   Fixture f(
@@ -494,14 +504,14 @@ TEST(Refusal, OrchestrationReturnsAnError) {
         (void)o.submit_aiv(kCount, t);
         return Status(StatusCode::kInvalidArgument, "orchestration: my_field is wrong");
       },
-      {});
+      {}, config(2, 64));
   Status s = f.run({});
   EXPECT_EQ(s, Status(StatusCode::kInvalidArgument, "orchestration: my_field is wrong"));
   EXPECT_EQ(g_count.load(), 0) << "a task of a failed orchestration was executed";
   f.expect_unchanged();
 }
 
-TEST(Refusal, OrchestrationThrowsAStandardException) {
+TEST_P(RuntimeRefusal, OrchestrationThrowsAStandardException) {
   Watchdog dog;
   Fixture f(
       [](ChipOrchestrator& o, const TaskArgs&) -> Status {
@@ -510,7 +520,7 @@ TEST(Refusal, OrchestrationThrowsAStandardException) {
         (void)o.submit_aiv(kCount, {});
         throw std::runtime_error("orchestration exploded");
       },
-      {});
+      {}, config(2, 64));
   RunHandle r;
   EXPECT_NO_THROW(r = f.w.submit(f.callable, {}));
   Status s = wait_run(r);
@@ -523,14 +533,14 @@ TEST(Refusal, OrchestrationThrowsAStandardException) {
   f.expect_unchanged(78);
 }
 
-TEST(Refusal, OrchestrationThrowsANonStandardException) {
+TEST_P(RuntimeRefusal, OrchestrationThrowsANonStandardException) {
   Watchdog dog;
   Fixture f(
       [](ChipOrchestrator& o, const TaskArgs&) -> Status {
         (void)o.alloc({1024}, DType::F32);
         throw 42;
       },
-      {}, small_config(2, 64));
+      {}, config(2, 64));
   RunHandle r;
   bool escaped = false;
   try {
@@ -548,7 +558,7 @@ TEST(Refusal, OrchestrationThrowsANonStandardException) {
   EXPECT_EQ(free_bytes(f.w), f.baseline) << "the failed build's intermediate was not freed";
 }
 
-TEST(Refusal, ScopeEndWithoutScopeBegin) {
+TEST_P(RuntimeRefusal, ScopeEndWithoutScopeBegin) {
   Watchdog dog;
   Status inner;
   Fixture f(
@@ -556,7 +566,7 @@ TEST(Refusal, ScopeEndWithoutScopeBegin) {
         inner = o.scope_end();
         return Status();  // ignores the error: the run must still fail
       },
-      {});
+      {}, config(2, 64));
   Status s = f.run({});
   EXPECT_REFUSED(inner, StatusCode::kFailedPrecondition, "scope_end");
   EXPECT_REFUSED(s, StatusCode::kFailedPrecondition, "scope_end");
@@ -565,7 +575,7 @@ TEST(Refusal, ScopeEndWithoutScopeBegin) {
 
 // ---- Capacity ----------------------------------------------------------------------------------
 
-TEST(Refusal, GraphLargerThanMaxTasksPerRun) {
+TEST_P(RuntimeRefusal, GraphLargerThanMaxTasksPerRun) {
   Watchdog dog;
   g_count = 0;
   int tasks = 0;
@@ -581,7 +591,7 @@ TEST(Refusal, GraphLargerThanMaxTasksPerRun) {
         }
         return Status();
       },
-      {}, small_config(2, 8));
+      {}, config(2, 8));
   tasks = 9;
   Status s = f.run({});
   EXPECT_REFUSED(s, StatusCode::kResourceExhausted, "max_tasks_per_run = 8");
@@ -595,7 +605,7 @@ TEST(Refusal, GraphLargerThanMaxTasksPerRun) {
   EXPECT_EQ(g_count.load(), 8);
 }
 
-TEST(Refusal, TooManyTensorArgumentsForTheGraph) {
+TEST_P(RuntimeRefusal, TooManyTensorArgumentsForTheGraph) {
   Watchdog dog;
   Fixture f(
       [](ChipOrchestrator& o, const TaskArgs& a) {
@@ -606,7 +616,7 @@ TEST(Refusal, TooManyTensorArgumentsForTheGraph) {
         }
         return Status();
       },
-      {Param::input()}, small_config(2, 8));
+      {Param::input()}, config(2, 8));
   EXPECT_REFUSED(f.run(f.x_args(Tag::Input)), StatusCode::kResourceExhausted, "tensor arguments");
   f.expect_unchanged();
 }
@@ -630,7 +640,7 @@ TEST(Refusal, TooManyDependencyEdgesForTheGraph) {
 
 // ---- Kernel failure ----------------------------------------------------------------------------
 
-TEST(KernelFailure, FailsTheRunWithTheKernelsMessageAndPoisonsDependents) {
+TEST_P(KernelFailure, FailsTheRunWithTheKernelsMessageAndPoisonsDependents) {
   Watchdog dog;
   Fixture f(
       [](ChipOrchestrator& o, const TaskArgs& a) {
@@ -650,7 +660,7 @@ TEST(KernelFailure, FailsTheRunWithTheKernelsMessageAndPoisonsDependents) {
         }
         return Status();
       },
-      {Param::output(), Param::output(), Param::output(), Param::output(), Param::scalar()});
+      {Param::output(), Param::output(), Param::output(), Param::output(), Param::scalar()}, config(2, 64));
   std::vector<DeviceBuffer> bufs;
   for (int i = 0; i < 4; ++i) bufs.push_back(upload(f.w, std::vector<int64_t>(64, -9)));
   const uint64_t baseline = f.baseline = free_bytes(f.w);
@@ -680,7 +690,7 @@ TEST(KernelFailure, FailsTheRunWithTheKernelsMessageAndPoisonsDependents) {
   f.expect_unchanged();
 }
 
-TEST(KernelFailure, AFailingMixSubtaskFailsTheTaskAndPoisonsItsDependents) {
+TEST_P(KernelFailure, AFailingMixSubtaskFailsTheTaskAndPoisonsItsDependents) {
   Watchdog dog;
   g_count = 0;
   Fixture f(
@@ -692,7 +702,7 @@ TEST(KernelFailure, AFailingMixSubtaskFailsTheTaskAndPoisonsItsDependents) {
         after.add_tensor(a[0].tensor, Tag::Input);
         return o.submit_aiv(kCount, after).status();
       },
-      {Param::output()});
+      {Param::output()}, config(2, 64));
   RunHandle r = f.w.submit(f.callable, f.x_args());
   Status s = wait_run(r);
   EXPECT_EQ(s.code(), StatusCode::kKernelFailed) << s.to_string();
@@ -702,11 +712,11 @@ TEST(KernelFailure, AFailingMixSubtaskFailsTheTaskAndPoisonsItsDependents) {
   f.expect_unchanged();
 }
 
-TEST(KernelFailure, AKernelSharedObjectReportsFailureAndOnlyItsRunFails) {
+TEST_P(KernelFailure, AKernelSharedObjectReportsFailureAndOnlyItsRunFails) {
   Watchdog dog;
   KernelLibrary k;
   ASSERT_TRUE(k.add_file(0, CoreType::AIV, SIMPLER_TEST_KERNEL).ok());
-  Worker w(Level::Chip, small_config(4, 64));
+  Worker w(Level::Chip, config(4, 64));
   auto h = w.register_callable(ChipCallable(
       "scale",
       [](ChipOrchestrator& o, const TaskArgs& a) {
@@ -743,7 +753,7 @@ TEST(KernelFailure, AKernelSharedObjectReportsFailureAndOnlyItsRunFails) {
 
 // R54: a worker closed with 5 unwaited runs: every handle is terminal with a
 // repeatable outcome, and the failed run returns the same error on every read.
-TEST(Close, DrainsUnwaitedRunsAndEveryHandleIsTerminal) {
+TEST_P(Close, DrainsUnwaitedRunsAndEveryHandleIsTerminal) {
   Watchdog dog;
   Fixture f(
       [](ChipOrchestrator& o, const TaskArgs& a) {
@@ -754,7 +764,7 @@ TEST(Close, DrainsUnwaitedRunsAndEveryHandleIsTerminal) {
         }
         return Status();
       },
-      {Param::output(), Param::scalar()}, small_config(5, 64));
+      {Param::output(), Param::scalar()}, config(5, 64));
   std::vector<RunHandle> runs;
   for (int r = 0; r < 5; ++r) {
     auto b = f.w.malloc(64 * 8);
@@ -778,7 +788,7 @@ TEST(Close, DrainsUnwaitedRunsAndEveryHandleIsTerminal) {
   }
 }
 
-TEST(Close, DestroyingAWorkerWithRunsInFlightIsClean) {
+TEST_P(Close, DestroyingAWorkerWithRunsInFlightIsClean) {
   Watchdog dog;
   const int threads = thread_count();
   std::vector<RunHandle> runs;
@@ -790,7 +800,7 @@ TEST(Close, DestroyingAWorkerWithRunsInFlightIsClean) {
           }
           return Status();
         },
-        {}, small_config(3, 64));
+        {}, config(3, 64));
     for (int r = 0; r < 3; ++r) runs.push_back(f.w.submit(f.callable, {}));
   }  // ~Worker closes
   for (const RunHandle& r : runs) {
