@@ -75,16 +75,6 @@ void Intermediates::free_all(DeviceMemory& memory) {
 
 // --- RunBuilder ------------------------------------------------------------
 
-void write_descriptor(DeviceTensor& d, const TensorView& v) {
-  d.data = v.buffer().addr + static_cast<uint64_t>(v.offset()) * dtype_size(v.dtype());
-  d.dtype = static_cast<uint32_t>(v.dtype());
-  d.ndim = static_cast<uint32_t>(v.ndim());
-  for (int k = 0; k < kMaxDims; ++k) {
-    d.shape[k] = k < v.ndim() ? v.shape(k) : 0;
-    d.stride[k] = k < v.ndim() ? v.stride(k) : 0;
-  }
-}
-
 RunBuilder::RunBuilder(const ChipCallable& callable, const HostApi& api, DeviceMemory& memory,
                        Intermediates& intermediates, uint32_t max_tasks)
     : callable_(callable), api_(api), memory_(memory), intermediates_(intermediates), max_tasks_(max_tasks) {}

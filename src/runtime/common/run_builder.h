@@ -76,8 +76,16 @@ struct CheckedTask {
   uint32_t use_count = 0;
 };
 
-// The descriptor a kernel receives for `view`.
-void write_descriptor(DeviceTensor& d, const TensorView& view);
+// The descriptor a kernel receives for `v`; on every task's path, so inline.
+inline void write_descriptor(DeviceTensor& d, const TensorView& v) {
+  d.data = v.buffer().addr + static_cast<uint64_t>(v.offset()) * dtype_size(v.dtype());
+  d.dtype = static_cast<uint32_t>(v.dtype());
+  d.ndim = static_cast<uint32_t>(v.ndim());
+  for (int k = 0; k < kMaxDims; ++k) {
+    d.shape[k] = k < v.ndim() ? v.shape(k) : 0;
+    d.stride[k] = k < v.ndim() ? v.stride(k) : 0;
+  }
+}
 
 class RunBuilder : public ChipOrchestrator {
  public:
