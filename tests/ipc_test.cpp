@@ -640,8 +640,9 @@ TEST(MailboxStaging, R39SaturatedTransportResumesOnTheAcknowledgedFrame) {
   EXPECT_EQ(fx.ep_->held_runs(), 3u);
 }
 
-// R13: with K = 2 a third publication without a hand-back throws and poisons;
-// a manual hand-back between the 2nd and 3rd makes the 3rd succeed.
+// R13: with K = 2 a third publication without a hand-back poisons the
+// endpoint and fails as the admitter defect it is; a manual hand-back
+// between the 2nd and 3rd makes the 3rd succeed.
 TEST_P(MailboxProtocol, R13PublishesOnlyIntoAFreeFrame) {
   {
     MailboxFixture fx(GetParam(), 4);  // no child: nothing hands frames back
@@ -652,8 +653,12 @@ TEST_P(MailboxProtocol, R13PublishesOnlyIntoAFreeFrame) {
     EXPECT_EQ(fx.ep_->available_request_transport(), 0u);
     PublishSpec s;
     s.run_id = 3;
-    EXPECT_THROW((void)fx.ep_->publish(s), TransportExhausted);
+    const auto third = fx.ep_->publish(s);
+    ASSERT_FALSE(third.ok());
+    EXPECT_EQ(third.status().code(), StatusCode::kInternal) << third.status().to_string();
+    EXPECT_TRUE(contains(third.status().message(), "admitter defect")) << third.status().to_string();
     ASSERT_TRUE(fx.ep_->poisoned().has_value());
+    EXPECT_EQ(*fx.ep_->poisoned(), third.status()) << "the endpoint is poisoned with the defect";
     std::vector<EndpointEvent> events;
     fx.ep_->poll(events);
     EXPECT_EQ(count_events(events, 1, EndpointEvent::Kind::kTerminal), 1u);

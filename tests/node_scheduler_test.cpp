@@ -25,13 +25,13 @@ namespace {
 
 enum class ChildKind { kNone, kMock, kForked };
 
-// Throws from publish while armed; otherwise the real endpoint.
+// Fails every publication while armed, writing nothing; otherwise the real endpoint.
 class FaultPort final : public EndpointPort {
  public:
   uint32_t available_request_transport() override { return inner_->available_request_transport(); }
   uint64_t max_inflight_tasks() const override { return inner_->max_inflight_tasks(); }
   Result<Publication> publish(const PublishSpec& spec) override {
-    if (armed && (!staged_only || spec.staged)) throw std::runtime_error("injected publication fault");
+    if (armed && (!staged_only || spec.staged)) return internal_error("injected publication fault");
     return inner_->publish(spec);
   }
   Status activate(const Publication& p, bool launch) override { return inner_->activate(p, launch); }
@@ -39,7 +39,7 @@ class FaultPort final : public EndpointPort {
   void poison(const Status& cause) override { inner_->poison(cause); }
   std::optional<Status> poisoned() const override { return inner_->poisoned(); }
   bool armed = true;
-  bool staged_only = false;        // throw only from staged publications
+  bool staged_only = false;        // fail only staged publications
   EndpointPort* inner_ = nullptr;  // set by the fixture
 };
 
@@ -216,7 +216,7 @@ struct SchedFixture {
 class SchedulerCases : public ::testing::TestWithParam<ChildKind> {};
 
 // R32: G = 8 > K = 2 with a slow child (every run waits for gate 0): 64
-// submissions never reach a throwing publication, and every one completes.
+// submissions never reach a failing publication, and every one completes.
 TEST_P(SchedulerCases, R32SaturationIsAnOrdinaryState) {
   Watchdog dog;
   SchedFixture fx(GetParam(), 8);
@@ -280,33 +280,51 @@ TEST(SchedulerGates, R34SecondPublicationRereadsAvailability) {
   EXPECT_FALSE(fx.ep->poisoned().has_value());
 }
 
-// R35: a publication with no free frame is an admitter defect: it throws and
-// the throw poisons the endpoint.
+// R35: a publication with no free frame is an admitter defect: the endpoint
+// is poisoned, then the publication fails saying so; through a lane it is
+// never counted as submitted.
 TEST(SchedulerGates, R35ExhaustionInsidePublicationPoisons) {
-  SchedFixture fx(ChildKind::kNone, 8);
   std::vector<uint8_t> blob;
   ASSERT_TRUE(encode_args_blob(TaskArgs{}, blob).ok());
-  for (uint64_t i = 1; i <= kMailboxRequestFrames; ++i) {
-    PublishSpec s;
-    s.run_id = i;
-    s.dispatch_id = i;
-    s.args_blob = blob;
-    ASSERT_TRUE(fx.port->publish(s).ok());
-  }
+  auto fill_frames = [&](SchedFixture& fx) {
+    for (uint64_t i = 1; i <= kMailboxRequestFrames; ++i) {
+      PublishSpec s;
+      s.run_id = i;
+      s.dispatch_id = i;
+      s.args_blob = blob;
+      ASSERT_TRUE(fx.port->publish(s).ok());
+    }
+  };
   PublishSpec s;
   s.run_id = 9;
   s.dispatch_id = 9;
-  EXPECT_THROW(
-      {
-        (void)fx.port->publish(s);
-      },
-      TransportExhausted);
-  EXPECT_TRUE(fx.port->poisoned().has_value());
+  s.args_blob = blob;
+  {
+    SchedFixture fx(ChildKind::kNone, 8);
+    fill_frames(fx);
+    const auto r = fx.port->publish(s);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInternal) << r.status().to_string();
+    EXPECT_TRUE(contains(r.status().message(), "admitter defect")) << r.status().to_string();
+    ASSERT_TRUE(fx.port->poisoned().has_value());
+    EXPECT_EQ(*fx.port->poisoned(), r.status());
+  }
+  {
+    SchedFixture fx(ChildKind::kNone, 8);
+    fill_frames(fx);
+    WorkerLane& lane = fx.sched->chip_lane(0);
+    const Status st = lane.submit_dispatch(s);
+    EXPECT_EQ(st.code(), StatusCode::kInternal) << st.to_string();
+    EXPECT_TRUE(contains(st.message(), "admitter defect")) << st.to_string();
+    EXPECT_EQ(lane.inflight(), 0u) << "a failed publication holds no lane";
+    EXPECT_TRUE(lane.single_empty());
+    EXPECT_TRUE(fx.port->poisoned().has_value());
+  }
 }
 
-// R36: a publication that throws is reported once, as the run's failure; the
+// R36: a publication that fails is reported once, as the run's failure; the
 // run is not live, no lane is held and the transport is unchanged.
-TEST(SchedulerGates, R36PublicationThatThrewIsReportedNotSubmitted) {
+TEST(SchedulerGates, R36PublicationThatFailedIsReportedNotSubmitted) {
   FaultPort fault;
   SchedFixture fx(ChildKind::kNone, 8, &fault);
   const uint32_t before = fx.ep->available_request_transport();
@@ -322,8 +340,8 @@ TEST(SchedulerGates, R36PublicationThatThrewIsReportedNotSubmitted) {
 }
 
 // R37: no reservation lives between gate and publication: after 1,000
-// induced publication throws the transport is still K, and usable.
-TEST(SchedulerGates, R37ThousandThrowsRetireNoTransport) {
+// induced publication failures the transport is still K, and usable.
+TEST(SchedulerGates, R37ThousandFailedPublicationsRetireNoTransport) {
   FaultPort fault;
   SchedFixture fx(ChildKind::kNone, 8, &fault);
   std::vector<RunHandle> runs;
@@ -490,10 +508,10 @@ TEST(SchedulerStaging, R40SuccessorWhoseLeaseIsNotOwnedIsNotStaged) {
   EXPECT_EQ(fx.sched->publications(), 2u);
 }
 
-// R36 for the staged lane: a staged publication that throws is reported once
+// R36 for the staged lane: a staged publication that fails is reported once
 // as the successor's failure, holds no staged slot or frame, and its
 // predecessor's later terminal does not finish it again.
-TEST(SchedulerStaging, R36StagedPublicationThatThrewIsReportedNotSubmitted) {
+TEST(SchedulerStaging, R36StagedPublicationThatFailedIsReportedNotSubmitted) {
   FaultPort fault;
   fault.staged_only = true;
   SchedFixture fx(ChildKind::kNone, 8, &fault);

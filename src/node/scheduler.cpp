@@ -97,7 +97,6 @@ bool Scheduler::step() {
   progressed |= handle_events();
   progressed |= dispatch_ready();  // active first: a READY task takes a frame before any successor is staged
   progressed |= stage_preparable();
-  progressed |= handle_events();  // terminals of publications that threw
   progressed |= retire_finished();
   return progressed;
 }
@@ -265,21 +264,15 @@ bool Scheduler::dispatch_group(NodeTask* t) {
     spec.callable = t->callable;
     spec.config = t->config;
     spec.args_blob = m.blob;
-    Status refusal;
-    switch (lane.submit_dispatch(spec, events_, refusal)) {
-      case SubmitDispatchResult::kSubmitted:
-        ++publications_;
-        if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
-        break;
-      case SubmitDispatchResult::kRefused:
-        // Its siblings may already be out: they run on, and the group ends
-        // with this refusal once every member has.
-        running_.erase(m.id);
-        member_done(t, Status(refusal.code(), fmt::format("group member {}: {}", k, refusal.message())));
-        break;
-      case SubmitDispatchResult::kPublicationReported:
-        break;  // its terminal is in events_
+    if (Status failed = lane.submit_dispatch(spec); !failed.ok()) {
+      // Its siblings may already be out: they run on, and the group ends
+      // with this failure once every member has.
+      running_.erase(m.id);
+      member_done(t, Status(failed.code(), fmt::format("group member {}: {}", k, failed.message())));
+      continue;
     }
+    ++publications_;
+    if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
   }
   return true;
 }
@@ -324,24 +317,19 @@ void Scheduler::dispatch_claimed(NodeTask* t, WorkerLane& lane, bool staged) {
   spec.config = t->config;
   spec.args_blob = t->blob;
   spec.staged = staged;
-  Status refusal;
-  switch (lane.submit_dispatch(spec, events_, refusal)) {
-    case SubmitDispatchResult::kSubmitted:
-      ++publications_;
-      if (staged) ++stagings_;
-      if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
-      if (!t->sub) {
-        for (NodeTask* s : t->successors) {
-          if (!s->sub && s->worker == t->worker && s->state == NodeTask::State::kPending) preparable_.push_back(s);
-        }
-      }
-      break;
-    case SubmitDispatchResult::kRefused:
-      running_.erase(t->id);
-      finish(t, refusal);
-      break;
-    case SubmitDispatchResult::kPublicationReported:
-      break;  // its terminal is in events_
+  if (Status failed = lane.submit_dispatch(spec); !failed.ok()) {
+    // Never live: the failure is its one terminal (R36).
+    running_.erase(t->id);
+    finish(t, failed);
+    return;
+  }
+  ++publications_;
+  if (staged) ++stagings_;
+  if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
+  if (!t->sub) {
+    for (NodeTask* s : t->successors) {
+      if (!s->sub && s->worker == t->worker && s->state == NodeTask::State::kPending) preparable_.push_back(s);
+    }
   }
 }
 
