@@ -154,12 +154,14 @@ struct SchedFixture {
     }
     ADD_FAILURE() << "no published frame carries task_slot " << slot;
   }
-  // The terminal a child stores for the run in the entry carrying `slot`.
-  void complete(uint32_t slot, StatusCode code = StatusCode::kOk) {
+  // The terminal a child stores for the run in the entry carrying `slot`
+  // (of run `run_id`, when not 0).
+  void complete(uint32_t slot, StatusCode code = StatusCode::kOk, uint64_t run_id = 0) {
     const MailboxView v = ep->view();
     for (uint64_t i = 0; i < v.entry_count(); ++i) {
       MailboxRunEntry& e = v.entry(i);
       if (load_acquire(e.entry_generation) % 2 == 0 || e.task_slot != slot) continue;
+      if (run_id != 0 && e.run_id != run_id) continue;
       store_release(e.rc, static_cast<int32_t>(code));
       copy_text(e.error_text, sizeof e.error_text, code == StatusCode::kOk ? "" : "scripted failure");
       store_release(e.state, static_cast<uint32_t>(code == StatusCode::kOk ? kMailboxTaskDone : kMailboxTaskFailed));
@@ -533,6 +535,58 @@ TEST(SchedulerStaging, R36StagedPublicationThatFailedIsReportedNotSubmitted) {
   EXPECT_EQ(fx.sched->live_runs(), 0u);
   EXPECT_EQ(fx.ep->available_request_transport(), kMailboxRequestFrames);
   EXPECT_FALSE(fx.ep->poisoned().has_value());
+}
+
+// A successor across runs whose predecessor's run retires while it still
+// waits to be staged: the staging check must not read the retired task.
+// Run 1: Q (unrelated) and run 2: A take both frames; run 3: P waits for a
+// frame, and D reads what A and P write. A ends: run 2 retires, P takes A's
+// frame and D, waiting only on P out on its own chip, finds no frame. Q
+// ends: D is staged in Q's frame.
+TEST(SchedulerStaging, PredecessorOfARetiredRunIsNotReadAgain) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  RunHandle q = fx.submit_tasks({{"", {5}, {}}});
+  RunHandle a = fx.submit_tasks({{"", {0}, {}}});
+  RunHandle pd = fx.submit_tasks({{"", {1}, {}}, {"", {}, {0, 1}}});
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->publications(), 2u);
+  fx.complete(0, StatusCode::kOk, /*run_id=*/2);
+  (void)fx.sched->step();
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(fx.sched->live_runs(), 2u) << "run 2 retired";
+  EXPECT_EQ(fx.sched->publications(), 3u) << "P took A's frame";
+  EXPECT_EQ(fx.sched->stagings(), 0u) << "no frame for D";
+  fx.complete(0, StatusCode::kOk, /*run_id=*/1);
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->stagings(), 1u) << "D is staged in Q's frame";
+  fx.complete(0, StatusCode::kOk, /*run_id=*/3);
+  (void)fx.sched->step();
+  fx.complete(1, StatusCode::kOk, /*run_id=*/3);
+  while (fx.sched->step()) {
+  }
+  ASSERT_TRUE(q.done() && pd.done());
+  EXPECT_TRUE(pd.result().ok()) << pd.result().to_string();
+}
+
+// A staged successor whose terminal comes before its predecessor's (its
+// child failed it unlaunched), alone in its run: the run ends and retires at
+// once, and the predecessor's later terminal must not reach the freed task.
+TEST(SchedulerStaging, StagedTaskEndingBeforeItsPredecessorIsNotReachedAgain) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  RunHandle x = fx.submit_tasks({{"", {0}, {}}});
+  RunHandle t = fx.submit_tasks({{"", {}, {0}}});
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->stagings(), 1u);
+  fx.complete(0, StatusCode::kKernelFailed, /*run_id=*/2);
+  (void)fx.sched->step();
+  ASSERT_TRUE(t.done());
+  EXPECT_EQ(t.result().code(), StatusCode::kKernelFailed) << t.result().to_string();
+  EXPECT_EQ(fx.sched->live_runs(), 1u) << "run 2 retired";
+  fx.complete(0, StatusCode::kOk, /*run_id=*/1);
+  while (fx.sched->step()) {
+  }
+  ASSERT_TRUE(x.done());
+  EXPECT_TRUE(x.result().ok()) << x.result().to_string();
 }
 
 // R17 + the staged lane end to end, through the mock and a forked child

@@ -141,8 +141,8 @@ void Scheduler::wire(NodeTask* t) {
       if (!prior.view.overlaps(a.tensor)) continue;
       // All of t's edges are added while t is wired, so a repeat from the
       // same predecessor is always its last successor.
-      if (!prior.task->successors.empty() && prior.task->successors.back() == t) continue;
-      prior.task->successors.push_back(t);
+      if (!prior.task->successors.empty() && prior.task->successors.back().task == t) continue;
+      prior.task->successors.push_back(SuccessorEdge{t, static_cast<uint32_t>(t->predecessors.size())});
       t->predecessors.push_back(prior.task);
       ++t->fanin;
     }
@@ -205,7 +205,7 @@ bool Scheduler::dispatch_ready() {
 bool Scheduler::preparable(const NodeTask* t) {
   if (t->sub || !t->members.empty() || t->state != NodeTask::State::kPending || !t->poison.ok()) return false;
   for (const NodeTask* p : t->predecessors) {
-    if (p->state == NodeTask::State::kDone) continue;
+    if (p == nullptr) continue;  // finished
     // Published on the same chip: its publication precedes the successor's
     // in that endpoint's order (#2577), and its terminal activates it.
     if (p->state != NodeTask::State::kRunning || p->sub || !p->members.empty() || p->worker != t->worker) return false;
@@ -327,7 +327,8 @@ void Scheduler::dispatch_claimed(NodeTask* t, WorkerLane& lane, bool staged) {
   if (staged) ++stagings_;
   if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
   if (!t->sub) {
-    for (NodeTask* s : t->successors) {
+    for (const SuccessorEdge& e : t->successors) {
+      NodeTask* s = e.task;
       if (!s->sub && s->worker == t->worker && s->state == NodeTask::State::kPending) preparable_.push_back(s);
     }
   }
@@ -380,7 +381,19 @@ void Scheduler::finish(NodeTask* t, const Status& st) {
       release_alloc(a);
     }
   }
-  for (NodeTask* s : t->successors) {
+  if (t->fanin != 0) {
+    // Ended before its predecessors (a staged task whose child failed it
+    // unlaunched): its run may retire and free it before they end, so they
+    // must no longer reach it.
+    for (NodeTask* p : t->predecessors) {
+      if (p == nullptr) continue;
+      std::vector<SuccessorEdge>& out = p->successors;
+      out.erase(std::remove_if(out.begin(), out.end(), [&](const SuccessorEdge& e) { return e.task == t; }), out.end());
+    }
+  }
+  for (const SuccessorEdge& e : t->successors) {
+    NodeTask* s = e.task;
+    s->predecessors[e.slot] = nullptr;
     if (!st.ok() && s->poison.ok()) {
       s->poison = make_error(StatusCode::kAborted, "not run: task {} of run {} failed: {}", t->index, run->id,
                              st.to_string());
@@ -431,8 +444,9 @@ void Scheduler::retire(NodeRun* run) {
   }
   std::shared_ptr<detail::RunState> handle = run->handle;
   Status result = run->first_error;
-  // A successor is wired after its predecessor and keeps it from retiring
-  // while it is live, so no other run still points into this one.
+  // Every task of the run is done, and finish() cut each one out of the
+  // tasks of other runs (their predecessors and successors), so no other
+  // run still points into this one.
   runs_.erase(run->id);
   handle->complete(std::move(result), stats);
 }

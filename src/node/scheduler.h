@@ -37,6 +37,14 @@ namespace simpler {
 inline constexpr SpinPolicy kNodeSpin{1, SpinPolicy{}.spin_ns};
 
 struct NodeRun;
+struct NodeTask;
+
+// A dependency as its predecessor holds it: the successor, and where the
+// predecessor sits in the successor's predecessors.
+struct SuccessorEdge {
+  NodeTask* task = nullptr;
+  uint32_t slot = 0;
+};
 
 // One member of a group task: its own publication on its own worker.
 struct GroupMember {
@@ -61,7 +69,9 @@ struct NodeTask {
   std::vector<uint32_t> allocs; // the run's heap allocations it uses
   State state = State::kPending;
   uint32_t fanin = 0;
-  std::vector<NodeTask*> successors;
+  std::vector<SuccessorEdge> successors;
+  // Null once that predecessor finished: its run may retire and free it
+  // while this task still waits.
   std::vector<NodeTask*> predecessors;
   Status poison;  // set when a predecessor failed: the task completes with it, unrun
   // A group (all-or-nothing over several workers) when non-empty: published
