@@ -589,6 +589,58 @@ TEST(SchedulerStaging, StagedTaskEndingBeforeItsPredecessorIsNotReachedAgain) {
   EXPECT_TRUE(x.result().ok()) << x.result().to_string();
 }
 
+// The TensorMap keeps one access where a write covers earlier ones (C's
+// write stands for A's). When C ends before A (its child failed it
+// unlaunched), A's access stands for itself again: D, reading what A
+// writes, still waits for A instead of being published beside it.
+TEST(SchedulerStaging, TaskEndingBeforeThePredecessorItCoversStillOrdersLaterTasks) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  RunHandle ac = fx.submit_tasks({{"", {0}, {}}, {"", {0}, {}}});  // A, then C writes the same buffer
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->publications(), 2u);
+  ASSERT_EQ(fx.sched->stagings(), 1u) << "C is staged behind A";
+  fx.complete(1, StatusCode::kKernelFailed, /*run_id=*/1);
+  (void)fx.sched->step();
+  RunHandle d = fx.submit_tasks({{"", {}, {0}}});
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->publications(), 2u) << "D was published while A still runs";
+  fx.complete(0, StatusCode::kOk, /*run_id=*/1);
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->publications(), 3u) << "D goes out once A ended";
+  fx.complete(0, StatusCode::kOk, /*run_id=*/2);
+  while (fx.sched->step()) {
+  }
+  ASSERT_TRUE(ac.done() && d.done());
+  EXPECT_EQ(ac.result().code(), StatusCode::kKernelFailed) << ac.result().to_string();
+  EXPECT_TRUE(d.result().ok()) << d.result().to_string();
+}
+
+// Poison travels down a chain with its cause: a task poisoned by a task
+// that itself was not run names the task that failed, not the one between.
+// Run 1: A fails. Run 2: B reads A's output (staged behind A, then
+// cancelled). Run 3: C reads B's output.
+TEST(SchedulerStaging, PoisonNamesTheTaskThatFailed) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  RunHandle a = fx.submit_tasks({{"", {0}, {}}});
+  RunHandle b = fx.submit_tasks({{"", {1}, {0}}});
+  RunHandle c = fx.submit_tasks({{"", {}, {1}}});
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->stagings(), 1u) << "B is staged behind A";
+  fx.complete(0, StatusCode::kKernelFailed, /*run_id=*/1);
+  (void)fx.sched->step();
+  fx.complete(0, StatusCode::kAborted, /*run_id=*/2);  // the child ends the cancelled B
+  while (fx.sched->step()) {
+  }
+  ASSERT_TRUE(a.done() && b.done() && c.done());
+  EXPECT_EQ(a.result().message(), "task 0 of run 1: scripted failure");
+  const std::string cause = "not run: task 0 of run 1 failed: KERNEL_FAILED: scripted failure";
+  EXPECT_EQ(b.result().code(), StatusCode::kAborted);
+  EXPECT_EQ(b.result().message(), "task 0 of run 2: " + cause);
+  EXPECT_EQ(c.result().code(), StatusCode::kAborted);
+  EXPECT_EQ(c.result().message(), "task 0 of run 3: " + cause);
+  EXPECT_EQ(c.stats().executed, 0u);
+}
+
 // R17 + the staged lane end to end, through the mock and a forked child
 // alike: C (reading A's output) is staged and taken by the child while A is
 // held on a gate, and runs after A; when A fails, C is cancelled unrun and

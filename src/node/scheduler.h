@@ -181,7 +181,17 @@ class Scheduler {
   // The per-endpoint guard: the run still owns its set.
   bool can_stage_run_on_worker(const NodeTask* t) const { return run_resources_.owns(t->run->lease); }
   bool handle_events();
+  // t ended with `st`: its successors are released, and each poisoned one
+  // whose last predecessor this was ends too, with its poison, and so on down.
   void finish(NodeTask* t, const Status& st);
+  // Marks one task done: its accesses, the run's first error, its heap uses.
+  void end_task(NodeTask* t, const Status& st);
+  // t, done with `st`, no longer holds back e's successor: poisons it when st
+  // failed and, at its last predecessor, activates, readies or (poisoned)
+  // returns it to be finished.
+  NodeTask* release(NodeTask* t, const Status& st, const SuccessorEdge& e);
+  void add_accesses(NodeTask* t);
+  void forget_accesses(NodeTask* t);
   void retire(NodeRun* run);
   bool retire_finished();
   void release_alloc(HeapAlloc& a);
@@ -199,7 +209,10 @@ class Scheduler {
   std::unordered_map<uint64_t, NodeTask*> running_;  // by dispatch id
   std::deque<NodeTask*> ready_;
   std::vector<NodeTask*> preparable_;  // successors of published chip tasks, in publication order
-  std::vector<Access> accesses_;  // the TensorMap: every live task's tensor accesses
+  // The TensorMap: the tensor accesses of live tasks, by buffer address
+  // (views of different buffers never overlap); an access a later write
+  // covers is dropped (wire).
+  std::unordered_map<uint64_t, std::vector<Access>> accesses_;
   std::vector<EndpointEvent> events_;
   std::vector<NodeRun*> retiring_;  // every task done; retired at the end of the phase
   uint32_t next_sub_ = 0;
