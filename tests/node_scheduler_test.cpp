@@ -25,13 +25,13 @@ namespace {
 
 enum class ChildKind { kNone, kMock, kForked };
 
-// Throws from publish while armed; otherwise the real endpoint.
+// Fails every publication while armed, writing nothing; otherwise the real endpoint.
 class FaultPort final : public EndpointPort {
  public:
   uint32_t available_request_transport() override { return inner_->available_request_transport(); }
   uint64_t max_inflight_tasks() const override { return inner_->max_inflight_tasks(); }
   Result<Publication> publish(const PublishSpec& spec) override {
-    if (armed && (!staged_only || spec.staged)) throw std::runtime_error("injected publication fault");
+    if (armed && (!staged_only || spec.staged)) return internal_error("injected publication fault");
     return inner_->publish(spec);
   }
   Status activate(const Publication& p, bool launch) override { return inner_->activate(p, launch); }
@@ -39,7 +39,7 @@ class FaultPort final : public EndpointPort {
   void poison(const Status& cause) override { inner_->poison(cause); }
   std::optional<Status> poisoned() const override { return inner_->poisoned(); }
   bool armed = true;
-  bool staged_only = false;        // throw only from staged publications
+  bool staged_only = false;        // fail only staged publications
   EndpointPort* inner_ = nullptr;  // set by the fixture
 };
 
@@ -154,12 +154,14 @@ struct SchedFixture {
     }
     ADD_FAILURE() << "no published frame carries task_slot " << slot;
   }
-  // The terminal a child stores for the run in the entry carrying `slot`.
-  void complete(uint32_t slot, StatusCode code = StatusCode::kOk) {
+  // The terminal a child stores for the run in the entry carrying `slot`
+  // (of run `run_id`, when not 0).
+  void complete(uint32_t slot, StatusCode code = StatusCode::kOk, uint64_t run_id = 0) {
     const MailboxView v = ep->view();
     for (uint64_t i = 0; i < v.entry_count(); ++i) {
       MailboxRunEntry& e = v.entry(i);
       if (load_acquire(e.entry_generation) % 2 == 0 || e.task_slot != slot) continue;
+      if (run_id != 0 && e.run_id != run_id) continue;
       store_release(e.rc, static_cast<int32_t>(code));
       copy_text(e.error_text, sizeof e.error_text, code == StatusCode::kOk ? "" : "scripted failure");
       store_release(e.state, static_cast<uint32_t>(code == StatusCode::kOk ? kMailboxTaskDone : kMailboxTaskFailed));
@@ -216,7 +218,7 @@ struct SchedFixture {
 class SchedulerCases : public ::testing::TestWithParam<ChildKind> {};
 
 // R32: G = 8 > K = 2 with a slow child (every run waits for gate 0): 64
-// submissions never reach a throwing publication, and every one completes.
+// submissions never reach a failing publication, and every one completes.
 TEST_P(SchedulerCases, R32SaturationIsAnOrdinaryState) {
   Watchdog dog;
   SchedFixture fx(GetParam(), 8);
@@ -280,33 +282,51 @@ TEST(SchedulerGates, R34SecondPublicationRereadsAvailability) {
   EXPECT_FALSE(fx.ep->poisoned().has_value());
 }
 
-// R35: a publication with no free frame is an admitter defect: it throws and
-// the throw poisons the endpoint.
+// R35: a publication with no free frame is an admitter defect: the endpoint
+// is poisoned, then the publication fails saying so; through a lane it is
+// never counted as submitted.
 TEST(SchedulerGates, R35ExhaustionInsidePublicationPoisons) {
-  SchedFixture fx(ChildKind::kNone, 8);
   std::vector<uint8_t> blob;
   ASSERT_TRUE(encode_args_blob(TaskArgs{}, blob).ok());
-  for (uint64_t i = 1; i <= kMailboxRequestFrames; ++i) {
-    PublishSpec s;
-    s.run_id = i;
-    s.dispatch_id = i;
-    s.args_blob = blob;
-    ASSERT_TRUE(fx.port->publish(s).ok());
-  }
+  auto fill_frames = [&](SchedFixture& fx) {
+    for (uint64_t i = 1; i <= kMailboxRequestFrames; ++i) {
+      PublishSpec s;
+      s.run_id = i;
+      s.dispatch_id = i;
+      s.args_blob = blob;
+      ASSERT_TRUE(fx.port->publish(s).ok());
+    }
+  };
   PublishSpec s;
   s.run_id = 9;
   s.dispatch_id = 9;
-  EXPECT_THROW(
-      {
-        (void)fx.port->publish(s);
-      },
-      TransportExhausted);
-  EXPECT_TRUE(fx.port->poisoned().has_value());
+  s.args_blob = blob;
+  {
+    SchedFixture fx(ChildKind::kNone, 8);
+    fill_frames(fx);
+    const auto r = fx.port->publish(s);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInternal) << r.status().to_string();
+    EXPECT_TRUE(contains(r.status().message(), "admitter defect")) << r.status().to_string();
+    ASSERT_TRUE(fx.port->poisoned().has_value());
+    EXPECT_EQ(*fx.port->poisoned(), r.status());
+  }
+  {
+    SchedFixture fx(ChildKind::kNone, 8);
+    fill_frames(fx);
+    WorkerLane& lane = fx.sched->chip_lane(0);
+    const Status st = lane.submit_dispatch(s);
+    EXPECT_EQ(st.code(), StatusCode::kInternal) << st.to_string();
+    EXPECT_TRUE(contains(st.message(), "admitter defect")) << st.to_string();
+    EXPECT_EQ(lane.inflight(), 0u) << "a failed publication holds no lane";
+    EXPECT_TRUE(lane.single_empty());
+    EXPECT_TRUE(fx.port->poisoned().has_value());
+  }
 }
 
-// R36: a publication that throws is reported once, as the run's failure; the
+// R36: a publication that fails is reported once, as the run's failure; the
 // run is not live, no lane is held and the transport is unchanged.
-TEST(SchedulerGates, R36PublicationThatThrewIsReportedNotSubmitted) {
+TEST(SchedulerGates, R36PublicationThatFailedIsReportedNotSubmitted) {
   FaultPort fault;
   SchedFixture fx(ChildKind::kNone, 8, &fault);
   const uint32_t before = fx.ep->available_request_transport();
@@ -322,8 +342,8 @@ TEST(SchedulerGates, R36PublicationThatThrewIsReportedNotSubmitted) {
 }
 
 // R37: no reservation lives between gate and publication: after 1,000
-// induced publication throws the transport is still K, and usable.
-TEST(SchedulerGates, R37ThousandThrowsRetireNoTransport) {
+// induced publication failures the transport is still K, and usable.
+TEST(SchedulerGates, R37ThousandFailedPublicationsRetireNoTransport) {
   FaultPort fault;
   SchedFixture fx(ChildKind::kNone, 8, &fault);
   std::vector<RunHandle> runs;
@@ -490,10 +510,10 @@ TEST(SchedulerStaging, R40SuccessorWhoseLeaseIsNotOwnedIsNotStaged) {
   EXPECT_EQ(fx.sched->publications(), 2u);
 }
 
-// R36 for the staged lane: a staged publication that throws is reported once
+// R36 for the staged lane: a staged publication that fails is reported once
 // as the successor's failure, holds no staged slot or frame, and its
 // predecessor's later terminal does not finish it again.
-TEST(SchedulerStaging, R36StagedPublicationThatThrewIsReportedNotSubmitted) {
+TEST(SchedulerStaging, R36StagedPublicationThatFailedIsReportedNotSubmitted) {
   FaultPort fault;
   fault.staged_only = true;
   SchedFixture fx(ChildKind::kNone, 8, &fault);
@@ -515,6 +535,110 @@ TEST(SchedulerStaging, R36StagedPublicationThatThrewIsReportedNotSubmitted) {
   EXPECT_EQ(fx.sched->live_runs(), 0u);
   EXPECT_EQ(fx.ep->available_request_transport(), kMailboxRequestFrames);
   EXPECT_FALSE(fx.ep->poisoned().has_value());
+}
+
+// A successor across runs whose predecessor's run retires while it still
+// waits to be staged: the staging check must not read the retired task.
+// Run 1: Q (unrelated) and run 2: A take both frames; run 3: P waits for a
+// frame, and D reads what A and P write. A ends: run 2 retires, P takes A's
+// frame and D, waiting only on P out on its own chip, finds no frame. Q
+// ends: D is staged in Q's frame.
+TEST(SchedulerStaging, PredecessorOfARetiredRunIsNotReadAgain) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  RunHandle q = fx.submit_tasks({{"", {5}, {}}});
+  RunHandle a = fx.submit_tasks({{"", {0}, {}}});
+  RunHandle pd = fx.submit_tasks({{"", {1}, {}}, {"", {}, {0, 1}}});
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->publications(), 2u);
+  fx.complete(0, StatusCode::kOk, /*run_id=*/2);
+  (void)fx.sched->step();
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(fx.sched->live_runs(), 2u) << "run 2 retired";
+  EXPECT_EQ(fx.sched->publications(), 3u) << "P took A's frame";
+  EXPECT_EQ(fx.sched->stagings(), 0u) << "no frame for D";
+  fx.complete(0, StatusCode::kOk, /*run_id=*/1);
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->stagings(), 1u) << "D is staged in Q's frame";
+  fx.complete(0, StatusCode::kOk, /*run_id=*/3);
+  (void)fx.sched->step();
+  fx.complete(1, StatusCode::kOk, /*run_id=*/3);
+  while (fx.sched->step()) {
+  }
+  ASSERT_TRUE(q.done() && pd.done());
+  EXPECT_TRUE(pd.result().ok()) << pd.result().to_string();
+}
+
+// A staged successor whose terminal comes before its predecessor's (its
+// child failed it unlaunched), alone in its run: the run ends and retires at
+// once, and the predecessor's later terminal must not reach the freed task.
+TEST(SchedulerStaging, StagedTaskEndingBeforeItsPredecessorIsNotReachedAgain) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  RunHandle x = fx.submit_tasks({{"", {0}, {}}});
+  RunHandle t = fx.submit_tasks({{"", {}, {0}}});
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->stagings(), 1u);
+  fx.complete(0, StatusCode::kKernelFailed, /*run_id=*/2);
+  (void)fx.sched->step();
+  ASSERT_TRUE(t.done());
+  EXPECT_EQ(t.result().code(), StatusCode::kKernelFailed) << t.result().to_string();
+  EXPECT_EQ(fx.sched->live_runs(), 1u) << "run 2 retired";
+  fx.complete(0, StatusCode::kOk, /*run_id=*/1);
+  while (fx.sched->step()) {
+  }
+  ASSERT_TRUE(x.done());
+  EXPECT_TRUE(x.result().ok()) << x.result().to_string();
+}
+
+// The TensorMap keeps one access where a write covers earlier ones (C's
+// write stands for A's). When C ends before A (its child failed it
+// unlaunched), A's access stands for itself again: D, reading what A
+// writes, still waits for A instead of being published beside it.
+TEST(SchedulerStaging, TaskEndingBeforeThePredecessorItCoversStillOrdersLaterTasks) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  RunHandle ac = fx.submit_tasks({{"", {0}, {}}, {"", {0}, {}}});  // A, then C writes the same buffer
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->publications(), 2u);
+  ASSERT_EQ(fx.sched->stagings(), 1u) << "C is staged behind A";
+  fx.complete(1, StatusCode::kKernelFailed, /*run_id=*/1);
+  (void)fx.sched->step();
+  RunHandle d = fx.submit_tasks({{"", {}, {0}}});
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->publications(), 2u) << "D was published while A still runs";
+  fx.complete(0, StatusCode::kOk, /*run_id=*/1);
+  (void)fx.sched->step();
+  EXPECT_EQ(fx.sched->publications(), 3u) << "D goes out once A ended";
+  fx.complete(0, StatusCode::kOk, /*run_id=*/2);
+  while (fx.sched->step()) {
+  }
+  ASSERT_TRUE(ac.done() && d.done());
+  EXPECT_EQ(ac.result().code(), StatusCode::kKernelFailed) << ac.result().to_string();
+  EXPECT_TRUE(d.result().ok()) << d.result().to_string();
+}
+
+// Poison travels down a chain with its cause: a task poisoned by a task
+// that itself was not run names the task that failed, not the one between.
+// Run 1: A fails. Run 2: B reads A's output (staged behind A, then
+// cancelled). Run 3: C reads B's output.
+TEST(SchedulerStaging, PoisonNamesTheTaskThatFailed) {
+  SchedFixture fx(ChildKind::kNone, 8);
+  RunHandle a = fx.submit_tasks({{"", {0}, {}}});
+  RunHandle b = fx.submit_tasks({{"", {1}, {0}}});
+  RunHandle c = fx.submit_tasks({{"", {}, {1}}});
+  (void)fx.sched->step();
+  ASSERT_EQ(fx.sched->stagings(), 1u) << "B is staged behind A";
+  fx.complete(0, StatusCode::kKernelFailed, /*run_id=*/1);
+  (void)fx.sched->step();
+  fx.complete(0, StatusCode::kAborted, /*run_id=*/2);  // the child ends the cancelled B
+  while (fx.sched->step()) {
+  }
+  ASSERT_TRUE(a.done() && b.done() && c.done());
+  EXPECT_EQ(a.result().message(), "task 0 of run 1: scripted failure");
+  const std::string cause = "not run: task 0 of run 1 failed: KERNEL_FAILED: scripted failure";
+  EXPECT_EQ(b.result().code(), StatusCode::kAborted);
+  EXPECT_EQ(b.result().message(), "task 0 of run 2: " + cause);
+  EXPECT_EQ(c.result().code(), StatusCode::kAborted);
+  EXPECT_EQ(c.result().message(), "task 0 of run 3: " + cause);
+  EXPECT_EQ(c.stats().executed, 0u);
 }
 
 // R17 + the staged lane end to end, through the mock and a forked child

@@ -41,6 +41,12 @@ Status add_sub(const TaskArgsView& a) {
 
 Status failing_sub(const TaskArgsView&) { return Status(StatusCode::kKernelFailed, "failing_sub says no"); }
 
+// Adds 1 to the first f32 of its tensor.
+Status bump_sub(const TaskArgsView& a) {
+  *a.data<float>(0) += 1.0f;
+  return Status();
+}
+
 NodeSpec node_spec(const WorkerConfig& c) {
   NodeSpec s;
   s.config = c;
@@ -429,6 +435,48 @@ TEST(NodeClose, R54CloseDrainsWide) {
   EXPECT_EQ(failing.stats().tasks, 1u);
   EXPECT_EQ(failing.stats().executed, 0u) << "a failed task is not counted as executed";
   EXPECT_EQ(failing.wait(), first);
+}
+
+// A failure at the head of a long chain: the first task fails and 1,000,000
+// tasks follow it, each after the one before through an InOut tag on one
+// shared-heap tensor. The run ends with the first task's error and every
+// task is accounted, the poisoned ones unrun. Poisoning walks the chain on
+// the heap, not the stack, and neither wiring nor finishing a task passes
+// over every access the node holds, or this would not end. The node then
+// runs the same tensor again.
+TEST(NodeFailure, FailureAtTheHeadOfAMillionTaskChainPoisonsEveryTask) {
+  Watchdog dog;
+  constexpr uint32_t kChain = 1'000'000;
+  auto w = make_node(node_config(0, 1, 2), {failing_sub, bump_sub});
+  ASSERT_NE(w, nullptr);
+  auto x = w->malloc_shared(sizeof(float));
+  ASSERT_TRUE(x.ok());
+  const float zero = 0.0f;
+  ASSERT_TRUE(w->copy_to(*x, &zero, sizeof zero, 0).ok());
+  const FunctionHandle fail{0, sub_function_digest(0)}, bump{1, sub_function_digest(1)};
+  TaskArgs a;
+  a.add_tensor(x->view({1}, DType::F32), Tag::InOut);
+  RunHandle r = w->submit([&](Orchestrator& o) -> Status {
+    SIMPLER_RETURN_IF_ERROR(o.submit_sub(fail, a).status());
+    for (uint32_t i = 0; i < kChain; ++i) SIMPLER_RETURN_IF_ERROR(o.submit_sub(bump, a).status());
+    return Status();
+  });
+  const Status st = wait_run(r);
+  EXPECT_EQ(st.code(), StatusCode::kKernelFailed) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "task 0 of run")) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "failing_sub says no")) << st.to_string();
+  EXPECT_EQ(r.stats().tasks, kChain + 1);
+  EXPECT_EQ(r.stats().executed, 0u) << "no poisoned task ran, nor the failed one";
+  float value = -1.0f;
+  ASSERT_TRUE(w->copy_from(&value, *x, sizeof value, 0).ok());
+  EXPECT_EQ(value, 0.0f) << "a poisoned task ran";
+
+  RunHandle again = w->submit([&](Orchestrator& o) { return o.submit_sub(bump, a).status(); });
+  EXPECT_TRUE(wait_run(again).ok()) << again.result().to_string();
+  ASSERT_TRUE(w->copy_from(&value, *x, sizeof value, 0).ok());
+  EXPECT_EQ(value, 1.0f);
+  EXPECT_TRUE(w->free(*x).ok());
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
 }
 
 // A chip child killed with SIGKILL: every run it held gets a terminal error,

@@ -15,7 +15,9 @@ void ChipChildHandler::StorageDeleter::operator()(unsigned char* p) const {
 }
 
 ChipChildHandler::ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRanges shared)
-    : config_(config), callables_(std::move(callables)), heap_(std::move(shared)) {}
+    : config_(config), callables_(std::move(callables)), heap_(std::move(shared)),
+      preparer_("chip child", SpinPolicy{},
+                [this](RunRequest& request, const RunTicket& ticket) { prepare(request, ticket); }) {}
 
 ChipChildHandler::~ChipChildHandler() { drain(now_ns() + 5'000'000'000ull); }
 
@@ -29,7 +31,7 @@ Status ChipChildHandler::init() {
     std::memset(p, 0, native_run_storage_size());
     storage_.emplace_back(p);
   }
-  preparer_ = std::thread([this] { preparer_main(); });
+  preparer_.init();
   launcher_ = std::thread([this] { launcher_main(); });
   completer_ = std::thread([this] { completer_main(); });
   return Status();
@@ -43,17 +45,17 @@ Result<uint32_t> ChipChildHandler::callable_for(const Digest& digest) const {
 }
 
 void ChipChildHandler::start(RunRequest request, RunTicket ticket) {
-  {
+  const bool staged = request.staged;
+  if (staged) {
+    // Recorded before the preparer can see the request: it routes a staged
+    // run by this record.
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) {
-      ticket.complete(failed_precondition("chip child is draining"));
-      return;
-    }
-    ++in_flight_;
-    if (request.staged) staged_[ticket.entry_index()] = StagedRun{ticket.generation(), std::nullopt, -1};
-    to_prepare_.emplace_back(std::move(request), ticket);
+    staged_[ticket.entry_index()] = StagedRun{ticket.generation(), std::nullopt, -1};
   }
-  prepare_bell_.ring();
+  if (preparer_.start(std::move(request), ticket) || !staged) return;
+  std::lock_guard<std::mutex> lock(mu_);  // refused while draining: its ticket has its terminal
+  auto it = staged_.find(ticket.entry_index());
+  if (it != staged_.end() && it->second.generation == ticket.generation()) staged_.erase(it);
 }
 
 void ChipChildHandler::fail(const RunTicket& ticket, const Status& st, MailboxDisposition d) {
@@ -65,15 +67,14 @@ void ChipChildHandler::fail(const RunTicket& ticket, const Status& st, MailboxDi
     if (it != staged_.end() && it->second.generation == ticket.generation()) staged_.erase(it);
   }
   ticket.complete(st, d);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--in_flight_ == 0) idle_bell_.ring();
+  preparer_.finished();
 }
 
 void ChipChildHandler::cancel(Prepared& run, const Status& why) {
   (void)worker_->finalize(run.storage, run.epoch);  // aborts the prepared run and frees its set
   unstage(run.staged);
   fail(run.ticket, why, kDispositionNativePrepared);
-  prepare_bell_.ring();
+  set_bell_.ring();
 }
 
 void ChipChildHandler::activate(uint32_t entry_index, uint64_t generation, bool launch) {
@@ -155,84 +156,67 @@ void ChipChildHandler::unstage(std::vector<Staged>& staged) {
   staged.clear();
 }
 
-void ChipChildHandler::preparer_main() {
-  for (;;) {
-    std::optional<std::pair<RunRequest, RunTicket>> job;
-    spin_then_park(prepare_bell_, [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      return stopping_ || !to_prepare_.empty();
-    }, SpinPolicy{});
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (to_prepare_.empty()) return;  // stopping, nothing left
-      job.emplace(std::move(to_prepare_.front()));
-      to_prepare_.pop_front();
-    }
-    RunRequest& req = job->first;
-    const RunTicket& ticket = job->second;
-    auto callable = callable_for(req.callable);
-    if (!callable.ok()) {
-      fail(ticket, callable.status(), kDispositionNone);
-      continue;
-    }
-    auto args = decode_args_blob(req.args_blob.data(), req.args_blob.size());
-    if (!args.ok()) {
-      fail(ticket, args.status(), kDispositionNone);
-      continue;
-    }
-    // The parent may hand a run over before a set is free (the K extra
-    // entries): wait for the completer to release one.
-    std::optional<Lease> lease;
-    spin_then_park(prepare_bell_, [&] {
-      lease = worker_->try_acquire_lease();
-      return lease.has_value();
-    }, SpinPolicy{});
-    ticket.hold_set(lease->slot);
-    std::vector<Staged> staged;
-    Status mapped = map_in(*args, staged);
-    if (mapped.ok() && !req.staged) mapped = copy_in(staged);
-    if (Status st = mapped; !st.ok()) {
-      unstage(staged);
-      worker_->release_lease(*lease);
-      fail(ticket, st, kDispositionValidatedOnly);
-      prepare_bell_.ring();
-      continue;
-    }
-    void* storage = storage_[lease->slot].get();
-    NativeRunDescriptor desc;
-    desc.lease = *lease;
-    desc.arena_bank = lease->slot;
-    auto epoch = worker_->prepare(storage, native_run_storage_size(), desc, *callable, *args);
-    if (!epoch.ok()) {
-      unstage(staged);
-      worker_->release_lease(*lease);
-      fail(ticket, epoch.status(), kDispositionValidatedOnly);
-      prepare_bell_.ring();
-      continue;
-    }
-    Prepared p{storage, *epoch, ticket, std::move(staged), req.staged};
-    std::optional<Prepared> cancelled;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = req.staged ? staged_.find(ticket.entry_index()) : staged_.end();
-      if (!req.staged) {
-        to_launch_.push_back(std::move(p));
-      } else if (it == staged_.end() || it->second.generation != ticket.generation() || it->second.activation == 0) {
-        if (it != staged_.end() && it->second.generation == ticket.generation()) staged_.erase(it);
-        cancelled.emplace(std::move(p));
-      } else if (it->second.activation == 1) {
-        staged_.erase(it);
-        to_launch_.push_back(std::move(p));
-      } else {
-        it->second.prepared.emplace(std::move(p));  // held, prepared, until activate()
-        continue;
-      }
-    }
-    if (cancelled) {
-      cancel(*cancelled, make_error(StatusCode::kAborted, "cancelled before activation"));
+void ChipChildHandler::prepare(RunRequest& req, const RunTicket& ticket) {
+  auto callable = callable_for(req.callable);
+  if (!callable.ok()) {
+    fail(ticket, callable.status(), kDispositionNone);
+    return;
+  }
+  auto args = decode_args_blob(req.args_blob.data(), req.args_blob.size());
+  if (!args.ok()) {
+    fail(ticket, args.status(), kDispositionNone);
+    return;
+  }
+  // The parent may hand a run over before a set is free (the K extra
+  // entries): wait for the completer to release one.
+  std::optional<Lease> lease;
+  spin_then_park(set_bell_, [&] {
+    lease = worker_->try_acquire_lease();
+    return lease.has_value();
+  }, SpinPolicy{});
+  ticket.hold_set(lease->slot);
+  std::vector<Staged> staged;
+  Status mapped = map_in(*args, staged);
+  if (mapped.ok() && !req.staged) mapped = copy_in(staged);
+  if (Status st = mapped; !st.ok()) {
+    unstage(staged);
+    worker_->release_lease(*lease);
+    fail(ticket, st, kDispositionValidatedOnly);
+    return;
+  }
+  void* storage = storage_[lease->slot].get();
+  NativeRunDescriptor desc;
+  desc.lease = *lease;
+  desc.arena_bank = lease->slot;
+  auto epoch = worker_->prepare(storage, native_run_storage_size(), desc, *callable, *args);
+  if (!epoch.ok()) {
+    unstage(staged);
+    worker_->release_lease(*lease);
+    fail(ticket, epoch.status(), kDispositionValidatedOnly);
+    return;
+  }
+  Prepared p{storage, *epoch, ticket, std::move(staged), req.staged};
+  std::optional<Prepared> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = req.staged ? staged_.find(ticket.entry_index()) : staged_.end();
+    if (!req.staged) {
+      to_launch_.push_back(std::move(p));
+    } else if (it == staged_.end() || it->second.generation != ticket.generation() || it->second.activation == 0) {
+      if (it != staged_.end() && it->second.generation == ticket.generation()) staged_.erase(it);
+      cancelled.emplace(std::move(p));
+    } else if (it->second.activation == 1) {
+      staged_.erase(it);
+      to_launch_.push_back(std::move(p));
     } else {
-      launch_bell_.ring();
+      it->second.prepared.emplace(std::move(p));  // held, prepared, until activate()
+      return;
     }
+  }
+  if (cancelled) {
+    cancel(*cancelled, make_error(StatusCode::kAborted, "cancelled before activation"));
+  } else {
+    launch_bell_.ring();
   }
 }
 
@@ -261,7 +245,7 @@ void ChipChildHandler::launcher_main() {
         --launched_;
       }
       fail(run->ticket, st, kDispositionNativePrepared);
-      prepare_bell_.ring();
+      set_bell_.ring();
       continue;
     }
     run->ticket.accepted();  // launch() returned: the run passed the real launch marker
@@ -277,8 +261,12 @@ void ChipChildHandler::completer_main() {
   for (;;) {
     std::optional<Prepared> run;
     spin_then_park(finalize_bell_, [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      return !to_finalize_.empty() || (stopping_ && in_flight_ == 0);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!to_finalize_.empty()) return true;
+        if (!stopping_) return false;
+      }
+      return preparer_.idle();
     }, SpinPolicy{});
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -290,38 +278,32 @@ void ChipChildHandler::completer_main() {
     if (st.ok()) st = stage_out(run->staged);
     unstage(run->staged);
     run->ticket.complete(st, kDispositionNativePrepared);
-    prepare_bell_.ring();  // a set was released
+    set_bell_.ring();  // a set was released
     {
       std::lock_guard<std::mutex> lock(mu_);
       --launched_;  // only now: the entry read LAUNCHED until the terminal above
-      if (--in_flight_ == 0) idle_bell_.ring();
     }
+    preparer_.finished();
     launch_bell_.ring();
   }
 }
 
 void ChipChildHandler::drain(uint64_t deadline_ns) {
   if (!launcher_.joinable()) return;
-  const bool idle = spin_then_park(idle_bell_, [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return in_flight_ == 0;
-  }, SpinPolicy{}, deadline_ns);
+  const bool idle = preparer_.drain(deadline_ns);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  prepare_bell_.ring();
   launch_bell_.ring();
   finalize_bell_.ring();
   if (!idle) {
     // A run still on the device: its threads may be inside a phase call that
     // does not return, so they are left behind; the child exits after the sweep.
-    preparer_.detach();
     launcher_.detach();
     completer_.detach();
     return;
   }
-  preparer_.join();
   launcher_.join();
   completer_.join();
   (void)worker_->close(std::chrono::milliseconds(1000));

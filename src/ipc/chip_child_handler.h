@@ -1,12 +1,12 @@
 // ChipChildHandler: the RunHandler of a chip child. It builds a ChipWorker in
 // the child (after fork, in init()) and drives each request through the
-// native lifecycle on three threads of its own: a preparer (takes a set,
-// records it in the entry, stages shared-heap tensors onto the device,
-// prepares), a launcher (launches in order within launch_depth, acceptance at
-// the launch marker) and a completer (finalize, copy-back, terminal). A staged
-// run waits, prepared, between the preparer and the launcher for activate().
-// The serve loop calls start/activate/control/drain; the threads own the
-// device calls.
+// native lifecycle on three threads of its own: a preparer (a SerialRunQueue:
+// takes a set, records it in the entry, stages shared-heap tensors onto the
+// device, prepares), a launcher (launches in order within launch_depth,
+// acceptance at the launch marker) and a completer (finalize, copy-back,
+// terminal). A staged run waits, prepared, between the preparer and the
+// launcher for activate(). The serve loop calls start/activate/control/drain;
+// the threads own the device calls.
 #pragma once
 
 #include <deque>
@@ -21,6 +21,7 @@
 #include "base/host_range.h"
 #include "chip/chip_worker.h"
 #include "ipc/mailbox_child.h"
+#include "ipc/serial_run_queue.h"
 
 namespace simpler {
 
@@ -66,10 +67,12 @@ class ChipChildHandler final : public RunHandler {
     void operator()(unsigned char* p) const;
   };
 
-  void preparer_main();
+  // The preparer's runner: one request, from the queue's thread.
+  void prepare(RunRequest& req, const RunTicket& ticket);
   void launcher_main();
   void completer_main();
-  // Fails the run; every set and staged buffer is already returned.
+  // Fails the run and reports its terminal to the preparer's queue; every set
+  // and staged buffer is already returned.
   void fail(const RunTicket& ticket, const Status& st, MailboxDisposition d);
   // Gives every shared-heap tensor a device stand-in and rebinds the args to it.
   Status map_in(TaskArgs& args, std::vector<Staged>& staged);
@@ -89,23 +92,22 @@ class ChipChildHandler final : public RunHandler {
   std::map<uint64_t, DeviceBuffer> buffers_;                              // control-frame allocations
 
   std::mutex mu_;
-  std::deque<std::pair<RunRequest, RunTicket>> to_prepare_;
   std::deque<Prepared> to_launch_;
   std::deque<Prepared> to_finalize_;
   std::map<uint32_t, StagedRun> staged_;  // by entry index
-  uint32_t in_flight_ = 0;  // started, not yet completed
   // Accepted runs whose terminal is not yet stored: an entry reads LAUNCHED
   // until its terminal, so this (not the device's own count) bounds what an
   // observer of the entries can see launched at once.
   uint32_t launched_ = 0;
-  bool stopping_ = false;
-  Doorbell prepare_bell_;   // work for the preparer, a set freed, or stopping
+  bool stopping_ = false;   // the launcher and completer end once nothing is left for them
+  Doorbell set_bell_;       // a set was freed
   Doorbell launch_bell_;    // work for the launcher, a launch slot freed, or stopping
   Doorbell finalize_bell_;  // work for the completer, or stopping
-  Doorbell idle_bell_;      // in_flight_ reached 0
-  std::thread preparer_;
   std::thread launcher_;
   std::thread completer_;
+  // Every started run until its terminal: what drain() waits for. Last, so
+  // it is destroyed first, before anything its thread uses.
+  SerialRunQueue preparer_;
 };
 
 }  // namespace simpler

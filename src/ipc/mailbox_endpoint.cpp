@@ -105,11 +105,13 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
   if (f == kMailboxRequestFrames) {
     // Saturation is an ordinary state the admitter must see through
     // available_request_transport() before it claims work; arriving here is
-    // its defect. The throw poisons this endpoint (every held run gets a
-    // terminal), so saturation must never take this path.
-    poison(internal_error("publication of run {} with no free request frame: the admitter skipped "
-                          "available_request_transport()", spec.run_id));
-    throw TransportExhausted("no free request frame");
+    // its defect. It poisons this endpoint (every held run gets a terminal),
+    // so saturation must never take this path.
+    const Status defect = internal_error("publication of run {} with no free request frame: an admitter defect (it "
+                                         "skipped available_request_transport()); the endpoint is poisoned",
+                                         spec.run_id);
+    poison(defect);
+    return defect;
   }
   if (free_entries_.empty()) return resource_exhausted("all {} run-state entries are held", entries_.size());
   const uint32_t i = free_entries_.back();

@@ -14,7 +14,6 @@
 #include <mutex>
 #include <optional>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,14 +22,6 @@
 #include "simpler/callable.h"
 
 namespace simpler {
-
-// Thrown by publish() when no request frame is free. Admitters must consult
-// available_request_transport() before claiming work, so reaching this is an
-// admitter defect, not backpressure; the endpoint is poisoned before the throw.
-class TransportExhausted : public std::logic_error {
- public:
-  using std::logic_error::logic_error;
-};
 
 // Whether the child can still answer; implemented by whoever owns the child.
 class ChildLiveness {
@@ -112,8 +103,10 @@ class MailboxEndpoint {
   uint32_t available_request_transport();
   // Occupies a free entry (generation odd) and fills a free frame. Refuses
   // oversized payloads, a full entry table and a poisoned or shut-down
-  // endpoint with a Status, writing nothing. No free frame: poisons, throws
-  // TransportExhausted.
+  // endpoint with a Status, writing nothing. No free frame is an admitter
+  // defect, not backpressure (admitters consult available_request_transport()
+  // before claiming work): the endpoint is poisoned first, then the
+  // publication fails with kInternal saying so.
   Result<Publication> publish(const PublishSpec& spec);
   // For a run published staged and still held: ACTIVATE (`launch`) or CANCEL,
   // once, through the entry, so it needs no request frame. The run's deadline

@@ -15,7 +15,9 @@ Digest sub_function_digest(uint32_t index) {
 }
 
 SubWorkerHandler::SubWorkerHandler(std::vector<SubFunction> functions, HostRanges shared)
-    : functions_(std::move(functions)), short_(new std::atomic<bool>[functions_.size()]), heap_(std::move(shared)) {
+    : functions_(std::move(functions)), short_(new std::atomic<bool>[functions_.size()]), heap_(std::move(shared)),
+      queue_("sub worker", SpinPolicy{},
+             [this](RunRequest& request, const RunTicket& ticket) { run(find(request.callable), request, ticket); }) {
   digests_.reserve(functions_.size());
   for (size_t i = 0; i < functions_.size(); ++i) {
     digests_.push_back(sub_function_digest(static_cast<uint32_t>(i)));
@@ -26,32 +28,19 @@ SubWorkerHandler::SubWorkerHandler(std::vector<SubFunction> functions, HostRange
 SubWorkerHandler::~SubWorkerHandler() { drain(now_ns() + 5'000'000'000ull); }
 
 Status SubWorkerHandler::init() {
-  thread_ = std::thread([this] { main(); });
+  queue_.init();
   return Status();
 }
 
-void SubWorkerHandler::start(RunRequest request, RunTicket ticket) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) {
-      ticket.complete(failed_precondition("sub worker is draining"));
-      return;
-    }
-    queue_.emplace_back(std::move(request), ticket);
-  }
-  bell_.ring();
-}
+void SubWorkerHandler::start(RunRequest request, RunTicket ticket) { (void)queue_.start(std::move(request), ticket); }
 
 bool SubWorkerHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket) {
   const size_t index = find(request.callable);
   if (index == functions_.size() || !short_[index].load(std::memory_order_relaxed)) return false;
-  {
-    // One function at a time, in arrival order: never beside or ahead of the thread's.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || busy_ || !queue_.empty()) return false;
-  }
-  run(index, request, ticket);
-  return true;
+  return queue_.try_run_inline([&] {
+    run(index, request, ticket);
+    return true;
+  });
 }
 
 size_t SubWorkerHandler::find(const Digest& callable) const {
@@ -66,6 +55,7 @@ void SubWorkerHandler::run(size_t index, const RunRequest& request, const RunTic
   const Status st = call(index, request);
   if (index < functions_.size()) short_[index].store(now_ns() - t0 <= kInlineRunBudgetNs, std::memory_order_relaxed);
   ticket.complete(st, kDispositionNativePrepared);
+  queue_.finished();
 }
 
 Status SubWorkerHandler::call(size_t index, const RunRequest& request) {
@@ -89,43 +79,6 @@ Status SubWorkerHandler::call(size_t index, const RunRequest& request) {
   }
 }
 
-void SubWorkerHandler::main() {
-  for (;;) {
-    spin_then_park(bell_, [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      return stopping_ || !queue_.empty();
-    }, SpinPolicy{});
-    std::optional<std::pair<RunRequest, RunTicket>> job;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.empty()) return;  // stopping, nothing left
-      job.emplace(std::move(queue_.front()));
-      queue_.pop_front();
-      busy_ = true;
-    }
-    run(find(job->first.callable), job->first, job->second);
-    std::lock_guard<std::mutex> lock(mu_);
-    busy_ = false;
-    if (queue_.empty()) idle_bell_.ring();
-  }
-}
-
-void SubWorkerHandler::drain(uint64_t deadline_ns) {
-  if (!thread_.joinable()) return;
-  const bool idle = spin_then_park(idle_bell_, [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return queue_.empty() && !busy_;
-  }, SpinPolicy{}, deadline_ns);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  bell_.ring();
-  if (!idle) {
-    thread_.detach();  // a function that does not return; the child exits after the sweep
-    return;
-  }
-  thread_.join();
-}
+void SubWorkerHandler::drain(uint64_t deadline_ns) { (void)queue_.drain(deadline_ns); }
 
 }  // namespace simpler

@@ -1,24 +1,22 @@
 // SubWorkerHandler: the RunHandler of a sub worker child. It runs registered
 // host functions (SubFunction) over tensors in the node's shared heap, one at
-// a time: on the serve-loop thread when the loop is otherwise idle and the
-// function's last run was short (no thread hop on the latency path), else on
-// a thread of its own (started in init, so after fork). The serve loop calls
-// start/try_run_inline/drain; the function table is copied in before fork and
-// never changes. A function that was short and then blocks holds the loop
-// with it: a later frame's hand-back waits for its return like the later
-// function itself would, and close() ends the child at its deadline.
+// a time through a SerialRunQueue: on the serve-loop thread when the loop is
+// otherwise idle and the function's last run was short (no thread hop on the
+// latency path), else on the queue's thread (started in init, so after
+// fork). The serve loop calls start/try_run_inline/drain; the function table
+// is copied in before fork and never changes. A function that was short and
+// then blocks holds the loop with it: a later frame's hand-back waits for its
+// return like the later function itself would, and close() ends the child at
+// its deadline.
 #pragma once
 
 #include <atomic>
-#include <deque>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
-#include "base/doorbell.h"
 #include "base/host_range.h"
 #include "ipc/mailbox_child.h"
+#include "ipc/serial_run_queue.h"
 
 namespace simpler {
 
@@ -37,10 +35,10 @@ class SubWorkerHandler final : public RunHandler {
   void drain(uint64_t deadline_ns) override;
 
  private:
-  void main();
   // The function's index, or functions_.size() when none has that digest.
   size_t find(const Digest& callable) const;
-  // Accepts, calls and completes one request, and records whether it was short.
+  // Accepts, calls and completes one request, records whether it was short,
+  // and reports the terminal to the queue.
   void run(size_t index, const RunRequest& request, const RunTicket& ticket);
   Status call(size_t index, const RunRequest& request);
 
@@ -50,13 +48,7 @@ class SubWorkerHandler final : public RunHandler {
   // false, so a function runs inline only once it has been seen to be short.
   std::unique_ptr<std::atomic<bool>[]> short_;
   const HostRanges heap_;
-  std::mutex mu_;
-  std::deque<std::pair<RunRequest, RunTicket>> queue_;
-  bool busy_ = false;
-  bool stopping_ = false;
-  Doorbell bell_;       // work, or stopping
-  Doorbell idle_bell_;  // the queue drained
-  std::thread thread_;
+  SerialRunQueue queue_;
 };
 
 }  // namespace simpler

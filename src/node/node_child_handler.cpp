@@ -9,7 +9,9 @@
 namespace simpler {
 
 NodeChildHandler::NodeChildHandler(NodeSpec spec, std::vector<NodeCallable> callables)
-    : spec_(std::move(spec)), callables_(std::move(callables)), short_(new std::atomic<bool>[callables_.size()]) {
+    : spec_(std::move(spec)), callables_(std::move(callables)), short_(new std::atomic<bool>[callables_.size()]),
+      queue_("node worker", kNodeSpin,
+             [this](RunRequest& request, const RunTicket& ticket) { (void)submit(request, ticket, /*wait=*/true); }) {
   for (size_t i = 0; i < callables_.size(); ++i) short_[i].store(false, std::memory_order_relaxed);
 }
 
@@ -19,22 +21,11 @@ Status NodeChildHandler::init() {
   auto node = NodeWorker::create(spec_);
   if (!node.ok()) return node.status();
   node_ = std::move(node).value();
-  thread_ = std::thread([this] { main(); });
+  queue_.init();
   return Status();
 }
 
-void NodeChildHandler::start(RunRequest request, RunTicket ticket) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) {
-      ticket.complete(failed_precondition("node worker is draining"));
-      return;
-    }
-    ++in_flight_;
-    queue_.emplace_back(std::move(request), ticket);
-  }
-  bell_.ring();
-}
+void NodeChildHandler::start(RunRequest request, RunTicket ticket) { (void)queue_.start(std::move(request), ticket); }
 
 Result<TaskArgs> NodeChildHandler::decode(const RunRequest& request) const {
   auto args = decode_args_blob(request.args_blob.data(), request.args_blob.size());
@@ -52,15 +43,6 @@ Result<TaskArgs> NodeChildHandler::decode(const RunRequest& request) const {
   return args;
 }
 
-void NodeChildHandler::finished() {
-  bool idle = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    idle = --in_flight_ == 0;
-  }
-  if (idle) idle_bell_.ring();
-}
-
 size_t NodeChildHandler::callable_index(const Digest& digest) const {
   size_t k = 0;
   while (k < callables_.size() && callables_[k].digest() != digest) ++k;
@@ -70,30 +52,21 @@ size_t NodeChildHandler::callable_index(const Digest& digest) const {
 bool NodeChildHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket) {
   const size_t k = callable_index(request.callable);
   if (k == callables_.size() || !short_[k].load(std::memory_order_relaxed)) return false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || busy_ || !queue_.empty()) return false;
-    ++in_flight_;
-  }
-  if (submit(request, ticket, /*wait=*/false)) return true;
-  // Not admitted: start() counts it again, and drain (this thread too) cannot
-  // run in between.
-  std::lock_guard<std::mutex> lock(mu_);
-  --in_flight_;
-  return false;
+  // Not admitted: untouched, so start() takes it next.
+  return queue_.try_run_inline([&] { return submit(request, ticket, /*wait=*/false); });
 }
 
 bool NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket, bool wait) {
   const size_t k = callable_index(request.callable);
   if (k == callables_.size()) {
     ticket.complete(not_found("no node callable with digest {}", digest_hex(request.callable)));
-    finished();
+    queue_.finished();
     return true;
   }
   auto args = decode(request);
   if (!args.ok()) {
     ticket.complete(args.status());
-    finished();
+    queue_.finished();
     return true;
   }
   const NodeCallable& callable = callables_[k];
@@ -105,7 +78,7 @@ bool NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket
   };
   std::function<void(const Status&)> on_terminal = [this, ticket](const Status& result) {
     ticket.complete(result, kDispositionNativePrepared);
-    finished();
+    queue_.finished();
   };
   const uint64_t t0 = now_ns();
   if (wait) {
@@ -115,26 +88,6 @@ bool NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket
   }
   short_[k].store(now_ns() - t0 <= kInlineRunBudgetNs, std::memory_order_relaxed);
   return true;
-}
-
-void NodeChildHandler::main() {
-  for (;;) {
-    spin_then_park(bell_, [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      return stopping_ || !queue_.empty();
-    }, kNodeSpin);
-    std::optional<std::pair<RunRequest, RunTicket>> job;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.empty()) return;  // stopping, nothing left
-      job.emplace(std::move(queue_.front()));
-      queue_.pop_front();
-      busy_ = true;
-    }
-    (void)submit(job->first, job->second, /*wait=*/true);
-    std::lock_guard<std::mutex> lock(mu_);
-    busy_ = false;
-  }
 }
 
 Result<ControlReply> NodeChildHandler::control(const ControlCommand& cmd, uint8_t* data, uint32_t,
@@ -150,27 +103,17 @@ Result<ControlReply> NodeChildHandler::control(const ControlCommand& cmd, uint8_
 
 void NodeChildHandler::drain(uint64_t deadline_ns) {
   if (node_ == nullptr) return;
-  const bool idle = spin_then_park(idle_bell_, [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return in_flight_ == 0;
-  }, SpinPolicy{}, deadline_ns);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  bell_.ring();
+  const bool idle = queue_.drain(deadline_ns);
   // Closing the node unblocks a submission waiting for admission and ends
   // every run it still holds, each through its ticket.
   const uint64_t now = now_ns();
   (void)node_->close(std::chrono::milliseconds(deadline_ns > now ? (deadline_ns - now) / 1'000'000ull : 0));
   if (idle) {
-    thread_.join();
     node_.reset();
     return;
   }
   // An orchestration that does not return may still be inside the node: keep
   // it alive for that thread; the child exits after the sweep.
-  thread_.detach();
   abandon(node_.release());
 }
 

@@ -2,22 +2,19 @@
 // node. In init() (after fork) it builds the node's own NodeWorker, which
 // forks the node's children, then runs each request as one node run: the
 // NodeCallable the request names, over arguments in the network's shared
-// heap. The serve loop calls start/try_run_inline/control/drain; a thread of
-// its own submits what may wait for the node's admission, the loop itself a
-// request the node admits at once and whose callable built quickly last
-// time. Each run's terminal reaches its ticket from the node's scheduler
-// thread. Owns the NodeWorker.
+// heap. The serve loop calls start/try_run_inline/control/drain; through a
+// SerialRunQueue, the queue's thread submits what may wait for the node's
+// admission, the loop itself a request the node admits at once and whose
+// callable built quickly last time. Each run's terminal reaches its ticket
+// (and the queue) from the node's scheduler thread. Owns the NodeWorker.
 #pragma once
 
 #include <atomic>
-#include <deque>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
-#include "base/doorbell.h"
 #include "ipc/mailbox_child.h"
+#include "ipc/serial_run_queue.h"
 #include "node/node_worker.h"
 
 namespace simpler {
@@ -43,30 +40,20 @@ class NodeChildHandler final : public RunHandler {
   void drain(uint64_t deadline_ns) override;
 
  private:
-  void main();
-  // Submits one request as a node run; its ticket completes at the run's
-  // terminal. False only when `wait` is false and the node admits no more
+  // Submits one request as a node run; its ticket completes (and the queue
+  // hears of it) at the run's terminal. False only when `wait` is false and the node admits no more
   // runs now: nothing was done and the ticket is untouched.
   bool submit(const RunRequest& request, const RunTicket& ticket, bool wait);
   Result<TaskArgs> decode(const RunRequest& request) const;
   // The index of the callable with `digest`, or callables_.size().
   size_t callable_index(const Digest& digest) const;
-  void finished();
 
   const NodeSpec spec_;
   const std::vector<NodeCallable> callables_;
   // Per callable: its last submission returned within the inline budget.
   std::unique_ptr<std::atomic<bool>[]> short_;
   std::unique_ptr<NodeWorker> node_;
-
-  std::mutex mu_;
-  std::deque<std::pair<RunRequest, RunTicket>> queue_;
-  uint32_t in_flight_ = 0;  // started, terminal not yet reported
-  bool busy_ = false;       // the thread is inside a submission
-  bool stopping_ = false;
-  Doorbell bell_;       // work, or stopping
-  Doorbell idle_bell_;  // in_flight_ reached 0
-  std::thread thread_;
+  SerialRunQueue queue_;
 };
 
 }  // namespace simpler

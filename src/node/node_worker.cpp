@@ -179,6 +179,13 @@ class NodeOrchestrator final : public Orchestrator {
     return Status();
   }
 
+  Status check_function(const FunctionHandle& fn) const {
+    if (fn.id >= w_.sub_digests_.size() || w_.sub_digests_[fn.id] != fn.digest) {
+      return not_found("function id {} is not registered with this worker", fn.id);
+    }
+    return Status();
+  }
+
   Result<uint32_t> next_level(CallableHandle callable, const TaskArgs& args, uint32_t worker) {
     if (worker >= w_.next_.size()) {
       return invalid_argument("worker = {}: this worker has {} {}s", worker, w_.next_.size(), w_.next_kind());
@@ -242,17 +249,13 @@ class NodeOrchestrator final : public Orchestrator {
       return invalid_argument("submit_sub_group: a group of {} runs its members at once on distinct sub workers; "
                               "this node has sub_workers = {}", args.size(), w_.subs_.size());
     }
-    if (fn.id >= w_.spec_.functions.size() || sub_function_digest(fn.id) != fn.digest) {
-      return not_found("function id {} is not registered with this worker", fn.id);
-    }
+    SIMPLER_RETURN_IF_ERROR(check_function(fn));
     return build_group(true, fn.digest, args, {});
   }
 
   Result<uint32_t> sub(FunctionHandle fn, const TaskArgs& args) {
     if (w_.subs_.empty()) return failed_precondition("submit_sub: this worker has sub_workers = 0");
-    if (fn.id >= w_.spec_.functions.size() || sub_function_digest(fn.id) != fn.digest) {
-      return not_found("function id {} is not registered with this worker", fn.id);
-    }
+    SIMPLER_RETURN_IF_ERROR(check_function(fn));
     return build(true, fn.digest, args, 0);
   }
 
@@ -307,6 +310,7 @@ NodeWorker::NodeWorker(NodeSpec spec) : spec_(std::move(spec)) {
   } else {
     for (const ChipCallable& c : spec_.chip_callables) next_digests_.push_back(c.digest());
   }
+  for (uint32_t i = 0; i < spec_.functions.size(); ++i) sub_digests_.push_back(sub_function_digest(i));
 }
 
 Result<std::unique_ptr<NodeWorker>> NodeWorker::create(NodeSpec spec) {

@@ -133,6 +133,7 @@ class NodeWorker {
   const NodeSpec spec_;
   const WorkerConfig& config_ = spec_.config;
   std::vector<Digest> next_digests_;  // by callable id: what a next-level task may run
+  std::vector<Digest> sub_digests_;   // by function id, hashed once: a submit_sub checks against it
   std::unique_ptr<SharedHeap> heap_;
   std::vector<std::unique_ptr<ForkedChild>> next_;
   std::vector<std::unique_ptr<ForkedChild>> subs_;

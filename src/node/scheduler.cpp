@@ -97,7 +97,6 @@ bool Scheduler::step() {
   progressed |= handle_events();
   progressed |= dispatch_ready();  // active first: a READY task takes a frame before any successor is staged
   progressed |= stage_preparable();
-  progressed |= handle_events();  // terminals of publications that threw
   progressed |= retire_finished();
   return progressed;
 }
@@ -131,25 +130,64 @@ void Scheduler::admit(std::unique_ptr<NodeRun> run) {
   }
 }
 
+namespace {
+// Whether the write `w` touches every byte the access `a` (of the same
+// buffer) may touch: w is dense row-major and a's byte span lies inside
+// w's. Then any later access that overlaps a overlaps w as well.
+bool covers(const TensorView& w, const TensorView& a) {
+  if (w.numel() == 0 || a.first_byte() < w.first_byte() || a.end_byte() > w.end_byte()) return false;
+  int64_t dense = 1;
+  for (int d = w.ndim() - 1; d >= 0; --d) {
+    if (w.shape(d) != 1 && w.stride(d) != dense) return false;
+    dense *= w.shape(d);
+  }
+  return true;
+}
+}  // namespace
+
 void Scheduler::wire(NodeTask* t) {
-  const size_t before = accesses_.size();
   for_each_arg(t, [&](const TaskArg& a) {
     if (a.kind != TaskArg::Kind::Tensor || a.tag == Tag::NoDep) return;
-    for (size_t k = 0; k < before; ++k) {
-      const Access& prior = accesses_[k];
-      if (prior.task->state == NodeTask::State::kDone) continue;
-      if (!tag_writes(a.tag) && !tag_writes(prior.tag)) continue;  // two reads never order
-      if (!prior.view.overlaps(a.tensor)) continue;
-      // All of t's edges are added while t is wired, so a repeat from the
-      // same predecessor is always its last successor.
-      if (!prior.task->successors.empty() && prior.task->successors.back() == t) continue;
-      prior.task->successors.push_back(t);
-      t->predecessors.push_back(prior.task);
-      ++t->fanin;
+    auto it = accesses_.find(a.tensor.buffer().addr);
+    if (it == accesses_.end()) return;
+    const bool writes = tag_writes(a.tag);
+    std::vector<Access>& prior_accesses = it->second;
+    size_t keep = 0;
+    for (const Access& prior : prior_accesses) {
+      // Two reads never order. All of t's edges are added while t is wired,
+      // so a repeat from the same predecessor is always its last successor.
+      if ((writes || tag_writes(prior.tag)) && prior.view.overlaps(a.tensor) &&
+          (prior.task->successors.empty() || prior.task->successors.back().task != t)) {
+        prior.task->successors.push_back(SuccessorEdge{t, static_cast<uint32_t>(t->predecessors.size())});
+        t->predecessors.push_back(prior.task);
+        ++t->fanin;
+      }
+      // A write that covers an earlier access stands for it from now on: it
+      // is ordered after it, and whatever would conflict with it conflicts
+      // with the write. So a chain of writes keeps one access, not all.
+      if (!(writes && covers(a.tensor, prior.view))) prior_accesses[keep++] = prior;
+    }
+    prior_accesses.resize(keep);
+  });
+  add_accesses(t);
+}
+
+void Scheduler::add_accesses(NodeTask* t) {
+  for_each_arg(t, [&](const TaskArg& a) {
+    if (a.kind == TaskArg::Kind::Tensor && a.tag != Tag::NoDep) {
+      accesses_[a.tensor.buffer().addr].push_back(Access{t, a.tensor, a.tag});
     }
   });
+}
+
+void Scheduler::forget_accesses(NodeTask* t) {
   for_each_arg(t, [&](const TaskArg& a) {
-    if (a.kind == TaskArg::Kind::Tensor && a.tag != Tag::NoDep) accesses_.push_back(Access{t, a.tensor, a.tag});
+    if (a.kind != TaskArg::Kind::Tensor || a.tag == Tag::NoDep) return;
+    auto it = accesses_.find(a.tensor.buffer().addr);
+    if (it == accesses_.end()) return;
+    std::vector<Access>& list = it->second;
+    list.erase(std::remove_if(list.begin(), list.end(), [&](const Access& x) { return x.task == t; }), list.end());
+    if (list.empty()) accesses_.erase(it);
   });
 }
 
@@ -206,7 +244,7 @@ bool Scheduler::dispatch_ready() {
 bool Scheduler::preparable(const NodeTask* t) {
   if (t->sub || !t->members.empty() || t->state != NodeTask::State::kPending || !t->poison.ok()) return false;
   for (const NodeTask* p : t->predecessors) {
-    if (p->state == NodeTask::State::kDone) continue;
+    if (p == nullptr) continue;  // finished
     // Published on the same chip: its publication precedes the successor's
     // in that endpoint's order (#2577), and its terminal activates it.
     if (p->state != NodeTask::State::kRunning || p->sub || !p->members.empty() || p->worker != t->worker) return false;
@@ -265,21 +303,15 @@ bool Scheduler::dispatch_group(NodeTask* t) {
     spec.callable = t->callable;
     spec.config = t->config;
     spec.args_blob = m.blob;
-    Status refusal;
-    switch (lane.submit_dispatch(spec, events_, refusal)) {
-      case SubmitDispatchResult::kSubmitted:
-        ++publications_;
-        if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
-        break;
-      case SubmitDispatchResult::kRefused:
-        // Its siblings may already be out: they run on, and the group ends
-        // with this refusal once every member has.
-        running_.erase(m.id);
-        member_done(t, Status(refusal.code(), fmt::format("group member {}: {}", k, refusal.message())));
-        break;
-      case SubmitDispatchResult::kPublicationReported:
-        break;  // its terminal is in events_
+    if (Status failed = lane.submit_dispatch(spec); !failed.ok()) {
+      // Its siblings may already be out: they run on, and the group ends
+      // with this failure once every member has.
+      running_.erase(m.id);
+      member_done(t, Status(failed.code(), fmt::format("group member {}: {}", k, failed.message())));
+      continue;
     }
+    ++publications_;
+    if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
   }
   return true;
 }
@@ -324,24 +356,20 @@ void Scheduler::dispatch_claimed(NodeTask* t, WorkerLane& lane, bool staged) {
   spec.config = t->config;
   spec.args_blob = t->blob;
   spec.staged = staged;
-  Status refusal;
-  switch (lane.submit_dispatch(spec, events_, refusal)) {
-    case SubmitDispatchResult::kSubmitted:
-      ++publications_;
-      if (staged) ++stagings_;
-      if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
-      if (!t->sub) {
-        for (NodeTask* s : t->successors) {
-          if (!s->sub && s->worker == t->worker && s->state == NodeTask::State::kPending) preparable_.push_back(s);
-        }
-      }
-      break;
-    case SubmitDispatchResult::kRefused:
-      running_.erase(t->id);
-      finish(t, refusal);
-      break;
-    case SubmitDispatchResult::kPublicationReported:
-      break;  // its terminal is in events_
+  if (Status failed = lane.submit_dispatch(spec); !failed.ok()) {
+    // Never live: the failure is its one terminal (R36).
+    running_.erase(t->id);
+    finish(t, failed);
+    return;
+  }
+  ++publications_;
+  if (staged) ++stagings_;
+  if (t->run->first_publish_ns == 0) t->run->first_publish_ns = now_ns();
+  if (!t->sub) {
+    for (const SuccessorEdge& e : t->successors) {
+      NodeTask* s = e.task;
+      if (!s->sub && s->worker == t->worker && s->state == NodeTask::State::kPending) preparable_.push_back(s);
+    }
   }
 }
 
@@ -378,10 +406,40 @@ void Scheduler::release_alloc(HeapAlloc& a) {
 }
 
 void Scheduler::finish(NodeTask* t, const Status& st) {
+  // Depth first, in the order a recursion over the poisoned successors would
+  // take, on a stack of its own: one failure ends every task downstream of
+  // it here, and a chain of a million must not take a million native frames.
+  struct Frame {
+    NodeTask* task;
+    const Status* status;  // what it finished with
+    size_t next;           // its next successor to release
+  };
+  std::vector<Frame> suspended;  // allocated only once a failure poisons a successor
+  Frame f{t, &st, 0};
+  end_task(t, st);
+  for (;;) {
+    if (f.next < f.task->successors.size()) {
+      if (NodeTask* s = release(f.task, *f.status, f.task->successors[f.next++])) {
+        suspended.push_back(f);
+        f = Frame{s, &s->poison, 0};
+        end_task(s, s->poison);
+      }
+      continue;
+    }
+    // Retired after the round's phase, never inside this loop: a poisoned
+    // successor's finish may complete the run that owns an earlier task.
+    NodeRun* run = f.task->run;
+    if (--run->remaining == 0) retiring_.push_back(run);
+    if (suspended.empty()) return;
+    f = suspended.back();
+    suspended.pop_back();
+  }
+}
+
+void Scheduler::end_task(NodeTask* t, const Status& st) {
   t->state = NodeTask::State::kDone;
   NodeRun* run = t->run;
-  accesses_.erase(std::remove_if(accesses_.begin(), accesses_.end(), [&](const Access& a) { return a.task == t; }),
-                  accesses_.end());
+  forget_accesses(t);
   if (!st.ok() && run->first_error.ok()) {
     run->first_error = Status(st.code(), fmt::format("task {} of run {}: {}", t->index, run->id, st.message()));
   }
@@ -392,31 +450,43 @@ void Scheduler::finish(NodeTask* t, const Status& st) {
       release_alloc(a);
     }
   }
-  for (NodeTask* s : t->successors) {
-    if (!st.ok() && s->poison.ok()) {
-      s->poison = make_error(StatusCode::kAborted, "not run: task {} of run {} failed: {}", t->index, run->id,
-                             st.to_string());
-    }
-    if (--s->fanin != 0 || s->state == NodeTask::State::kDone) continue;  // kDone: a staged task that already ended
-    if (s->state == NodeTask::State::kStaged) {
-      // Its lane is the one that staged it; the terminal (launched or
-      // cancelled) arrives as any other. An error here means the endpoint
-      // has given, or will give, that terminal itself.
-      (void)chip_lanes_[s->worker].activate_staged(s->poison.ok());
-      s->state = NodeTask::State::kRunning;
-      continue;
-    }
-    if (!s->poison.ok()) {
-      s->state = NodeTask::State::kRunning;
-      finish(s, s->poison);
-    } else {
-      s->state = NodeTask::State::kReady;
-      ready_.push_back(s);
-    }
+  if (t->fanin == 0) return;
+  // Ended before its predecessors (a staged task whose child failed it
+  // unlaunched). Its run may retire and free it before they end, so they
+  // must no longer reach it; and the accesses its writes stood for in the
+  // TensorMap are theirs again, so that later tasks still follow them.
+  for (NodeTask* p : t->predecessors) {
+    if (p == nullptr) continue;
+    std::vector<SuccessorEdge>& out = p->successors;
+    out.erase(std::remove_if(out.begin(), out.end(), [&](const SuccessorEdge& e) { return e.task == t; }), out.end());
+    forget_accesses(p);
+    add_accesses(p);
   }
-  // Retired after the round's phase, never inside this recursion: a
-  // poisoned successor's finish may complete the run that owns `t`.
-  if (--run->remaining == 0) retiring_.push_back(run);
+}
+
+NodeTask* Scheduler::release(NodeTask* t, const Status& st, const SuccessorEdge& e) {
+  NodeTask* s = e.task;
+  s->predecessors[e.slot] = nullptr;
+  if (!st.ok() && s->poison.ok()) {
+    // A task that was not run passes its own poison on, so the text names
+    // the task that failed, however far down the chain.
+    s->poison = t->poison.ok() ? make_error(StatusCode::kAborted, "not run: task {} of run {} failed: {}", t->index,
+                                            t->run->id, st.to_string())
+                               : t->poison;
+  }
+  if (--s->fanin != 0) return nullptr;
+  if (s->state == NodeTask::State::kStaged) {
+    // Its lane is the one that staged it; the terminal (launched or
+    // cancelled) arrives as any other. An error here means the endpoint
+    // has given, or will give, that terminal itself.
+    (void)chip_lanes_[s->worker].activate_staged(s->poison.ok());
+    s->state = NodeTask::State::kRunning;
+    return nullptr;
+  }
+  if (!s->poison.ok()) return s;
+  s->state = NodeTask::State::kReady;
+  ready_.push_back(s);
+  return nullptr;
 }
 
 bool Scheduler::retire_finished() {
@@ -443,8 +513,9 @@ void Scheduler::retire(NodeRun* run) {
   }
   std::shared_ptr<detail::RunState> handle = run->handle;
   Status result = run->first_error;
-  // A successor is wired after its predecessor and keeps it from retiring
-  // while it is live, so no other run still points into this one.
+  // Every task of the run is done, and finish() cut each one out of the
+  // tasks of other runs (their predecessors and successors), so no other
+  // run still points into this one.
   runs_.erase(run->id);
   handle->complete(std::move(result), stats);
 }

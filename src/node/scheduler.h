@@ -37,6 +37,14 @@ namespace simpler {
 inline constexpr SpinPolicy kNodeSpin{1, SpinPolicy{}.spin_ns};
 
 struct NodeRun;
+struct NodeTask;
+
+// A dependency as its predecessor holds it: the successor, and where the
+// predecessor sits in the successor's predecessors.
+struct SuccessorEdge {
+  NodeTask* task = nullptr;
+  uint32_t slot = 0;
+};
 
 // One member of a group task: its own publication on its own worker.
 struct GroupMember {
@@ -61,7 +69,9 @@ struct NodeTask {
   std::vector<uint32_t> allocs; // the run's heap allocations it uses
   State state = State::kPending;
   uint32_t fanin = 0;
-  std::vector<NodeTask*> successors;
+  std::vector<SuccessorEdge> successors;
+  // Null once that predecessor finished: its run may retire and free it
+  // while this task still waits.
   std::vector<NodeTask*> predecessors;
   Status poison;  // set when a predecessor failed: the task completes with it, unrun
   // A group (all-or-nothing over several workers) when non-empty: published
@@ -171,7 +181,17 @@ class Scheduler {
   // The per-endpoint guard: the run still owns its set.
   bool can_stage_run_on_worker(const NodeTask* t) const { return run_resources_.owns(t->run->lease); }
   bool handle_events();
+  // t ended with `st`: its successors are released, and each poisoned one
+  // whose last predecessor this was ends too, with its poison, and so on down.
   void finish(NodeTask* t, const Status& st);
+  // Marks one task done: its accesses, the run's first error, its heap uses.
+  void end_task(NodeTask* t, const Status& st);
+  // t, done with `st`, no longer holds back e's successor: poisons it when st
+  // failed and, at its last predecessor, activates, readies or (poisoned)
+  // returns it to be finished.
+  NodeTask* release(NodeTask* t, const Status& st, const SuccessorEdge& e);
+  void add_accesses(NodeTask* t);
+  void forget_accesses(NodeTask* t);
   void retire(NodeRun* run);
   bool retire_finished();
   void release_alloc(HeapAlloc& a);
@@ -189,7 +209,10 @@ class Scheduler {
   std::unordered_map<uint64_t, NodeTask*> running_;  // by dispatch id
   std::deque<NodeTask*> ready_;
   std::vector<NodeTask*> preparable_;  // successors of published chip tasks, in publication order
-  std::vector<Access> accesses_;  // the TensorMap: every live task's tensor accesses
+  // The TensorMap: the tensor accesses of live tasks, by buffer address
+  // (views of different buffers never overlap); an access a later write
+  // covers is dropped (wire).
+  std::unordered_map<uint64_t, std::vector<Access>> accesses_;
   std::vector<EndpointEvent> events_;
   std::vector<NodeRun*> retiring_;  // every task done; retired at the end of the phase
   uint32_t next_sub_ = 0;

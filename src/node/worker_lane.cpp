@@ -1,7 +1,5 @@
 #include "node/worker_lane.h"
 
-#include <exception>
-
 #include "base/errors.h"
 
 namespace simpler {
@@ -16,43 +14,26 @@ bool WorkerLane::can_dispatch() {
   return inflight_ < lanes_.size() && port_->available_request_transport() > 0;
 }
 
-SubmitDispatchResult WorkerLane::submit_dispatch(const PublishSpec& spec, std::vector<EndpointEvent>& out,
-                                                 Status& refusal) {
+Status WorkerLane::submit_dispatch(const PublishSpec& spec) {
   size_t lane = 0;
   while (lane < lanes_.size() && lanes_[lane] != kNoTask) ++lane;
   if (lane == lanes_.size()) {
-    refusal = internal_error("task {} was claimed for an endpoint with no free lane", spec.dispatch_id);
-    return SubmitDispatchResult::kRefused;
+    return internal_error("task {} was claimed for an endpoint with no free lane", spec.dispatch_id);
   }
   if (spec.staged && staged_ != kNoTask) {
-    refusal = internal_error("task {} was staged while task {} holds the staged lane", spec.dispatch_id, staged_);
-    return SubmitDispatchResult::kRefused;
+    return internal_error("task {} was staged while task {} holds the staged lane", spec.dispatch_id, staged_);
   }
-  try {
-    auto p = port_->publish(spec);
-    if (!p.ok()) {
-      refusal = p.status();
-      return SubmitDispatchResult::kRefused;
-    }
-    if (spec.staged) {
-      staged_ = spec.dispatch_id;
-      staged_at_ = *p;
-    }
-  } catch (const std::exception& e) {
-    // Nothing was reserved between the gate and here, so there is nothing to
-    // give back; the run learns of the failure once, from this terminal.
-    EndpointEvent ev;
-    ev.kind = EndpointEvent::Kind::kTerminal;
-    ev.run_id = spec.run_id;
-    ev.dispatch_id = spec.dispatch_id;
-    ev.task_slot = spec.task_slot;
-    ev.status = internal_error("publication of task {} threw: {}", spec.dispatch_id, e.what());
-    out.push_back(std::move(ev));
-    return SubmitDispatchResult::kPublicationReported;
+  // Nothing is reserved between the gate and here, so a failed publication
+  // leaves nothing to give back.
+  auto p = port_->publish(spec);
+  if (!p.ok()) return p.status();
+  if (spec.staged) {
+    staged_ = spec.dispatch_id;
+    staged_at_ = *p;
   }
   lanes_[lane] = spec.dispatch_id;
   ++inflight_;
-  return SubmitDispatchResult::kSubmitted;
+  return Status();
 }
 
 Status WorkerLane::activate_staged(bool launch) {

@@ -24,8 +24,8 @@ class EndpointPort {
   virtual uint32_t available_request_transport() = 0;
   // The run-state entries: how many tasks the endpoint can hold at once.
   virtual uint64_t max_inflight_tasks() const = 0;
-  // As MailboxEndpoint::publish: a Status refusal writes nothing; no free
-  // frame throws TransportExhausted after poisoning.
+  // As MailboxEndpoint::publish: a refusal writes nothing; no free frame
+  // poisons the endpoint, then fails.
   virtual Result<Publication> publish(const PublishSpec& spec) = 0;
   // As MailboxEndpoint::activate: ACTIVATE or CANCEL a run published staged.
   virtual Status activate(const Publication& p, bool launch) = 0;
@@ -49,12 +49,6 @@ class MailboxPort final : public EndpointPort {
   MailboxEndpoint& ep_;
 };
 
-enum class SubmitDispatchResult : uint8_t {
-  kSubmitted,            // published; the task is live on the endpoint
-  kRefused,              // publish returned an error; nothing was written
-  kPublicationReported,  // publication threw: its one terminal is already in `out`; not live
-};
-
 class WorkerLane {
  public:
   static constexpr uint64_t kNoTask = 0;
@@ -71,10 +65,11 @@ class WorkerLane {
   // No staged successor is waiting for its activation (R40).
   bool single_empty() const { return staged_ == kNoTask; }
   // Publishes one claimed task (dispatch_id = its task id, never kNoTask);
-  // spec.staged publishes it PREPARE_READY into the staged lane. Catches a
-  // throwing publication: the task's failure terminal is appended to `out`
-  // exactly once and no lane or reservation is left behind (R36, R37).
-  SubmitDispatchResult submit_dispatch(const PublishSpec& spec, std::vector<EndpointEvent>& out, Status& refusal);
+  // spec.staged publishes it PREPARE_READY into the staged lane. OK: the
+  // task is live on the endpoint and holds a lane. An error: the publication
+  // failed, the task is not live, and no lane or reservation is left behind;
+  // the error is its one terminal, for the caller to deliver (R36, R37).
+  Status submit_dispatch(const PublishSpec& spec);
   // Activates (or cancels) the staged successor: it leaves the staged lane
   // and its terminal arrives like any other. An error means the endpoint
   // already gave it a terminal of its own (poisoned) or will.
