@@ -27,8 +27,10 @@ struct alignas(64) CoreRegisters {
   int64_t* args = nullptr;
   Doorbell bell;  // the core parks here
   // core -> AICPU: `failure` is complete before the FIN store that reports it.
+  // Each on a line of its own: the AICPU polls `status` while the core
+  // resets `failure` for the next kernel.
   alignas(64) std::atomic<uint64_t> status{0};
-  KernelFailure failure;
+  alignas(64) KernelFailure failure;
 };
 
 }  // namespace simpler

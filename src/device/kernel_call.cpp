@@ -23,8 +23,7 @@ extern "C" void simpler_kernel_fail(const char* message) {
 namespace simpler {
 
 bool call_kernel(simpler_kernel_fn fn, int64_t* args, KernelFailure& failure) {
-  failure.failed = false;
-  failure.message[0] = '\0';
+  failure.failed = false;  // the message is read only when failed is set
   KernelFailure* const outer = tls_failure;
   tls_failure = &failure;
   try {
