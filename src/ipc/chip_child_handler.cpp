@@ -22,9 +22,7 @@ ChipChildHandler::ChipChildHandler(WorkerConfig config, std::vector<ChipCallable
 ChipChildHandler::~ChipChildHandler() { drain(now_ns() + 5'000'000'000ull); }
 
 Status ChipChildHandler::init() {
-  auto w = ChipWorker::create(config_, callables_);
-  if (!w.ok()) return w.status();
-  worker_ = std::move(w).value();
+  SIMPLER_ASSIGN_OR_RETURN(worker_, ChipWorker::create(config_, callables_));
   for (uint32_t s = 0; s < worker_->grant(); ++s) {
     auto* p = static_cast<unsigned char*>(
         ::operator new(native_run_storage_size(), std::align_val_t{native_run_storage_alignment()}));
@@ -113,9 +111,8 @@ Status ChipChildHandler::map_in(TaskArgs& args, std::vector<Staged>& staged) {
     }
     auto it = std::find_if(staged.begin(), staged.end(), [&](const Staged& s) { return s.host_addr == host.addr; });
     if (it == staged.end()) {
-      auto dev = worker_->malloc(host.bytes);
-      if (!dev.ok()) return dev.status();
-      staged.push_back(Staged{*dev, host.addr, a.tensor.first_byte(), a.tensor.end_byte(), false});
+      SIMPLER_ASSIGN_OR_RETURN(const DeviceBuffer dev, worker_->malloc(host.bytes));
+      staged.push_back(Staged{dev, host.addr, a.tensor.first_byte(), a.tensor.end_byte(), false});
       it = staged.end() - 1;
     } else {
       it->first = std::min(it->first, a.tensor.first_byte());
@@ -320,31 +317,27 @@ Result<ControlReply> ChipChildHandler::control(const ControlCommand& cmd, uint8_
   ControlReply reply;
   switch (cmd.op) {
     case kCtrlMalloc: {
-      auto b = worker_->malloc(cmd.args[0]);
-      if (!b.ok()) return b.status();
-      buffers_[b->addr] = *b;
-      reply.value = b->addr;
+      SIMPLER_ASSIGN_OR_RETURN(const DeviceBuffer b, worker_->malloc(cmd.args[0]));
+      buffers_[b.addr] = b;
+      reply.value = b.addr;
       return reply;
     }
     case kCtrlFree: {
-      auto b = buffer_at(cmd.args[0]);
-      if (!b.ok()) return b.status();
-      buffers_.erase(b->addr);
-      SIMPLER_RETURN_IF_ERROR(worker_->free(*b));
+      SIMPLER_ASSIGN_OR_RETURN(const DeviceBuffer b, buffer_at(cmd.args[0]));
+      buffers_.erase(b.addr);
+      SIMPLER_RETURN_IF_ERROR(worker_->free(b));
       return reply;
     }
     case kCtrlCopyTo: {
-      auto b = buffer_at(cmd.args[0]);
-      if (!b.ok()) return b.status();
+      SIMPLER_ASSIGN_OR_RETURN(const DeviceBuffer b, buffer_at(cmd.args[0]));
       if (cmd.args[2] != in_bytes) return invalid_argument("copy_to of {} B carries {} B", cmd.args[2], in_bytes);
-      SIMPLER_RETURN_IF_ERROR(worker_->copy_to(*b, data, in_bytes, cmd.args[1]));
+      SIMPLER_RETURN_IF_ERROR(worker_->copy_to(b, data, in_bytes, cmd.args[1]));
       return reply;
     }
     case kCtrlCopyFrom: {
-      auto b = buffer_at(cmd.args[0]);
-      if (!b.ok()) return b.status();
+      SIMPLER_ASSIGN_OR_RETURN(const DeviceBuffer b, buffer_at(cmd.args[0]));
       if (cmd.args[2] > capacity) return invalid_argument("copy_from of {} B exceeds {} B", cmd.args[2], capacity);
-      SIMPLER_RETURN_IF_ERROR(worker_->copy_from(data, *b, cmd.args[2], cmd.args[1]));
+      SIMPLER_RETURN_IF_ERROR(worker_->copy_from(data, b, cmd.args[2], cmd.args[1]));
       reply.data_bytes = static_cast<uint32_t>(cmd.args[2]);
       return reply;
     }

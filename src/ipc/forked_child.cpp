@@ -14,15 +14,12 @@ namespace simpler {
 
 Result<std::unique_ptr<ForkedChild>> ForkedChild::spawn(std::function<std::unique_ptr<RunHandler>()> make_handler,
                                                         SpawnOptions options) {
-  auto bytes = mailbox_size(options.granted_sets);
-  if (!bytes.ok()) return bytes.status();
-  auto mapping = SharedMapping::create_anonymous(*bytes);
-  if (!mapping.ok()) return mapping.status();
+  SIMPLER_ASSIGN_OR_RETURN(const size_t bytes, mailbox_size(options.granted_sets));
+  SIMPLER_ASSIGN_OR_RETURN(SharedMapping mapping, SharedMapping::create_anonymous(bytes));
   std::unique_ptr<ForkedChild> c(new ForkedChild());
-  c->mapping_ = std::make_shared<SharedMapping>(std::move(mapping).value());
-  auto ep = MailboxEndpoint::create(c->mapping_->data(), c->mapping_->size(), options.granted_sets, options.endpoint);
-  if (!ep.ok()) return ep.status();
-  c->endpoint_ = std::move(ep).value();
+  c->mapping_ = std::make_shared<SharedMapping>(std::move(mapping));
+  SIMPLER_ASSIGN_OR_RETURN(c->endpoint_, MailboxEndpoint::create(c->mapping_->data(), c->mapping_->size(),
+                                                                 options.granted_sets, options.endpoint));
   const MailboxView view = c->endpoint_->view();
   const pid_t parent = getpid();
 

@@ -31,16 +31,15 @@ MailboxEndpoint::MailboxEndpoint(MailboxView view, EndpointOptions options) : vi
 
 Result<std::unique_ptr<MailboxEndpoint>> MailboxEndpoint::create(void* base, size_t extent, uint64_t granted_sets,
                                                                  EndpointOptions options) {
-  auto view = MailboxView::attach(base, extent, granted_sets);
-  if (!view.ok()) return view.status();
-  const uint64_t m = view->entry_count();
-  std::unique_ptr<MailboxEndpoint> ep(new MailboxEndpoint(*view, options));
+  SIMPLER_ASSIGN_OR_RETURN(const MailboxView view, MailboxView::attach(base, extent, granted_sets));
+  const uint64_t m = view.entry_count();
+  std::unique_ptr<MailboxEndpoint> ep(new MailboxEndpoint(view, options));
   ep->entries_.resize(m);
   ep->free_entries_.reserve(m);
   for (uint64_t i = m; i > 0; --i) ep->free_entries_.push_back(static_cast<uint32_t>(i - 1));
   ep->held_.reserve(m);
 
-  ControlFrame& c = view->control();
+  ControlFrame& c = view.control();
   std::memset(static_cast<void*>(&c), 0, kControlDataOffset);
   new (&c.child_bell) Doorbell();
   new (&c.parent_bell) Doorbell();
@@ -54,9 +53,9 @@ Result<std::unique_ptr<MailboxEndpoint>> MailboxEndpoint::create(void* base, siz
   std::memcpy(c.parent_wire, wire.data(), wire.size() * sizeof(WireConstant));
   c.parent_wire_count = static_cast<uint32_t>(wire.size());
   for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
-    std::memset(static_cast<void*>(&view->frame(f).header), 0, sizeof(RequestHeader));
+    std::memset(static_cast<void*>(&view.frame(f).header), 0, sizeof(RequestHeader));
   }
-  std::memset(static_cast<void*>(&view->entry(0)), 0, m * kMailboxEntryStride);
+  std::memset(static_cast<void*>(&view.entry(0)), 0, m * kMailboxEntryStride);
   std::atomic_thread_fence(std::memory_order_release);
   return ep;
 }
@@ -378,7 +377,7 @@ Result<ControlReply> MailboxEndpoint::command(MailboxControlOp op, std::initiali
     if (replied()) break;
     if (load_acquire(c.endpoint_state) >= kEndpointStopped) return make_error(StatusCode::kAborted, "the child stopped serving");
     if (liveness_ != nullptr) {
-      if (Status st = liveness_->check(); !st.ok()) return st;
+      SIMPLER_RETURN_IF_ERROR(liveness_->check());
     }
     if (deadline_ns != 0 && now_ns() >= deadline_ns) {
       return make_error(StatusCode::kDeadlineExceeded, "control command {} got no reply", static_cast<uint32_t>(op));
@@ -394,9 +393,8 @@ Result<ControlReply> MailboxEndpoint::command(MailboxControlOp op, std::initiali
 }
 
 Result<uint64_t> MailboxEndpoint::control_malloc(uint64_t bytes, uint64_t deadline_ns) {
-  auto r = command(kCtrlMalloc, {bytes}, {}, {}, deadline_ns);
-  if (!r.ok()) return r.status();
-  return r->value;
+  SIMPLER_ASSIGN_OR_RETURN(const ControlReply r, command(kCtrlMalloc, {bytes}, {}, {}, deadline_ns));
+  return r.value;
 }
 
 Status MailboxEndpoint::control_free(uint64_t addr, uint64_t deadline_ns) {
@@ -417,9 +415,9 @@ Status MailboxEndpoint::control_copy_from(uint64_t addr, uint64_t offset, std::s
                                           uint64_t deadline_ns) {
   for (size_t done = 0; done < out.size();) {
     const size_t n = std::min(out.size() - done, kControlDataCapacity);
-    auto r = command(kCtrlCopyFrom, {addr, offset + done, n}, {}, out.subspan(done, n), deadline_ns);
-    if (!r.ok()) return r.status();
-    if (r->data_bytes != n) return internal_error("copy_from returned {} of {} bytes", r->data_bytes, n);
+    SIMPLER_ASSIGN_OR_RETURN(const ControlReply r,
+                             command(kCtrlCopyFrom, {addr, offset + done, n}, {}, out.subspan(done, n), deadline_ns));
+    if (r.data_bytes != n) return internal_error("copy_from returned {} of {} bytes", r.data_bytes, n);
     done += n;
   }
   return Status();
@@ -427,13 +425,12 @@ Status MailboxEndpoint::control_copy_from(uint64_t addr, uint64_t offset, std::s
 
 Result<DeviceMemoryReport> MailboxEndpoint::control_memory_info(uint64_t deadline_ns) {
   uint8_t data[sizeof(uint64_t)];
-  auto r = command(kCtrlMemoryInfo, {}, {}, data, deadline_ns);
-  if (!r.ok()) return r.status();
-  if (r->data_bytes != sizeof data) {
-    return internal_error("memory info reply carries {} data bytes, expected {}", r->data_bytes, sizeof data);
+  SIMPLER_ASSIGN_OR_RETURN(const ControlReply r, command(kCtrlMemoryInfo, {}, {}, data, deadline_ns));
+  if (r.data_bytes != sizeof data) {
+    return internal_error("memory info reply carries {} data bytes, expected {}", r.data_bytes, sizeof data);
   }
   DeviceMemoryReport m;
-  m.total_bytes = r->value;
+  m.total_bytes = r.value;
   std::memcpy(&m.free_bytes, data, sizeof data);
   if (m.free_bytes > m.total_bytes) {
     return internal_error("the child reports {} free of {} total device bytes", m.free_bytes, m.total_bytes);

@@ -123,14 +123,13 @@ std::string read_text(const char* src, size_t capacity) {
 }
 
 Result<MailboxView> MailboxView::attach(void* base, size_t extent, uint64_t granted_sets) {
-  auto need = mailbox_size(granted_sets);
-  if (!need.ok()) return need.status();
+  SIMPLER_ASSIGN_OR_RETURN(const size_t need, mailbox_size(granted_sets));
   if (base == nullptr) return invalid_argument("mailbox base is null");
   if (reinterpret_cast<uintptr_t>(base) % alignof(MailboxRunEntry) != 0) {
     return invalid_argument("mailbox base {} is not {}-byte aligned", base, alignof(MailboxRunEntry));
   }
-  if (extent < *need) {
-    return out_of_range("mailbox extent {} B cannot hold grant {} ({} B needed)", extent, granted_sets, *need);
+  if (extent < need) {
+    return out_of_range("mailbox extent {} B cannot hold grant {} ({} B needed)", extent, granted_sets, need);
   }
   return MailboxView(static_cast<uint8_t*>(base), granted_sets);
 }

@@ -60,10 +60,9 @@ void SubWorkerHandler::run(size_t index, const RunRequest& request, const RunTic
 
 Status SubWorkerHandler::call(size_t index, const RunRequest& request) {
   if (index == functions_.size()) return not_found("no sub function with digest {}", digest_hex(request.callable));
-  auto args = decode_args_blob(request.args_blob.data(), request.args_blob.size());
-  if (!args.ok()) return args.status();
-  for (size_t i = 0; i < args->size(); ++i) {
-    const TaskArg& a = (*args)[i];
+  SIMPLER_ASSIGN_OR_RETURN(const TaskArgs args, decode_args_blob(request.args_blob.data(), request.args_blob.size()));
+  for (size_t i = 0; i < args.size(); ++i) {
+    const TaskArg& a = args[i];
     if (a.kind != TaskArg::Kind::Tensor) continue;
     if (!heap_.contains(a.tensor.buffer().addr, a.tensor.buffer().bytes)) {
       return out_of_range("argument {}: buffer {:#x}+{} is not in the shared heap, the only memory a sub worker reads",
@@ -71,7 +70,7 @@ Status SubWorkerHandler::call(size_t index, const RunRequest& request) {
     }
   }
   try {
-    return functions_[index](TaskArgsView(*args));
+    return functions_[index](TaskArgsView(args));
   } catch (const std::exception& e) {
     return internal_error("sub function {} threw: {}", index, e.what());
   } catch (...) {

@@ -18,9 +18,7 @@ NodeChildHandler::NodeChildHandler(NodeSpec spec, std::vector<NodeCallable> call
 NodeChildHandler::~NodeChildHandler() { drain(now_ns() + 5'000'000'000ull); }
 
 Status NodeChildHandler::init() {
-  auto node = NodeWorker::create(spec_);
-  if (!node.ok()) return node.status();
-  node_ = std::move(node).value();
+  SIMPLER_ASSIGN_OR_RETURN(node_, NodeWorker::create(spec_));
   queue_.init();
   return Status();
 }
@@ -28,11 +26,10 @@ Status NodeChildHandler::init() {
 void NodeChildHandler::start(RunRequest request, RunTicket ticket) { (void)queue_.start(std::move(request), ticket); }
 
 Result<TaskArgs> NodeChildHandler::decode(const RunRequest& request) const {
-  auto args = decode_args_blob(request.args_blob.data(), request.args_blob.size());
-  if (!args.ok()) return args.status();
+  SIMPLER_ASSIGN_OR_RETURN(TaskArgs args, decode_args_blob(request.args_blob.data(), request.args_blob.size()));
   const HostRanges shared{spec_.inherited};
-  for (size_t i = 0; i < args->size(); ++i) {
-    const TaskArg& a = (*args)[i];
+  for (size_t i = 0; i < args.size(); ++i) {
+    const TaskArg& a = args[i];
     if (a.kind != TaskArg::Kind::Tensor) continue;
     const DeviceBuffer& b = a.tensor.buffer();
     if (!shared.contains(b.addr, b.bytes)) {
@@ -96,9 +93,8 @@ Result<ControlReply> NodeChildHandler::control(const ControlCommand& cmd, uint8_
     return failed_precondition("control op {}: a node worker's device memory is its own, not addressable from the "
                                "network level", static_cast<uint32_t>(cmd.op));
   }
-  auto m = node_->memory_info();
-  if (!m.ok()) return m.status();
-  return memory_info_reply(m->total_bytes, m->free_bytes, data, capacity);
+  SIMPLER_ASSIGN_OR_RETURN(const MemoryInfo m, node_->memory_info());
+  return memory_info_reply(m.total_bytes, m.free_bytes, data, capacity);
 }
 
 void NodeChildHandler::drain(uint64_t deadline_ns) {

@@ -22,12 +22,12 @@ constexpr uint64_t kControlDeadlineNs = 30'000'000'000ull;
 Result<std::unique_ptr<ForkedChild>> spawn_node_child(std::function<std::unique_ptr<RunHandler>()> make_handler,
                                                       const SpawnOptions& options, uint64_t requested,
                                                       const std::string& what) {
-  auto child = ForkedChild::spawn(std::move(make_handler), options);
-  if (!child.ok()) return Status(child.status().code(), fmt::format("{}: {}", what, child.status().message()));
-  const uint64_t granted = (*child)->child_grant();
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> child, ForkedChild::spawn(std::move(make_handler), options),
+                           "{}", what);
+  const uint64_t granted = child->child_grant();
   if (granted != 0 && granted < requested) {
     std::vector<EndpointEvent> none;
-    (void)(*child)->close(now_ns() + kControlDeadlineNs, none);
+    (void)child->close(now_ns() + kControlDeadlineNs, none);
     return failed_precondition("{}: the child granted {} run-resource sets of the pipeline_depth = {} requested; "
                                "a node does not serve at a lower width", what, granted, requested);
   }
@@ -96,10 +96,9 @@ class NodeOrchestrator final : public Orchestrator {
         return invalid_argument("argument {}: a node worker takes only shared-heap tensors; its chips' device "
                                 "memory is its own", i);
       }
-      auto addr = w_.child_address(b, worker);
-      if (!addr.ok()) return Status(addr.status().code(), fmt::format("argument {}: {}", i, addr.status().message()));
+      SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, w_.child_address(b, worker), "argument {}", i);
       borrow(b.addr);
-      return *addr;
+      return addr;
     }
     if (!w_.heap_->range().overlaps(b.addr, b.bytes)) {
       for (const HostRange& r : w_.spec_.inherited) {
@@ -137,14 +136,13 @@ class NodeOrchestrator final : public Orchestrator {
     for (size_t i = 0; i < args.size(); ++i) {
       const TaskArg& a = args[i];
       if (a.kind != TaskArg::Kind::Tensor) continue;
-      auto addr = place(a, i, sub, worker, t);
-      if (!addr.ok()) return addr.status();
+      SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, place(a, i, sub, worker, t));
       int64_t shape[kMaxDims], stride[kMaxDims];
       for (int d = 0; d < a.tensor.ndim(); ++d) {
         shape[d] = a.tensor.shape(d);
         stride[d] = a.tensor.stride(d);
       }
-      wire[i].tensor = TensorView::from_parts(DeviceBuffer{*addr, a.tensor.buffer().bytes}, a.tensor.dtype(),
+      wire[i].tensor = TensorView::from_parts(DeviceBuffer{addr, a.tensor.buffer().bytes}, a.tensor.dtype(),
                                               a.tensor.ndim(), shape, stride, a.tensor.offset());
     }
     return encode_args_blob(wire, blob);
@@ -283,9 +281,7 @@ Status NodeWorker::validate(const NodeSpec& spec) {
       return invalid_argument("{} next-level workers exceed {}", spec.nodes.size(), kNodeMaxChips);
     }
     for (size_t i = 0; i < spec.nodes.size(); ++i) {
-      if (Status st = validate(spec.nodes[i]); !st.ok()) {
-        return Status(st.code(), fmt::format("next-level worker {}: {}", i, st.message()));
-      }
+      SIMPLER_RETURN_IF_ERROR(validate(spec.nodes[i]), "next-level worker {}", i);
     }
   } else if (c.chips + static_cast<uint64_t>(c.sub_workers) == 0) {
     return invalid_argument("chips = 0 and sub_workers = 0: a node needs at least one child");
@@ -297,9 +293,7 @@ Status NodeWorker::validate(const NodeSpec& spec) {
     SIMPLER_RETURN_IF_ERROR(backend_named(c.backend).status());
   }
   SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(c)));
-  if (auto m = mailbox_size(c.pipeline_depth); !m.ok()) {
-    return Status(m.status().code(), fmt::format("pipeline_depth = {}: {}", c.pipeline_depth, m.status().message()));
-  }
+  SIMPLER_RETURN_IF_ERROR(mailbox_size(c.pipeline_depth).status(), "pipeline_depth = {}", c.pipeline_depth);
   if (c.run_timeout.count() < 0) return invalid_argument("run_timeout = {} ms: must be >= 0 (0: no deadline)", c.run_timeout.count());
   return Status();
 }
@@ -317,9 +311,7 @@ Result<std::unique_ptr<NodeWorker>> NodeWorker::create(NodeSpec spec) {
   SIMPLER_RETURN_IF_ERROR(validate(spec));
   const WorkerConfig config = spec.config;
   std::unique_ptr<NodeWorker> w(new NodeWorker(std::move(spec)));
-  auto heap = SharedHeap::create(config.shared_heap_bytes);
-  if (!heap.ok()) return heap.status();
-  w->heap_ = std::move(heap).value();
+  SIMPLER_ASSIGN_OR_RETURN(w->heap_, SharedHeap::create(config.shared_heap_bytes));
   SIMPLER_RETURN_IF_ERROR(w->spawn_children());
   // Every child is forked; only now does this process start a thread.
   std::vector<EndpointPort*> next_ports, sub_ports;
@@ -372,15 +364,16 @@ Status NodeWorker::spawn_children() {
     } else {
       make = [&] { return std::make_unique<ChipChildHandler>(config_, spec_.chip_callables, ranges); };
     }
-    auto c = spawn_node_child(make, next_so, config_.pipeline_depth, fmt::format("{} {}", next_kind(), i));
-    if (!c.ok()) return c.status();
-    next_.push_back(std::move(c).value());
+    SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> c, spawn_node_child(make, next_so, config_.pipeline_depth,
+                                                                              fmt::format("{} {}", next_kind(), i)));
+    next_.push_back(std::move(c));
   }
   for (uint32_t i = 0; i < config_.sub_workers; ++i) {
-    auto c = spawn_node_child([&] { return std::make_unique<SubWorkerHandler>(spec_.functions, ranges); }, so,
-                              config_.pipeline_depth, fmt::format("sub worker {}", i));
-    if (!c.ok()) return c.status();
-    subs_.push_back(std::move(c).value());
+    SIMPLER_ASSIGN_OR_RETURN(
+        std::unique_ptr<ForkedChild> c,
+        spawn_node_child([&] { return std::make_unique<SubWorkerHandler>(spec_.functions, ranges); }, so,
+                         config_.pipeline_depth, fmt::format("sub worker {}", i)));
+    subs_.push_back(std::move(c));
   }
   return Status();
 }
@@ -516,24 +509,23 @@ Result<DeviceBuffer> NodeWorker::malloc_on(uint32_t worker, uint64_t bytes) {
                                "memory is their own; pass shared-heap tensors (malloc_shared)");
   }
   if (worker >= next_.size()) return invalid_argument("worker = {}: this node has {} chip workers", worker, next_.size());
-  auto addr = endpoint_of(worker).control_malloc(bytes, now_ns() + kControlDeadlineNs);
-  if (!addr.ok()) return addr.status();
-  if ((*addr & ~kNodeChildAddrMask) != 0) {
-    (void)endpoint_of(worker).control_free(*addr, now_ns() + kControlDeadlineNs);
-    return internal_error("chip worker {} returned device address {:#x}, beyond 48 bits", worker, *addr);
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr,
+                           endpoint_of(worker).control_malloc(bytes, now_ns() + kControlDeadlineNs));
+  if ((addr & ~kNodeChildAddrMask) != 0) {
+    (void)endpoint_of(worker).control_free(addr, now_ns() + kControlDeadlineNs);
+    return internal_error("chip worker {} returned device address {:#x}, beyond 48 bits", worker, addr);
   }
-  const uint64_t node_addr = kNodeDeviceTag | (static_cast<uint64_t>(worker) << kNodeChipShift) | *addr;
+  const uint64_t node_addr = kNodeDeviceTag | (static_cast<uint64_t>(worker) << kNodeChipShift) | addr;
   std::lock_guard<std::mutex> lock(mem_mu_);
-  device_allocs_[node_addr] = DeviceAlloc{worker, *addr, bytes};
+  device_allocs_[node_addr] = DeviceAlloc{worker, addr, bytes};
   return DeviceBuffer{node_addr, bytes};
 }
 
 Result<DeviceBuffer> NodeWorker::malloc_shared(uint64_t bytes) {
-  auto addr = heap_->alloc(bytes);
-  if (!addr.ok()) return addr.status();
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, heap_->alloc(bytes));
   std::lock_guard<std::mutex> lock(mem_mu_);
-  shared_allocs_[*addr] = bytes;
-  return DeviceBuffer{*addr, bytes};
+  shared_allocs_[addr] = bytes;
+  return DeviceBuffer{addr, bytes};
 }
 
 Status NodeWorker::free(DeviceBuffer buffer) {
@@ -558,14 +550,12 @@ Status NodeWorker::free(DeviceBuffer buffer) {
 
 Status NodeWorker::copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset) {
   if (is_node_device_addr(dst.addr)) {
-    auto a = device_alloc(dst.addr, "copy_to");
-    if (!a.ok()) return a.status();
-    if (dst_offset > a->bytes || bytes > a->bytes - dst_offset) {
-      return out_of_range("copy_to: {} bytes at offset {} exceed the {}-byte allocation", bytes, dst_offset, a->bytes);
+    SIMPLER_ASSIGN_OR_RETURN(const DeviceAlloc a, device_alloc(dst.addr, "copy_to"));
+    if (dst_offset > a.bytes || bytes > a.bytes - dst_offset) {
+      return out_of_range("copy_to: {} bytes at offset {} exceed the {}-byte allocation", bytes, dst_offset, a.bytes);
     }
-    return endpoint_of(a->worker).control_copy_to(a->child_addr, dst_offset,
-                                                  {static_cast<const uint8_t*>(src), bytes},
-                                                  now_ns() + kControlDeadlineNs);
+    return endpoint_of(a.worker).control_copy_to(a.child_addr, dst_offset, {static_cast<const uint8_t*>(src), bytes},
+                                                 now_ns() + kControlDeadlineNs);
   }
   if (dst_offset > dst.bytes || !heap_->within_live_block(dst.addr + dst_offset, bytes)) {
     return out_of_range("copy_to: {:#x}+{} is not inside a live shared-heap block", dst.addr + dst_offset, bytes);
@@ -576,13 +566,12 @@ Status NodeWorker::copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, ui
 
 Status NodeWorker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset) {
   if (is_node_device_addr(src.addr)) {
-    auto a = device_alloc(src.addr, "copy_from");
-    if (!a.ok()) return a.status();
-    if (src_offset > a->bytes || bytes > a->bytes - src_offset) {
-      return out_of_range("copy_from: {} bytes at offset {} exceed the {}-byte allocation", bytes, src_offset, a->bytes);
+    SIMPLER_ASSIGN_OR_RETURN(const DeviceAlloc a, device_alloc(src.addr, "copy_from"));
+    if (src_offset > a.bytes || bytes > a.bytes - src_offset) {
+      return out_of_range("copy_from: {} bytes at offset {} exceed the {}-byte allocation", bytes, src_offset, a.bytes);
     }
-    return endpoint_of(a->worker).control_copy_from(a->child_addr, src_offset, {static_cast<uint8_t*>(dst), bytes},
-                                                    now_ns() + kControlDeadlineNs);
+    return endpoint_of(a.worker).control_copy_from(a.child_addr, src_offset, {static_cast<uint8_t*>(dst), bytes},
+                                                   now_ns() + kControlDeadlineNs);
   }
   if (src_offset > src.bytes || !heap_->within_live_block(src.addr + src_offset, bytes)) {
     return out_of_range("copy_from: {:#x}+{} is not inside a live shared-heap block", src.addr + src_offset, bytes);
@@ -595,21 +584,21 @@ Result<MemoryInfo> NodeWorker::memory_info_on(uint32_t worker) {
   if (worker >= next_.size()) {
     return invalid_argument("worker = {}: this worker has {} {}s", worker, next_.size(), next_kind());
   }
-  auto m = endpoint_of(worker).control_memory_info(now_ns() + kControlDeadlineNs);
-  if (!m.ok()) return Status(m.status().code(), fmt::format("{} {}: {}", next_kind(), worker, m.status().message()));
-  return MemoryInfo{m->total_bytes, m->free_bytes};
+  SIMPLER_ASSIGN_OR_RETURN(const DeviceMemoryReport m,
+                           endpoint_of(worker).control_memory_info(now_ns() + kControlDeadlineNs), "{} {}", next_kind(),
+                           worker);
+  return MemoryInfo{m.total_bytes, m.free_bytes};
 }
 
 Result<MemoryInfo> NodeWorker::memory_info() {
   MemoryInfo sum;
   for (uint32_t i = 0; i < next_.size(); ++i) {
-    auto m = memory_info_on(i);
-    if (!m.ok()) return m.status();
-    if (m->total_bytes > UINT64_MAX - sum.total_bytes) {
+    SIMPLER_ASSIGN_OR_RETURN(const MemoryInfo m, memory_info_on(i));
+    if (m.total_bytes > UINT64_MAX - sum.total_bytes) {
       return out_of_range("memory_info: the next-level workers' total device bytes exceed 2^64");
     }
-    sum.total_bytes += m->total_bytes;
-    sum.free_bytes += m->free_bytes;  // free <= total per chip, so this cannot wrap either
+    sum.total_bytes += m.total_bytes;
+    sum.free_bytes += m.free_bytes;  // free <= total per chip, so this cannot wrap either
   }
   return sum;
 }

@@ -27,16 +27,14 @@ SharedHeap::SharedHeap(SharedMapping m)
 Result<std::unique_ptr<SharedHeap>> SharedHeap::create(uint64_t bytes) {
   if (bytes == 0) return invalid_argument("shared_heap_bytes = 0: a node needs a shared heap");
   if (bytes > (1ull << 46)) return invalid_argument("shared_heap_bytes = {} exceeds 64 TiB", bytes);
-  auto m = SharedMapping::create_anonymous(kHeaderBytes + bytes);
-  if (!m.ok()) return m.status();
-  return std::unique_ptr<SharedHeap>(new SharedHeap(std::move(m).value()));
+  SIMPLER_ASSIGN_OR_RETURN(SharedMapping m, SharedMapping::create_anonymous(kHeaderBytes + bytes));
+  return std::unique_ptr<SharedHeap>(new SharedHeap(std::move(m)));
 }
 
 Result<uint64_t> SharedHeap::alloc(uint64_t bytes) {
-  auto addr = blocks_.allocate(bytes);
-  if (!addr.ok()) return addr.status();
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, blocks_.allocate(bytes));
   // The whole block, not just `bytes`: copies are checked against the block.
-  std::memset(reinterpret_cast<void*>(*addr), 0, blocks_.block_size(*addr));
+  std::memset(reinterpret_cast<void*>(addr), 0, blocks_.block_size(addr));
   return addr;
 }
 

@@ -25,11 +25,10 @@ Status WorkerLane::submit_dispatch(const PublishSpec& spec) {
   }
   // Nothing is reserved between the gate and here, so a failed publication
   // leaves nothing to give back.
-  auto p = port_->publish(spec);
-  if (!p.ok()) return p.status();
+  SIMPLER_ASSIGN_OR_RETURN(const Publication p, port_->publish(spec));
   if (spec.staged) {
     staged_ = spec.dispatch_id;
-    staged_at_ = *p;
+    staged_at_ = p;
   }
   lanes_[lane] = spec.dispatch_id;
   ++inflight_;
