@@ -3,10 +3,10 @@
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 PACKAGES := build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev \
-            libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev
+            libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev clang-format
 SIMPLER := build/default/src/cli/simpler
 
-.PHONY: deps configure build demo test test-asan test-tsan bench install clean api-snapshot
+.PHONY: deps configure build demo test test-asan test-tsan bench install clean api-snapshot format
 
 deps:
 	@missing=""; for p in $(PACKAGES); do \
@@ -36,6 +36,10 @@ test: build
 # change; review and commit its diff with the change.
 api-snapshot: configure
 	cmake --build --preset default --target update_api_snapshot
+
+# Rewrites every C++ source in place with .clang-format (Format.SourcesFollowClangFormat checks it).
+format:
+	git ls-files '*.cpp' '*.h' | grep -E '^(src|include|tests|bench|examples)/' | xargs clang-format --style=file -i
 
 test-asan: deps
 	cmake --preset asan >/dev/null

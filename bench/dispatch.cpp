@@ -36,9 +36,8 @@ struct ShapeSpec {
   const char* name;
   double goal_ns_per_task;  // 0: no absolute goal, only the peer ratio
 };
-constexpr std::array<ShapeSpec, 3> kShapes = {{{Shape::Independent, "independent", 300.0},
-                                               {Shape::Chain, "chain", 1000.0},
-                                               {Shape::Layered, "layered", 0.0}}};
+constexpr std::array<ShapeSpec, 3> kShapes = {
+    {{Shape::Independent, "independent", 300.0}, {Shape::Chain, "chain", 1000.0}, {Shape::Layered, "layered", 0.0}}};
 
 // One DAG, two encodings: predecessor lists (for the flow graph) and per-task
 // arguments whose tags imply exactly those edges (for simpler).
@@ -103,8 +102,7 @@ struct SimplerFigures {
   uint32_t tasks = 0;
 };
 
-Result<SimplerFigures> measure_simpler(Worker& worker, CallableHandle callable, const Dag*& current,
-                                       const Dag& dag) {
+Result<SimplerFigures> measure_simpler(Worker& worker, CallableHandle callable, const Dag*& current, const Dag& dag) {
   current = &dag;
   std::vector<double> total, build, device;
   SimplerFigures f;
@@ -179,12 +177,13 @@ struct DispatchWorker {
     return c;
   }
   Status open() {
-    Result<CallableHandle> c = prepare_chip(worker, "bench_dispatch", [this](ChipOrchestrator& o, const TaskArgs&) -> Status {
-      for (const TaskArgs& args : current->args) {
-        if (Result<TaskRef> t = o.submit_aiv(kNoopFuncId, args); !t.ok()) return t.status();
-      }
-      return Status();
-    });
+    Result<CallableHandle> c =
+        prepare_chip(worker, "bench_dispatch", [this](ChipOrchestrator& o, const TaskArgs&) -> Status {
+          for (const TaskArgs& args : current->args) {
+            if (Result<TaskRef> t = o.submit_aiv(kNoopFuncId, args); !t.ok()) return t.status();
+          }
+          return Status();
+        });
     if (!c.ok()) return c.status();
     callable = *c;
     Result<DeviceBuffer> b = worker.malloc(kTasks * kRowElems * sizeof(float));

@@ -29,9 +29,9 @@ void flatten(const Json& j, const std::string& prefix, std::vector<std::pair<std
 }  // namespace
 
 uint64_t wall_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
 
 uint64_t process_cpu_ns() {
@@ -77,16 +77,20 @@ Summary summarize(std::vector<double> samples) {
 }
 
 Json summary_json(const Summary& s) {
-  return Json{{"n", s.n},           {"min", round3(s.min)}, {"p50", round3(s.p50)},
-              {"p99", round3(s.p99)}, {"max", round3(s.max)}, {"mean", round3(s.mean)}};
+  return Json{{"n", s.n},
+              {"min", round3(s.min)},
+              {"p50", round3(s.p50)},
+              {"p99", round3(s.p99)},
+              {"max", round3(s.max)},
+              {"mean", round3(s.mean)}};
 }
 
 double round3(double v) { return std::round(v * 1000.0) / 1000.0; }
 
 Result<ChipCallable> noop_callable(const std::string& name, OrchestrationFn orchestrate) {
   KernelLibrary kernels;
-  if (Status s = kernels.add_function(kNoopFuncId, CoreType::AIV, "simpler_bench_noop_kernel",
-                                      &simpler_bench_noop_kernel);
+  if (Status s =
+          kernels.add_function(kNoopFuncId, CoreType::AIV, "simpler_bench_noop_kernel", &simpler_bench_noop_kernel);
       !s.ok()) {
     return s;
   }
@@ -97,8 +101,7 @@ Status one_noop_task(ChipOrchestrator& o, const TaskArgs& /*run_args*/) {
   return o.submit_aiv(kNoopFuncId, TaskArgs{}).status();
 }
 
-Result<CallableHandle> prepare_chip(Worker& worker, const std::string& name,
-                                    OrchestrationFn orchestrate) {
+Result<CallableHandle> prepare_chip(Worker& worker, const std::string& name, OrchestrationFn orchestrate) {
   Result<ChipCallable> callable = noop_callable(name, std::move(orchestrate));
   if (!callable.ok()) return callable.status();
   Result<CallableHandle> handle = worker.register_callable(std::move(callable).value());

@@ -49,8 +49,7 @@ double round3(double v);
 Result<ChipCallable> noop_callable(const std::string& name, OrchestrationFn orchestrate);
 
 // Registers noop_callable(name, orchestrate) on a fresh `worker`, then inits it.
-Result<CallableHandle> prepare_chip(Worker& worker, const std::string& name,
-                                    OrchestrationFn orchestrate);
+Result<CallableHandle> prepare_chip(Worker& worker, const std::string& name, OrchestrationFn orchestrate);
 
 // One chip run of a single no-op AIV task: the unit of the latency benchmarks.
 Status one_noop_task(ChipOrchestrator& o, const TaskArgs& run_args);

@@ -109,8 +109,7 @@ Result<Json> runs_in_flight() {
   j["window_s"] = static_cast<double>(kThroughputWindowNs) / 1e9;
   j["windows"] = kThroughputWindows;
   j["in_flight"] = per_depth;
-  j["peer"] = fmt::format("condvar thread pool ({} threads), same number of no-op jobs outstanding",
-                          pool_threads());
+  j["peer"] = fmt::format("condvar thread pool ({} threads), same number of no-op jobs outstanding", pool_threads());
   return j;
 }
 

@@ -67,8 +67,9 @@ Result<RoundTrips> measure(MailboxEndpoint& ep) {
     Result<Publication> pub = ep.publish(spec);
     if (!pub.ok()) return pub.status();
     const MailboxRunEntry& e = ep.view().entry(pub->entry);
-    if (!spin_then_park(c.parent_bell, [&] { return load_acquire(e.consumed_ack) == pub->publication; },
-                        SpinPolicy{}, now_ns() + kDeadlineNs)) {
+    if (!spin_then_park(
+            c.parent_bell, [&] { return load_acquire(e.consumed_ack) == pub->publication; }, SpinPolicy{},
+            now_ns() + kDeadlineNs)) {
       return Status(StatusCode::kDeadlineExceeded, "no ACK from the echo child");
     }
     const uint64_t t1 = wall_ns();
@@ -117,7 +118,8 @@ Result<Json> mailbox_round_trip() {
   j["request_terminal"] = summary_json(mine->terminal);
   j["request_terminal"]["what"] = "publish -> the run's terminal seen by poll() (the child completes on staging)";
   j["peer"] = summary_json(*floor);
-  j["peer"]["what"] = "floor: one cache line of shared memory bounced between this process and a forked child, both spinning";
+  j["peer"]["what"] =
+      "floor: one cache line of shared memory bounced between this process and a forked child, both spinning";
   j["ratio_vs_peer"] = {{"control_p50", round3(mine->control.p50 / floor->p50)},
                         {"request_ack_p50", round3(mine->ack.p50 / floor->p50)},
                         {"request_terminal_p50", round3(mine->terminal.p50 / floor->p50)}};
@@ -156,7 +158,8 @@ Result<Json> mailbox_bytes() {
   j["grants"] = grants;
   j["peer"] = {{"bytes", old_fixed},
                {"what", fmt::format("the old fixed layout: {} x {} B frames, one per run, at most {} runs whatever "
-                                    "the grant", kOldFixedRuns, kOldFrameBytes, kOldFixedRuns)}};
+                                    "the grant",
+                                    kOldFixedRuns, kOldFrameBytes, kOldFixedRuns)}};
   return j;
 }
 

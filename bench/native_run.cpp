@@ -22,11 +22,10 @@ constexpr double kGoalP50Us = 10.0;
 extern "C" void native_run_noop_kernel(int64_t*) {}
 
 struct AlignedStorage {
-  AlignedStorage()
-      : p(::operator new(native_run_storage_size(), std::align_val_t{native_run_storage_alignment()})) {
+  AlignedStorage() : p(::operator new (native_run_storage_size(), std::align_val_t{native_run_storage_alignment()})) {
     std::memset(p, 0, native_run_storage_size());
   }
-  ~AlignedStorage() { ::operator delete(p, std::align_val_t{native_run_storage_alignment()}); }
+  ~AlignedStorage() { ::operator delete (p, std::align_val_t{native_run_storage_alignment()}); }
   void* p;
 };
 
@@ -58,11 +57,11 @@ Result<Json> native_run() {
     return s;
   }
   std::vector<ChipCallable> callables;
-  callables.emplace_back("empty", [](ChipOrchestrator&, const TaskArgs&) { return Status(); }, kernels,
-                         std::vector<Param>{});
-  callables.emplace_back("one_task",
-                         [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(kNoopFuncId, TaskArgs{}).status(); },
-                         kernels, std::vector<Param>{});
+  callables.emplace_back(
+      "empty", [](ChipOrchestrator&, const TaskArgs&) { return Status(); }, kernels, std::vector<Param>{});
+  callables.emplace_back(
+      "one_task", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(kNoopFuncId, TaskArgs{}).status(); },
+      kernels, std::vector<Param>{});
   WorkerConfig config;
   config.max_tasks_per_run = 16;
   auto worker = ChipWorker::create(config, std::move(callables));

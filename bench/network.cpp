@@ -50,8 +50,8 @@ Result<Json> l4_latency() {
     if (!fn.ok()) return fn.status();
     if (Status s = net.add_next_level_worker(std::move(node)).status(); !s.ok()) return s;
     const FunctionHandle sub = *fn;
-    Result<CallableHandle> step = net.register_callable(
-        NodeCallable("bench_l4_one_sub", [sub](Orchestrator& o, const TaskArgs&) { return o.submit_sub(sub, {}).status(); }));
+    Result<CallableHandle> step = net.register_callable(NodeCallable(
+        "bench_l4_one_sub", [sub](Orchestrator& o, const TaskArgs&) { return o.submit_sub(sub, {}).status(); }));
     if (!step.ok()) return step.status();
     if (Status s = net.init(); !s.ok()) return s;
     const CallableHandle h = *step;
@@ -75,8 +75,9 @@ Result<Json> l4_latency() {
   Json j;
   j["unit"] = "us";
   j["simpler"] = summary_json(network);
-  j["simpler"]["what"] = "Level::Network, 1 forked node (1 sub worker): one NodeCallable task whose node run is one "
-                         "no-op sub task, submit -> wait";
+  j["simpler"]["what"] =
+      "Level::Network, 1 forked node (1 sub worker): one NodeCallable task whose node run is one "
+      "no-op sub task, submit -> wait";
   j["peer"] = summary_json(node_level);
   j["peer"]["what"] = "the same no-op sub task submitted to a Level::Node Worker directly (l3_sub_latency's path)";
   j["ratio_vs_peer"] = {{"p50", round3(network.p50 / node_level.p50)}, {"p99", round3(network.p99 / node_level.p99)}};

@@ -119,8 +119,7 @@ Result<Json> l3_sub_latency() {
   // worker's thread); the rest is this thread -> Scheduler -> this thread.
   j["simpler_split_p50"] = {{"build_us", round3(summarize(std::move(build_us)).p50)},
                             {"publish_to_terminal_us", round3(summarize(std::move(child_us)).p50)}};
-  j["parent_context_switches_per_run"] =
-      round3(static_cast<double>(switches) / static_cast<double>(kLatencyRuns));
+  j["parent_context_switches_per_run"] = round3(static_cast<double>(switches) / static_cast<double>(kLatencyRuns));
   j["peer"] = summary_json(*peer);
   j["peer"]["what"] = "pipe ping-pong with a forked child: write one byte, block until its answer";
   j["ratio_vs_peer"] = {{"p50", round3(mine.p50 / peer->p50)}, {"p99", round3(mine.p99 / peer->p99)}};

@@ -26,23 +26,26 @@ const std::vector<Entry>& entries() {
       // These fork, so `bench` (all of them, in this order) runs them while no
       // other thread of this process lives: earlier benchmarks closed their
       // Workers, and dispatch, whose oneTBB workers outlive it, comes after.
-      {{"l3_sub_latency", "1-task run through a sub worker (Level::Node), submit -> wait, p50/p99 vs a forked pipe "
-                          "ping-pong"},
+      {{"l3_sub_latency",
+        "1-task run through a sub worker (Level::Node), submit -> wait, p50/p99 vs a forked pipe "
+        "ping-pong"},
        &l3_sub_latency},
-      {{"l3_pipelined", "runs/s of 1-task runs through one chip child at depth 1..64 vs the L2 Worker at the same depth"},
+      {{"l3_pipelined",
+        "runs/s of 1-task runs through one chip child at depth 1..64 vs the L2 Worker at the same depth"},
        &l3_pipelined},
-      {{"l4_latency", "1-task run through a forked node (Level::Network -> NodeCallable -> one sub task), submit -> "
-                      "wait, p50/p99 vs the same sub task on a Level::Node Worker"},
+      {{"l4_latency",
+        "1-task run through a forked node (Level::Network -> NodeCallable -> one sub task), submit -> "
+        "wait, p50/p99 vs the same sub task on a Level::Node Worker"},
        &l4_latency},
-      {{"mailbox_round_trip", "parent <-> forked child over the mailbox (control command, request ACK, terminal), "
-                              "p50/p99 vs a forked cache-line ping-pong"},
+      {{"mailbox_round_trip",
+        "parent <-> forked child over the mailbox (control command, request ACK, terminal), "
+        "p50/p99 vs a forked cache-line ping-pong"},
        &mailbox_round_trip},
       {{"mailbox_bytes", "mailbox_size at grant 1, 2, 3, 64, 1024 (exact bytes) vs the old fixed 3 x 64 KiB layout"},
        &mailbox_bytes},
       {{"dispatch", "ns per no-op task for 10k tasks: independent, chain, layered DAG vs a oneTBB flow graph"},
        &dispatch},
-      {{"idle_cpu", "% of one CPU burned by an idle a2a3-geometry chip over 1 s vs an idle process"},
-       &idle_cpu},
+      {{"idle_cpu", "% of one CPU burned by an idle a2a3-geometry chip over 1 s vs an idle process"}, &idle_cpu},
       {{"native_run", "prepare + launch + finalize of an empty and a one-task native run, p50/p99 vs a condvar pool"},
        &native_run},
   };

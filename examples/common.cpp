@@ -28,8 +28,9 @@ Result<std::string> kernel_path(const std::string& kernel) {
   }
   std::string looked;
   for (const std::string& dir : dirs) looked += fmt::format("{}{}", looked.empty() ? "" : ", ", dir);
-  return Status(StatusCode::kNotFound,
-                fmt::format("kernel {} not found in {} (set SIMPLER_KERNEL_DIR to the kernels directory)", file, looked));
+  return Status(
+      StatusCode::kNotFound,
+      fmt::format("kernel {} not found in {} (set SIMPLER_KERNEL_DIR to the kernels directory)", file, looked));
 }
 
 Result<KernelLibrary> load_kernels(const std::vector<KernelSpec>& specs) {
@@ -60,8 +61,8 @@ int pipeline_slots(const ExampleOptions& options, int runs) {
   return std::max(1, std::min(options.pipeline_depth, runs));
 }
 
-Result<PipelineTotals> run_pipelined(const std::string& name, const ExampleOptions& options, int runs,
-                                     int slots, const SubmitFn& submit, const CheckFn& check) {
+Result<PipelineTotals> run_pipelined(const std::string& name, const ExampleOptions& options, int runs, int slots,
+                                     const SubmitFn& submit, const CheckFn& check) {
   struct InFlight {
     int run;
     int slot;
@@ -134,8 +135,8 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi) {
   return v;
 }
 
-std::string compare_floats(const std::vector<float>& got, const std::vector<float>& want, int64_t cols,
-                           float atol, float rtol) {
+std::string compare_floats(const std::vector<float>& got, const std::vector<float>& want, int64_t cols, float atol,
+                           float rtol) {
   if (got.size() != want.size()) return fmt::format("got {} elements, want {}", got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
     // Written so that a NaN in either fails the check.

@@ -66,8 +66,8 @@ struct PipelineTotals {
 // draining what is in flight) and is returned.
 using SubmitFn = std::function<Result<RunHandle>(int run, int slot)>;
 using CheckFn = std::function<Status(const RunOutcome& outcome, std::string* mismatch)>;
-Result<PipelineTotals> run_pipelined(const std::string& name, const ExampleOptions& options, int runs,
-                                     int slots, const SubmitFn& submit, const CheckFn& check);
+Result<PipelineTotals> run_pipelined(const std::string& name, const ExampleOptions& options, int runs, int slots,
+                                     const SubmitFn& submit, const CheckFn& check);
 
 int pipeline_slots(const ExampleOptions& options, int runs);
 
@@ -76,8 +76,8 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi);
 
 // The first element where |got - want| > atol + rtol * |want|, described with its
 // row and column; empty when all match.
-std::string compare_floats(const std::vector<float>& got, const std::vector<float>& want, int64_t cols,
-                           float atol, float rtol);
+std::string compare_floats(const std::vector<float>& got, const std::vector<float>& want, int64_t cols, float atol,
+                           float rtol);
 
 Result<ExampleReport> run_vector_add(const ExampleOptions& options);
 Result<ExampleReport> run_matmul_chain(const ExampleOptions& options);

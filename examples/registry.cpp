@@ -17,8 +17,10 @@ const std::vector<Entry>& entries() {
       {{"node_pipeline", "L3: 2 chip children + 1 sub worker; per run a vector_add per chip, then a sub task sums both",
         64},
        run_node_pipeline},
-      {{"network_pipeline", "L4: 2 forked nodes (1 chip + 1 sub worker each) run a NodeCallable per run; a network "
-        "sub task sums both", 32},
+      {{"network_pipeline",
+        "L4: 2 forked nodes (1 chip + 1 sub worker each) run a NodeCallable per run; a network "
+        "sub task sums both",
+        32},
        run_network_pipeline},
       {{"vector_add", "one AIV task: c = a + b over 65536 f32", 200}, run_vector_add},
       {{"matmul_chain", "tiled relu(A·B + bias): 384 AIC/AIV tasks per run with per-tile chains", 32},

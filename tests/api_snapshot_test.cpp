@@ -15,9 +15,9 @@
 
 #include "api_snapshot/api_normalize.h"
 #include "chip/chip_worker.h"
-#include "simpler/simpler.h"
 #include "ipc/mailbox_layout.h"
 #include "node/node_worker.h"
+#include "simpler/simpler.h"
 #include "test_util.h"
 
 namespace simpler::testing {
@@ -50,8 +50,8 @@ TEST(ApiSnapshot, R71PublicHeadersMatchTheSnapshot) {
     }
     return std::string("(preamble)");
   }();
-  ADD_FAILURE() << "the public API differs from " << SIMPLER_API_SNAPSHOT << " at line " << i + 1 << " (in "
-                << header << "):\n"
+  ADD_FAILURE() << "the public API differs from " << SIMPLER_API_SNAPSHOT << " at line " << i + 1 << " (in " << header
+                << "):\n"
                 << "  snapshot: " << (i < recorded.size() ? recorded[i] : "<end of snapshot>") << "\n"
                 << "  headers:  " << (i < now->size() ? (*now)[i] : "<end of headers>") << "\n"
                 << "(" << recorded.size() << " snapshot lines, " << now->size() << " from the headers.)\n"
@@ -69,11 +69,8 @@ TEST(ApiSnapshot, R71NormalizerDropsOnlyCommentsAndLayout) {
       "uint64_t n = 1'000'000; /* spans\n"
       "   lines */ int g();\n"
       "const char* q = \"a\\\"//b\";\n");
-  const std::vector<std::string> want{"int f(int a, int b);",
-                                      "const char* url = \"http://x // y\"; char s = '/';",
-                                      "uint64_t n = 1'000'000;",
-                                      "int g();",
-                                      "const char* q = \"a\\\"//b\";"};
+  const std::vector<std::string> want{"int f(int a, int b);", "const char* url = \"http://x // y\"; char s = '/';",
+                                      "uint64_t n = 1'000'000;", "int g();", "const char* q = \"a\\\"//b\";"};
   EXPECT_EQ(got, want);
 }
 

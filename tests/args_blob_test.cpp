@@ -183,8 +183,8 @@ TEST(ArgsBlob, CountAboveTheLimitIsRefusedEvenWhenTheLengthAgrees) {
 TEST(ArgsBlob, HeaderLengthThatDisagreesWithCountIsRefused) {
   std::vector<uint8_t> bytes = encode(sample_args());
   ArgsBlobHeader h = header_of(bytes);
-  for (uint32_t total : {h.total_bytes - 1, h.total_bytes + 1, 0u, 0xffffffffu,
-                         static_cast<uint32_t>(args_blob_size(h.count - 1))}) {
+  for (uint32_t total :
+       {h.total_bytes - 1, h.total_bytes + 1, 0u, 0xffffffffu, static_cast<uint32_t>(args_blob_size(h.count - 1))}) {
     ArgsBlobHeader bad = h;
     bad.total_bytes = total;
     set_header(bytes, bad);

@@ -40,10 +40,12 @@ TEST(Status, CarriesCodeAndMessage) {
 }
 
 TEST(Status, EveryCodeHasADistinctName) {
-  const StatusCode codes[] = {StatusCode::kOk,           StatusCode::kInvalidArgument,   StatusCode::kNotFound,
-                              StatusCode::kFailedPrecondition, StatusCode::kOutOfRange, StatusCode::kResourceExhausted,
-                              StatusCode::kKernelFailed, StatusCode::kDeadlineExceeded, StatusCode::kAborted,
-                              StatusCode::kUnimplemented, StatusCode::kInternal};
+  const StatusCode codes[] = {StatusCode::kOk,           StatusCode::kInvalidArgument,
+                              StatusCode::kNotFound,     StatusCode::kFailedPrecondition,
+                              StatusCode::kOutOfRange,   StatusCode::kResourceExhausted,
+                              StatusCode::kKernelFailed, StatusCode::kDeadlineExceeded,
+                              StatusCode::kAborted,      StatusCode::kUnimplemented,
+                              StatusCode::kInternal};
   std::set<std::string> names;
   for (StatusCode c : codes) {
     const std::string n = status_code_name(c);
@@ -224,7 +226,8 @@ TEST(Doorbell, RingWakesEveryParkedThread) {
 
 TEST(SpinThenPark, ReturnsTrueAtOnceWhenReady) {
   Doorbell bell;
-  EXPECT_TRUE(spin_then_park(bell, [] { return true; }, SpinPolicy{}, now_ns() + 1'000'000));
+  EXPECT_TRUE(spin_then_park(
+      bell, [] { return true; }, SpinPolicy{}, now_ns() + 1'000'000));
 }
 
 TEST(SpinThenPark, ReturnsFalseAtTheDeadline) {
@@ -232,14 +235,21 @@ TEST(SpinThenPark, ReturnsFalseAtTheDeadline) {
   Doorbell bell;
   int calls = 0;
   const uint64_t deadline = now_ns() + 5'000'000;  // 5 ms
-  EXPECT_FALSE(spin_then_park(bell, [&] { ++calls; return false; }, SpinPolicy{}, deadline));
+  EXPECT_FALSE(spin_then_park(
+      bell,
+      [&] {
+        ++calls;
+        return false;
+      },
+      SpinPolicy{}, deadline));
   EXPECT_GE(now_ns(), deadline);
   EXPECT_GT(calls, 0);
   // In the spin window too (a deadline shorter than the spin).
   SpinPolicy long_spin;
   long_spin.spin_ns = 10'000'000'000ull;
   const uint64_t d2 = now_ns() + 1'000'000;
-  EXPECT_FALSE(spin_then_park(bell, [] { return false; }, long_spin, d2));
+  EXPECT_FALSE(spin_then_park(
+      bell, [] { return false; }, long_spin, d2));
   EXPECT_GE(now_ns(), d2);
 }
 
@@ -253,8 +263,8 @@ TEST(SpinThenPark, WakesWhenAnotherThreadMakesItReadyAndRings) {
     ready.store(true);
     bell.ring();
   });
-  const bool ok = spin_then_park(bell, [&] { return ready.load(); }, no_spin,
-                                 now_ns() + std::chrono::nanoseconds(kWait).count());
+  const bool ok = spin_then_park(
+      bell, [&] { return ready.load(); }, no_spin, now_ns() + std::chrono::nanoseconds(kWait).count());
   producer.join();
   EXPECT_TRUE(ok);
 }

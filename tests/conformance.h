@@ -77,9 +77,9 @@ class TargetTest : public ::testing::TestWithParam<ChipTarget> {
 }  // namespace simpler::testing
 
 // Instantiates `suite` over every target (or the concurrent ones).
-#define SIMPLER_ON_EVERY_TARGET(suite) \
+#define SIMPLER_ON_EVERY_TARGET(suite)                                                                  \
   INSTANTIATE_TEST_SUITE_P(Conformance, suite, ::testing::ValuesIn(::simpler::testing::every_target()), \
                            ::simpler::testing::target_name)
-#define SIMPLER_ON_CONCURRENT_TARGETS(suite) \
+#define SIMPLER_ON_CONCURRENT_TARGETS(suite)                                                                  \
   INSTANTIATE_TEST_SUITE_P(Conformance, suite, ::testing::ValuesIn(::simpler::testing::concurrent_targets()), \
                            ::simpler::testing::target_name)

@@ -359,8 +359,7 @@ TEST(SimDevice, DestroyWithoutStopJoinsNothingAndLeaksNothing) {
 TEST(SimDevice, CreateRefusesBadGeometryAndMemory) {
   EXPECT_REFUSED(SimDevice::create(Geometry{"g", 0, 1}, 1 << 20).status(), StatusCode::kInvalidArgument,
                  "geometry.clusters");
-  EXPECT_REFUSED(SimDevice::create(Geometry::small(), 0).status(), StatusCode::kInvalidArgument,
-                 "device_memory_bytes");
+  EXPECT_REFUSED(SimDevice::create(Geometry::small(), 0).status(), StatusCode::kInvalidArgument, "device_memory_bytes");
 }
 
 }  // namespace

@@ -163,8 +163,8 @@ TEST(FirstFitAllocator, DoubleFreeAndForeignAddressesAreRefusedByName) {
   auto a = ff.allocate(256);
   ASSERT_TRUE(a.ok());
   const uint64_t before = ff.free_bytes();
-  EXPECT_EQ(ff.free(*a + 64), Status(StatusCode::kInvalidArgument,
-                                     fmt::format("addr = {:#x} is not a live widget", *a + 64)));
+  EXPECT_EQ(ff.free(*a + 64),
+            Status(StatusCode::kInvalidArgument, fmt::format("addr = {:#x} is not a live widget", *a + 64)));
   EXPECT_REFUSED(ff.free(0), StatusCode::kInvalidArgument, "addr = 0x0 is not a live widget");
   EXPECT_EQ(ff.free_bytes(), before);
   EXPECT_EQ(ff.live_blocks(), 1u);

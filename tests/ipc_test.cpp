@@ -16,9 +16,7 @@
 #include "base/leak.h"
 #include "base/shared_memory.h"
 #include "chip/chip_worker.h"
-#include "simpler/simpler.h"
 #include "ipc/chip_child_handler.h"
-#include "simpler/kernel.h"
 #include "ipc/forked_child.h"
 #include "ipc/mailbox_child.h"
 #include "ipc/mailbox_endpoint.h"
@@ -26,6 +24,8 @@
 #include "ipc/serial_run_queue.h"
 #include "ipc/sub_worker_handler.h"
 #include "ipc_test_util.h"
+#include "simpler/kernel.h"
+#include "simpler/simpler.h"
 #include "task/args_blob.h"
 #include "test_util.h"
 
@@ -133,12 +133,14 @@ class MailboxFixture {
   }
   // Waits for a free frame first, as an admitter would.
   Publication publish_when_free(uint64_t run, const std::string& script, uint32_t task_slot = 0, bool staged = false) {
-    poll_until(*ep_, events_, [&] { return ep_->available_request_transport() > 0; }, "a free request frame");
+    poll_until(
+        *ep_, events_, [&] { return ep_->available_request_transport() > 0; }, "a free request frame");
     return publish(run, script, task_slot, staged);
   }
   bool wait_terminal(uint64_t run) {
-    return poll_until(*ep_, events_, [&] { return find_event(events_, run, EndpointEvent::Kind::kTerminal) != nullptr; },
-                      "terminal of run " + std::to_string(run));
+    return poll_until(
+        *ep_, events_, [&] { return find_event(events_, run, EndpointEvent::Kind::kTerminal) != nullptr; },
+        "terminal of run " + std::to_string(run));
   }
   const EndpointEvent* terminal(uint64_t run) const { return find_event(events_, run, EndpointEvent::Kind::kTerminal); }
   MailboxView view() const { return ep_->view(); }
@@ -249,8 +251,16 @@ TEST(MailboxLayout, R3EntryFieldsByMemberMatchExportedOffsets) {
   e.consumed_ack = 99;
   copy_text(e.error_text, sizeof e.error_text, "boom");
   const uint8_t* raw = reinterpret_cast<const uint8_t*>(&e);
-  auto u64 = [&](size_t off) { uint64_t x; std::memcpy(&x, raw + off, 8); return x; };
-  auto u32 = [&](size_t off) { uint32_t x; std::memcpy(&x, raw + off, 4); return x; };
+  auto u64 = [&](size_t off) {
+    uint64_t x;
+    std::memcpy(&x, raw + off, 8);
+    return x;
+  };
+  auto u32 = [&](size_t off) {
+    uint32_t x;
+    std::memcpy(&x, raw + off, 4);
+    return x;
+  };
   EXPECT_EQ(u64(kEntryOffGeneration), 11u);
   EXPECT_EQ(u64(kEntryOffRunId), 22u);
   EXPECT_EQ(u64(kEntryOffDispatchId), 33u);
@@ -265,7 +275,8 @@ TEST(MailboxLayout, R3EntryFieldsByMemberMatchExportedOffsets) {
   EXPECT_EQ(u64(kEntryOffConsumedAck), 99u);
   EXPECT_STREQ(reinterpret_cast<const char*>(raw + kEntryOffErrorText), "boom");
   // The neighbours are untouched: a member write never strides whole entries.
-  for (size_t i = kMailboxEntriesOffset + 2 * kMailboxEntryStride; i < kMailboxEntriesOffset + 3 * kMailboxEntryStride; ++i) {
+  for (size_t i = kMailboxEntriesOffset + 2 * kMailboxEntryStride; i < kMailboxEntriesOffset + 3 * kMailboxEntryStride;
+       ++i) {
     ASSERT_EQ(buf[i], 0x5a) << i;
   }
   for (size_t i = kMailboxEntriesOffset + 4 * kMailboxEntryStride; i < sizeof buf; ++i) ASSERT_EQ(buf[i], 0x5a) << i;
@@ -335,7 +346,8 @@ TEST_P(MailboxProtocol, R2FrameReusedWhileRunExecutes) {
   MailboxFixture fx(GetParam());
   fx.start_ready();
   const Publication a = fx.publish(1, "gate=1;fail=6;text=A's own text");
-  poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->frames_reclaimed() >= 1; }, "A's hand-back");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return fx.ep_->frames_reclaimed() >= 1; }, "A's hand-back");
   // Fill both frames so B necessarily reuses A's frame.
   const Publication b = fx.publish(2, "fail=6;text=B");
   const Publication c = fx.publish(3, "text=C");
@@ -357,7 +369,8 @@ TEST_P(MailboxProtocol, R4HandBackBeforeCompletion) {
   fx.start_ready();
   const Publication a = fx.publish(1, "gate=1;fail=6;text=A");
   const MailboxRunEntry& ea = fx.view().entry(a.entry);
-  poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(ea.consumed_ack) == a.publication; }, "A's ACK");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return load_acquire(ea.consumed_ack) == a.publication; }, "A's ACK");
   EXPECT_FALSE(mailbox_state_is_terminal(load_acquire(ea.state)));
   fx.publish(2, "text=filler");  // takes the other frame if A's is not first
   ASSERT_TRUE(fx.wait_terminal(2));
@@ -388,17 +401,20 @@ TEST_P(MailboxProtocol, R7GenerationParityIsOccupancy) {
   ASSERT_EQ(second.entry, first.entry) << "the freed entry is reoccupied";
   EXPECT_EQ(second.entry_generation, first.entry_generation + 2);
   EXPECT_EQ(odd_entries(fx.view()), 1u);
-  poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
-             "second's hand-back");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
+      "second's hand-back");
   // The ACK is the child's last store of the hand-off and the handler is
   // called only after it; the acceptance comes from the handler, so the
   // count is complete only once it arrived.
-  poll_until(*fx.ep_, fx.events_, [&] { return find_event(fx.events_, 2, EndpointEvent::Kind::kAccepted) != nullptr; },
-             "second's acceptance");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return find_event(fx.events_, 2, EndpointEvent::Kind::kAccepted) != nullptr; },
+      "second's acceptance");
   const uint32_t calls = handler_calls(fx);
   forge_frame(fx.view(), 0, first.entry, first.entry_generation);
-  poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(fx.view().frame(0).header.ready) == kMailboxFrameRefused; },
-             "the old generation's frame refused");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return load_acquire(fx.view().frame(0).header.ready) == kMailboxFrameRefused; },
+      "the old generation's frame refused");
   EXPECT_EQ(handler_calls(fx), calls) << "not executed";
   EXPECT_EQ(load_acquire(fx.view().entry(second.entry).run_id), 2u);
   EXPECT_FALSE(fx.ep_->poisoned().has_value());
@@ -415,14 +431,17 @@ TEST_P(MailboxProtocol, R8StaleHeaderIsResolvedByTheParent) {
   MailboxFixture fx(GetParam(), 2, &rec);
   fx.start_ready();
   const Publication a = fx.publish(1, "gate=1;fail=6;text=occupant");
-  poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
-             "the occupant's hand-back");
-  poll_until(*fx.ep_, fx.events_, [&] { return find_event(fx.events_, 1, EndpointEvent::Kind::kAccepted) != nullptr; },
-             "the occupant's acceptance");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
+      "the occupant's hand-back");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return find_event(fx.events_, 1, EndpointEvent::Kind::kAccepted) != nullptr; },
+      "the occupant's acceptance");
   const size_t before = rec.size();
   forge_frame(fx.view(), 1, a.entry, a.entry_generation + 2);
-  poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(fx.view().frame(1).header.ready) == kMailboxFrameRefused; },
-             "the stale frame returned");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return load_acquire(fx.view().frame(1).header.ready) == kMailboxFrameRefused; },
+      "the stale frame returned");
   if (GetParam() == ChildKind::kRealLoop) {
     const auto log = rec.snapshot();
     for (size_t k = before; k < log.size(); ++k) {
@@ -447,13 +466,17 @@ TEST_P(MailboxProtocol, R9UnattributableHeaderStopsTheEndpoint) {
     fx.start_ready();
     fx.publish(1, "gate=1;text=held 1");
     fx.publish_when_free(2, "gate=1;text=held 2");
-    poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
-               "both hand-backs");
+    poll_until(
+        *fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
+        "both hand-backs");
     // Both handler calls follow their ACKs: count them only once both runs were accepted.
-    poll_until(*fx.ep_, fx.events_, [&] {
-      return find_event(fx.events_, 1, EndpointEvent::Kind::kAccepted) != nullptr &&
-             find_event(fx.events_, 2, EndpointEvent::Kind::kAccepted) != nullptr;
-    }, "both acceptances");
+    poll_until(
+        *fx.ep_, fx.events_,
+        [&] {
+          return find_event(fx.events_, 1, EndpointEvent::Kind::kAccepted) != nullptr &&
+                 find_event(fx.events_, 2, EndpointEvent::Kind::kAccepted) != nullptr;
+        },
+        "both acceptances");
     const uint32_t calls = handler_calls(fx);
     const size_t before = rec.size();
     if (kind == 0) {
@@ -503,10 +526,14 @@ TEST_P(MailboxProtocol, R10ReclaimSignalsAreLevels) {
     const Publication b = fx.publish(10 * round + 2, "text=b");
     // Wait on the mapping itself, without polling, until both are terminal.
     Doorbell& bell = fx.view().control().parent_bell;
-    ASSERT_TRUE(spin_then_park(bell, [&] {
-      return mailbox_state_is_terminal(load_acquire(fx.view().entry(a.entry).state)) &&
-             mailbox_state_is_terminal(load_acquire(fx.view().entry(b.entry).state));
-    }, SpinPolicy{}, now_ns() + kTestWaitNs)) << "runs never finished";
+    ASSERT_TRUE(spin_then_park(
+        bell,
+        [&] {
+          return mailbox_state_is_terminal(load_acquire(fx.view().entry(a.entry).state)) &&
+                 mailbox_state_is_terminal(load_acquire(fx.view().entry(b.entry).state));
+        },
+        SpinPolicy{}, now_ns() + kTestWaitNs))
+        << "runs never finished";
     std::vector<EndpointEvent> events;
     fx.ep_->poll(events);
     EXPECT_EQ(count_events(events, 10 * round + 1, EndpointEvent::Kind::kTerminal), 1u);
@@ -547,8 +574,8 @@ TEST_P(MailboxProtocol, R12ReadinessOnFramesIdentityOnEntries) {
   EXPECT_EQ(load_acquire(v.entry(p.entry).entry_generation) % 2, 1u);
   EXPECT_EQ(v.entry(p.entry).task_slot, 5u);
   fx.start_ready();
-  poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
-             "hand-back");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; }, "hand-back");
   EXPECT_EQ(load_acquire(v.entry(p.entry).state), static_cast<uint32_t>(kMailboxFrameStaged));
   EXPECT_EQ(load_acquire(v.frame(p.frame).header.ready), static_cast<uint32_t>(kMailboxIdle));
   fx.open_gate(1);
@@ -567,8 +594,8 @@ TEST_P(MailboxProtocol, R12StagedRequestWaitsForActivation) {
   EXPECT_EQ(load_acquire(v.entry(p.entry).state), static_cast<uint32_t>(kMailboxIdle));
   EXPECT_EQ(load_acquire(v.entry(p.entry).entry_generation) % 2, 1u);
   fx.start_ready();
-  poll_until(*fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; },
-             "hand-back");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return fx.ep_->available_request_transport() == kMailboxRequestFrames; }, "hand-back");
   EXPECT_EQ(load_acquire(v.entry(p.entry).state), static_cast<uint32_t>(kMailboxFrameStaged));
   EXPECT_EQ(load_acquire(v.frame(p.frame).header.ready), static_cast<uint32_t>(kMailboxIdle));
   EXPECT_EQ(handler_calls(fx), 0u) << "a staged request runs only at ACTIVATE";
@@ -587,7 +614,8 @@ TEST_P(MailboxProtocol, R12StagedRequestWaitsForActivation) {
 
   const Publication q = fx.publish_when_free(8, "text=never", 6, true);
   EXPECT_FALSE(fx.ep_->activate(Publication{q.frame, q.entry, q.entry_generation + 2, q.publication}, true).ok());
-  poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(v.entry(q.entry).state) == kMailboxFrameStaged; }, "staging");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return load_acquire(v.entry(q.entry).state) == kMailboxFrameStaged; }, "staging");
   ASSERT_TRUE(fx.ep_->activate(q, false).ok());
   ASSERT_TRUE(fx.wait_terminal(8));
   EXPECT_EQ(fx.terminal(8)->status.code(), StatusCode::kAborted) << fx.terminal(8)->status.to_string();
@@ -601,8 +629,9 @@ TEST_P(MailboxProtocol, R11ShutdownEndsAStagedRequest) {
   MailboxFixture fx(GetParam(), 2);
   const Publication p = fx.publish(3, "text=x", 0, true);
   fx.start_ready();
-  poll_until(*fx.ep_, fx.events_, [&] { return load_acquire(fx.view().entry(p.entry).state) == kMailboxFrameStaged; },
-             "staging");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return load_acquire(fx.view().entry(p.entry).state) == kMailboxFrameStaged; },
+      "staging");
   fx.ep_->request_shutdown();
   ASSERT_TRUE(fx.wait_terminal(3));
   EXPECT_EQ(fx.terminal(3)->status.code(), StatusCode::kAborted) << fx.terminal(3)->status.to_string();
@@ -755,8 +784,9 @@ TEST_P(MailboxProtocol, R16LaunchAcceptanceIsStickyOnTheEntry) {
   fx.start_ready();
   const Publication a = fx.publish(1, "text=short");
   Doorbell& bell = fx.view().control().parent_bell;
-  ASSERT_TRUE(spin_then_park(bell, [&] { return mailbox_state_is_terminal(load_acquire(fx.view().entry(a.entry).state)); },
-                             SpinPolicy{}, now_ns() + kTestWaitNs));
+  ASSERT_TRUE(spin_then_park(
+      bell, [&] { return mailbox_state_is_terminal(load_acquire(fx.view().entry(a.entry).state)); }, SpinPolicy{},
+      now_ns() + kTestWaitNs));
   std::vector<EndpointEvent> events;
   fx.ep_->poll(events);
   ASSERT_EQ(events.size(), 2u);
@@ -772,8 +802,9 @@ TEST_P(MailboxProtocol, R16LaunchAcceptanceIsStickyOnTheEntry) {
   EXPECT_EQ(fx.view().entry(b.entry).accepted, 0u);
 
   const Publication c = fx.publish(3, "gate=1");
-  poll_until(*fx.ep_, fx.events_, [&] { return find_event(fx.events_, 3, EndpointEvent::Kind::kAccepted) != nullptr; },
-             "acceptance of 3");
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return find_event(fx.events_, 3, EndpointEvent::Kind::kAccepted) != nullptr; },
+      "acceptance of 3");
   for (int i = 0; i < 3; ++i) fx.ep_->poll(fx.events_);
   EXPECT_EQ(load_acquire(fx.view().entry(c.entry).accepted), 1u);
   fx.open_gate(1);
@@ -857,7 +888,8 @@ TEST(MailboxStoreOrder, R5AckIsTheLastStoreToAFrame) {
       if (ack && frame_of_pub.count(s.value) && frame_of_pub[s.value] == f) seq.push_back('A');
     }
     ASSERT_FALSE(seq.empty());
-    for (size_t k = 0; k < seq.size(); ++k) ASSERT_EQ(seq[k], k % 2 == 0 ? 'I' : 'A') << "frame " << f << " store " << k;
+    for (size_t k = 0; k < seq.size(); ++k)
+      ASSERT_EQ(seq[k], k % 2 == 0 ? 'I' : 'A') << "frame " << f << " store " << k;
     EXPECT_EQ(seq.back(), 'A');
   }
 }
@@ -943,7 +975,8 @@ TEST(MailboxStoreOrder, SubWorkerRunsShortFunctionsOnTheLoop) {
        [&](const TaskArgsView&) {
          // Longer than the inline budget on any machine: the duration is what is under test.
          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-         if (!spin_then_park(release_bell, [&] { return release.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs)) {
+         if (!spin_then_park(
+                 release_bell, [&] { return release.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs)) {
            return Status(StatusCode::kDeadlineExceeded, "the long function was never released");
          }
          std::lock_guard<std::mutex> lock(mu);
@@ -968,8 +1001,9 @@ TEST(MailboxStoreOrder, SubWorkerRunsShortFunctionsOnTheLoop) {
     ASSERT_TRUE((*ep)->publish(s).ok());
   };
   auto terminal = [&](uint64_t run) {
-    return poll_until(**ep, events, [&] { return find_event(events, run, EndpointEvent::Kind::kTerminal) != nullptr; },
-                      "terminal of run " + std::to_string(run));
+    return poll_until(
+        **ep, events, [&] { return find_event(events, run, EndpointEvent::Kind::kTerminal) != nullptr; },
+        "terminal of run " + std::to_string(run));
   };
 
   const uint64_t kShortRuns = 200;
@@ -988,8 +1022,9 @@ TEST(MailboxStoreOrder, SubWorkerRunsShortFunctionsOnTheLoop) {
   // it is handed back at once and queued, not run inline ahead of it.
   publish(kShortRuns + 1, 1);
   publish(kShortRuns + 2, 0);
-  ASSERT_TRUE(poll_until(**ep, events, [&] { return (*ep)->available_request_transport() == kMailboxRequestFrames; },
-                         "both frames handed back while the long run executes"));
+  ASSERT_TRUE(poll_until(
+      **ep, events, [&] { return (*ep)->available_request_transport() == kMailboxRequestFrames; },
+      "both frames handed back while the long run executes"));
   EXPECT_EQ(find_event(events, kShortRuns + 1, EndpointEvent::Kind::kTerminal), nullptr);
   EXPECT_EQ(find_event(events, kShortRuns + 2, EndpointEvent::Kind::kTerminal), nullptr);
   release.store(true);
@@ -1073,7 +1108,8 @@ class HarvestFixture {
   // Publishes runs 1..n and returns their requests and tickets in that order.
   std::vector<QueueJob> harvest(uint64_t n) {
     for (uint64_t run = 1; run <= n; ++run) {
-      poll_until(*ep_, events_, [&] { return ep_->available_request_transport() > 0; }, "a free request frame");
+      poll_until(
+          *ep_, events_, [&] { return ep_->available_request_transport() > 0; }, "a free request frame");
       PublishSpec s;
       s.run_id = run;
       s.dispatch_id = run;
@@ -1083,8 +1119,9 @@ class HarvestFixture {
     return harvester_.take();
   }
   const EndpointEvent* wait_event(uint64_t run, EndpointEvent::Kind kind) {
-    poll_until(*ep_, events_, [&] { return find_event(events_, run, kind) != nullptr; },
-               "an event of run " + std::to_string(run));
+    poll_until(
+        *ep_, events_, [&] { return find_event(events_, run, kind) != nullptr; },
+        "an event of run " + std::to_string(run));
     return find_event(events_, run, kind);
   }
   bool has_terminal(uint64_t run) {
@@ -1116,7 +1153,8 @@ TEST(SerialRunQueue, RunsInArrivalOrderAndInlineOnlyWhenNothingIsQueuedOrRunning
   SerialRunQueue q("test queue", SpinPolicy{}, [&](RunRequest& request, const RunTicket& ticket) {
     if (request.run_id == 1) {
       first_entered.store(true);
-      (void)spin_then_park(release_bell, [&] { return release.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs);
+      (void)spin_then_park(
+          release_bell, [&] { return release.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs);
     }
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -1209,7 +1247,8 @@ TEST(SerialRunQueue, DrainLeavesARunStuckInItsCallBehind) {
   Stuck* s = abandon(new Stuck());
   s->queue = std::make_unique<SerialRunQueue>("test queue", SpinPolicy{}, [s](RunRequest&, const RunTicket&) {
     s->entered.store(true);
-    (void)spin_then_park(s->bell, [s] { return s->release.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs);
+    (void)spin_then_park(
+        s->bell, [s] { return s->release.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs);
     s->left.store(true);  // the ticket is left alone: its mailbox may be gone by now
   });
   s->queue->init();
@@ -1282,7 +1321,8 @@ Publication publish_to(MailboxEndpoint& ep, uint64_t run, const std::string& scr
 }
 
 struct Gates {
-  Gates() : map(std::move(SharedMapping::create_anonymous(sizeof(TestGates))).value()), g(new (map.data()) TestGates()) {}
+  Gates()
+      : map(std::move(SharedMapping::create_anonymous(sizeof(TestGates))).value()), g(new (map.data()) TestGates()) {}
   SharedMapping map;
   TestGates* g;
 };
@@ -1297,18 +1337,23 @@ TEST(MailboxProcess, ChildDeathGivesEveryHeldRunATerminal) {
   std::vector<EndpointEvent> ea, eb;
   publish_to(a->endpoint(), 1, "gate=1");
   publish_to(a->endpoint(), 2, "gate=1");
-  poll_until(a->endpoint(), ea, [&] { return a->endpoint().available_request_transport() == 2; }, "hand-backs");
+  poll_until(
+      a->endpoint(), ea, [&] { return a->endpoint().available_request_transport() == 2; }, "hand-backs");
   ASSERT_EQ(::kill(a->pid(), SIGKILL), 0);
-  poll_until(a->endpoint(), ea, [&] {
-    return find_event(ea, 1, EndpointEvent::Kind::kTerminal) && find_event(ea, 2, EndpointEvent::Kind::kTerminal);
-  }, "terminals of the dead child's runs");
+  poll_until(
+      a->endpoint(), ea,
+      [&] {
+        return find_event(ea, 1, EndpointEvent::Kind::kTerminal) && find_event(ea, 2, EndpointEvent::Kind::kTerminal);
+      },
+      "terminals of the dead child's runs");
   const EndpointEvent* t1 = find_event(ea, 1, EndpointEvent::Kind::kTerminal);
   ASSERT_NE(t1, nullptr);
   EXPECT_TRUE(t1->endpoint_failure);
   EXPECT_NE(t1->status.message().find("signal 9"), std::string::npos) << t1->status.to_string();
   EXPECT_EQ(t1->status, find_event(ea, 2, EndpointEvent::Kind::kTerminal)->status);
   publish_to(b->endpoint(), 3, "fail=6;text=still serving");
-  poll_until(b->endpoint(), eb, [&] { return find_event(eb, 3, EndpointEvent::Kind::kTerminal) != nullptr; }, "B's run");
+  poll_until(
+      b->endpoint(), eb, [&] { return find_event(eb, 3, EndpointEvent::Kind::kTerminal) != nullptr; }, "B's run");
   EXPECT_EQ(find_event(eb, 3, EndpointEvent::Kind::kTerminal)->status.message(), "still serving");
   gates.g->open_gate(1);
   std::vector<EndpointEvent> rest;
@@ -1327,12 +1372,14 @@ TEST(MailboxProcess, HungChildIsKilledPastItsDeadline) {
   ASSERT_TRUE(a && b);
   std::vector<EndpointEvent> ea, eb;
   publish_to(a->endpoint(), 1, "gate=9");  // never opened
-  poll_until(a->endpoint(), ea, [&] { return find_event(ea, 1, EndpointEvent::Kind::kTerminal) != nullptr; },
-             "the hung run's terminal");
+  poll_until(
+      a->endpoint(), ea, [&] { return find_event(ea, 1, EndpointEvent::Kind::kTerminal) != nullptr; },
+      "the hung run's terminal");
   EXPECT_EQ(find_event(ea, 1, EndpointEvent::Kind::kTerminal)->status.code(), StatusCode::kDeadlineExceeded);
   EXPECT_FALSE(a->check().ok()) << "killed and reaped";
   publish_to(b->endpoint(), 2, "text=fine");
-  poll_until(b->endpoint(), eb, [&] { return find_event(eb, 2, EndpointEvent::Kind::kTerminal) != nullptr; }, "B's run");
+  poll_until(
+      b->endpoint(), eb, [&] { return find_event(eb, 2, EndpointEvent::Kind::kTerminal) != nullptr; }, "B's run");
   std::vector<EndpointEvent> rest;
   (void)a->close(now_ns() + kTestWaitNs, rest);
   EXPECT_TRUE(b->close(now_ns() + kTestWaitNs, rest).ok());
@@ -1364,10 +1411,12 @@ TEST(MailboxProcess, R9UnattributableHeaderStopsAForkedChild) {
   ASSERT_TRUE(a);
   std::vector<EndpointEvent> events;
   publish_to(a->endpoint(), 1, "gate=1");
-  poll_until(a->endpoint(), events, [&] { return a->endpoint().available_request_transport() == 2; }, "hand-back");
+  poll_until(
+      a->endpoint(), events, [&] { return a->endpoint().available_request_transport() == 2; }, "hand-back");
   forge_frame(a->endpoint().view(), 0, 1u << 20, 1);
-  poll_until(a->endpoint(), events, [&] { return find_event(events, 1, EndpointEvent::Kind::kTerminal) != nullptr; },
-             "the held run's terminal");
+  poll_until(
+      a->endpoint(), events, [&] { return find_event(events, 1, EndpointEvent::Kind::kTerminal) != nullptr; },
+      "the held run's terminal");
   EXPECT_NE(find_event(events, 1, EndpointEvent::Kind::kTerminal)->status.message().find("unattributable"),
             std::string::npos);
   std::vector<EndpointEvent> rest;
@@ -1386,8 +1435,9 @@ TEST(MailboxProcess, ChipChildRunsThroughTheMailbox) {
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_add_one_kernel", ipc_add_one_kernel).ok());
   std::vector<ChipCallable> callables;
-  callables.emplace_back("add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); },
-                         k, std::vector<Param>{Param::inout()});
+  callables.emplace_back(
+      "add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+      std::vector<Param>{Param::inout()});
   const Digest digest = callables[0].digest();
   WorkerConfig cfg;
   cfg.pipeline_depth = 2;
@@ -1407,13 +1457,15 @@ TEST(MailboxProcess, ChipChildRunsThroughTheMailbox) {
   ASSERT_TRUE(encode_args_blob(args, blob).ok());
   std::vector<EndpointEvent> events;
   for (uint64_t run = 1; run <= 3; ++run) {
-    poll_until(ep, events, [&] { return ep.available_request_transport() > 0; }, "a free frame");
+    poll_until(
+        ep, events, [&] { return ep.available_request_transport() > 0; }, "a free frame");
     PublishSpec s;
     s.run_id = run;
     s.callable = digest;
     s.args_blob = blob;
     ASSERT_TRUE(ep.publish(s).ok());
-    poll_until(ep, events, [&] { return find_event(events, run, EndpointEvent::Kind::kTerminal) != nullptr; }, "chip run");
+    poll_until(
+        ep, events, [&] { return find_event(events, run, EndpointEvent::Kind::kTerminal) != nullptr; }, "chip run");
     const EndpointEvent* t = find_event(events, run, EndpointEvent::Kind::kTerminal);
     EXPECT_TRUE(t->status.ok()) << t->status.to_string();
     EXPECT_TRUE(t->accepted);
@@ -1425,7 +1477,8 @@ TEST(MailboxProcess, ChipChildRunsThroughTheMailbox) {
   bad.run_id = 9;
   bad.args_blob = blob;
   ASSERT_TRUE(ep.publish(bad).ok());
-  poll_until(ep, events, [&] { return find_event(events, 9, EndpointEvent::Kind::kTerminal) != nullptr; }, "bad run");
+  poll_until(
+      ep, events, [&] { return find_event(events, 9, EndpointEvent::Kind::kTerminal) != nullptr; }, "bad run");
   EXPECT_EQ(find_event(events, 9, EndpointEvent::Kind::kTerminal)->status.code(), StatusCode::kNotFound);
   std::vector<float> out(64);
   ASSERT_TRUE(ep.control_copy_from(*addr, 0, {reinterpret_cast<uint8_t*>(out.data()), 256}, deadline).ok());

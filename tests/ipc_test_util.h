@@ -35,8 +35,12 @@ struct RecordedStore {
 
 class RecordingStores final : public StorePrimitive {
  public:
-  void store32(uint32_t& w, uint32_t v) override { record(&w, 4, v, [&] { store_release(w, v); }); }
-  void store64(uint64_t& w, uint64_t v) override { record(&w, 8, v, [&] { store_release(w, v); }); }
+  void store32(uint32_t& w, uint32_t v) override {
+    record(&w, 4, v, [&] { store_release(w, v); });
+  }
+  void store64(uint64_t& w, uint64_t v) override {
+    record(&w, 8, v, [&] { store_release(w, v); });
+  }
   void store_bytes(void* dst, const void* src, size_t n) override {
     record(dst, n, 0, [&] { std::memcpy(dst, src, n); });
   }
@@ -175,15 +179,19 @@ class TestHandler final : public RunHandler {
     }
     gates_->bell.ring();
   }
-  Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity) override {
+  Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes,
+                               uint32_t capacity) override {
     return memory_.serve(cmd, data, in_bytes, capacity);
   }
   void drain(uint64_t deadline_ns) override {
     if (!thread_.joinable()) return;
-    spin_then_park(gates_->bell, [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      return jobs_.empty();
-    }, SpinPolicy{}, deadline_ns);
+    spin_then_park(
+        gates_->bell,
+        [&] {
+          std::lock_guard<std::mutex> lock(mu_);
+          return jobs_.empty();
+        },
+        SpinPolicy{}, deadline_ns);
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
@@ -222,10 +230,13 @@ class TestHandler final : public RunHandler {
   }
   void loop() {
     for (;;) {
-      spin_then_park(gates_->bell, [&] {
-        std::lock_guard<std::mutex> lock(mu_);
-        return stopping_ || advance();
-      }, SpinPolicy{});
+      spin_then_park(
+          gates_->bell,
+          [&] {
+            std::lock_guard<std::mutex> lock(mu_);
+            return stopping_ || advance();
+          },
+          SpinPolicy{});
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
       gates_->bell.ring();  // completions may unblock a drain waiting on the same bell
@@ -260,7 +271,8 @@ class MockMailboxWorker {
     c.parent_bell.ring();
     for (;;) {
       // Gate openings ring the gates' bell and the test also rings ours.
-      spin_then_park(c.child_bell, [&] { return pending(handled); }, SpinPolicy{});
+      spin_then_park(
+          c.child_bell, [&] { return pending(handled); }, SpinPolicy{});
       if (load_acquire(c.shutdown) != 0) return sweep();
       if (const uint64_t seq = load_acquire(c.cmd_seq); seq != handled) {
         auto r = memory_.serve(ControlCommand{static_cast<MailboxControlOp>(c.cmd_op),

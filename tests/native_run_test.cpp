@@ -3,11 +3,11 @@
 // Drives ChipWorker directly on the small simulated chip.
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <barrier>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <time.h>
+#include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -17,8 +17,8 @@
 
 #include "base/doorbell.h"
 #include "chip/chip_worker.h"
-#include "conformance.h"
 #include "chip/pipeline_contract.h"
+#include "conformance.h"
 #include "device/backend_registry.h"
 #include "simpler/simpler.h"
 
@@ -52,7 +52,8 @@ struct Gate {
     bell.ring();
   }
   bool wait_entered(uint32_t n) {
-    return spin_then_park(bell, [&] { return entered.load() >= n; }, SpinPolicy{}, deadline());
+    return spin_then_park(
+        bell, [&] { return entered.load() >= n; }, SpinPolicy{}, deadline());
   }
 };
 Gate* g_gate = nullptr;
@@ -61,7 +62,8 @@ extern "C" void gate_kernel(int64_t*) {
   Gate* g = g_gate;
   g->entered.fetch_add(1);
   g->bell.ring();
-  spin_then_park(g->bell, [&] { return g->open.load() != 0; }, SpinPolicy{});
+  spin_then_park(
+      g->bell, [&] { return g->open.load() != 0; }, SpinPolicy{});
 }
 
 extern "C" void add_one_kernel(int64_t* args) {
@@ -76,10 +78,12 @@ struct Fixture {
     EXPECT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
     EXPECT_TRUE(k.add_function(1, CoreType::AIV, "gate_kernel", gate_kernel).ok());
     std::vector<ChipCallable> cs;
-    cs.emplace_back("add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
-                    std::vector<Param>{Param::inout()});
-    cs.emplace_back("gated", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(1, TaskArgs{}).status(); },
-                    k, std::vector<Param>{});
+    cs.emplace_back(
+        "add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+        std::vector<Param>{Param::inout()});
+    cs.emplace_back(
+        "gated", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(1, TaskArgs{}).status(); }, k,
+        std::vector<Param>{});
     WorkerConfig cfg;
     cfg.runtime = target.runtime;
     cfg.backend = target.backend;
@@ -108,11 +112,12 @@ struct Fixture {
 
 // Zeroed, correctly aligned caller storage for one native run.
 struct Storage {
-  Storage() : p(static_cast<unsigned char*>(::operator new(native_run_storage_size() + 64,
-                                                            std::align_val_t{native_run_storage_alignment()}))) {
+  Storage()
+      : p(static_cast<unsigned char*>(
+            ::operator new (native_run_storage_size() + 64, std::align_val_t{native_run_storage_alignment()}))) {
     std::memset(p, 0, native_run_storage_size() + 64);
   }
-  ~Storage() { ::operator delete(p, std::align_val_t{native_run_storage_alignment()}); }
+  ~Storage() { ::operator delete (p, std::align_val_t{native_run_storage_alignment()}); }
   void* get() { return p; }
   uint64_t magic() const {
     uint64_t m;
@@ -254,8 +259,8 @@ Status rec_upload(const HostApi&, uint32_t) { return Status(); }
 uint32_t rec_level(const HostApi&) { return 0; }
 
 TEST(HostApi, R79BindingIsPerValue) {
-  const HostApiOps ops{"recording", rec_malloc, rec_free,   rec_copy_to, rec_copy_from, rec_memset,
-                       rec_retained, rec_arena, rec_upload, rec_level};
+  const HostApiOps ops{"recording", rec_malloc,   rec_free,  rec_copy_to, rec_copy_from,
+                       rec_memset,  rec_retained, rec_arena, rec_upload,  rec_level};
   ASSERT_TRUE(check_host_api_ops(ops).ok());
   RecordingRunner r0, r1;
   const HostApi a{&r0, 3, 5, &ops};
@@ -457,7 +462,8 @@ TEST(NativeRun, R50TableGrowsUnderAParkedWaiter) {
   waiter.join();
   EXPECT_TRUE(waited.ok()) << waited.to_string();
   EXPECT_TRUE(f.worker->finalize(waiter_storage.get(), *we).ok());
-  for (size_t i = 0; i < later.size(); ++i) EXPECT_EQ(f.worker->finalize(later[i]->get(), epochs[i]).code(), StatusCode::kAborted);
+  for (size_t i = 0; i < later.size(); ++i)
+    EXPECT_EQ(f.worker->finalize(later[i]->get(), epochs[i]).code(), StatusCode::kAborted);
   EXPECT_EQ(f.worker->set_counts().free, 32u);
 }
 
@@ -771,10 +777,9 @@ TEST(Grant, R29GenerationFilter) {
   ASSERT_TRUE(e.ok()) << "slot 3 is admitted";
   EXPECT_EQ(f.worker->finalize(s.get(), *e).code(), StatusCode::kAborted);
   Storage s4;
-  EXPECT_EQ(f.worker->prepare(s4.get(), native_run_storage_size(), desc_for(Lease{4, 1}), 0, f.inout_args())
-                .status()
-                .code(),
-            StatusCode::kInvalidArgument)
+  EXPECT_EQ(
+      f.worker->prepare(s4.get(), native_run_storage_size(), desc_for(Lease{4, 1}), 0, f.inout_args()).status().code(),
+      StatusCode::kInvalidArgument)
       << "slot 4 is refused";
   auto fresh = f.worker->try_acquire_lease();
   ASSERT_TRUE(fresh.has_value());
@@ -846,10 +851,12 @@ TEST(NativeRun, R54CloseDrainsWide) {
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
   ASSERT_TRUE(k.add_function(2, CoreType::AIV, "fail_kernel", fail_kernel).ok());
   std::vector<ChipCallable> cs;
-  cs.emplace_back("add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
-                  std::vector<Param>{Param::inout()});
-  cs.emplace_back("fails", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(2, TaskArgs{}).status(); }, k,
-                  std::vector<Param>{});
+  cs.emplace_back(
+      "add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+      std::vector<Param>{Param::inout()});
+  cs.emplace_back(
+      "fails", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(2, TaskArgs{}).status(); }, k,
+      std::vector<Param>{});
   WorkerConfig cfg;
   cfg.pipeline_depth = 5;
   cfg.max_tasks_per_run = 16;
@@ -910,7 +917,8 @@ TEST(NativeRun, R87LaunchWaitBurnsNoCpu) {
     EXPECT_TRUE(f.worker->launch(s.get(), *e).ok());
     launched.store(true);
   });
-  ASSERT_TRUE(eventually([&] { return have_clock.load() && NativeRunContext::from_storage(s.get())->phase() == RunPhase::Launching; }));
+  ASSERT_TRUE(eventually(
+      [&] { return have_clock.load() && NativeRunContext::from_storage(s.get())->phase() == RunPhase::Launching; }));
   auto cpu = [&] {
     timespec ts{};
     clock_gettime(cpu_clock, &ts);
@@ -933,11 +941,14 @@ TEST(HostApi, R88BindingClearedOnEveryExit) {
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
   std::vector<ChipCallable> cs;
-  cs.emplace_back("refuses", [](ChipOrchestrator&, const TaskArgs&) { return invalid_argument("planned refusal"); }, k,
-                  std::vector<Param>{});
-  cs.emplace_back("throws", [](ChipOrchestrator&, const TaskArgs&) -> Status { throw std::runtime_error("planned"); }, k,
-                  std::vector<Param>{});
-  cs.emplace_back("ok", [](ChipOrchestrator&, const TaskArgs&) { return Status(); }, k, std::vector<Param>{});
+  cs.emplace_back(
+      "refuses", [](ChipOrchestrator&, const TaskArgs&) { return invalid_argument("planned refusal"); }, k,
+      std::vector<Param>{});
+  cs.emplace_back(
+      "throws", [](ChipOrchestrator&, const TaskArgs&) -> Status { throw std::runtime_error("planned"); }, k,
+      std::vector<Param>{});
+  cs.emplace_back(
+      "ok", [](ChipOrchestrator&, const TaskArgs&) { return Status(); }, k, std::vector<Param>{});
   WorkerConfig cfg;
   cfg.max_tasks_per_run = 16;
   cfg.device_memory_bytes = 64ull << 20;
@@ -949,8 +960,10 @@ TEST(HostApi, R88BindingClearedOnEveryExit) {
     auto e = (*w)->prepare(s.get(), native_run_storage_size(), desc_for(*l), c, TaskArgs{});
     EXPECT_EQ(e.ok(), c == 2) << e.status().to_string();
     EXPECT_FALSE((*w)->runtime().binding_held(l->slot)) << "callable " << c;
-    if (e.ok()) EXPECT_EQ((*w)->finalize(s.get(), *e).code(), StatusCode::kAborted);
-    else EXPECT_TRUE((*w)->release_lease(*l));
+    if (e.ok())
+      EXPECT_EQ((*w)->finalize(s.get(), *e).code(), StatusCode::kAborted);
+    else
+      EXPECT_TRUE((*w)->release_lease(*l));
   }
 }
 
@@ -959,8 +972,9 @@ TEST_P(Lifecycle, R89SameLifecycleContract) {
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
   std::vector<ChipCallable> cs;
-  cs.emplace_back("add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
-                  std::vector<Param>{Param::inout()});
+  cs.emplace_back(
+      "add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+      std::vector<Param>{Param::inout()});
   WorkerConfig cfg;
   cfg.geometry = *Geometry::by_name(GetParam().geometry);
   cfg.runtime = GetParam().runtime;

@@ -60,8 +60,8 @@ NodeCallable step_callable(const NodeHandles& h) {
     Scope scope(o);
     auto y = o.alloc({kN}, DType::F32);
     if (!y.ok()) return y.status();
-    SIMPLER_RETURN_IF_ERROR(o.submit_next_level(h.axpb, axpb_args(a[0].tensor, *y, a[2].scalar, 0, a[3].scalar), 0)
-                                .status());
+    SIMPLER_RETURN_IF_ERROR(
+        o.submit_next_level(h.axpb, axpb_args(a[0].tensor, *y, a[2].scalar, 0, a[3].scalar), 0).status());
     TaskArgs s;
     s.add_tensor(*y, Tag::Input).add_tensor(a[0].tensor, Tag::Input).add_tensor(a[1].tensor, Tag::OutputExisting);
     return o.submit_sub(h.add, s).status();
@@ -153,9 +153,8 @@ TEST(NetworkWorker, AFailureInsideANodeIsOnlyItsOwnRuns) {
   for (int r = 0; r < 3; ++r) {
     z.push_back(shared_floats(net, 0));
     const int64_t mul = r == 1 ? kAxpbFail : 3;
-    handles.push_back(net.submit([&, r, mul](Orchestrator& o) {
-      return o.submit_next_level(*step, step_args(x, z[r], mul), 0).status();
-    }));
+    handles.push_back(net.submit(
+        [&, r, mul](Orchestrator& o) { return o.submit_next_level(*step, step_args(x, z[r], mul), 0).status(); }));
   }
   EXPECT_TRUE(wait_run(handles[0]).ok()) << handles[0].result().to_string();
   const Status failed = wait_run(handles[1]);
@@ -173,7 +172,8 @@ TEST(NetworkWorker, RefusalsNameTheFieldAndChangeNothing) {
   Watchdog dog;
   Worker net(Level::Network, node_config(0, 0, 2));
   Worker chip_level(Level::Chip, node_config(0, 0, 2));
-  EXPECT_REFUSED(net.add_next_level_worker(std::move(chip_level)).status(), StatusCode::kInvalidArgument, "Level::Node");
+  EXPECT_REFUSED(net.add_next_level_worker(std::move(chip_level)).status(), StatusCode::kInvalidArgument,
+                 "Level::Node");
   Worker bad(Level::Node, node_config(1, 0, 0));
   EXPECT_REFUSED(net.add_next_level_worker(std::move(bad)).status(), StatusCode::kInvalidArgument,
                  "next-level worker 0: pipeline_depth = 0");
@@ -184,9 +184,9 @@ TEST(NetworkWorker, RefusalsNameTheFieldAndChangeNothing) {
 
   Worker node(Level::Node, node_config(1, 0, 2));
   ASSERT_TRUE(node.register_callable(axpb_callable()).ok());
-  EXPECT_REFUSED(node.register_callable(NodeCallable("n", [](Orchestrator&, const TaskArgs&) { return Status(); }))
-                     .status(),
-                 StatusCode::kFailedPrecondition, "Level::Network");
+  EXPECT_REFUSED(
+      node.register_callable(NodeCallable("n", [](Orchestrator&, const TaskArgs&) { return Status(); })).status(),
+      StatusCode::kFailedPrecondition, "Level::Network");
   EXPECT_REFUSED(node.add_next_level_worker(Worker(Level::Node, node_config(1, 0, 2))).status(),
                  StatusCode::kFailedPrecondition, "Level::Network workers only");
   auto index = net.add_next_level_worker(std::move(node));
@@ -308,9 +308,11 @@ TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
   ASSERT_TRUE(x.ok() && z0.ok() && z1.ok());
   for (int i = 0; i < kN; ++i) reinterpret_cast<float*>(x->addr)[i] = static_cast<float>(i);
   Observer obs;
-  ASSERT_TRUE(obs.start({{net.next_child(0).mapping(), net.next_child(0).endpoint().view()}}, now_ns() + kTestWaitNs).ok());
+  ASSERT_TRUE(
+      obs.start({{net.next_child(0).mapping(), net.next_child(0).endpoint().view()}}, now_ns() + kTestWaitNs).ok());
   // Gate 0 stays shut: the run on node 0 cannot finish before its node dies.
-  RunHandle held = net.submit([&](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, *z0, 2, 0), 0).status(); });
+  RunHandle held =
+      net.submit([&](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, *z0, 2, 0), 0).status(); });
   ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest == 1; })) << "the run never launched on node 0";
   ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
@@ -319,7 +321,8 @@ TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
   EXPECT_TRUE(contains(ended.message(), "signal 9")) << ended.to_string();
   for (pid_t g : grandchildren) EXPECT_TRUE(exits_within(g, 30'000)) << "grandchild " << g << " outlived its node";
 
-  RunHandle other = net.submit([&](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, *z1, 4), 1).status(); });
+  RunHandle other =
+      net.submit([&](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, *z1, 4), 1).status(); });
   EXPECT_TRUE(wait_run(other).ok()) << other.result().to_string();
   EXPECT_EQ(floats(*z1)[3], 3.0f * 4 + 3.0f);
   gates->open_gate(0);

@@ -433,7 +433,7 @@ TEST(SchedulerStaging, R40ActiveFirstOrder) {
   (void)fx.submit_tasks({{"", {0}, {}}, {"", {}, {0}}, {"", {1}, {}}});  // A, C (after A), B
   (void)fx.sched->step();
   ASSERT_EQ(fx.sched->publications(), 2u);  // A and B
-  (void)fx.submit_tasks({{"", {2}, {}}});    // D: READY, arrives while C waits
+  (void)fx.submit_tasks({{"", {2}, {}}});   // D: READY, arrives while C waits
   fx.hand_back(0);
   (void)fx.sched->step();
   EXPECT_EQ(fx.sched->publications(), 3u);
@@ -488,8 +488,8 @@ TEST(SchedulerStaging, R40SingleStagedSuccessorPerLane) {
 // not staged; it is published only once READY, as an ordinary task.
 TEST(SchedulerStaging, R40SuccessorWhoseLeaseIsNotOwnedIsNotStaged) {
   SchedFixture fx(ChildKind::kNone, 8);
-  (void)fx.submit_tasks({{"", {5}, {}}});                  // run 1: takes a frame
-  (void)fx.submit_tasks({{"", {0}, {}}, {"", {}, {0}}});   // run 2: A, then C
+  (void)fx.submit_tasks({{"", {5}, {}}});                 // run 1: takes a frame
+  (void)fx.submit_tasks({{"", {0}, {}}, {"", {}, {0}}});  // run 2: A, then C
   (void)fx.sched->step();
   ASSERT_EQ(fx.sched->publications(), 2u);
   ASSERT_EQ(fx.sched->stagings(), 0u);

@@ -100,7 +100,9 @@ TEST(NodeWorker, TwoChipsAndASubWorkerThroughThePublicApi) {
       (void)o.submit_next_level(*chip, axpb_args(x0->view({n}, DType::F32), *y0, 2, r, -1), 0);
       (void)o.submit_next_level(*chip, axpb_args(x1->view({n}, DType::F32), *y1, 3, 0, -1), 1);
       TaskArgs s;
-      s.add_tensor(*y0, Tag::Input).add_tensor(*y1, Tag::Input).add_tensor(z[r].view({n}, DType::F32), Tag::OutputExisting);
+      s.add_tensor(*y0, Tag::Input)
+          .add_tensor(*y1, Tag::Input)
+          .add_tensor(z[r].view({n}, DType::F32), Tag::OutputExisting);
       return o.submit_sub(*post, s).status();
     }));
   }
@@ -159,8 +161,7 @@ TEST(NodeWorker, R47DeviceResultFeedsLaterRuns) {
   ASSERT_TRUE(x.ok() && d.ok());
   ASSERT_TRUE(w->copy_to(*x, iota_floats(n, 1).data(), n * 4, 0).ok());
   RunHandle producer = w->submit([&](Orchestrator& o) {
-    return o.submit_next_level(h, axpb_args(x->view({n}, DType::F32), d->view({n}, DType::F32), 10, 0, -1), 0)
-        .status();
+    return o.submit_next_level(h, axpb_args(x->view({n}, DType::F32), d->view({n}, DType::F32), 10, 0, -1), 0).status();
   });
   std::vector<DeviceBuffer> outs;
   std::vector<RunHandle> borrowers;
@@ -245,8 +246,7 @@ TEST(NodeWorker, CopiesThroughAFreedSharedBufferAreRefused) {
 
 // Submits `count` one-task runs of gate 0 from a thread of its own.
 struct GatedSubmitter {
-  GatedSubmitter(NodeWorker& w, int count, int n, uint32_t chips)
-      : outs(count), handles(count) {
+  GatedSubmitter(NodeWorker& w, int count, int n, uint32_t chips) : outs(count), handles(count) {
     const CallableHandle h{0, axpb_callable().digest()};
     for (uint32_t c = 0; c < chips; ++c) {
       auto x = w.malloc_on(c, n * 4);
@@ -261,7 +261,8 @@ struct GatedSubmitter {
         handles[r] = w.submit([&, r](Orchestrator& o) {
           for (uint32_t c = 0; c < chips; ++c) {
             const TensorView out = TensorView(outs[r], {n}, DType::F32, static_cast<int64_t>(c) * n);
-            SIMPLER_RETURN_IF_ERROR(o.submit_next_level(h, axpb_args(xs[c].view({n}, DType::F32), out, 1, r, 0), c).status());
+            SIMPLER_RETURN_IF_ERROR(
+                o.submit_next_level(h, axpb_args(xs[c].view({n}, DType::F32), out, 1, r, 0), c).status());
           }
           return Status();
         });
@@ -317,15 +318,16 @@ TEST_P(NodeWidthOnEveryTarget, R42GrantVersusLaunchBudget) {
   ASSERT_TRUE(eventually([&] {
     const Evidence e = obs.evidence(0);
     return e.widest_held == 8 && e.widest == 4;
-  })) << "held " << obs.evidence(0).widest_held << ", launched " << obs.evidence(0).widest;
+  })) << "held "
+      << obs.evidence(0).widest_held << ", launched " << obs.evidence(0).widest;
   gates->open_gate(0);
   sub.verify(n, 1);
   ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
   const Evidence e = obs.evidence(0);
-  EXPECT_EQ(e.widest_held, 8u);                                        // (a)
+  EXPECT_EQ(e.widest_held, 8u);                                          // (a)
   EXPECT_EQ(e.held_sets, (std::set<uint32_t>{0, 1, 2, 3, 4, 5, 6, 7}));  // (b)
-  EXPECT_EQ(e.widest, 4u);                                             // (c)
-  EXPECT_LE(observing_since, sub.first_submit_ns);                     // R77
+  EXPECT_EQ(e.widest, 4u);                                               // (c)
+  EXPECT_LE(observing_since, sub.first_submit_ns);                       // R77
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
 }
 
@@ -496,10 +498,16 @@ TEST(NodeFailure, KilledChildFailsOnlyItsOwnRuns) {
   std::vector<RunHandle> on0, on1;
   for (int r = 0; r < 2; ++r) {
     on0.push_back(w->submit([&, r](Orchestrator& o) {
-      return o.submit_next_level(h, axpb_args(x0->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, r * n), 1, 0, 0), 0).status();
+      return o
+          .submit_next_level(h, axpb_args(x0->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, r * n), 1, 0, 0),
+                             0)
+          .status();
     }));
     on1.push_back(w->submit([&, r](Orchestrator& o) {
-      return o.submit_next_level(h, axpb_args(x1->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, (2 + r) * n), 1, 0, 0), 1).status();
+      return o
+          .submit_next_level(
+              h, axpb_args(x1->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, (2 + r) * n), 1, 0, 0), 1)
+          .status();
     }));
   }
   ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest_held == 2 && obs.evidence(1).widest_held == 2; }));
@@ -512,11 +520,14 @@ TEST(NodeFailure, KilledChildFailsOnlyItsOwnRuns) {
   gates->open_gate(0);
   for (auto& r : on1) EXPECT_TRUE(wait_run(r).ok()) << r.result().to_string();
   RunHandle later = w->submit([&](Orchestrator& o) {
-    return o.submit_next_level(h, axpb_args(x1->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, 2 * n), 1, 0, -1), 1).status();
+    return o
+        .submit_next_level(h, axpb_args(x1->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, 2 * n), 1, 0, -1), 1)
+        .status();
   });
   EXPECT_TRUE(wait_run(later).ok());
   RunHandle dead = w->submit([&](Orchestrator& o) {
-    return o.submit_next_level(h, axpb_args(x0->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, 0), 1, 0, -1), 0).status();
+    return o.submit_next_level(h, axpb_args(x0->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, 0), 1, 0, -1), 0)
+        .status();
   });
   EXPECT_TRUE(contains(wait_run(dead).message(), "chip worker 0 is gone")) << dead.result().to_string();
   ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
@@ -544,8 +555,10 @@ TEST(NodeFailure, HungChildIsKilledAtItsRunDeadline) {
   auto on = [&](uint32_t chip, int slot, int gate) {
     const DeviceBuffer& x = chip == 0 ? *x0 : *x1;
     return w->submit([&, chip, slot, gate](Orchestrator& o) {
-      return o.submit_next_level(h, axpb_args(x.view({n}, DType::F32), TensorView(*y, {n}, DType::F32, slot * n), 1, 0, gate),
-                                 chip).status();
+      return o
+          .submit_next_level(
+              h, axpb_args(x.view({n}, DType::F32), TensorView(*y, {n}, DType::F32, slot * n), 1, 0, gate), chip)
+          .status();
     });
   };
   RunHandle hung = on(0, 0, 7);
@@ -716,11 +729,12 @@ TEST(NodeStaging, StagedSuccessorIsPreparedWhileItsPredecessorRuns) {
   ASSERT_TRUE(eventually([&] {
     const auto [state, set] = chip_entry(*w, 0, 1);
     return state == kMailboxFrameStaged && set != kMailboxNoSet;
-  })) << "C was not staged and natively prepared: A state " << chip_entry(*w, 0, 0).first << " set "
-       << chip_entry(*w, 0, 0).second << ", C state " << chip_entry(*w, 0, 1).first << " set "
-       << chip_entry(*w, 0, 1).second;
+  })) << "C was not staged and natively prepared: A state "
+      << chip_entry(*w, 0, 0).first << " set " << chip_entry(*w, 0, 0).second << ", C state "
+      << chip_entry(*w, 0, 1).first << " set " << chip_entry(*w, 0, 1).second;
   ASSERT_TRUE(eventually([&] { return chip_entry(*w, 0, 0).first == kMailboxTaskLaunched; })) << "A never launched";
-  EXPECT_EQ(chip_entry(*w, 0, 1).first, static_cast<uint32_t>(kMailboxFrameStaged)) << "C launched before its activation";
+  EXPECT_EQ(chip_entry(*w, 0, 1).first, static_cast<uint32_t>(kMailboxFrameStaged))
+      << "C launched before its activation";
   gates->open_gate(3);
   ASSERT_TRUE(wait_run(ok).ok()) << ok.result().to_string();
   const auto* zf = reinterpret_cast<const float*>(heap->addr) + n;
@@ -736,16 +750,18 @@ TEST(NodeStaging, StagedSuccessorIsPreparedWhileItsPredecessorRuns) {
   std::vector<RunHandle> pair;
   for (int r = 0; r < 2; ++r) {
     pair.push_back(w->submit([&, r](Orchestrator& o) {
-      return o.submit_next_level(h, axpb_args(x->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, (2 + r) * n),
-                                              1, 0, 5), 0).status();
+      return o
+          .submit_next_level(
+              h, axpb_args(x->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, (2 + r) * n), 1, 0, 5), 0)
+          .status();
     }));
   }
   const MailboxView v = w->next_child(0).endpoint().view();
   ASSERT_TRUE(eventually([&] {
     int launched = 0;
     for (uint64_t i = 0; i < v.entry_count(); ++i) {
-      launched += load_acquire(v.entry(i).entry_generation) % 2 == 1 &&
-                  load_acquire(v.entry(i).state) == kMailboxTaskLaunched;
+      launched +=
+          load_acquire(v.entry(i).entry_generation) % 2 == 1 && load_acquire(v.entry(i).state) == kMailboxTaskLaunched;
     }
     return launched == 2;
   })) << "the cancelled staged run kept its set";
@@ -806,8 +822,9 @@ TEST(NodeGroup, NextLevelGroupIsOneTaskOverSeveralChips) {
   const TensorView y0(*heap, {n}, DType::F32, 0), y1(*heap, {n}, DType::F32, n), z(*heap, {n}, DType::F32, 2 * n);
   uint32_t group_id = 99, count = 0;
   RunHandle r = w->submit([&](Orchestrator& o) -> Status {
-    auto g = o.submit_next_level_group(h, {axpb_args(x0->view({n}, DType::F32), y0, 2, 0, -1),
-                                           axpb_args(x1->view({n}, DType::F32), y1, 3, 0, -1)}, {0, 1});
+    auto g = o.submit_next_level_group(
+        h, {axpb_args(x0->view({n}, DType::F32), y0, 2, 0, -1), axpb_args(x1->view({n}, DType::F32), y1, 3, 0, -1)},
+        {0, 1});
     if (!g.ok()) return g.status();
     group_id = *g;
     TaskArgs s;
@@ -844,8 +861,10 @@ TEST(NodeGroup, MemberFailureFailsTheGroupAndRefusalAddsNothing) {
   const TensorView y0(*heap, {n}, DType::F32, 0), y1(*heap, {n}, DType::F32, n), z(*heap, {n}, DType::F32, 2 * n);
   std::memset(reinterpret_cast<void*>(heap->addr), 0, n * 4 * 3);
   RunHandle r = w->submit([&](Orchestrator& o) -> Status {
-    (void)o.submit_next_level_group(h, {axpb_args(x0->view({n}, DType::F32), y0, 1, 0, -1),
-                                        axpb_args(x1->view({n}, DType::F32), y1, kAxpbFail, 0, -1)}, {0, 1});
+    (void)o.submit_next_level_group(h,
+                                    {axpb_args(x0->view({n}, DType::F32), y0, 1, 0, -1),
+                                     axpb_args(x1->view({n}, DType::F32), y1, kAxpbFail, 0, -1)},
+                                    {0, 1});
     TaskArgs s;
     s.add_tensor(y0, Tag::Input).add_tensor(y1, Tag::Input).add_tensor(z, Tag::OutputExisting);
     return o.submit_sub(FunctionHandle{0, sub_function_digest(0)}, s).status();
@@ -860,10 +879,12 @@ TEST(NodeGroup, MemberFailureFailsTheGroupAndRefusalAddsNothing) {
 
   uint32_t tasks_after = 99;
   RunHandle dup = w->submit([&](Orchestrator& o) -> Status {
-    auto g = o.submit_next_level_group(h, {axpb_args(x0->view({n}, DType::F32), y0, 1, 0, -1),
-                                           axpb_args(x0->view({n}, DType::F32), y1, 1, 0, -1)}, {0, 0});
-    auto bad = o.submit_next_level_group(h, {axpb_args(x0->view({n}, DType::F32), y0, 1, 0, -1),
-                                             axpb_args(x0->view({n}, DType::F32), y1, 1, 0, -1)}, {0, 1});
+    auto g = o.submit_next_level_group(
+        h, {axpb_args(x0->view({n}, DType::F32), y0, 1, 0, -1), axpb_args(x0->view({n}, DType::F32), y1, 1, 0, -1)},
+        {0, 0});
+    auto bad = o.submit_next_level_group(
+        h, {axpb_args(x0->view({n}, DType::F32), y0, 1, 0, -1), axpb_args(x0->view({n}, DType::F32), y1, 1, 0, -1)},
+        {0, 1});
     auto big = o.submit_sub_group(FunctionHandle{0, sub_function_digest(0)}, {TaskArgs{}, TaskArgs{}});
     tasks_after = o.task_count();
     EXPECT_TRUE(contains(g.status().message(), "distinct workers")) << g.status().to_string();
@@ -894,22 +915,31 @@ TEST(NodeGroup, NothingIsPublishedUnlessEveryMemberCanBe) {
   const uint64_t lanes = w->next_child(1).endpoint().view().entry_count();  // G + K
   RunHandle fill = w->submit([&](Orchestrator& o) -> Status {
     for (uint64_t k = 0; k < lanes; ++k) {
-      SIMPLER_RETURN_IF_ERROR(o.submit_next_level(h, axpb_args(x1->view({n}, DType::F32),
-                                                               TensorView(*heap, {n}, DType::F32, k * n), 1, 0, 6), 1).status());
+      SIMPLER_RETURN_IF_ERROR(
+          o.submit_next_level(
+               h, axpb_args(x1->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, k * n), 1, 0, 6), 1)
+              .status());
     }
     return Status();
   });
   RunHandle r = w->submit([&](Orchestrator& o) -> Status {
-    SIMPLER_RETURN_IF_ERROR(o.submit_next_level_group(
-        h, {axpb_args(x0->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, 5 * n), 1, 0, -1),
-            axpb_args(x1->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, 6 * n), 1, 0, -1)}, {0, 1}).status());
-    return o.submit_next_level(h, axpb_args(x0->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, 7 * n), 1, 0, 6), 0)
+    SIMPLER_RETURN_IF_ERROR(
+        o.submit_next_level_group(
+             h,
+             {axpb_args(x0->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, 5 * n), 1, 0, -1),
+              axpb_args(x1->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, 6 * n), 1, 0, -1)},
+             {0, 1})
+            .status());
+    return o
+        .submit_next_level(h, axpb_args(x0->view({n}, DType::F32), TensorView(*heap, {n}, DType::F32, 7 * n), 1, 0, 6),
+                           0)
         .status();
   });
   // The later task (slot 1) is on chip 0: the round that published it had
   // the group, ahead of it in READY order, refused by chip 1's gate.
   ASSERT_TRUE(eventually([&] { return chip_entry(*w, 0, 1).first != kMailboxIdle; }));
-  EXPECT_EQ(chip_entry(*w, 0, 0).first, static_cast<uint32_t>(kMailboxIdle)) << "the group's chip-0 member went out alone";
+  EXPECT_EQ(chip_entry(*w, 0, 0).first, static_cast<uint32_t>(kMailboxIdle))
+      << "the group's chip-0 member went out alone";
   gates->open_gate(6);
   EXPECT_TRUE(wait_run(fill).ok()) << fill.result().to_string();
   EXPECT_TRUE(wait_run(r).ok()) << r.result().to_string();
@@ -928,7 +958,8 @@ TEST(NodeGroup, SubGroupRunsEachMemberOnItsOwnSubWorker) {
   for (int i = 0; i < 2 * n; ++i) f[i] = static_cast<float>(i);
   std::vector<TaskArgs> members(2);
   for (int m = 0; m < 2; ++m) {
-    members[m].add_tensor(TensorView(*heap, {n}, DType::F32, m * n), Tag::Input)
+    members[m]
+        .add_tensor(TensorView(*heap, {n}, DType::F32, m * n), Tag::Input)
         .add_tensor(TensorView(*heap, {n}, DType::F32, (2 + m) * n), Tag::OutputExisting);
   }
   RunHandle r = w->submit([&](Orchestrator& o) {
@@ -947,8 +978,10 @@ TEST(NodeGroup, SubGroupRunsEachMemberOnItsOwnSubWorker) {
 TEST(NodeConfig, R67DepthRange) {
   static_assert(std::numeric_limits<decltype(WorkerConfig::pipeline_depth)>::max() == 4294967295u,
                 "2^32 must be unrepresentable: the facade's type is the upper bound");
-  for (uint32_t d : {1u, 3u, 8u, 9u, 1024u}) EXPECT_TRUE(NodeWorker::validate(node_spec(node_config(1, 0, d))).ok()) << d;
-  EXPECT_REFUSED(NodeWorker::validate(node_spec(node_config(1, 0, 0))), StatusCode::kInvalidArgument, "pipeline_depth = 0");
+  for (uint32_t d : {1u, 3u, 8u, 9u, 1024u})
+    EXPECT_TRUE(NodeWorker::validate(node_spec(node_config(1, 0, d))).ok()) << d;
+  EXPECT_REFUSED(NodeWorker::validate(node_spec(node_config(1, 0, 0))), StatusCode::kInvalidArgument,
+                 "pipeline_depth = 0");
   const Status top = NodeWorker::validate(node_spec(node_config(1, 0, 4294967295u)));
   EXPECT_FALSE(top.ok());
   EXPECT_TRUE(contains(top.message(), "pipeline_depth = 4294967295")) << top.to_string();
@@ -970,7 +1003,8 @@ TEST(NodeConfig, R68UnderGrantFailsStartup) {
   o.granted_sets = 4;
   auto c = spawn_node_child([] { return std::make_unique<UnderGrantingHandler>(); }, o, 4, "chip worker 0");
   ASSERT_FALSE(c.ok());
-  EXPECT_TRUE(contains(c.status().message(), "granted 1 run-resource sets of the pipeline_depth = 4")) << c.status().to_string();
+  EXPECT_TRUE(contains(c.status().message(), "granted 1 run-resource sets of the pipeline_depth = 4"))
+      << c.status().to_string();
 }
 
 }  // namespace

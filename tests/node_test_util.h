@@ -27,8 +27,9 @@ inline TestGates* g_node_gates = nullptr;
 // multiplier of kAxpbFail fails it once the gate opened.
 extern "C" inline void node_axpb_kernel(int64_t* args) {
   const int gate = static_cast<int>(args[4]);
-  if (gate >= 0 && !spin_then_park(g_node_gates->bell, [&] { return g_node_gates->is_open(gate); }, SpinPolicy{},
-                                   now_ns() + kTestWaitNs)) {
+  if (gate >= 0 &&
+      !spin_then_park(
+          g_node_gates->bell, [&] { return g_node_gates->is_open(gate); }, SpinPolicy{}, now_ns() + kTestWaitNs)) {
     simpler_kernel_fail("node_axpb_kernel: gate never opened");
     return;
   }

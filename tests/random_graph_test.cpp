@@ -54,7 +54,8 @@ void random_kernel(int64_t* args, uint64_t part, uint64_t parts) {
   uint64_t h = mix64(salt, 0);  // every part of a mix task derives the same digest
   for (int i = 0; i < tensors; ++i) {
     if (((roles >> (2 * i)) & 3) != kRead) continue;
-    for_each_element(tensor_arg(args, 2 + i), [&](int64_t, int64_t, int64_t& v) { h = mix64(h, static_cast<uint64_t>(v)); });
+    for_each_element(tensor_arg(args, 2 + i),
+                     [&](int64_t, int64_t, int64_t& v) { h = mix64(h, static_cast<uint64_t>(v)); });
   }
   for (int i = 0; i < tensors; ++i) {
     const uint64_t role = (roles >> (2 * i)) & 3;
@@ -66,7 +67,8 @@ void random_kernel(int64_t* args, uint64_t part, uint64_t parts) {
     });
   }
   if (((word >> 40) & 1) != 0 && ((word >> 41) & 3) == part) {
-    const std::string m = "random kernel with salt " + std::to_string(salt) + " fails (part " + std::to_string(part) + ")";
+    const std::string m =
+        "random kernel with salt " + std::to_string(salt) + " fails (part " + std::to_string(part) + ")";
     simpler_kernel_fail(m.c_str());
   }
 }
@@ -173,7 +175,8 @@ class GraphGen {
         Op w = Op::of(Op::kTask);
         w.core = Core::kAiv;
         w.salt = static_cast<uint32_t>(rng_());
-        w.args.push_back(ArgSpec{ViewSpec{a.alloc_id, 0, 0, a.alloc_shape.rows, a.alloc_shape.cols}, Tag::OutputExisting});
+        w.args.push_back(
+            ArgSpec{ViewSpec{a.alloc_id, 0, 0, a.alloc_shape.rows, a.alloc_shape.cols}, Tag::OutputExisting});
         g.ops.push_back(w);
       }
       if (chance(0.02)) {
@@ -314,7 +317,10 @@ Status orchestrate(ChipOrchestrator& o, const Graph& g, const std::vector<Device
     a.add_scalar(0).add_scalar(0);
     for (size_t i = 0; i < op.args.size(); ++i) {
       const ArgSpec& s = op.args[i];
-      const uint64_t role = s.tag == Tag::Input ? kRead : s.tag == Tag::InOut ? kReadWrite : s.tag == Tag::NoDep ? kIgnore : kWrite;
+      const uint64_t role = s.tag == Tag::Input   ? kRead
+                            : s.tag == Tag::InOut ? kReadWrite
+                            : s.tag == Tag::NoDep ? kIgnore
+                                                  : kWrite;
       roles |= role << (2 * i);
       if (s.unbound) {
         a.add_output({s.view.nr, s.view.nc}, DType::I64);
@@ -323,8 +329,8 @@ Status orchestrate(ChipOrchestrator& o, const Graph& g, const std::vector<Device
       }
     }
     a[0].scalar = roles;
-    a[1].scalar = uint64_t{op.salt} | uint64_t{op.args.size()} << 32 | uint64_t{op.fail} << 40 |
-                  uint64_t{op.fail_part} << 41;
+    a[1].scalar =
+        uint64_t{op.salt} | uint64_t{op.args.size()} << 32 | uint64_t{op.fail} << 40 | uint64_t{op.fail_part} << 41;
     Result<TaskRef> r = op.core == Core::kAiv   ? o.submit_aiv(kAivFn, a)
                         : op.core == Core::kAic ? o.submit_aic(kAicFn, a)
                                                 : o.submit_mix({kMix0Fn, kMix1Fn, kMix2Fn}, a);
@@ -346,8 +352,8 @@ ChipCallable random_callable(const Graph** current, const std::vector<DeviceBuff
   EXPECT_TRUE(k.add_function(kMix2Fn, CoreType::AIV, "random_mix2", random_kernel_mix2).ok());
   EXPECT_TRUE(k.add_function(kHoldFn, CoreType::AIV, "hold", hold_kernel).ok());
   return ChipCallable(
-      "random_graph", [current, buffers](ChipOrchestrator& o, const TaskArgs&) { return orchestrate(o, **current, **buffers); },
-      k, {});
+      "random_graph",
+      [current, buffers](ChipOrchestrator& o, const TaskArgs&) { return orchestrate(o, **current, **buffers); }, k, {});
 }
 
 // One Worker for a target; runs graphs one after another, or a batch in flight together.

@@ -34,18 +34,19 @@ struct Fixture {
   explicit Fixture(OrchestrationFn orchestrate = nullptr, std::vector<Param> signature = {},
                    WorkerConfig config = small_config(2, 64))
       : w(Level::Chip, config) {
-    auto f = w.register_callable(ChipCallable(
-        "fill",
-        [](ChipOrchestrator& o, const TaskArgs& a) {
-          TaskArgs t;
-          t.add_tensor(a[0].tensor, Tag::OutputExisting).add_scalar_u64(a[1].scalar);
-          return o.submit_aiv(kFill, t).status();
-        },
-        all_kernels(), {Param::output(), Param::scalar()}));
+    auto f =
+        w.register_callable(ChipCallable("fill",
+                                         [](ChipOrchestrator& o, const TaskArgs& a) {
+                                           TaskArgs t;
+                                           t.add_tensor(a[0].tensor, Tag::OutputExisting).add_scalar_u64(a[1].scalar);
+                                           return o.submit_aiv(kFill, t).status();
+                                         },
+                                         all_kernels(), {Param::output(), Param::scalar()}));
     EXPECT_TRUE(f.ok()) << f.status().to_string();
     if (f.ok()) fill = *f;
     if (orchestrate) {
-      auto c = w.register_callable(ChipCallable("under_test", std::move(orchestrate), all_kernels(), std::move(signature)));
+      auto c =
+          w.register_callable(ChipCallable("under_test", std::move(orchestrate), all_kernels(), std::move(signature)));
       EXPECT_TRUE(c.ok()) << c.status().to_string();
       if (c.ok()) callable = *c;
     }
@@ -146,9 +147,18 @@ TEST_P(RuntimeRefusal, FuncIdOnTheWrongCoreType) {
   const Case cases[] = {
       {[](ChipOrchestrator& o) { return o.submit_aic(kCount, {}).status(); }, "func_id 4 is an AIV kernel"},
       {[](ChipOrchestrator& o) { return o.submit_aiv(kAicCount, {}).status(); }, "func_id 5 is an AIC kernel"},
-      {[](ChipOrchestrator& o) { return o.submit_mix({kCount, kCount, kCount}, {}).status(); }, "func_id 4"},
-      {[](ChipOrchestrator& o) { return o.submit_mix({kAicCount, kCount, kAicCount}, {}).status(); }, "func_id 5"},
-      {[](ChipOrchestrator& o) { return o.submit_mix({kAicCount, 42, kCount}, {}).status(); }, "func_id 42"},
+      {[](ChipOrchestrator& o) {
+         return o.submit_mix({kCount, kCount, kCount}, {}).status();
+       },
+       "func_id 4"},
+      {[](ChipOrchestrator& o) {
+         return o.submit_mix({kAicCount, kCount, kAicCount}, {}).status();
+       },
+       "func_id 5"},
+      {[](ChipOrchestrator& o) {
+         return o.submit_mix({kAicCount, 42, kCount}, {}).status();
+       },
+       "func_id 42"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.names);
@@ -186,10 +196,10 @@ TEST(Refusal, WrongDirectionAgainstTheSignature) {
     t.add_tensor(f.xv(), a).add_tensor(y->view({64}, DType::I64), b).add_tensor(z->view({64}, DType::I64), c);
     return t;
   };
-  expect_refused_handle(f.w.submit(f.callable, args(Tag::InOut, Tag::Output, Tag::InOut)),
-                        StatusCode::kInvalidArgument, "args[0]: callable 'under_test' expects direction input, got inout");
-  expect_refused_handle(f.w.submit(f.callable, args(Tag::Input, Tag::Input, Tag::InOut)),
-                        StatusCode::kInvalidArgument, "args[1]");
+  expect_refused_handle(f.w.submit(f.callable, args(Tag::InOut, Tag::Output, Tag::InOut)), StatusCode::kInvalidArgument,
+                        "args[0]: callable 'under_test' expects direction input, got inout");
+  expect_refused_handle(f.w.submit(f.callable, args(Tag::Input, Tag::Input, Tag::InOut)), StatusCode::kInvalidArgument,
+                        "args[1]");
   expect_refused_handle(f.w.submit(f.callable, args(Tag::Input, Tag::OutputExisting, Tag::Input)),
                         StatusCode::kInvalidArgument, "args[2]");
   expect_refused_handle(f.w.submit(f.callable, args(Tag::NoDep, Tag::OutputExisting, Tag::InOut)),
@@ -369,8 +379,8 @@ TEST(Refusal, BadRegistrations) {
                  "name is empty");
   EXPECT_REFUSED(w.register_callable(ChipCallable("no_orch", nullptr, all_kernels(), {})).status(),
                  StatusCode::kInvalidArgument, "orchestrate");
-  EXPECT_REFUSED(w.register_callable(ChipCallable("wide", noop, all_kernels(),
-                                                  std::vector<Param>(kMaxTaskArgs + 1, Param::scalar())))
+  EXPECT_REFUSED(w.register_callable(
+                      ChipCallable("wide", noop, all_kernels(), std::vector<Param>(kMaxTaskArgs + 1, Param::scalar())))
                      .status(),
                  StatusCode::kInvalidArgument, "signature");
   // None of the refused registrations took an id.
@@ -409,8 +419,7 @@ TEST(Refusal, BadConfigAtInitChangesNothing) {
        "device_memory_bytes"},
       {"no tasks", cfg([](WorkerConfig& c) { c.max_tasks_per_run = 0; }), StatusCode::kInvalidArgument,
        "max_tasks_per_run"},
-      {"graphs exceed memory",
-       cfg([](WorkerConfig& c) {
+      {"graphs exceed memory", cfg([](WorkerConfig& c) {
          c.device_memory_bytes = 1 << 20;
          c.max_tasks_per_run = 1 << 16;
        }),
@@ -455,7 +464,8 @@ TEST(Refusal, UnknownRuntimeOrBackendIsRefusedAtInitNamingWhatIsBuilt) {
                                                    all_kernels(), {}))
                       .ok());
       const Status st = w.init();
-      EXPECT_REFUSED(st, StatusCode::kInvalidArgument, bad_runtime ? "runtime = 'no_such_thing'" : "backend = 'no_such_thing'");
+      EXPECT_REFUSED(st, StatusCode::kInvalidArgument,
+                     bad_runtime ? "runtime = 'no_such_thing'" : "backend = 'no_such_thing'");
       EXPECT_TRUE(contains(st.message(), bad_runtime ? built : "sim")) << st.message();
       EXPECT_EQ(thread_count(), threads) << "a refused init left threads behind";
       EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");
@@ -628,7 +638,9 @@ TEST(Refusal, TooManyDependencyEdgesForTheGraph) {
         // Task i writes element i and reads the whole tensor: an edge from every earlier task.
         for (int i = 0; i < 32; ++i) {
           TaskArgs t;
-          t.add_tensor(*a[0].tensor.tile({i}, {1}), Tag::OutputExisting).add_scalar(i).add_tensor(a[0].tensor, Tag::Input);
+          t.add_tensor(*a[0].tensor.tile({i}, {1}), Tag::OutputExisting)
+              .add_scalar(i)
+              .add_tensor(a[0].tensor, Tag::Input);
           if (auto r = o.submit_aiv(kFill, t); !r.ok()) return r.status();
         }
         return Status();
@@ -717,14 +729,13 @@ TEST_P(KernelFailure, AKernelSharedObjectReportsFailureAndOnlyItsRunFails) {
   KernelLibrary k;
   ASSERT_TRUE(k.add_file(0, CoreType::AIV, SIMPLER_TEST_KERNEL).ok());
   Worker w(Level::Chip, config(4, 64));
-  auto h = w.register_callable(ChipCallable(
-      "scale",
-      [](ChipOrchestrator& o, const TaskArgs& a) {
-        TaskArgs t;
-        t.add_tensor(a[0].tensor, Tag::InOut).add_scalar_u64(a[1].scalar);
-        return o.submit_aiv(0, t).status();
-      },
-      k, {Param::inout(), Param::scalar()}));
+  auto h = w.register_callable(ChipCallable("scale",
+                                            [](ChipOrchestrator& o, const TaskArgs& a) {
+                                              TaskArgs t;
+                                              t.add_tensor(a[0].tensor, Tag::InOut).add_scalar_u64(a[1].scalar);
+                                              return o.submit_aiv(0, t).status();
+                                            },
+                                            k, {Param::inout(), Param::scalar()}));
   ASSERT_TRUE(h.ok());
   ASSERT_TRUE(w.init().ok());
   constexpr int kRuns = 8, kBad = 3;

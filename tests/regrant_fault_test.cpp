@@ -41,8 +41,9 @@ TEST(Grant, R25RegrantFailsCleanlyAtEveryAllocation) {
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "noop_kernel", noop_kernel).ok());
   std::vector<ChipCallable> cs;
-  cs.emplace_back("noop", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(0, TaskArgs{}).status(); }, k,
-                  std::vector<Param>{});
+  cs.emplace_back(
+      "noop", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(0, TaskArgs{}).status(); }, k,
+      std::vector<Param>{});
   WorkerConfig cfg;
   cfg.pipeline_depth = 3;
   cfg.max_tasks_per_run = 32;
@@ -108,10 +109,10 @@ TEST(Grant, R26NoOrphanDeviceBlockAtAnyAllocationFailure) {
   NativeRunDescriptor d;
   d.lease = *lease;
   struct AlignedDelete {
-    void operator()(void* p) const { ::operator delete(p, std::align_val_t{native_run_storage_alignment()}); }
+    void operator()(void* p) const { ::operator delete (p, std::align_val_t{native_run_storage_alignment()}); }
   };
   std::unique_ptr<void, AlignedDelete> owned(
-      ::operator new(native_run_storage_size(), std::align_val_t{native_run_storage_alignment()}));
+      ::operator new (native_run_storage_size(), std::align_val_t{native_run_storage_alignment()}));
   void* storage = owned.get();
   std::memset(storage, 0, native_run_storage_size());
   // Warm the bank arena so the baseline includes it.

@@ -79,8 +79,8 @@ ChipCallable dag_callable() {
                                     {kMixAiv0, CoreType::AIV, "mix_aiv0", mix_aiv0_kernel},
                                     {kMixAiv1, CoreType::AIV, "mix_aiv1", mix_aiv1_kernel},
                                     {kAdd, CoreType::AIV, "add2d", add2d_kernel}}),
-                      {Param::input(), Param::input(), Param::input(), Param::input(), Param::output(),
-                       Param::output(), Param::output(), Param::output(), Param::scalar()});
+                      {Param::input(), Param::input(), Param::input(), Param::input(), Param::output(), Param::output(),
+                       Param::output(), Param::output(), Param::scalar()});
 }
 
 struct DagData {
@@ -90,7 +90,9 @@ struct DagData {
 
   explicit DagData(uint32_t seed) {
     std::mt19937 rng(seed);
-    auto small_int = [&](int lo, int hi) { return static_cast<float>(std::uniform_int_distribution<int>(lo, hi)(rng)); };
+    auto small_int = [&](int lo, int hi) {
+      return static_cast<float>(std::uniform_int_distribution<int>(lo, hi)(rng));
+    };
     A.resize(kN * kN);
     B.resize(kN * kN);
     W.resize(kN * kN);
@@ -207,17 +209,17 @@ TEST_P(Dependencies, ChainOfInOutTasksGivesTheSequentialResult) {
   Watchdog dog;
   constexpr int kSteps = 300;
   constexpr int64_t kLen = 512;
-  Harness hw(ChipCallable(
-      "chain",
-      [](ChipOrchestrator& o, const TaskArgs& a) {
-        for (int i = 0; i < kSteps; ++i) {
-          TaskArgs t;
-          t.add_tensor(a[0].tensor, Tag::InOut).add_scalar(i);
-          if (auto r = o.submit_aiv(kAffine, t); !r.ok()) return r.status();
-        }
-        return Status();
-      },
-      dep_kernels(), {Param::inout()}), config());
+  Harness hw(ChipCallable("chain",
+                          [](ChipOrchestrator& o, const TaskArgs& a) {
+                            for (int i = 0; i < kSteps; ++i) {
+                              TaskArgs t;
+                              t.add_tensor(a[0].tensor, Tag::InOut).add_scalar(i);
+                              if (auto r = o.submit_aiv(kAffine, t); !r.ok()) return r.status();
+                            }
+                            return Status();
+                          },
+                          dep_kernels(), {Param::inout()}),
+             config());
   std::vector<int64_t> host(kLen);
   for (int64_t i = 0; i < kLen; ++i) host[i] = i;
   DeviceBuffer x = upload(hw.w, host);
@@ -236,28 +238,28 @@ TEST_P(Dependencies, ReadersAfterAWriterSeeTheWrittenValueAndTheNextWriterWaitsF
   Watchdog dog;
   constexpr int kRounds = 6, kReaders = 8;
   constexpr int64_t kLen = 256;
-  Harness hw(ChipCallable(
-      "readers",
-      [](ChipOrchestrator& o, const TaskArgs& a) {
-        const TensorView& x = a[0].tensor;
-        const TensorView& out = a[1].tensor;  // (kRounds * kReaders) x kLen
-        for (int round = 0; round < kRounds; ++round) {
-          TaskArgs w;
-          w.add_tensor(x, Tag::OutputExisting).add_scalar(1000 + round);
-          if (auto r = o.submit_aiv(kFill, w); !r.ok()) return r.status();
-          for (int k = 0; k < kReaders; ++k) {
-            auto row = out.tile({round * kReaders + k, 0}, {1, kLen});
-            if (!row.ok()) return row.status();
-            // The copy kernel walks a 1-D view: flatten the row tile.
-            TensorView flat(row->buffer(), {kLen}, DType::I64, row->offset());
-            TaskArgs rd;
-            rd.add_tensor(x, Tag::Input).add_tensor(flat, Tag::OutputExisting);
-            if (auto r = o.submit_aiv(kCopy, rd); !r.ok()) return r.status();
-          }
-        }
-        return Status();
-      },
-      dep_kernels(), {Param::inout(), Param::output()}), config());
+  Harness hw(ChipCallable("readers",
+                          [](ChipOrchestrator& o, const TaskArgs& a) {
+                            const TensorView& x = a[0].tensor;
+                            const TensorView& out = a[1].tensor;  // (kRounds * kReaders) x kLen
+                            for (int round = 0; round < kRounds; ++round) {
+                              TaskArgs w;
+                              w.add_tensor(x, Tag::OutputExisting).add_scalar(1000 + round);
+                              if (auto r = o.submit_aiv(kFill, w); !r.ok()) return r.status();
+                              for (int k = 0; k < kReaders; ++k) {
+                                auto row = out.tile({round * kReaders + k, 0}, {1, kLen});
+                                if (!row.ok()) return row.status();
+                                // The copy kernel walks a 1-D view: flatten the row tile.
+                                TensorView flat(row->buffer(), {kLen}, DType::I64, row->offset());
+                                TaskArgs rd;
+                                rd.add_tensor(x, Tag::Input).add_tensor(flat, Tag::OutputExisting);
+                                if (auto r = o.submit_aiv(kCopy, rd); !r.ok()) return r.status();
+                              }
+                            }
+                            return Status();
+                          },
+                          dep_kernels(), {Param::inout(), Param::output()}),
+             config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(kLen, -1));
   DeviceBuffer out = upload(hw.w, std::vector<int64_t>(kRounds * kReaders * kLen, -1));
   TaskArgs args;
@@ -288,13 +290,13 @@ Status rendezvous_all(ChipOrchestrator& o, const std::vector<TensorView>& views)
 TEST_P(Concurrency, DisjointColumnHalvesOfOneBufferRunAtTheSameTime) {
   Watchdog dog;
   g_arrived = 0;
-  Harness hw(ChipCallable(
-      "halves",
-      [](ChipOrchestrator& o, const TaskArgs& a) {
-        const TensorView& x = a[0].tensor;  // 8 x 16: halves interleave byte-wise
-        return rendezvous_all(o, {*x.tile({0, 0}, {8, 8}), *x.tile({0, 8}, {8, 8})});
-      },
-      dep_kernels(), {Param::output()}), config());
+  Harness hw(ChipCallable("halves",
+                          [](ChipOrchestrator& o, const TaskArgs& a) {
+                            const TensorView& x = a[0].tensor;  // 8 x 16: halves interleave byte-wise
+                            return rendezvous_all(o, {*x.tile({0, 0}, {8, 8}), *x.tile({0, 8}, {8, 8})});
+                          },
+                          dep_kernels(), {Param::output()}),
+             config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(8 * 16, 0));
   TaskArgs args;
   args.add_tensor(x.view({8, 16}, DType::I64), Tag::OutputExisting);
@@ -306,17 +308,17 @@ TEST_P(Concurrency, DisjointColumnHalvesOfOneBufferRunAtTheSameTime) {
 TEST_P(Concurrency, FourDisjointQuadrantsRunAtTheSameTime) {
   Watchdog dog;
   g_arrived = 0;
-  Harness hw(ChipCallable(
-      "quadrants",
-      [](ChipOrchestrator& o, const TaskArgs& a) {
-        const TensorView& x = a[0].tensor;
-        std::vector<TensorView> q;
-        for (int i = 0; i < 2; ++i) {
-          for (int j = 0; j < 2; ++j) q.push_back(*x.tile({4 * i, 4 * j}, {4, 4}));
-        }
-        return rendezvous_all(o, q);  // the small geometry has exactly 4 AIV cores
-      },
-      dep_kernels(), {Param::output()}), config());
+  Harness hw(ChipCallable("quadrants",
+                          [](ChipOrchestrator& o, const TaskArgs& a) {
+                            const TensorView& x = a[0].tensor;
+                            std::vector<TensorView> q;
+                            for (int i = 0; i < 2; ++i) {
+                              for (int j = 0; j < 2; ++j) q.push_back(*x.tile({4 * i, 4 * j}, {4, 4}));
+                            }
+                            return rendezvous_all(o, q);  // the small geometry has exactly 4 AIV cores
+                          },
+                          dep_kernels(), {Param::output()}),
+             config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(64, 0));
   TaskArgs args;
   args.add_tensor(x.view({8, 8}, DType::I64), Tag::OutputExisting);
@@ -328,22 +330,23 @@ TEST_P(Concurrency, FourDisjointQuadrantsRunAtTheSameTime) {
 TEST_P(Concurrency, NoDepArgumentCreatesNoEdge) {
   Watchdog dog;
   g_arrived = 0;
-  Harness hw(ChipCallable(
-      "nodep",
-      [](ChipOrchestrator& o, const TaskArgs& a) {
-        const TensorView &x = a[0].tensor, &y = a[1].tensor;
-        TaskArgs writer;
-        writer.add_tensor(x, Tag::OutputExisting).add_scalar(2);
-        if (auto r = o.submit_aiv(kRendezvous, writer); !r.ok()) return r.status();
-        TaskArgs passer;  // touches x only as no_dep: must not wait for the writer
-        passer.add_tensor(y, Tag::OutputExisting).add_scalar(2).add_tensor(x, Tag::NoDep);
-        return o.submit_aiv(kRendezvous, passer).status();
-      },
-      dep_kernels(), {Param::output(), Param::output()}), config());
+  Harness hw(ChipCallable("nodep",
+                          [](ChipOrchestrator& o, const TaskArgs& a) {
+                            const TensorView &x = a[0].tensor, &y = a[1].tensor;
+                            TaskArgs writer;
+                            writer.add_tensor(x, Tag::OutputExisting).add_scalar(2);
+                            if (auto r = o.submit_aiv(kRendezvous, writer); !r.ok()) return r.status();
+                            TaskArgs passer;  // touches x only as no_dep: must not wait for the writer
+                            passer.add_tensor(y, Tag::OutputExisting).add_scalar(2).add_tensor(x, Tag::NoDep);
+                            return o.submit_aiv(kRendezvous, passer).status();
+                          },
+                          dep_kernels(), {Param::output(), Param::output()}),
+             config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(16, 0));
   DeviceBuffer y = upload(hw.w, std::vector<int64_t>(16, 0));
   TaskArgs args;
-  args.add_tensor(x.view({16}, DType::I64), Tag::OutputExisting).add_tensor(y.view({16}, DType::I64), Tag::OutputExisting);
+  args.add_tensor(x.view({16}, DType::I64), Tag::OutputExisting)
+      .add_tensor(y.view({16}, DType::I64), Tag::OutputExisting);
   Status s = hw.run(args);
   ASSERT_TRUE(s.ok()) << "a no_dep argument created an edge: " << s.to_string();
 }
@@ -353,24 +356,24 @@ TEST_P(Concurrency, OverlappingTilesAreNeverRunAtTheSameTime) {
   Watchdog dog;
   g_inside = 0;
   g_max_inside = 0;
-  Harness hw(ChipCallable(
-      "overlap",
-      [](ChipOrchestrator& o, const TaskArgs& a) {
-        const TensorView& x = a[0].tensor;  // 8 x 8
-        const std::vector<std::pair<TensorView, Tag>> steps = {
-            {*x.tile({0, 0}, {5, 5}), Tag::OutputExisting},
-            {*x.tile({4, 4}, {4, 4}), Tag::OutputExisting},  // shares (4,4) with the first
-            {*x.tile({4, 0}, {4, 8}), Tag::Input},           // reads what the second wrote
-            {*x.tile({0, 0}, {8, 8}), Tag::InOut},           // after the reader
-        };
-        for (const auto& [view, tag] : steps) {
-          TaskArgs t;
-          t.add_tensor(view, tag);
-          if (auto r = o.submit_aiv(kProbe, t); !r.ok()) return r.status();
-        }
-        return Status();
-      },
-      dep_kernels(), {Param::inout()}), config());
+  Harness hw(ChipCallable("overlap",
+                          [](ChipOrchestrator& o, const TaskArgs& a) {
+                            const TensorView& x = a[0].tensor;  // 8 x 8
+                            const std::vector<std::pair<TensorView, Tag>> steps = {
+                                {*x.tile({0, 0}, {5, 5}), Tag::OutputExisting},
+                                {*x.tile({4, 4}, {4, 4}), Tag::OutputExisting},  // shares (4,4) with the first
+                                {*x.tile({4, 0}, {4, 8}), Tag::Input},           // reads what the second wrote
+                                {*x.tile({0, 0}, {8, 8}), Tag::InOut},           // after the reader
+                            };
+                            for (const auto& [view, tag] : steps) {
+                              TaskArgs t;
+                              t.add_tensor(view, tag);
+                              if (auto r = o.submit_aiv(kProbe, t); !r.ok()) return r.status();
+                            }
+                            return Status();
+                          },
+                          dep_kernels(), {Param::inout()}),
+             config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(64, 0));
   TaskArgs args;
   args.add_tensor(x.view({8, 8}, DType::I64), Tag::InOut);
@@ -382,21 +385,21 @@ TEST_P(Concurrency, OverlappingTilesAreNeverRunAtTheSameTime) {
 TEST_P(Concurrency, ConcurrentReadersOfOneTensorRunAtTheSameTime) {
   Watchdog dog;
   g_arrived = 0;
-  Harness hw(ChipCallable(
-      "readers_together",
-      [](ChipOrchestrator& o, const TaskArgs& a) {
-        for (int k = 0; k < 3; ++k) {
-          TaskArgs t;
-          // The rendezvous kernel writes its args[0]; give each its own output and
-          // let all three read the same input.
-          auto out = a[1].tensor.tile({k, 0}, {1, 8});
-          TensorView flat(out->buffer(), {8}, DType::I64, out->offset());
-          t.add_tensor(flat, Tag::OutputExisting).add_scalar(3).add_tensor(a[0].tensor, Tag::Input);
-          if (auto r = o.submit_aiv(kRendezvous, t); !r.ok()) return r.status();
-        }
-        return Status();
-      },
-      dep_kernels(), {Param::input(), Param::output()}), config());
+  Harness hw(ChipCallable("readers_together",
+                          [](ChipOrchestrator& o, const TaskArgs& a) {
+                            for (int k = 0; k < 3; ++k) {
+                              TaskArgs t;
+                              // The rendezvous kernel writes its args[0]; give each its own output and
+                              // let all three read the same input.
+                              auto out = a[1].tensor.tile({k, 0}, {1, 8});
+                              TensorView flat(out->buffer(), {8}, DType::I64, out->offset());
+                              t.add_tensor(flat, Tag::OutputExisting).add_scalar(3).add_tensor(a[0].tensor, Tag::Input);
+                              if (auto r = o.submit_aiv(kRendezvous, t); !r.ok()) return r.status();
+                            }
+                            return Status();
+                          },
+                          dep_kernels(), {Param::input(), Param::output()}),
+             config());
   DeviceBuffer in = upload(hw.w, std::vector<int64_t>(8, 5));
   DeviceBuffer out = upload(hw.w, std::vector<int64_t>(24, 0));
   TaskArgs args;
@@ -413,21 +416,21 @@ TEST_P(Concurrency, AliasedSubBufferIsOrderedOrRefused) {
   g_inside = 0;
   g_max_inside = 0;
   Status submit_status;
-  Harness hw(ChipCallable(
-      "alias",
-      [&submit_status](ChipOrchestrator& o, const TaskArgs& a) {
-        const TensorView& x = a[0].tensor;  // 64 x i64 = 512 bytes
-        TaskArgs w;
-        w.add_tensor(x, Tag::OutputExisting);
-        if (auto r = o.submit_aiv(kProbe, w); !r.ok()) return r.status();
-        DeviceBuffer half{x.buffer().addr + 256, 256};
-        TaskArgs rd;
-        rd.add_tensor(half.view({32}, DType::I64), Tag::Input);
-        auto r = o.submit_aiv(kProbe, rd);
-        submit_status = r.status();
-        return r.status();
-      },
-      dep_kernels(), {Param::inout()}), config());
+  Harness hw(ChipCallable("alias",
+                          [&submit_status](ChipOrchestrator& o, const TaskArgs& a) {
+                            const TensorView& x = a[0].tensor;  // 64 x i64 = 512 bytes
+                            TaskArgs w;
+                            w.add_tensor(x, Tag::OutputExisting);
+                            if (auto r = o.submit_aiv(kProbe, w); !r.ok()) return r.status();
+                            DeviceBuffer half{x.buffer().addr + 256, 256};
+                            TaskArgs rd;
+                            rd.add_tensor(half.view({32}, DType::I64), Tag::Input);
+                            auto r = o.submit_aiv(kProbe, rd);
+                            submit_status = r.status();
+                            return r.status();
+                          },
+                          dep_kernels(), {Param::inout()}),
+             config());
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>(64, 0));
   TaskArgs args;
   args.add_tensor(x.view({64}, DType::I64), Tag::InOut);
@@ -460,30 +463,33 @@ TEST_P(RuntimeOutputs, AnUnboundOutputIsAllocatedAndFeedsALaterTask) {
   Watchdog dog;
   bool bound_in_ref = false;  // set by the orchestration
   uint64_t allocated_bytes = 0;
-  Harness hw(ChipCallable(
-      "runtime_output",
-      [&](ChipOrchestrator& o, const TaskArgs& a) {
-        TaskArgs first;
-        first.add_tensor(a[0].tensor, Tag::Input)
-            .add_output({kLen}, DType::F32)
-            .add_scalar_f32(2.f)
-            .add_scalar_f32(0.f);
-        auto r1 = o.submit_aiv(kAxpb, first);
-        if (!r1.ok()) return r1.status();
-        if (r1->outputs.size() != 1) return Status(StatusCode::kInternal, "TaskRef.outputs should hold one view");
-        const TensorView tmp = r1->outputs[0];  // bound to run-owned memory
-        bound_in_ref = tmp.buffer().bound();
-        allocated_bytes = tmp.buffer().bytes;
-        if (!tmp.buffer().bound()) return Status(StatusCode::kInternal, "TaskRef.outputs[0] is still unbound");
-        return o.submit_aiv(kAxpb, axpb(tmp, a[1].tensor, 1.f, 1.f)).status();
-      },
-      axpb_kernels(), {Param::input(), Param::output()}), config());
+  Harness hw(ChipCallable("runtime_output",
+                          [&](ChipOrchestrator& o, const TaskArgs& a) {
+                            TaskArgs first;
+                            first.add_tensor(a[0].tensor, Tag::Input)
+                                .add_output({kLen}, DType::F32)
+                                .add_scalar_f32(2.f)
+                                .add_scalar_f32(0.f);
+                            auto r1 = o.submit_aiv(kAxpb, first);
+                            if (!r1.ok()) return r1.status();
+                            if (r1->outputs.size() != 1)
+                              return Status(StatusCode::kInternal, "TaskRef.outputs should hold one view");
+                            const TensorView tmp = r1->outputs[0];  // bound to run-owned memory
+                            bound_in_ref = tmp.buffer().bound();
+                            allocated_bytes = tmp.buffer().bytes;
+                            if (!tmp.buffer().bound())
+                              return Status(StatusCode::kInternal, "TaskRef.outputs[0] is still unbound");
+                            return o.submit_aiv(kAxpb, axpb(tmp, a[1].tensor, 1.f, 1.f)).status();
+                          },
+                          axpb_kernels(), {Param::input(), Param::output()}),
+             config());
   std::vector<float> in(kLen);
   for (int64_t i = 0; i < kLen; ++i) in[i] = static_cast<float>(i);
   DeviceBuffer din = upload(hw.w, in);
   DeviceBuffer dout = upload(hw.w, std::vector<float>(kLen, -1.f));
   TaskArgs args;
-  args.add_tensor(din.view({kLen}, DType::F32), Tag::Input).add_tensor(dout.view({kLen}, DType::F32), Tag::OutputExisting);
+  args.add_tensor(din.view({kLen}, DType::F32), Tag::Input)
+      .add_tensor(dout.view({kLen}, DType::F32), Tag::OutputExisting);
   // The first run also sets up the graph arena its set keeps; after it, device
   // memory is in its steady state and every later run must return to it.
   uint64_t steady = 0;
@@ -502,27 +508,29 @@ TEST_P(RuntimeOutputs, AnUnboundOutputIsAllocatedAndFeedsALaterTask) {
 
 TEST_P(Scopes, IntermediatesOfAnEndedScopeAreReleasedDuringTheRun) {
   Watchdog dog;
-  Harness hw(ChipCallable(
-      "scoped",
-      [](ChipOrchestrator& o, const TaskArgs& a) {
-        TensorView x = a[0].tensor;
-        for (int stage = 0; stage < 4; ++stage) {
-          Scope scope(o);
-          auto t1 = o.alloc({kLen}, DType::F32);
-          if (!t1.ok()) return t1.status();
-          if (auto r = o.submit_aiv(kAxpb, axpb(x, *t1, 2.f, 0.f)); !r.ok()) return r.status();
-          TaskArgs second;  // a runtime-allocated output inside the scope
-          second.add_tensor(*t1, Tag::Input).add_output({kLen}, DType::F32).add_scalar_f32(1.f).add_scalar_f32(1.f);
-          auto r2 = o.submit_aiv(kAxpb, second);
-          if (!r2.ok()) return r2.status();
-          if (auto r = o.submit_aiv(kAxpb, axpb(r2->outputs.at(0), a[1].tensor, 1.f, 0.f)); !r.ok()) {
-            return r.status();
-          }
-          x = a[1].tensor;
-        }
-        return Status();
-      },
-      axpb_kernels(), {Param::input(), Param::inout()}), config());
+  Harness hw(
+      ChipCallable(
+          "scoped",
+          [](ChipOrchestrator& o, const TaskArgs& a) {
+            TensorView x = a[0].tensor;
+            for (int stage = 0; stage < 4; ++stage) {
+              Scope scope(o);
+              auto t1 = o.alloc({kLen}, DType::F32);
+              if (!t1.ok()) return t1.status();
+              if (auto r = o.submit_aiv(kAxpb, axpb(x, *t1, 2.f, 0.f)); !r.ok()) return r.status();
+              TaskArgs second;  // a runtime-allocated output inside the scope
+              second.add_tensor(*t1, Tag::Input).add_output({kLen}, DType::F32).add_scalar_f32(1.f).add_scalar_f32(1.f);
+              auto r2 = o.submit_aiv(kAxpb, second);
+              if (!r2.ok()) return r2.status();
+              if (auto r = o.submit_aiv(kAxpb, axpb(r2->outputs.at(0), a[1].tensor, 1.f, 0.f)); !r.ok()) {
+                return r.status();
+              }
+              x = a[1].tensor;
+            }
+            return Status();
+          },
+          axpb_kernels(), {Param::input(), Param::inout()}),
+      config());
   std::vector<float> in(kLen);
   for (int64_t i = 0; i < kLen; ++i) in[i] = static_cast<float>(i % 17);
   DeviceBuffer din = upload(hw.w, in);
@@ -551,19 +559,19 @@ TEST_P(Scopes, AnUnusedIntermediateIsReleasedAtScopeEnd) {
   Watchdog dog;
   uint64_t free_inside = 0, free_after_scope = 0;  // written by the orchestration
   Worker* worker = nullptr;
-  Harness hw(ChipCallable(
-      "unused",
-      [&](ChipOrchestrator& o, const TaskArgs&) {
-        const uint64_t free_before = free_bytes(*worker);  // the arena is set up by now
-        o.scope_begin();
-        auto t = o.alloc({1 << 16}, DType::F32);
-        if (!t.ok()) return t.status();
-        free_inside = free_before - free_bytes(*worker);
-        if (Status s = o.scope_end(); !s.ok()) return s;
-        free_after_scope = free_bytes(*worker);
-        return Status();
-      },
-      axpb_kernels(), {}), config());
+  Harness hw(ChipCallable("unused",
+                          [&](ChipOrchestrator& o, const TaskArgs&) {
+                            const uint64_t free_before = free_bytes(*worker);  // the arena is set up by now
+                            o.scope_begin();
+                            auto t = o.alloc({1 << 16}, DType::F32);
+                            if (!t.ok()) return t.status();
+                            free_inside = free_before - free_bytes(*worker);
+                            if (Status s = o.scope_end(); !s.ok()) return s;
+                            free_after_scope = free_bytes(*worker);
+                            return Status();
+                          },
+                          axpb_kernels(), {}),
+             config());
   worker = &hw.w;
   ASSERT_TRUE(hw.run().ok());
   EXPECT_EQ(free_inside, 1u << 18) << "the intermediate's bytes";
@@ -576,13 +584,13 @@ TEST_P(Scopes, AnUnusedIntermediateIsReleasedAtScopeEnd) {
 TEST_P(Scopes, AllocRefusesABadShape) {
   Watchdog dog;
   Status alloc_status;
-  Harness hw(ChipCallable(
-      "bad_alloc",
-      [&](ChipOrchestrator& o, const TaskArgs&) {
-        alloc_status = o.alloc({4, -4}, DType::F32).status();
-        return Status();
-      },
-      axpb_kernels(), {}), config());
+  Harness hw(ChipCallable("bad_alloc",
+                          [&](ChipOrchestrator& o, const TaskArgs&) {
+                            alloc_status = o.alloc({4, -4}, DType::F32).status();
+                            return Status();
+                          },
+                          axpb_kernels(), {}),
+             config());
   uint64_t steady = 0;
   for (int round = 0; round < 2; ++round) {
     Status s = hw.run();
@@ -596,16 +604,15 @@ TEST_P(Scopes, AllocRefusesABadShape) {
 TEST_P(Scopes, DeviceMemoryExhaustedByIntermediatesFailsTheRunAndLeaksNothing) {
   Watchdog dog;
   bool hog = false;
-  Harness hw(ChipCallable(
-                 "hog",
-                 [&hog](ChipOrchestrator& o, const TaskArgs&) {
-                   while (hog) {
-                     auto t = o.alloc({1 << 20}, DType::F32);  // 4 MiB each
-                     if (!t.ok()) return t.status();
-                   }
-                   return o.alloc({16}, DType::F32).status();
-                 },
-                 axpb_kernels(), {}),
+  Harness hw(ChipCallable("hog",
+                          [&hog](ChipOrchestrator& o, const TaskArgs&) {
+                            while (hog) {
+                              auto t = o.alloc({1 << 20}, DType::F32);  // 4 MiB each
+                              if (!t.ok()) return t.status();
+                            }
+                            return o.alloc({16}, DType::F32).status();
+                          },
+                          axpb_kernels(), {}),
              config(1, 64));
   ASSERT_TRUE(hw.run().ok());
   const uint64_t steady = free_bytes(hw.w);
@@ -625,25 +632,25 @@ TEST_P(Scopes, DeviceMemoryExhaustedByIntermediatesFailsTheRunAndLeaksNothing) {
 TEST_P(Pipeline, SixteenRunsWithDepthFourAreAllCorrect) {
   Watchdog dog;
   WorkerConfig c = config(4);
-  Harness hw(ChipCallable(
-                 "vaxpb",
-                 [](ChipOrchestrator& o, const TaskArgs& a) {
-                   // 8 tasks on disjoint chunks, then one pass over the whole output.
-                   for (int64_t k = 0; k < 8; ++k) {
-                     auto in = a[0].tensor.tile({k * 125}, {125});
-                     auto out = a[1].tensor.tile({k * 125}, {125});
-                     if (auto r = o.submit_aiv(kAxpb, axpb(*in, *out, scalar_f32(a[2].scalar), 0.f)); !r.ok()) {
-                       return r.status();
-                     }
-                   }
-                   TaskArgs t;
-                   t.add_tensor(a[1].tensor, Tag::Input)
-                       .add_tensor(a[1].tensor, Tag::OutputExisting)
-                       .add_scalar_f32(1.f)
-                       .add_scalar_f32(3.f);
-                   return o.submit_aiv(kAxpb, t).status();
-                 },
-                 axpb_kernels(), {Param::input(), Param::output(), Param::scalar()}),
+  Harness hw(ChipCallable("vaxpb",
+                          [](ChipOrchestrator& o, const TaskArgs& a) {
+                            // 8 tasks on disjoint chunks, then one pass over the whole output.
+                            for (int64_t k = 0; k < 8; ++k) {
+                              auto in = a[0].tensor.tile({k * 125}, {125});
+                              auto out = a[1].tensor.tile({k * 125}, {125});
+                              if (auto r = o.submit_aiv(kAxpb, axpb(*in, *out, scalar_f32(a[2].scalar), 0.f));
+                                  !r.ok()) {
+                                return r.status();
+                              }
+                            }
+                            TaskArgs t;
+                            t.add_tensor(a[1].tensor, Tag::Input)
+                                .add_tensor(a[1].tensor, Tag::OutputExisting)
+                                .add_scalar_f32(1.f)
+                                .add_scalar_f32(3.f);
+                            return o.submit_aiv(kAxpb, t).status();
+                          },
+                          axpb_kernels(), {Param::input(), Param::output(), Param::scalar()}),
              c);
   constexpr int kRuns = 16;
   std::vector<DeviceBuffer> ins, outs;
@@ -677,13 +684,13 @@ TEST_P(Pipeline, SixteenRunsWithDepthFourAreAllCorrect) {
 // One run's device result is the input of four later runs in flight together.
 TEST_P(Pipeline, ADeviceResultFeedsLaterRuns) {
   Watchdog dog;
-  Harness hw(ChipCallable(
-                 "axpb_run",
-                 [](ChipOrchestrator& o, const TaskArgs& a) {
-                   return o.submit_aiv(kAxpb, axpb(a[0].tensor, a[1].tensor, scalar_f32(a[2].scalar), 1.f)).status();
-                 },
-                 axpb_kernels(), {Param::input(), Param::output(), Param::scalar()}),
-             config(4, 64));
+  Harness hw(
+      ChipCallable("axpb_run",
+                   [](ChipOrchestrator& o, const TaskArgs& a) {
+                     return o.submit_aiv(kAxpb, axpb(a[0].tensor, a[1].tensor, scalar_f32(a[2].scalar), 1.f)).status();
+                   },
+                   axpb_kernels(), {Param::input(), Param::output(), Param::scalar()}),
+      config(4, 64));
   std::vector<float> x(kLen);
   for (int64_t i = 0; i < kLen; ++i) x[i] = static_cast<float>(i);
   DeviceBuffer dx = upload(hw.w, x);
@@ -711,12 +718,11 @@ TEST_P(Pipeline, ADeviceResultFeedsLaterRuns) {
 TEST_P(Pipeline, DepthOneThreeAndEightAllWork) {
   Watchdog dog;
   for (uint32_t depth : {1u, 3u, 8u}) {
-    Harness hw(ChipCallable(
-                   "depth",
-                   [](ChipOrchestrator& o, const TaskArgs& a) {
-                     return o.submit_aiv(kAxpb, axpb(a[0].tensor, a[1].tensor, 2.f, 1.f)).status();
-                   },
-                   axpb_kernels(), {Param::input(), Param::output()}),
+    Harness hw(ChipCallable("depth",
+                            [](ChipOrchestrator& o, const TaskArgs& a) {
+                              return o.submit_aiv(kAxpb, axpb(a[0].tensor, a[1].tensor, 2.f, 1.f)).status();
+                            },
+                            axpb_kernels(), {Param::input(), Param::output()}),
                config(depth, 64));
     std::vector<float> in(kLen, 1.f);
     DeviceBuffer din = upload(hw.w, in);
@@ -744,9 +750,10 @@ TEST_P(RunHandleTest, WaitForGivesUpAtItsDeadlineAndTheRunGoesOn) {
   Watchdog dog;
   g_gate_open = false;
   g_gate_passed = 0;
-  Harness hw(ChipCallable(
-      "gated", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(kGate, {}).status(); },
-      make_kernels({{kGate, CoreType::AIV, "gate", gate_kernel}}), {}), config());
+  Harness hw(
+      ChipCallable("gated", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(kGate, {}).status(); },
+                   make_kernels({{kGate, CoreType::AIV, "gate", gate_kernel}}), {}),
+      config());
   RunHandle r = hw.submit();
   ASSERT_TRUE(r.valid());
   Status early = r.wait_for(std::chrono::milliseconds(1));
@@ -781,7 +788,8 @@ TEST(EmptyRunHandle, RefusesEverything) {
 TEST_P(RunHandleTest, AnEmptyGraphCompletesAtOnce) {
   Watchdog dog;
   Harness hw(ChipCallable("empty", [](ChipOrchestrator&, const TaskArgs&) { return Status(); },
-                          make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}), config());
+                          make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}),
+             config());
   RunHandle r = hw.submit();
   EXPECT_TRUE(wait_run(r).ok());
   EXPECT_EQ(r.stats().tasks, 0u);
@@ -793,15 +801,14 @@ TEST_P(WorkerThreads, InitCreatesEveryDeviceThreadOnceAndRunsCreateNone) {
   g_count = 0;
   const int before = thread_count();
   Worker w(Level::Chip, config(2, 64));
-  auto h = w.register_callable(ChipCallable(
-      "count",
-      [](ChipOrchestrator& o, const TaskArgs&) {
-        for (int i = 0; i < 20; ++i) {
-          if (auto r = o.submit_aiv(kCount, {}); !r.ok()) return r.status();
-        }
-        return Status();
-      },
-      make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}));
+  auto h = w.register_callable(ChipCallable("count",
+                                            [](ChipOrchestrator& o, const TaskArgs&) {
+                                              for (int i = 0; i < 20; ++i) {
+                                                if (auto r = o.submit_aiv(kCount, {}); !r.ok()) return r.status();
+                                              }
+                                              return Status();
+                                            },
+                                            make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}));
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(thread_count(), before);  // nothing before init
   ASSERT_TRUE(w.init().ok());
@@ -820,15 +827,14 @@ TEST_P(WorkerThreads, InitCreatesEveryDeviceThreadOnceAndRunsCreateNone) {
 TEST_P(WorkerThreads, AnIdleWorkerLetsEveryThreadSleep) {
   Watchdog dog;
   WorkerConfig c = config(2, 64);
-  Harness hw(ChipCallable(
-                 "count",
-                 [](ChipOrchestrator& o, const TaskArgs&) {
-                   for (int i = 0; i < 50; ++i) {
-                     if (auto r = o.submit_aiv(kCount, {}); !r.ok()) return r.status();
-                   }
-                   return Status();
-                 },
-                 make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}),
+  Harness hw(ChipCallable("count",
+                          [](ChipOrchestrator& o, const TaskArgs&) {
+                            for (int i = 0; i < 50; ++i) {
+                              if (auto r = o.submit_aiv(kCount, {}); !r.ok()) return r.status();
+                            }
+                            return Status();
+                          },
+                          make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}),
              c);
   ASSERT_TRUE(hw.run().ok());
   // After the run, every device thread (cores and AICPUs) parks in the
@@ -837,7 +843,8 @@ TEST_P(WorkerThreads, AnIdleWorkerLetsEveryThreadSleep) {
   std::vector<char> states;
   const bool all_sleep = eventually([&] {
     states = other_thread_states();
-    return states.size() >= device_threads && std::all_of(states.begin(), states.end(), [](char st) { return st == 'S'; });
+    return states.size() >= device_threads &&
+           std::all_of(states.begin(), states.end(), [](char st) { return st == 'S'; });
   });
   EXPECT_TRUE(all_sleep) << "thread states: " << std::string(states.begin(), states.end());
   ASSERT_TRUE(hw.run().ok());  // and wakes up for the next run
@@ -861,7 +868,7 @@ TEST_P(WorkerMemory, MemoryInfoIsExactAndFreeTracksAllocations) {
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->bytes, 1000u);
   EXPECT_EQ(free_bytes(hw.w), m1->free_bytes - 1024);  // 64-byte granules
-  auto big = hw.w.malloc(uint64_t{1} << 32);  // an allocation above 4 GiB
+  auto big = hw.w.malloc(uint64_t{1} << 32);           // an allocation above 4 GiB
   ASSERT_TRUE(big.ok()) << big.status().to_string();
   EXPECT_EQ(free_bytes(hw.w), m1->free_bytes - 1024 - (uint64_t{1} << 32));
   ASSERT_TRUE(hw.w.free(*big).ok());

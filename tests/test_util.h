@@ -140,12 +140,12 @@ inline bool contains(const std::string& haystack, const std::string& needle) {
 }
 
 // Asserts a refusal: the code, and that the message names `field`.
-#define EXPECT_REFUSED(status_expr, expected_code, field)                                              \
-  do {                                                                                                 \
-    const ::simpler::Status refused_ = (status_expr);                                                  \
-    EXPECT_EQ(refused_.code(), (expected_code)) << refused_.to_string();                               \
-    EXPECT_NE(refused_.message().find(field), std::string::npos)                                       \
-        << "message does not name '" << (field) << "': " << refused_.to_string();                      \
+#define EXPECT_REFUSED(status_expr, expected_code, field)                         \
+  do {                                                                            \
+    const ::simpler::Status refused_ = (status_expr);                             \
+    EXPECT_EQ(refused_.code(), (expected_code)) << refused_.to_string();          \
+    EXPECT_NE(refused_.message().find(field), std::string::npos)                  \
+        << "message does not name '" << (field) << "': " << refused_.to_string(); \
   } while (0)
 
 // Waits for a run with the standard deadline; a timeout is a test failure.

@@ -23,15 +23,17 @@ TEST(WorkerTest, VectorAddMatchesHost) {
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_kernel", add_kernel).ok());
   Worker w(Level::Chip);
-  auto h = w.register_callable(ChipCallable(
-      "vadd",
-      [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
-      {Param::input(), Param::input(), Param::output()}));
+  auto h = w.register_callable(
+      ChipCallable("vadd", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+                   {Param::input(), Param::input(), Param::output()}));
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   ASSERT_TRUE(w.init().ok());
   const int n = 1024;
   std::vector<float> a(n), b(n), c(n);
-  for (int i = 0; i < n; ++i) { a[i] = i; b[i] = 2 * i; }
+  for (int i = 0; i < n; ++i) {
+    a[i] = i;
+    b[i] = 2 * i;
+  }
   auto da = w.malloc(n * 4), db = w.malloc(n * 4), dc = w.malloc(n * 4);
   ASSERT_TRUE(da.ok() && db.ok() && dc.ok());
   ASSERT_TRUE(w.copy_to(*da, a.data(), n * 4).ok());

@@ -47,8 +47,7 @@ Result<ExampleReport> run_kernel_failure(const ExampleOptions& options) {
     return s;
   }
   OpenWorker w;
-  ChipCallable callable(name, orchestrate, std::move(kernels),
-                        {Param::input(), Param::output(), Param::scalar()});
+  ChipCallable callable(name, orchestrate, std::move(kernels), {Param::input(), Param::output(), Param::scalar()});
   if (Status s = take(open_worker(options, std::move(callable)), w); !s.ok()) return s;
   Worker& worker = *w.worker;
 
@@ -109,8 +108,8 @@ Result<ExampleReport> run_kernel_failure(const ExampleOptions& options) {
 
   ExampleReport r{name, runs, totals.tasks, totals.wall_s, totals.mismatch.empty(), totals.mismatch};
   if (r.verified) {
-    r.detail = fmt::format("{} bad runs failed as expected ({}); {} good runs correct", (runs + 1) / 2,
-                           first_failure, runs / 2);
+    r.detail = fmt::format("{} bad runs failed as expected ({}); {} good runs correct", (runs + 1) / 2, first_failure,
+                           runs / 2);
   }
   return r;
 }

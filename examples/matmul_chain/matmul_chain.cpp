@@ -17,8 +17,7 @@ constexpr int64_t kM = 256, kN = 256, kK = 128, kTile = 32;
 
 Status check_operand(const TensorView& v, const char* what, int64_t rows, int64_t cols) {
   if (v.dtype() != DType::F32 || v.ndim() != 2 || v.shape(0) != rows || v.shape(1) != cols) {
-    return Status(StatusCode::kInvalidArgument,
-                  fmt::format("matmul_chain: {} must be f32 [{}, {}]", what, rows, cols));
+    return Status(StatusCode::kInvalidArgument, fmt::format("matmul_chain: {} must be f32 [{}, {}]", what, rows, cols));
   }
   return Status();
 }
@@ -79,8 +78,7 @@ Status orchestrate(ChipOrchestrator& o, const TaskArgs& args) {
   return built.ok() ? ended : built;
 }
 
-std::vector<float> reference(const std::vector<float>& a, const std::vector<float>& b,
-                             const std::vector<float>& bias) {
+std::vector<float> reference(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& bias) {
   std::vector<float> c(kM * kN, 0.f);
   // Same summation order as the kernels: k ascending, tile after tile.
   for (int64_t i = 0; i < kM; ++i) {
@@ -159,8 +157,8 @@ Result<ExampleReport> run_matmul_chain(const ExampleOptions& options) {
 
   ExampleReport r{name, runs, totals.tasks, totals.wall_s, totals.mismatch.empty(), totals.mismatch};
   if (r.verified) {
-    r.detail = fmt::format("relu(A[{0}x{2}]·B[{2}x{1}] + bias) in {3}x{3} tiles, {4} tasks per run", kM, kN, kK,
-                           kTile, (kM / kTile) * (kN / kTile) * (kK / kTile + 2));
+    r.detail = fmt::format("relu(A[{0}x{2}]·B[{2}x{1}] + bias) in {3}x{3} tiles, {4} tasks per run", kM, kN, kK, kTile,
+                           (kM / kTile) * (kN / kTile) * (kK / kTile + 2));
   }
   return r;
 }

@@ -80,7 +80,7 @@ Result<ExampleReport> run_network_pipeline(const ExampleOptions& options) {
     Worker node(Level::Node, node_config);
     // Registered in the same order on every node, so one handle names each on all of them.
     if (Status s = take(node.register_callable(ChipCallable(name + "_add", orchestrate_chip, std::move(kernels),
-                                                          {Param::input(), Param::input(), Param::output()})),
+                                                            {Param::input(), Param::input(), Param::output()})),
                         add);
         !s.ok()) {
       return with_context(s, "register_callable");
@@ -92,19 +92,21 @@ Result<ExampleReport> run_network_pipeline(const ExampleOptions& options) {
   }
   // One node run: args a, b (inputs) and z (output), all in the network's heap.
   CallableHandle step;
-  if (Status s = take(net.register_callable(NodeCallable(name + "_step", [add, sq](Orchestrator& o, const TaskArgs& a) -> Status {
-                        Scope scope(o);  // y returns to the node's heap once the sub task read it
-                        TensorView y;
-                        if (Status st = take(o.alloc({kLength}, DType::F32), y); !st.ok()) return st;
-                        TaskArgs chip_args;
-                        chip_args.add_tensor(a[0].tensor, Tag::Input)
-                            .add_tensor(a[1].tensor, Tag::Input)
-                            .add_tensor(y, Tag::OutputExisting);
-                        if (Status st = o.submit_next_level(add, chip_args, 0).status(); !st.ok()) return st;
-                        TaskArgs sub_args;
-                        sub_args.add_tensor(y, Tag::Input).add_tensor(a[2].tensor, Tag::OutputExisting);
-                        return o.submit_sub(sq, sub_args).status();
-                      })),
+  if (Status s = take(net.register_callable(NodeCallable(
+                          name + "_step",
+                          [add, sq](Orchestrator& o, const TaskArgs& a) -> Status {
+                            Scope scope(o);  // y returns to the node's heap once the sub task read it
+                            TensorView y;
+                            if (Status st = take(o.alloc({kLength}, DType::F32), y); !st.ok()) return st;
+                            TaskArgs chip_args;
+                            chip_args.add_tensor(a[0].tensor, Tag::Input)
+                                .add_tensor(a[1].tensor, Tag::Input)
+                                .add_tensor(y, Tag::OutputExisting);
+                            if (Status st = o.submit_next_level(add, chip_args, 0).status(); !st.ok()) return st;
+                            TaskArgs sub_args;
+                            sub_args.add_tensor(y, Tag::Input).add_tensor(a[2].tensor, Tag::OutputExisting);
+                            return o.submit_sub(sq, sub_args).status();
+                          })),
                       step);
       !s.ok()) {
     return with_context(s, "register_callable");
@@ -149,11 +151,15 @@ Result<ExampleReport> run_network_pipeline(const ExampleOptions& options) {
     return net.submit([&s, step, sum](Orchestrator& o) -> Status {
       for (uint32_t k = 0; k < kNodes; ++k) {
         TaskArgs args;
-        args.add_tensor(vec(s.a[k]), Tag::Input).add_tensor(vec(s.b[k]), Tag::Input).add_tensor(vec(s.z[k]), Tag::OutputExisting);
+        args.add_tensor(vec(s.a[k]), Tag::Input)
+            .add_tensor(vec(s.b[k]), Tag::Input)
+            .add_tensor(vec(s.z[k]), Tag::OutputExisting);
         if (Status st = o.submit_next_level(step, args, k).status(); !st.ok()) return st;
       }
       TaskArgs sum_args;
-      sum_args.add_tensor(vec(s.z[0]), Tag::Input).add_tensor(vec(s.z[1]), Tag::Input).add_tensor(vec(s.out), Tag::OutputExisting);
+      sum_args.add_tensor(vec(s.z[0]), Tag::Input)
+          .add_tensor(vec(s.z[1]), Tag::Input)
+          .add_tensor(vec(s.out), Tag::OutputExisting);
       return o.submit_sub(sum, sum_args).status();
     });
   };
@@ -172,8 +178,10 @@ Result<ExampleReport> run_network_pipeline(const ExampleOptions& options) {
 
   ExampleReport r{name, runs, totals.tasks, totals.wall_s, totals.mismatch.empty(), totals.mismatch};
   if (r.verified) {
-    r.detail = fmt::format("out = (a0 + b0)^2 + (a1 + b1)^2 over {} f32: 2 forked nodes (each 1 chip + 1 sub "
-                           "worker) + 1 network sub worker, every run exact", kLength);
+    r.detail = fmt::format(
+        "out = (a0 + b0)^2 + (a1 + b1)^2 over {} f32: 2 forked nodes (each 1 chip + 1 sub "
+        "worker) + 1 network sub worker, every run exact",
+        kLength);
   }
   return r;
 }

@@ -133,8 +133,10 @@ Result<ExampleReport> run_node_pipeline(const ExampleOptions& options) {
 
   ExampleReport r{name, runs, totals.tasks, totals.wall_s, totals.mismatch.empty(), totals.mismatch};
   if (r.verified) {
-    r.detail = fmt::format("z = (a0 + b0 on chip 0) + (a1 + b1 on chip 1), summed by the sub worker over {} f32; "
-                           "2 chip children + 1 sub worker, every run exact", kLength);
+    r.detail = fmt::format(
+        "z = (a0 + b0 on chip 0) + (a1 + b1 on chip 1), summed by the sub worker over {} f32; "
+        "2 chip children + 1 sub worker, every run exact",
+        kLength);
   }
   return r;
 }

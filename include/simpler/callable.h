@@ -28,9 +28,9 @@ std::string digest_hex(const Digest& d);
 struct KernelInfo {
   uint32_t func_id = 0;
   CoreType core = CoreType::AIV;
-  std::string name;        // symbol or file name, part of the identity
+  std::string name;  // symbol or file name, part of the identity
   simpler_kernel_fn fn = nullptr;
-  Digest content{};        // SHA-256 of the .so bytes, or of the name for in-process kernels
+  Digest content{};  // SHA-256 of the .so bytes, or of the name for in-process kernels
 };
 
 class KernelLibrary {
@@ -54,8 +54,7 @@ using OrchestrationFn = std::function<Status(ChipOrchestrator& o, const TaskArgs
 
 class ChipCallable {
  public:
-  ChipCallable(std::string name, OrchestrationFn orchestrate, KernelLibrary kernels,
-               std::vector<Param> signature);
+  ChipCallable(std::string name, OrchestrationFn orchestrate, KernelLibrary kernels, std::vector<Param> signature);
 
   const std::string& name() const { return name_; }
   const OrchestrationFn& orchestrate() const { return orchestrate_; }

@@ -14,11 +14,11 @@ namespace simpler {
 // The descriptor a tensor argument points at. Fixed layout, shared by the host
 // runtime (which writes it into device memory) and kernels (which read it).
 struct DeviceTensor {
-  uint64_t data;        // device address of element [0, 0, ...] of the view
-  uint32_t dtype;       // simpler::DType
+  uint64_t data;   // device address of element [0, 0, ...] of the view
+  uint32_t dtype;  // simpler::DType
   uint32_t ndim;
   int64_t shape[5];
-  int64_t stride[5];    // in elements
+  int64_t stride[5];  // in elements
 };
 static_assert(sizeof(DeviceTensor) == 96, "DeviceTensor is part of the kernel ABI");
 static_assert(offsetof(DeviceTensor, shape) == 16, "DeviceTensor is part of the kernel ABI");

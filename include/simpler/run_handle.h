@@ -14,11 +14,11 @@ namespace simpler {
 // At Level::Node: `executed` counts tasks a child ran to success, and
 // `device_us` spans the run's first publication to its last task terminal.
 struct RunStats {
-  uint32_t tasks = 0;          // tasks in the run's graph
-  uint32_t executed = 0;       // subtasks that ran a kernel
-  uint32_t released_early = 0; // intermediates freed during the run because their scope had ended
-  double build_us = 0;         // orchestration (graph build) time on the host
-  double device_us = 0;        // launch to last completion
+  uint32_t tasks = 0;           // tasks in the run's graph
+  uint32_t executed = 0;        // subtasks that ran a kernel
+  uint32_t released_early = 0;  // intermediates freed during the run because their scope had ended
+  double build_us = 0;          // orchestration (graph build) time on the host
+  double device_us = 0;         // launch to last completion
 };
 
 namespace detail {

@@ -41,9 +41,7 @@ class [[nodiscard]] Status {
   // "KERNEL_FAILED: task 3 ..." or "OK".
   std::string to_string() const;
 
-  friend bool operator==(const Status& a, const Status& b) {
-    return a.code_ == b.code_ && a.message_ == b.message_;
-  }
+  friend bool operator==(const Status& a, const Status& b) { return a.code_ == b.code_ && a.message_ == b.message_; }
 
  private:
   StatusCode code_ = StatusCode::kOk;
@@ -55,7 +53,7 @@ class [[nodiscard]] Result {
   static_assert(!std::is_same_v<T, Status>, "Result<Status> is meaningless; use Status");
 
  public:
-  Result(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::in_place_index<0>, std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : v_(std::in_place_index<1>, std::move(status)) {}  // NOLINT
 
   bool ok() const { return v_.index() == 0; }

@@ -17,7 +17,7 @@ inline constexpr int kMaxDims = 5;
 class TensorView;
 
 struct DeviceBuffer {
-  uint64_t addr = 0;   // device address; 0 means "not bound yet" (runtime-allocated output)
+  uint64_t addr = 0;  // device address; 0 means "not bound yet" (runtime-allocated output)
   uint64_t bytes = 0;
 
   bool bound() const { return addr != 0; }
@@ -56,8 +56,8 @@ class TensorView {
   bool overlaps(const TensorView& other) const;
 
   // Raw construction, used by decoders; validate() before use.
-  static TensorView from_parts(DeviceBuffer buffer, DType dtype, int ndim, const int64_t* shape,
-                               const int64_t* stride, int64_t offset);
+  static TensorView from_parts(DeviceBuffer buffer, DType dtype, int ndim, const int64_t* shape, const int64_t* stride,
+                               int64_t offset);
 
  private:
   DeviceBuffer buffer_{};

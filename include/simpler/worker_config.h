@@ -13,16 +13,16 @@
 namespace simpler {
 
 struct WorkerConfig {
-  Geometry geometry = Geometry::small();     // of every chip
-  std::string runtime = "host_build_graph";  // chip runtime of every chip: one of available_runtimes()
-  std::string backend = "sim";               // device backend of every chip: one of available_backends()
-  uint32_t chips = 0;                        // Level::Node: chip child processes
-  uint32_t sub_workers = 0;                  // Level::Node/Network: sub worker processes (host functions)
-  uint32_t pipeline_depth = 2;               // runs admitted at once; each holds one run-resource set
-  uint32_t launch_depth = 0;                 // runs launched on a device at once; 0 = pipeline_depth (Network: 0 only)
-  uint64_t device_memory_bytes = 1ull << 30; // simulated GM size (reserved, committed on touch)
-  uint32_t max_tasks_per_run = 16384;        // graph capacity of one run-resource set
-  uint64_t shared_heap_bytes = 64ull << 20;  // Level::Node/Network: host memory shared with every child
+  Geometry geometry = Geometry::small();      // of every chip
+  std::string runtime = "host_build_graph";   // chip runtime of every chip: one of available_runtimes()
+  std::string backend = "sim";                // device backend of every chip: one of available_backends()
+  uint32_t chips = 0;                         // Level::Node: chip child processes
+  uint32_t sub_workers = 0;                   // Level::Node/Network: sub worker processes (host functions)
+  uint32_t pipeline_depth = 2;                // runs admitted at once; each holds one run-resource set
+  uint32_t launch_depth = 0;                  // runs launched on a device at once; 0 = pipeline_depth (Network: 0 only)
+  uint64_t device_memory_bytes = 1ull << 30;  // simulated GM size (reserved, committed on touch)
+  uint32_t max_tasks_per_run = 16384;         // graph capacity of one run-resource set
+  uint64_t shared_heap_bytes = 64ull << 20;   // Level::Node/Network: host memory shared with every child
   // Level::Node/Network: a next-level task with no terminal this long after its publication
   // (a staged successor: after its activation) means its child hangs: the
   // child is killed, each run it held ends DEADLINE_EXCEEDED and the other

@@ -52,11 +52,14 @@ Result<CallableHandle> Worker::register_callable(ChipCallable callable) {
     return failed_precondition("register_callable('{}'): callables are registered before init()", callable.name());
   }
   if (impl_->level == Level::Network) {
-    return failed_precondition("register_callable('{}'): a Level::Network worker runs NodeCallables; register the "
-                               "ChipCallable with the Level::Node worker you add", callable.name());
+    return failed_precondition(
+        "register_callable('{}'): a Level::Network worker runs NodeCallables; register the "
+        "ChipCallable with the Level::Node worker you add",
+        callable.name());
   }
   if (callable.name().empty()) return invalid_argument("register_callable: name is empty");
-  if (!callable.orchestrate()) return invalid_argument("register_callable('{}'): orchestrate is empty", callable.name());
+  if (!callable.orchestrate())
+    return invalid_argument("register_callable('{}'): orchestrate is empty", callable.name());
   if (callable.signature().size() > kMaxTaskArgs) {
     return invalid_argument("register_callable('{}'): signature has {} parameters, the limit is {}", callable.name(),
                             callable.signature().size(), kMaxTaskArgs);
@@ -79,7 +82,8 @@ Result<CallableHandle> Worker::register_callable(NodeCallable callable) {
   }
   SIMPLER_RETURN_IF_ERROR(impl_->require_created("register_callable"));
   if (callable.name().empty()) return invalid_argument("register_callable: name is empty");
-  if (!callable.orchestrate()) return invalid_argument("register_callable('{}'): orchestrate is empty", callable.name());
+  if (!callable.orchestrate())
+    return invalid_argument("register_callable('{}'): orchestrate is empty", callable.name());
   for (const NodeCallable& c : impl_->node_callables) {
     if (c.name() == callable.name()) {
       return invalid_argument("register_callable('{}'): a callable with this name is already registered",
@@ -103,8 +107,9 @@ Result<uint32_t> Worker::add_next_level_worker(Worker&& worker) {
                             next.level == Level::Chip ? "Level::Chip" : "Level::Network");
   }
   if (next.phase != Impl::Phase::Created) {
-    return failed_precondition("add_next_level_worker: worker is already initialised or closed; add it before its "
-                               "init(), which the network runs in the node's own process");
+    return failed_precondition(
+        "add_next_level_worker: worker is already initialised or closed; add it before its "
+        "init(), which the network runs in the node's own process");
   }
   NodeSpec spec;
   spec.level = Level::Node;
@@ -155,7 +160,8 @@ Status Worker::init() {
 
 Result<DeviceBuffer> Worker::malloc(uint64_t bytes) {
   SIMPLER_RETURN_IF_ERROR(impl_->require_ready("malloc"));
-  if (impl_->level == Level::Network) return failed_precondition("malloc: a network has no device memory; use malloc_shared");
+  if (impl_->level == Level::Network)
+    return failed_precondition("malloc: a network has no device memory; use malloc_shared");
   if (impl_->node != nullptr) return failed_precondition("malloc: a node has several chips; name one with malloc_on");
   return impl_->chip->malloc(bytes);
 }
@@ -202,7 +208,8 @@ Result<MemoryInfo> Worker::memory_info_on(uint32_t worker) const {
 RunHandle Worker::submit(CallableHandle callable, const TaskArgs& args) {
   if (Status st = impl_->require_ready("submit"); !st.ok()) return detail::refused_run(0, st);
   if (impl_->node != nullptr) {
-    return detail::refused_run(0, failed_precondition("submit: this level runs orchestrations; use submit(orchestration)"));
+    return detail::refused_run(
+        0, failed_precondition("submit: this level runs orchestrations; use submit(orchestration)"));
   }
   if (callable.id >= impl_->callables.size() || impl_->callables[callable.id].digest() != callable.digest) {
     return detail::refused_run(0, not_found("submit: callable id {} (digest {}) is not registered with this worker",
@@ -226,8 +233,10 @@ Status Worker::close() {
     impl_->node.reset();
   }
   if (impl_->chip != nullptr) st = impl_->chip->close(std::chrono::milliseconds(60'000));
-  if (st.ok()) impl_->chip.reset();
-  else abandon(impl_->chip.release());  // its device threads may still call back into it
+  if (st.ok())
+    impl_->chip.reset();
+  else
+    abandon(impl_->chip.release());  // its device threads may still call back into it
   impl_->phase = Impl::Phase::Closed;
   return st;
 }

@@ -56,12 +56,12 @@ Status with_context(const Status& s, fmt::format_string<A...> f, A&&... a) {
 // SIMPLER_RETURN_IF_ERROR(status_expr [, "context {}", args...]): returns the
 // error from the enclosing function (which returns Status or any Result<T>),
 // its message prefixed with the formatted context when one is given.
-#define SIMPLER_RETURN_IF_ERROR(expr, ...)                                                          \
-  do {                                                                                              \
-    ::simpler::Status simpler_status_ = (expr);                                                     \
-    if (!simpler_status_.ok()) {                                                                    \
+#define SIMPLER_RETURN_IF_ERROR(expr, ...)                                                           \
+  do {                                                                                               \
+    ::simpler::Status simpler_status_ = (expr);                                                      \
+    if (!simpler_status_.ok()) {                                                                     \
       return ::simpler::detail::with_context(std::move(simpler_status_) __VA_OPT__(, ) __VA_ARGS__); \
-    }                                                                                               \
+    }                                                                                                \
   } while (0)
 
 // SIMPLER_ASSIGN_OR_RETURN(lhs, result_expr [, "context {}", args...]):
@@ -69,7 +69,7 @@ Status with_context(const Status& s, fmt::format_string<A...> f, A&&... a) {
 // otherwise moves the value into `lhs`, which may declare it (`auto x`).
 #define SIMPLER_ASSIGN_OR_RETURN(lhs, expr, ...) \
   SIMPLER_ASSIGN_OR_RETURN_IMPL(SIMPLER_CONCAT(simpler_result_, __LINE__), lhs, expr __VA_OPT__(, ) __VA_ARGS__)
-#define SIMPLER_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr, ...)                                       \
-  auto tmp = (expr);                                                                             \
+#define SIMPLER_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr, ...)                                        \
+  auto tmp = (expr);                                                                              \
   if (!tmp.ok()) return ::simpler::detail::with_context(tmp.status() __VA_OPT__(, ) __VA_ARGS__); \
   lhs = std::move(tmp).value()

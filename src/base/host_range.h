@@ -14,9 +14,7 @@ namespace simpler {
 struct HostRange {
   uint64_t begin = 0;
   uint64_t end = 0;
-  bool contains(uint64_t addr, uint64_t bytes) const {
-    return addr >= begin && addr <= end && bytes <= end - addr;
-  }
+  bool contains(uint64_t addr, uint64_t bytes) const { return addr >= begin && addr <= end && bytes <= end - addr; }
   bool overlaps(uint64_t addr, uint64_t bytes) const { return addr < end && addr + bytes > begin; }
 };
 

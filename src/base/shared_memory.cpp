@@ -13,7 +13,8 @@ namespace simpler {
 Result<SharedMapping> SharedMapping::create_anonymous(size_t bytes) {
   if (bytes == 0) return invalid_argument("shared mapping of 0 bytes");
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  if (bytes > SIZE_MAX - (page - 1)) return invalid_argument("shared mapping of {} bytes cannot be page-rounded", bytes);
+  if (bytes > SIZE_MAX - (page - 1))
+    return invalid_argument("shared mapping of {} bytes cannot be page-rounded", bytes);
   const size_t rounded = (bytes + page - 1) / page * page;
   void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {

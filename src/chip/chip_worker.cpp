@@ -19,10 +19,9 @@ Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& confi
   std::unique_ptr<ChipWorker> w(new ChipWorker(config, std::move(callables)));
   SIMPLER_ASSIGN_OR_RETURN(w->device_, backend->create(DeviceOptions{config.geometry, config.device_memory_bytes}));
   ChipWorker* self = w.get();
-  SIMPLER_ASSIGN_OR_RETURN(w->runtime_, runtime->create(*w->device_, RuntimeOptions{config.max_tasks_per_run},
-                                                         [self](uint32_t slot, RunOutcome out) {
-                                                           self->on_run_done(slot, std::move(out));
-                                                         }));
+  SIMPLER_ASSIGN_OR_RETURN(
+      w->runtime_, runtime->create(*w->device_, RuntimeOptions{config.max_tasks_per_run},
+                                   [self](uint32_t slot, RunOutcome out) { self->on_run_done(slot, std::move(out)); }));
   const uint64_t arena = w->runtime_->arena_bytes();
   if (arena * config.pipeline_depth > w->device_->memory().total_bytes()) {
     return resource_exhausted(
@@ -162,11 +161,11 @@ Status ChipWorker::check_signature(const ChipCallable& c, const TaskArgs& args) 
     if (a.kind != TaskArg::Kind::Tensor) continue;
     const bool out_ok = sig[i].tag == Tag::OutputExisting && (a.tag == Tag::Output || a.tag == Tag::OutputExisting);
     if (a.tag != sig[i].tag && !out_ok) {
-      return invalid_argument("args[{}]: callable '{}' expects direction {}, got {}", i, c.name(),
-                              tag_name(sig[i].tag), tag_name(a.tag));
+      return invalid_argument("args[{}]: callable '{}' expects direction {}, got {}", i, c.name(), tag_name(sig[i].tag),
+                              tag_name(a.tag));
     }
-    SIMPLER_RETURN_IF_ERROR(check_buffer(a.tensor.buffer(), 0, a.tensor.buffer().bytes,
-                                         fmt::format("args[{}]", i).c_str()));
+    SIMPLER_RETURN_IF_ERROR(
+        check_buffer(a.tensor.buffer(), 0, a.tensor.buffer().bytes, fmt::format("args[{}]", i).c_str()));
   }
   return Status();
 }
@@ -329,8 +328,8 @@ Status ChipWorker::launch(void* storage, uint64_t epoch) {
     return failed_precondition("launch: run {} is {}, not prepared", epoch, run_phase_name(c->phase()));
   }
   enqueue_launch(c);
-  spin_then_park(set_bells_[c->desc_.lease.slot].bell, [&] { return c->phase() == RunPhase::Launched; },
-                 SpinPolicy{});
+  spin_then_park(
+      set_bells_[c->desc_.lease.slot].bell, [&] { return c->phase() == RunPhase::Launched; }, SpinPolicy{});
   return Status();
 }
 
@@ -355,7 +354,8 @@ Status ChipWorker::wait(void* storage, uint64_t epoch, uint64_t deadline_ns) {
   if (c->phase() != RunPhase::Launched) {
     return failed_precondition("wait: run {} is {}; launch it first", epoch, run_phase_name(c->phase()));
   }
-  if (!spin_then_park(set_bells_[c->desc_.lease.slot].bell, [&] { return c->done(); }, SpinPolicy{}, deadline_ns)) {
+  if (!spin_then_park(
+          set_bells_[c->desc_.lease.slot].bell, [&] { return c->done(); }, SpinPolicy{}, deadline_ns)) {
     return make_error(StatusCode::kDeadlineExceeded, "wait: run {} is still running at the deadline", epoch);
   }
   return c->result_;
@@ -375,7 +375,8 @@ Status ChipWorker::finalize(void* storage, uint64_t epoch) {
     default:
       break;
   }
-  spin_then_park(set_bells_[c->desc_.lease.slot].bell, [&] { return c->done(); }, SpinPolicy{});
+  spin_then_park(
+      set_bells_[c->desc_.lease.slot].bell, [&] { return c->done(); }, SpinPolicy{});
   Status result = c->result_;
   if (result.ok()) {
     for (const HostCopy& copy : c->config_.copy_back) {
@@ -400,8 +401,9 @@ Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_hol
     runs_.erase(epoch);
   }
   // No new call can find the run now; let the ones inside it leave first.
-  spin_then_park(set_bells_[lease.slot].bell,
-                 [&] { return ctx->users_.load(std::memory_order_acquire) == own_holds; }, SpinPolicy{});
+  spin_then_park(
+      set_bells_[lease.slot].bell, [&] { return ctx->users_.load(std::memory_order_acquire) == own_holds; },
+      SpinPolicy{});
   bank_epoch_[ctx->desc_.arena_bank] = 0;
   std::shared_ptr<detail::RunState> handle = std::move(ctx->handle_);
   const RunStats stats = ctx->stats_;
@@ -458,8 +460,7 @@ Result<Lease> ChipWorker::acquire_set() {
     if (closing_.load(std::memory_order_acquire)) return failed_precondition("submit: the worker is closing");
     if (auto lease = arena_->try_acquire()) return *lease;
     spin_then_park(
-        admission_bell_,
-        [&] { return arena_->counts().free != 0 || closing_.load(std::memory_order_acquire); },
+        admission_bell_, [&] { return arena_->counts().free != 0 || closing_.load(std::memory_order_acquire); },
         SpinPolicy{});
   }
 }

@@ -146,11 +146,11 @@ class ChipWorker {
   std::atomic<uint32_t> grant_{0};
 
   // Per-set owners, each exactly grant() wide.
-  std::vector<uint64_t> newest_generation_;           // the generation filter
-  std::vector<uint64_t> bank_epoch_;                  // which run holds each arena bank
+  std::vector<uint64_t> newest_generation_;             // the generation filter
+  std::vector<uint64_t> bank_epoch_;                    // which run holds each arena bank
   std::vector<std::unique_ptr<StorageBlock>> storage_;  // native-run storage of submitted runs
-  std::vector<NativeRunContext*> running_;            // launched run per set
-  std::unique_ptr<PaddedBell[]> set_bells_;           // launch signal and terminal, per set
+  std::vector<NativeRunContext*> running_;              // launched run per set
+  std::unique_ptr<PaddedBell[]> set_bells_;             // launch signal and terminal, per set
 
   mutable std::mutex runs_mu_;
   std::unordered_map<uint64_t, NativeRunContext*> runs_;  // by epoch; contexts live in caller storage
@@ -160,7 +160,7 @@ class ChipWorker {
   uint32_t launched_ = 0;
   uint32_t launched_peak_ = 0;
 
-  Doorbell admission_bell_;  // rung when a set is released, a run drains, or the worker closes
+  Doorbell admission_bell_;             // rung when a set is released, a run drains, or the worker closes
   std::atomic<uint32_t> in_flight_{0};  // runs queued for launch or launched
   std::atomic<bool> closing_{false};
 };

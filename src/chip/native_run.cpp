@@ -16,10 +16,14 @@ TaskArgs take_args(TaskArgs args) {
 
 const char* run_phase_name(RunPhase p) {
   switch (p) {
-    case RunPhase::Empty: return "empty";
-    case RunPhase::Prepared: return "prepared";
-    case RunPhase::Launching: return "launching";
-    case RunPhase::Launched: return "launched";
+    case RunPhase::Empty:
+      return "empty";
+    case RunPhase::Prepared:
+      return "prepared";
+    case RunPhase::Launching:
+      return "launching";
+    case RunPhase::Launched:
+      return "launched";
   }
   return "invalid";
 }
@@ -29,8 +33,8 @@ uint64_t next_run_epoch() { return g_next_epoch.fetch_add(1, std::memory_order_r
 void fail_next_native_run_construction_for_test() { g_fail_next_construction.store(true); }
 
 NativeRunContext::NativeRunContext(ChipWorker* owner, const NativeRunDescriptor& desc, uint64_t epoch,
-                                   const ChipCallable* callable, uint32_t callable_id, TaskArgs args,
-                                   RunConfig config, HostApi api)
+                                   const ChipCallable* callable, uint32_t callable_id, TaskArgs args, RunConfig config,
+                                   HostApi api)
     : owner_(owner),
       desc_(desc),
       epoch_(epoch),

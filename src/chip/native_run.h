@@ -25,8 +25,8 @@ class ChipCallable;
 // What the caller asks of one native run. Copied at prepare: the caller may
 // destroy it at once.
 struct NativeRunDescriptor {
-  Lease lease;                                   // checked once, at admission
-  uint32_t arena_bank = 0;                       // < grant
+  Lease lease;                                     // checked once, at admission
+  uint32_t arena_bank = 0;                         // < grant
   std::atomic<uint32_t>* accepted_sink = nullptr;  // written once, at the launch marker
   uint32_t accepted_value = 1;
 };

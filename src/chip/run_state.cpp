@@ -32,14 +32,16 @@ bool RunHandle::done() const { return state_ != nullptr && state_->is_done(); }
 
 Status RunHandle::wait() const {
   if (state_ == nullptr) return invalid_handle();
-  spin_then_park(state_->bell, [&] { return state_->is_done(); }, state_->spin);
+  spin_then_park(
+      state_->bell, [&] { return state_->is_done(); }, state_->spin);
   return state_->result;
 }
 
 Status RunHandle::wait_for(std::chrono::nanoseconds timeout) const {
   if (state_ == nullptr) return invalid_handle();
   const uint64_t deadline = now_ns() + static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 1));
-  if (!spin_then_park(state_->bell, [&] { return state_->is_done(); }, state_->spin, deadline)) {
+  if (!spin_then_park(
+          state_->bell, [&] { return state_->is_done(); }, state_->spin, deadline)) {
     return make_error(StatusCode::kDeadlineExceeded, "run {} not finished after {} ms", state_->run_id,
                       std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
   }

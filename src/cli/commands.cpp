@@ -134,8 +134,8 @@ int cmd_run(const RunFlags& flags) {
   options.runtime = flags.runtime;
   options.runs = flags.runs;
   options.pipeline_depth = flags.pipeline_depth;
-  fmt::print("simpler {} run {} with runtime {} on geometry {}, pipeline depth {}\n\n", version_string(),
-             flags.example, options.runtime, describe(options.geometry), options.pipeline_depth);
+  fmt::print("simpler {} run {} with runtime {} on geometry {}, pipeline depth {}\n\n", version_string(), flags.example,
+             options.runtime, describe(options.geometry), options.pipeline_depth);
   std::fflush(stdout);
   ProgressLine progress;
   std::vector<Row> rows;
@@ -154,8 +154,8 @@ int cmd_info() {
   fmt::print("geometry presets (default {}):\n", Geometry::small().name);
   fmt::print("  {:<8} {:>8} {:>4} {:>4} {:>6} {:>6}\n", "name", "clusters", "AIC", "AIV", "cores", "AICPU");
   for (const Geometry& g : Geometry::presets()) {
-    fmt::print("  {:<8} {:>8} {:>4} {:>4} {:>6} {:>6}\n", g.name, g.clusters, g.aic_cores(), g.aiv_cores(),
-               g.cores(), g.aicpu_threads);
+    fmt::print("  {:<8} {:>8} {:>4} {:>4} {:>6} {:>6}\n", g.name, g.clusters, g.aic_cores(), g.aiv_cores(), g.cores(),
+               g.aicpu_threads);
   }
   fmt::print("\nruntimes (default {}):\n", WorkerConfig().runtime);
   for (const ComponentInfo& r : available_runtimes()) fmt::print("  {:<18} {}\n", r.name, r.description);

@@ -3,9 +3,9 @@
 #include <charconv>
 #include <cstdio>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <simpler/version.h>
+#include <CLI/CLI.hpp>
 
 #include "commands.h"
 
@@ -38,22 +38,20 @@ int main(int argc, char** argv) {
 
   RunFlags run_flags;
   CLI::App* run = app.add_subcommand("run", "Run one example and verify its outputs");
-  run->add_option("example", run_flags.example, "Example to run")
-      ->required()
-      ->check(CLI::IsMember(example_names()));
+  run->add_option("example", run_flags.example, "Example to run")->required()->check(CLI::IsMember(example_names()));
   run->add_option("--geometry", run_flags.geometry, "Chip geometry preset")
       ->check(CLI::IsMember(geometry_names()))
       ->capture_default_str();
   run->add_option("--runtime", run_flags.runtime, "Chip runtime (see `simpler info`)")
       ->check(CLI::IsMember(runtime_names()))
       ->capture_default_str();
-  run->add_option("--runs", run_flags.runs, "Runs to submit (default: the example's own)")
-      ->check(int_in(1, 1000000));
+  run->add_option("--runs", run_flags.runs, "Runs to submit (default: the example's own)")->check(int_in(1, 1000000));
   run->add_option("--pipeline-depth", run_flags.pipeline_depth, "Runs in flight before waiting on the oldest")
       ->check(int_in(1, 64))
       ->capture_default_str();
 
-  CLI::App* info = app.add_subcommand("info", "Print the version, geometry presets, runtimes, backends and build options");
+  CLI::App* info =
+      app.add_subcommand("info", "Print the version, geometry presets, runtimes, backends and build options");
 
   BenchFlags bench_flags;
   CLI::App* bench = app.add_subcommand("bench", "Run benchmarks (all, or the named ones)");

@@ -10,7 +10,7 @@ namespace simpler::cli {
 
 class ProgressLine {
  public:
-  ProgressLine();  // enabled iff stderr is a terminal
+  ProgressLine();   // enabled iff stderr is a terminal
   ~ProgressLine();  // clears the line it drew
   ProgressLine(const ProgressLine&) = delete;
   ProgressLine& operator=(const ProgressLine&) = delete;

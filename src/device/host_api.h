@@ -42,8 +42,12 @@ struct HostApi {
   bool bound() const { return runner != nullptr && ops != nullptr; }
   Result<uint64_t> device_malloc(uint64_t bytes) const { return ops->device_malloc(*this, bytes); }
   Status device_free(uint64_t addr) const { return ops->device_free(*this, addr); }
-  Status copy_to_device(uint64_t dst, const void* src, uint64_t n) const { return ops->copy_to_device(*this, dst, src, n); }
-  Status copy_from_device(void* dst, uint64_t src, uint64_t n) const { return ops->copy_from_device(*this, dst, src, n); }
+  Status copy_to_device(uint64_t dst, const void* src, uint64_t n) const {
+    return ops->copy_to_device(*this, dst, src, n);
+  }
+  Status copy_from_device(void* dst, uint64_t src, uint64_t n) const {
+    return ops->copy_from_device(*this, dst, src, n);
+  }
   Status memset_device(uint64_t dst, int value, uint64_t n) const { return ops->memset_device(*this, dst, value, n); }
   Result<uint64_t> retained_temp(uint64_t min_bytes) const { return ops->retained_temp(*this, min_bytes); }
   Result<uint64_t> arena_setup(uint64_t* bytes_out) const { return ops->arena_setup(*this, bytes_out); }

@@ -11,11 +11,13 @@
 namespace simpler {
 
 void ChipChildHandler::StorageDeleter::operator()(unsigned char* p) const {
-  ::operator delete(p, std::align_val_t{native_run_storage_alignment()});
+  ::operator delete (p, std::align_val_t{native_run_storage_alignment()});
 }
 
 ChipChildHandler::ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRanges shared)
-    : config_(config), callables_(std::move(callables)), heap_(std::move(shared)),
+    : config_(config),
+      callables_(std::move(callables)),
+      heap_(std::move(shared)),
       preparer_("chip child", SpinPolicy{},
                 [this](RunRequest& request, const RunTicket& ticket) { prepare(request, ticket); }) {}
 
@@ -25,7 +27,7 @@ Status ChipChildHandler::init() {
   SIMPLER_ASSIGN_OR_RETURN(worker_, ChipWorker::create(config_, callables_));
   for (uint32_t s = 0; s < worker_->grant(); ++s) {
     auto* p = static_cast<unsigned char*>(
-        ::operator new(native_run_storage_size(), std::align_val_t{native_run_storage_alignment()}));
+        ::operator new (native_run_storage_size(), std::align_val_t{native_run_storage_alignment()}));
     std::memset(p, 0, native_run_storage_size());
     storage_.emplace_back(p);
   }
@@ -133,8 +135,8 @@ Status ChipChildHandler::copy_in(const std::vector<Staged>& staged) {
   // Whole spans in: a partially written output keeps the bytes it does not write.
   for (const Staged& s : staged) {
     if (s.end <= s.first) continue;
-    SIMPLER_RETURN_IF_ERROR(worker_->copy_to(s.device, reinterpret_cast<const void*>(s.host_addr + s.first),
-                                             s.end - s.first, s.first));
+    SIMPLER_RETURN_IF_ERROR(
+        worker_->copy_to(s.device, reinterpret_cast<const void*>(s.host_addr + s.first), s.end - s.first, s.first));
   }
   return Status();
 }
@@ -167,10 +169,13 @@ void ChipChildHandler::prepare(RunRequest& req, const RunTicket& ticket) {
   // The parent may hand a run over before a set is free (the K extra
   // entries): wait for the completer to release one.
   std::optional<Lease> lease;
-  spin_then_park(set_bell_, [&] {
-    lease = worker_->try_acquire_lease();
-    return lease.has_value();
-  }, SpinPolicy{});
+  spin_then_park(
+      set_bell_,
+      [&] {
+        lease = worker_->try_acquire_lease();
+        return lease.has_value();
+      },
+      SpinPolicy{});
   ticket.hold_set(lease->slot);
   std::vector<Staged> staged;
   Status mapped = map_in(*args, staged);
@@ -221,10 +226,13 @@ void ChipChildHandler::launcher_main() {
   const uint32_t depth = worker_->launch_depth();
   for (;;) {
     std::optional<Prepared> run;
-    spin_then_park(launch_bell_, [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      return (stopping_ && to_launch_.empty()) || (!to_launch_.empty() && launched_ < depth);
-    }, SpinPolicy{});
+    spin_then_park(
+        launch_bell_,
+        [&] {
+          std::lock_guard<std::mutex> lock(mu_);
+          return (stopping_ && to_launch_.empty()) || (!to_launch_.empty() && launched_ < depth);
+        },
+        SpinPolicy{});
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (to_launch_.empty()) return;  // stopping, nothing left
@@ -257,14 +265,17 @@ void ChipChildHandler::launcher_main() {
 void ChipChildHandler::completer_main() {
   for (;;) {
     std::optional<Prepared> run;
-    spin_then_park(finalize_bell_, [&] {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!to_finalize_.empty()) return true;
-        if (!stopping_) return false;
-      }
-      return preparer_.idle();
-    }, SpinPolicy{});
+    spin_then_park(
+        finalize_bell_,
+        [&] {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (!to_finalize_.empty()) return true;
+            if (!stopping_) return false;
+          }
+          return preparer_.idle();
+        },
+        SpinPolicy{});
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (to_finalize_.empty()) return;  // stopping and idle

@@ -12,8 +12,8 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -89,7 +89,7 @@ class ChipChildHandler final : public RunHandler {
   const HostRanges heap_;
   std::unique_ptr<ChipWorker> worker_;
   std::vector<std::unique_ptr<unsigned char, StorageDeleter>> storage_;  // by set slot
-  std::map<uint64_t, DeviceBuffer> buffers_;                              // control-frame allocations
+  std::map<uint64_t, DeviceBuffer> buffers_;                             // control-frame allocations
 
   std::mutex mu_;
   std::deque<Prepared> to_launch_;

@@ -30,7 +30,9 @@ Result<ControlReply> memory_info_reply(uint64_t total_bytes, uint64_t free_bytes
 }
 
 MailboxChild::MailboxChild(MailboxView view, RunHandler& handler, ChildOptions options)
-    : view_(view), handler_(handler), options_(std::move(options)),
+    : view_(view),
+      handler_(handler),
+      options_(std::move(options)),
       stores_(options_.stores != nullptr ? options_.stores : &plain_),
       command_data_(new uint8_t[kControlDataCapacity]) {}
 
@@ -51,8 +53,8 @@ int MailboxChild::serve() {
                                  load_acquire(c.version), kMailboxMagic, kMailboxProtocolVersion));
   }
   if (load_acquire(c.entry_count) != view_.entry_count()) {
-    return fail_init(fmt::format("mailbox has {} entries, this child expects {}", load_acquire(c.entry_count),
-                                 view_.entry_count()));
+    return fail_init(
+        fmt::format("mailbox has {} entries, this child expects {}", load_acquire(c.entry_count), view_.entry_count()));
   }
   const size_t theirs = std::min<size_t>(load_acquire(c.parent_wire_count), kMaxWireConstants);
   std::vector<WireConstant> wire = mailbox_wire_constants();
@@ -76,7 +78,8 @@ int MailboxChild::serve() {
 
   std::string stop_reason;
   for (;;) {
-    spin_then_park(c.child_bell, [&] { return work_pending(); }, options_.spin);
+    spin_then_park(
+        c.child_bell, [&] { return work_pending(); }, options_.spin);
     if (load_acquire(c.shutdown) != 0) break;
     if (const uint64_t seq = load_acquire(c.cmd_seq); seq != handled_cmd_) handled_cmd_ = serve_command(seq);
     for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
@@ -88,7 +91,8 @@ int MailboxChild::serve() {
   }
   // After shutdown nothing activates a staged run: each ends unlaunched.
   while (!awaiting_.empty()) {
-    end_staged(awaiting_.size() - 1, false, make_error(StatusCode::kAborted, "the child shut down before this staged run was activated"));
+    end_staged(awaiting_.size() - 1, false,
+               make_error(StatusCode::kAborted, "the child shut down before this staged run was activated"));
   }
   return exit_sweep();
 }
@@ -192,8 +196,9 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   const uint64_t index = load_relaxed(h.entry_index);
   const uint64_t generation = load_relaxed(h.entry_generation);
   if (index >= view_.entry_count() || generation % 2 == 0) {
-    stop_reason = fmt::format("unattributable request header in frame {}: entry {} generation {} (table has {} entries)",
-                              f, index, generation, view_.entry_count());
+    stop_reason =
+        fmt::format("unattributable request header in frame {}: entry {} generation {} (table has {} entries)", f,
+                    index, generation, view_.entry_count());
     return false;
   }
   MailboxRunEntry& e = view_.entry(index);
@@ -219,8 +224,8 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   if (version != kMailboxProtocolVersion) {
     malformed = invalid_argument("request protocol version {} is not {}", version, kMailboxProtocolVersion);
   } else if (config_bytes > kRequestConfigCapacity || args_bytes > kRequestArgsCapacity) {
-    malformed = invalid_argument("request sizes config {} args {} exceed the frame ({} / {})", config_bytes,
-                                 args_bytes, kRequestConfigCapacity, kRequestArgsCapacity);
+    malformed = invalid_argument("request sizes config {} args {} exceed the frame ({} / {})", config_bytes, args_bytes,
+                                 kRequestConfigCapacity, kRequestArgsCapacity);
   } else {
     std::memcpy(req.callable.data(), fr.callable_digest, req.callable.size());
     req.config.assign(fr.config, fr.config + config_bytes);
@@ -276,8 +281,7 @@ void MailboxChild::hold_set(uint32_t entry, uint64_t generation, uint32_t slot) 
   stores_->store32(view_.entry(entry).set_slot, slot);
 }
 
-void MailboxChild::complete(uint32_t entry, uint64_t generation, const Status& result,
-                            MailboxDisposition disposition) {
+void MailboxChild::complete(uint32_t entry, uint64_t generation, const Status& result, MailboxDisposition disposition) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = owed_.find(entry);
   if (sealed_ || it == owed_.end() || it->second.generation != generation) return;

@@ -64,14 +64,18 @@ Status MailboxEndpoint::wait_ready(uint64_t deadline_ns) {
   ControlFrame& c = view_.control();
   for (;;) {
     const uint32_t s = load_acquire(c.init_state);
-    if (s == kInitFailed) return failed_precondition("child init failed: {}", read_text(c.init_error, sizeof c.init_error));
+    if (s == kInitFailed)
+      return failed_precondition("child init failed: {}", read_text(c.init_error, sizeof c.init_error));
     if (s == kInitReady) break;
     if (liveness_ != nullptr) {
-      if (Status st = liveness_->check(); !st.ok()) return failed_precondition("child gone before INIT_READY: {}", st.to_string());
+      if (Status st = liveness_->check(); !st.ok())
+        return failed_precondition("child gone before INIT_READY: {}", st.to_string());
     }
-    if (deadline_ns != 0 && now_ns() >= deadline_ns) return make_error(StatusCode::kDeadlineExceeded, "child never reported INIT_READY");
-    spin_then_park(c.parent_bell, [&] { return load_acquire(c.init_state) != kInitPending; }, options_.spin,
-                   bounded(deadline_ns, options_.liveness_period_ns));
+    if (deadline_ns != 0 && now_ns() >= deadline_ns)
+      return make_error(StatusCode::kDeadlineExceeded, "child never reported INIT_READY");
+    spin_then_park(
+        c.parent_bell, [&] { return load_acquire(c.init_state) != kInitPending; }, options_.spin,
+        bounded(deadline_ns, options_.liveness_period_ns));
   }
   const size_t n = std::min<size_t>(load_acquire(c.child_wire_count), kMaxWireConstants);
   if (std::string d = wire_disagreements(mailbox_wire_constants(), c.child_wire, n); !d.empty()) {
@@ -92,7 +96,8 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
   if (poisoned_) return make_error(StatusCode::kAborted, "endpoint is poisoned: {}", poisoned_->to_string());
   if (shutdown_) return failed_precondition("endpoint is shutting down");
   if (spec.config.size() > kRequestConfigCapacity) {
-    return invalid_argument("config of {} B exceeds the request frame's {} B", spec.config.size(), kRequestConfigCapacity);
+    return invalid_argument("config of {} B exceeds the request frame's {} B", spec.config.size(),
+                            kRequestConfigCapacity);
   }
   if (spec.args_blob.size() > kRequestArgsCapacity) {
     return invalid_argument("args blob of {} B exceeds the request frame's {} B", spec.args_blob.size(),
@@ -106,9 +111,10 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
     // available_request_transport() before it claims work; arriving here is
     // its defect. It poisons this endpoint (every held run gets a terminal),
     // so saturation must never take this path.
-    const Status defect = internal_error("publication of run {} with no free request frame: an admitter defect (it "
-                                         "skipped available_request_transport()); the endpoint is poisoned",
-                                         spec.run_id);
+    const Status defect = internal_error(
+        "publication of run {} with no free request frame: an admitter defect (it "
+        "skipped available_request_transport()); the endpoint is poisoned",
+        spec.run_id);
     poison(defect);
     return defect;
   }
@@ -249,7 +255,8 @@ void MailboxEndpoint::scan_entries() {
     const std::string text = read_text(e.error_text, sizeof e.error_text);
     ev.status = status_from_wire(load_relaxed(e.rc), text);
     if (state == kMailboxTaskFailed && ev.status.ok()) ev.status = internal_error("child reported failure with rc 0");
-    if (state == kMailboxTaskDone && !ev.status.ok()) ev.status = internal_error("child reported success with {}", ev.status.to_string());
+    if (state == kMailboxTaskDone && !ev.status.ok())
+      ev.status = internal_error("child reported success with {}", ev.status.to_string());
     ev.endpoint_failure = state == kMailboxEndpointFailed;
     pending_.push_back(ev);
     release(i);
@@ -285,8 +292,9 @@ void MailboxEndpoint::poll(std::vector<EndpointEvent>& out) {
         for (uint32_t i : held_) {
           const EntryRecord& r = entries_[i];
           if (r.staged || t - r.published_ns < options_.run_deadline_ns) continue;
-          const std::string why = fmt::format("child hung: run {} had no terminal {} ms after publication; child killed",
-                                              r.run_id, options_.run_deadline_ns / 1'000'000);
+          const std::string why =
+              fmt::format("child hung: run {} had no terminal {} ms after publication; child killed", r.run_id,
+                          options_.run_deadline_ns / 1'000'000);
           liveness_->kill(why);
           scan_entries();
           poison(make_error(StatusCode::kDeadlineExceeded, "{}", why));
@@ -320,8 +328,8 @@ bool MailboxEndpoint::wait(uint64_t deadline_ns) {
     }
   }
   if (load_acquire(view_.control().endpoint_state) >= kEndpointStopped) return true;
-  return spin_then_park(bell, [&] { return bell.arm() != seen; }, options_.spin,
-                        bounded(deadline_ns, options_.liveness_period_ns));
+  return spin_then_park(
+      bell, [&] { return bell.arm() != seen; }, options_.spin, bounded(deadline_ns, options_.liveness_period_ns));
 }
 
 void MailboxEndpoint::poison(const Status& cause) {
@@ -361,7 +369,8 @@ Result<ControlReply> MailboxEndpoint::command(MailboxControlOp op, std::initiali
                                               uint64_t deadline_ns) {
   std::lock_guard<std::mutex> lock(control_mu_);
   ControlFrame& c = view_.control();
-  if (in.size() > kControlDataCapacity) return invalid_argument("control payload of {} B exceeds {} B", in.size(), kControlDataCapacity);
+  if (in.size() > kControlDataCapacity)
+    return invalid_argument("control payload of {} B exceeds {} B", in.size(), kControlDataCapacity);
   if (!in.empty()) std::memcpy(c.data, in.data(), in.size());
   store_relaxed(c.cmd_op, static_cast<uint32_t>(op));
   size_t k = 0;
@@ -372,10 +381,12 @@ Result<ControlReply> MailboxEndpoint::command(MailboxControlOp op, std::initiali
   c.child_bell.ring();
   for (;;) {
     auto replied = [&] { return load_acquire(c.reply_seq) == seq; };
-    spin_then_park(c.parent_bell, [&] { return replied() || load_acquire(c.endpoint_state) >= kEndpointStopped; },
-                   options_.spin, bounded(deadline_ns, options_.liveness_period_ns));
+    spin_then_park(
+        c.parent_bell, [&] { return replied() || load_acquire(c.endpoint_state) >= kEndpointStopped; }, options_.spin,
+        bounded(deadline_ns, options_.liveness_period_ns));
     if (replied()) break;
-    if (load_acquire(c.endpoint_state) >= kEndpointStopped) return make_error(StatusCode::kAborted, "the child stopped serving");
+    if (load_acquire(c.endpoint_state) >= kEndpointStopped)
+      return make_error(StatusCode::kAborted, "the child stopped serving");
     if (liveness_ != nullptr) {
       SIMPLER_RETURN_IF_ERROR(liveness_->check());
     }
@@ -405,7 +416,8 @@ Status MailboxEndpoint::control_copy_to(uint64_t addr, uint64_t offset, std::spa
                                         uint64_t deadline_ns) {
   for (size_t done = 0; done < bytes.size();) {
     const size_t n = std::min(bytes.size() - done, kControlDataCapacity);
-    SIMPLER_RETURN_IF_ERROR(command(kCtrlCopyTo, {addr, offset + done, n}, bytes.subspan(done, n), {}, deadline_ns).status());
+    SIMPLER_RETURN_IF_ERROR(
+        command(kCtrlCopyTo, {addr, offset + done, n}, bytes.subspan(done, n), {}, deadline_ns).status());
     done += n;
   }
   return Status();

@@ -76,10 +76,10 @@ struct EndpointEvent {
   uint64_t dispatch_id = 0;
   uint32_t task_slot = 0;
   uint32_t entry = 0;
-  Status status;                       // kTerminal
+  Status status;  // kTerminal
   MailboxDisposition disposition = kDispositionNone;
-  bool accepted = false;               // kTerminal: the launch word was set
-  bool endpoint_failure = false;       // kTerminal: delivered by the endpoint's stop, not the run
+  bool accepted = false;          // kTerminal: the launch word was set
+  bool endpoint_failure = false;  // kTerminal: delivered by the endpoint's stop, not the run
 };
 
 class MailboxEndpoint {
@@ -157,7 +157,7 @@ class MailboxEndpoint {
     uint64_t dispatch_id = 0;
     uint32_t task_slot = 0;
     uint64_t published_ns = 0;
-    bool staged = false;     // published PREPARE_READY, not yet activated or cancelled
+    bool staged = false;  // published PREPARE_READY, not yet activated or cancelled
   };
 
   MailboxEndpoint(MailboxView view, EndpointOptions options);
@@ -165,8 +165,8 @@ class MailboxEndpoint {
   void scan_entries();
   void release(uint32_t entry);
   void deliver_poison();
-  Result<ControlReply> command(MailboxControlOp op, std::initializer_list<uint64_t> args,
-                               std::span<const uint8_t> in, std::span<uint8_t> out, uint64_t deadline_ns);
+  Result<ControlReply> command(MailboxControlOp op, std::initializer_list<uint64_t> args, std::span<const uint8_t> in,
+                               std::span<uint8_t> out, uint64_t deadline_ns);
 
   MailboxView view_;
   EndpointOptions options_;

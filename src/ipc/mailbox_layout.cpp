@@ -118,9 +118,7 @@ void copy_text(char* dst, size_t capacity, std::string_view text) {
   std::memset(dst + n, 0, capacity - n);
 }
 
-std::string read_text(const char* src, size_t capacity) {
-  return std::string(src, strnlen(src, capacity - 1));
-}
+std::string read_text(const char* src, size_t capacity) { return std::string(src, strnlen(src, capacity - 1)); }
 
 Result<MailboxView> MailboxView::attach(void* base, size_t extent, uint64_t granted_sets) {
   SIMPLER_ASSIGN_OR_RETURN(const size_t need, mailbox_size(granted_sets));

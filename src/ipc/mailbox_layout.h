@@ -38,17 +38,17 @@ Result<size_t> mailbox_size(size_t granted_sets);
 // One vocabulary for frame and entry words; which value is legal where is
 // fixed: frames carry readiness, entries carry run progress.
 enum MailboxState : uint32_t {
-  kMailboxIdle = 0,           // frame: free. entry: published, not yet staged
-  kMailboxTaskReady = 1,      // frame: a request waits for the child
-  kMailboxFrameRefused = 2,   // frame: returned unserved (stale header); the child's only store to it
-  kMailboxFrameStaged = 3,    // entry: the child copied the payload out
-  kMailboxTaskLaunched = 4,   // entry: passed the launch marker
-  kMailboxTaskDone = 5,       // entry terminal: success
-  kMailboxTaskFailed = 6,     // entry terminal: the run failed (rc, text)
-  kMailboxEndpointFailed = 7, // entry terminal: the child's exit sweep owed this run
-  kMailboxPrepareReady = 8,   // frame: a staged successor waits: prepare it, launch only on ACTIVATE
-  kMailboxActivate = 9,       // entry activation word (parent): launch the staged run
-  kMailboxCancel = 10,        // entry activation word (parent): end the staged run unlaunched
+  kMailboxIdle = 0,            // frame: free. entry: published, not yet staged
+  kMailboxTaskReady = 1,       // frame: a request waits for the child
+  kMailboxFrameRefused = 2,    // frame: returned unserved (stale header); the child's only store to it
+  kMailboxFrameStaged = 3,     // entry: the child copied the payload out
+  kMailboxTaskLaunched = 4,    // entry: passed the launch marker
+  kMailboxTaskDone = 5,        // entry terminal: success
+  kMailboxTaskFailed = 6,      // entry terminal: the run failed (rc, text)
+  kMailboxEndpointFailed = 7,  // entry terminal: the child's exit sweep owed this run
+  kMailboxPrepareReady = 8,    // frame: a staged successor waits: prepare it, launch only on ACTIVATE
+  kMailboxActivate = 9,        // entry activation word (parent): launch the staged run
+  kMailboxCancel = 10,         // entry activation word (parent): end the staged run unlaunched
 };
 inline constexpr bool mailbox_state_is_terminal(uint32_t s) {
   return s == kMailboxTaskDone || s == kMailboxTaskFailed || s == kMailboxEndpointFailed;
@@ -267,9 +267,7 @@ class MailboxView {
   MailboxView() = default;
 
   ControlFrame& control() const { return *reinterpret_cast<ControlFrame*>(base_ + kMailboxControlOffset); }
-  RequestFrame& frame(size_t f) const {
-    return reinterpret_cast<RequestFrame*>(base_ + kMailboxFramesOffset)[f];
-  }
+  RequestFrame& frame(size_t f) const { return reinterpret_cast<RequestFrame*>(base_ + kMailboxFramesOffset)[f]; }
   MailboxRunEntry& entry(size_t i) const {
     return reinterpret_cast<MailboxRunEntry*>(base_ + kMailboxEntriesOffset)[i];
   }

@@ -72,18 +72,21 @@ void SerialRunQueue::main() {
   for (;;) {
     std::optional<Job> job;
     bool stop = false;
-    spin_then_park(bell_, [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) {
-        stop = true;  // drain took what was queued
-        return true;
-      }
-      if (queue_.empty()) return false;
-      job.emplace(std::move(queue_.front()));
-      queue_.pop_front();
-      busy_ = true;
-      return true;
-    }, spin_);
+    spin_then_park(
+        bell_,
+        [&] {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stopping_) {
+            stop = true;  // drain took what was queued
+            return true;
+          }
+          if (queue_.empty()) return false;
+          job.emplace(std::move(queue_.front()));
+          queue_.pop_front();
+          busy_ = true;
+          return true;
+        },
+        spin_);
     if (stop) return;
     runner_(job->first, job->second);
     std::lock_guard<std::mutex> lock(mu_);
@@ -96,7 +99,8 @@ bool SerialRunQueue::drain(uint64_t deadline_ns) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return in_flight_ == 0;  // drained before: the thread is already gone
   }
-  const bool idle = spin_then_park(idle_bell_, [&] { return this->idle(); }, spin_, deadline_ns);
+  const bool idle = spin_then_park(
+      idle_bell_, [&] { return this->idle(); }, spin_, deadline_ns);
   std::deque<Job> never_started;
   bool busy = false;
   {

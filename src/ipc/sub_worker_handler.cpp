@@ -15,7 +15,9 @@ Digest sub_function_digest(uint32_t index) {
 }
 
 SubWorkerHandler::SubWorkerHandler(std::vector<SubFunction> functions, HostRanges shared)
-    : functions_(std::move(functions)), short_(new std::atomic<bool>[functions_.size()]), heap_(std::move(shared)),
+    : functions_(std::move(functions)),
+      short_(new std::atomic<bool>[functions_.size()]),
+      heap_(std::move(shared)),
       queue_("sub worker", SpinPolicy{},
              [this](RunRequest& request, const RunTicket& ticket) { run(find(request.callable), request, ticket); }) {
   digests_.reserve(functions_.size());

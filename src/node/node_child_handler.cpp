@@ -9,7 +9,9 @@
 namespace simpler {
 
 NodeChildHandler::NodeChildHandler(NodeSpec spec, std::vector<NodeCallable> callables)
-    : spec_(std::move(spec)), callables_(std::move(callables)), short_(new std::atomic<bool>[callables_.size()]),
+    : spec_(std::move(spec)),
+      callables_(std::move(callables)),
+      short_(new std::atomic<bool>[callables_.size()]),
       queue_("node worker", kNodeSpin,
              [this](RunRequest& request, const RunTicket& ticket) { (void)submit(request, ticket, /*wait=*/true); }) {
   for (size_t i = 0; i < callables_.size(); ++i) short_[i].store(false, std::memory_order_relaxed);
@@ -33,8 +35,10 @@ Result<TaskArgs> NodeChildHandler::decode(const RunRequest& request) const {
     if (a.kind != TaskArg::Kind::Tensor) continue;
     const DeviceBuffer& b = a.tensor.buffer();
     if (!shared.contains(b.addr, b.bytes)) {
-      return out_of_range("argument {}: buffer {:#x}+{} is not in the network's shared heap, the only memory a "
-                          "node worker is handed", i, b.addr, b.bytes);
+      return out_of_range(
+          "argument {}: buffer {:#x}+{} is not in the network's shared heap, the only memory a "
+          "node worker is handed",
+          i, b.addr, b.bytes);
     }
   }
   return args;
@@ -87,11 +91,12 @@ bool NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket
   return true;
 }
 
-Result<ControlReply> NodeChildHandler::control(const ControlCommand& cmd, uint8_t* data, uint32_t,
-                                               uint32_t capacity) {
+Result<ControlReply> NodeChildHandler::control(const ControlCommand& cmd, uint8_t* data, uint32_t, uint32_t capacity) {
   if (cmd.op != kCtrlMemoryInfo) {
-    return failed_precondition("control op {}: a node worker's device memory is its own, not addressable from the "
-                               "network level", static_cast<uint32_t>(cmd.op));
+    return failed_precondition(
+        "control op {}: a node worker's device memory is its own, not addressable from the "
+        "network level",
+        static_cast<uint32_t>(cmd.op));
   }
   SIMPLER_ASSIGN_OR_RETURN(const MemoryInfo m, node_->memory_info());
   return memory_info_reply(m.total_bytes, m.free_bytes, data, capacity);

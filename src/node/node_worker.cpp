@@ -28,8 +28,10 @@ Result<std::unique_ptr<ForkedChild>> spawn_node_child(std::function<std::unique_
   if (granted != 0 && granted < requested) {
     std::vector<EndpointEvent> none;
     (void)child->close(now_ns() + kControlDeadlineNs, none);
-    return failed_precondition("{}: the child granted {} run-resource sets of the pipeline_depth = {} requested; "
-                               "a node does not serve at a lower width", what, granted, requested);
+    return failed_precondition(
+        "{}: the child granted {} run-resource sets of the pipeline_depth = {} requested; "
+        "a node does not serve at a lower width",
+        what, granted, requested);
   }
   return child;
 }
@@ -87,14 +89,19 @@ class NodeOrchestrator final : public Orchestrator {
   Result<uint64_t> place(const TaskArg& a, size_t i, bool sub, uint32_t worker, NodeTask& t) {
     const DeviceBuffer& b = a.tensor.buffer();
     if (!b.bound()) {
-      return invalid_argument("argument {}: an unbound Output has no home at the node level; allocate it with "
-                              "Orchestrator::alloc", i);
+      return invalid_argument(
+          "argument {}: an unbound Output has no home at the node level; allocate it with "
+          "Orchestrator::alloc",
+          i);
     }
     if (is_node_device_addr(b.addr)) {
-      if (sub) return invalid_argument("argument {}: a sub worker reads only shared-heap tensors, not device memory", i);
+      if (sub)
+        return invalid_argument("argument {}: a sub worker reads only shared-heap tensors, not device memory", i);
       if (w_.spec_.level == Level::Network) {
-        return invalid_argument("argument {}: a node worker takes only shared-heap tensors; its chips' device "
-                                "memory is its own", i);
+        return invalid_argument(
+            "argument {}: a node worker takes only shared-heap tensors; its chips' device "
+            "memory is its own",
+            i);
       }
       SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, w_.child_address(b, worker), "argument {}", i);
       borrow(b.addr);
@@ -244,8 +251,10 @@ class NodeOrchestrator final : public Orchestrator {
   Result<uint32_t> sub_group(FunctionHandle fn, const std::vector<TaskArgs>& args) {
     if (args.empty()) return invalid_argument("submit_sub_group: a group needs at least one member");
     if (args.size() > w_.subs_.size()) {
-      return invalid_argument("submit_sub_group: a group of {} runs its members at once on distinct sub workers; "
-                              "this node has sub_workers = {}", args.size(), w_.subs_.size());
+      return invalid_argument(
+          "submit_sub_group: a group of {} runs its members at once on distinct sub workers; "
+          "this node has sub_workers = {}",
+          args.size(), w_.subs_.size());
     }
     SIMPLER_RETURN_IF_ERROR(check_function(fn));
     return build_group(true, fn.digest, args, {});
@@ -267,12 +276,16 @@ Status NodeWorker::validate(const NodeSpec& spec) {
   const WorkerConfig& c = spec.config;
   if (spec.level == Level::Network) {
     if (c.chips != 0) {
-      return invalid_argument("chips = {}: a Level::Network worker's next level is the nodes added with "
-                              "add_next_level_worker", c.chips);
+      return invalid_argument(
+          "chips = {}: a Level::Network worker's next level is the nodes added with "
+          "add_next_level_worker",
+          c.chips);
     }
     if (c.launch_depth != 0) {
-      return invalid_argument("launch_depth = {}: a network launches nothing on a device itself; set launch_depth on "
-                              "the nodes it adds", c.launch_depth);
+      return invalid_argument(
+          "launch_depth = {}: a network launches nothing on a device itself; set launch_depth on "
+          "the nodes it adds",
+          c.launch_depth);
     }
     if (spec.nodes.size() + static_cast<uint64_t>(c.sub_workers) == 0) {
       return invalid_argument("no next-level worker added and sub_workers = 0: a network needs at least one child");
@@ -294,7 +307,8 @@ Status NodeWorker::validate(const NodeSpec& spec) {
   }
   SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(c)));
   SIMPLER_RETURN_IF_ERROR(mailbox_size(c.pipeline_depth).status(), "pipeline_depth = {}", c.pipeline_depth);
-  if (c.run_timeout.count() < 0) return invalid_argument("run_timeout = {} ms: must be >= 0 (0: no deadline)", c.run_timeout.count());
+  if (c.run_timeout.count() < 0)
+    return invalid_argument("run_timeout = {} ms: must be >= 0 (0: no deadline)", c.run_timeout.count());
   return Status();
 }
 
@@ -327,8 +341,8 @@ Result<std::unique_ptr<NodeWorker>> NodeWorker::create(NodeSpec spec) {
   Scheduler::Hooks hooks;
   hooks.retire = [self](NodeRun& run) { self->on_retire(run); };
   hooks.free_heap = [self](uint64_t addr) { (void)self->heap_->free(addr); };
-  w->scheduler_ = std::make_unique<Scheduler>(next_ports, sub_ports, &w->heap_->bell(), std::move(hooks),
-                                              config.pipeline_depth);
+  w->scheduler_ =
+      std::make_unique<Scheduler>(next_ports, sub_ports, &w->heap_->bell(), std::move(hooks), config.pipeline_depth);
   w->scheduler_->start();
   return w;
 }
@@ -351,8 +365,7 @@ Status NodeWorker::spawn_children() {
   SpawnOptions next_so = so;
   const uint64_t timeout_ms = static_cast<uint64_t>(config_.run_timeout.count());
   next_so.endpoint.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
-  const uint32_t next_count =
-      spec_.level == Level::Network ? static_cast<uint32_t>(spec_.nodes.size()) : config_.chips;
+  const uint32_t next_count = spec_.level == Level::Network ? static_cast<uint32_t>(spec_.nodes.size()) : config_.chips;
   for (uint32_t i = 0; i < next_count; ++i) {
     std::function<std::unique_ptr<RunHandler>()> make;
     if (spec_.level == Level::Network) {
@@ -396,10 +409,13 @@ NodeWorker::Admission NodeWorker::try_admit() {
 bool NodeWorker::begin_run() {
   // FIFO-bounded and lease-free (R41): a parked caller holds nothing.
   Admission a = Admission::kFull;
-  spin_then_park(admit_bell_, [&] {
-    a = try_admit();
-    return a != Admission::kFull;
-  }, SpinPolicy{});
+  spin_then_park(
+      admit_bell_,
+      [&] {
+        a = try_admit();
+        return a != Admission::kFull;
+      },
+      SpinPolicy{});
   return a == Admission::kAdmitted;
 }
 
@@ -505,10 +521,12 @@ Result<NodeWorker::DeviceAlloc> NodeWorker::device_alloc(uint64_t node_addr, con
 
 Result<DeviceBuffer> NodeWorker::malloc_on(uint32_t worker, uint64_t bytes) {
   if (spec_.level == Level::Network) {
-    return failed_precondition("malloc_on: a Level::Network worker's next-level workers are nodes, whose device "
-                               "memory is their own; pass shared-heap tensors (malloc_shared)");
+    return failed_precondition(
+        "malloc_on: a Level::Network worker's next-level workers are nodes, whose device "
+        "memory is their own; pass shared-heap tensors (malloc_shared)");
   }
-  if (worker >= next_.size()) return invalid_argument("worker = {}: this node has {} chip workers", worker, next_.size());
+  if (worker >= next_.size())
+    return invalid_argument("worker = {}: this node has {} chip workers", worker, next_.size());
   SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr,
                            endpoint_of(worker).control_malloc(bytes, now_ns() + kControlDeadlineNs));
   if ((addr & ~kNodeChildAddrMask) != 0) {
@@ -531,7 +549,8 @@ Result<DeviceBuffer> NodeWorker::malloc_shared(uint64_t bytes) {
 Status NodeWorker::free(DeviceBuffer buffer) {
   std::unique_lock<std::mutex> lock(mem_mu_);
   if (auto b = borrows_.find(buffer.addr); b != borrows_.end()) {
-    return failed_precondition("free: {:#x} is borrowed by {} live run(s); wait for them first", buffer.addr, b->second);
+    return failed_precondition("free: {:#x} is borrowed by {} live run(s); wait for them first", buffer.addr,
+                               b->second);
   }
   if (is_node_device_addr(buffer.addr)) {
     auto it = device_allocs_.find(buffer.addr);

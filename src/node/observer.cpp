@@ -56,8 +56,8 @@ Status Observer::start(std::vector<Target> targets, uint64_t deadline_ns) {
   s.last_dispatch.assign(s.targets.size(), {});
   std::shared_ptr<State> state = s_;
   thread_ = std::thread([state] { state->main(); });
-  if (!spin_then_park(s.ready_bell, [&] { return s.ready.load() != 0 || s.finished.load() != 0; }, SpinPolicy{},
-                      deadline_ns)) {
+  if (!spin_then_park(
+          s.ready_bell, [&] { return s.ready.load() != 0 || s.finished.load() != 0; }, SpinPolicy{}, deadline_ns)) {
     return make_error(StatusCode::kDeadlineExceeded, "the observer's first sample did not complete in time");
   }
   std::lock_guard<std::mutex> lock(s.mu);
@@ -69,12 +69,14 @@ Status Observer::stop(uint64_t deadline_ns) {
   State& s = *s_;
   s.stop.store(true);
   s.stop_bell.ring();
-  if (!spin_then_park(s.ready_bell, [&] { return s.finished.load() != 0; }, SpinPolicy{}, deadline_ns)) {
+  if (!spin_then_park(
+          s.ready_bell, [&] { return s.finished.load() != 0; }, SpinPolicy{}, deadline_ns)) {
     // A join here could hang; the sampler keeps its own state and mappings.
     thread_.detach();
     return make_error(StatusCode::kDeadlineExceeded,
                       "the observer's sampler did not stop in time; it is still a live reader of {} mailbox "
-                      "mapping(s), which stay mapped", s.targets.size());
+                      "mapping(s), which stay mapped",
+                      s.targets.size());
   }
   thread_.join();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -90,7 +92,8 @@ void Observer::State::sample() {
   if (hook) hook();
   for (size_t t = 0; t < targets.size(); ++t) {
     const MailboxView& view = targets[t].view;
-    auto in = coherent_snapshot(view.entry_count(), [&](size_t i) { return read_entry_key(view, i); }, scratch);
+    auto in = coherent_snapshot(
+        view.entry_count(), [&](size_t i) { return read_entry_key(view, i); }, scratch);
     if (!in) continue;
     std::lock_guard<std::mutex> lock(mu);
     Evidence& e = evidence[t];
@@ -124,7 +127,8 @@ void Observer::State::main() {
     ready_bell.ring();
     while (!stop.load()) {
       // Sleeps on every path: a sampler must not take a core from the run it watches.
-      spin_then_park(stop_bell, [&] { return stop.load(); }, SpinPolicy{64, 0}, now_ns() + kSamplePeriodNs);
+      spin_then_park(
+          stop_bell, [&] { return stop.load(); }, SpinPolicy{64, 0}, now_ns() + kSamplePeriodNs);
       sample();
     }
   } catch (const std::exception& e) {

@@ -36,8 +36,8 @@ struct EntryKey {
 EntryKey read_entry_key(const MailboxView& view, size_t entry);
 
 struct Instant {
-  std::vector<uint32_t> held_slots;      // distinct sets held by an occupied, non-terminal entry
-  std::vector<uint64_t> launched;        // dispatch ids of entries reading LAUNCHED
+  std::vector<uint32_t> held_slots;                            // distinct sets held by an occupied, non-terminal entry
+  std::vector<uint64_t> launched;                              // dispatch ids of entries reading LAUNCHED
   std::vector<std::pair<uint32_t, uint64_t>> slot_dispatches;  // (set, dispatch id) of each held entry
 };
 
@@ -47,12 +47,12 @@ std::optional<Instant> coherent_snapshot(size_t entries, const std::function<Ent
                                          std::vector<EntryKey>& scratch);
 
 struct Evidence {
-  uint32_t widest_held = 0;      // most distinct sets held at one coherent instant
-  uint32_t widest = 0;           // most entries reading LAUNCHED at one coherent instant
-  std::set<uint32_t> held_sets;  // every set seen held
+  uint32_t widest_held = 0;                         // most distinct sets held at one coherent instant
+  uint32_t widest = 0;                              // most entries reading LAUNCHED at one coherent instant
+  std::set<uint32_t> held_sets;                     // every set seen held
   std::map<uint32_t, uint32_t> dispatches_by_slot;  // distinct dispatches seen holding each set
-  uint64_t instants = 0;         // coherent instants seen
-  uint64_t first_sample_ns = 0;  // when the first coherent sample completed
+  uint64_t instants = 0;                            // coherent instants seen
+  uint64_t first_sample_ns = 0;                     // when the first coherent sample completed
 };
 
 class Observer {

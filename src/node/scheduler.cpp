@@ -19,7 +19,10 @@ RunResourceArena make_arena(uint32_t sets) {
 
 Scheduler::Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*> subs, Doorbell* bell, Hooks hooks,
                      uint32_t run_sets)
-    : chip_lanes_(chips.size()), sub_lanes_(subs.size()), bell_(bell), hooks_(std::move(hooks)),
+    : chip_lanes_(chips.size()),
+      sub_lanes_(subs.size()),
+      bell_(bell),
+      hooks_(std::move(hooks)),
       run_resources_(make_arena(run_sets)) {
   for (size_t i = 0; i < chips.size(); ++i) chip_lanes_[i].start(chips[i]);
   for (size_t i = 0; i < subs.size(); ++i) sub_lanes_[i].start(subs[i]);
@@ -75,7 +78,8 @@ void Scheduler::main() {
     if (progressed) continue;
     uint64_t wake = now_ns() + kTickNs;
     if (stop_requested_.load() && !aborted_) wake = std::min(wake, stop_deadline_ns_.load());
-    spin_then_park(*bell_, [&] { return bell_->arm() != armed; }, kNodeSpin, wake);
+    spin_then_park(
+        *bell_, [&] { return bell_->arm() != armed; }, kNodeSpin, wake);
   }
 }
 
@@ -385,8 +389,9 @@ bool Scheduler::handle_events() {
     if (!t->members.empty()) {
       size_t k = 0;
       while (k < t->members.size() && t->members[k].id != ev.dispatch_id) ++k;
-      member_done(t, ev.status.ok() ? ev.status
-                                    : Status(ev.status.code(), fmt::format("group member {}: {}", k, ev.status.message())));
+      member_done(t, ev.status.ok()
+                         ? ev.status
+                         : Status(ev.status.code(), fmt::format("group member {}: {}", k, ev.status.message())));
       progressed = true;
       continue;
     }

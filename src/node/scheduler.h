@@ -51,22 +51,22 @@ struct GroupMember {
   uint64_t id = 0;      // node-unique dispatch id
   uint32_t worker = 0;  // chip index; for a sub group, the sub worker it went to
   std::vector<uint8_t> blob;
-  TaskArgs args;        // node-wide addresses, for the TensorMap
+  TaskArgs args;  // node-wide addresses, for the TensorMap
 };
 
 struct NodeTask {
   // kStaged: published PREPARE_READY with predecessors still running.
   enum class State : uint8_t { kPending, kReady, kStaged, kRunning, kDone };
-  uint64_t id = 0;      // node-unique; the dispatch id on the wire (never 0)
-  uint32_t index = 0;   // within its run
+  uint64_t id = 0;     // node-unique; the dispatch id on the wire (never 0)
+  uint32_t index = 0;  // within its run
   NodeRun* run = nullptr;
   bool sub = false;     // a sub function, on any sub worker; else a chip callable
   uint32_t worker = 0;  // chip index; for a sub task, the sub worker it went to
   Digest callable{};
-  std::vector<uint8_t> config;  // request-frame config bytes
-  std::vector<uint8_t> blob;    // the arguments as the child decodes them
-  TaskArgs args;                // node-wide addresses, for the TensorMap
-  std::vector<uint32_t> allocs; // the run's heap allocations it uses
+  std::vector<uint8_t> config;   // request-frame config bytes
+  std::vector<uint8_t> blob;     // the arguments as the child decodes them
+  TaskArgs args;                 // node-wide addresses, for the TensorMap
+  std::vector<uint32_t> allocs;  // the run's heap allocations it uses
   State state = State::kPending;
   uint32_t fanin = 0;
   std::vector<SuccessorEdge> successors;
@@ -101,11 +101,11 @@ struct NodeRun {
   uint32_t remaining = 0;
   Status first_error;
   // RunStats inputs.
-  double build_us = 0;           // the orchestration, on the submitting thread
+  double build_us = 0;  // the orchestration, on the submitting thread
   uint64_t first_publish_ns = 0;
   uint64_t last_terminal_ns = 0;
-  uint32_t executed = 0;         // tasks a child ran to success
-  uint32_t released_early = 0;   // scoped intermediates freed before the run's terminal
+  uint32_t executed = 0;        // tasks a child ran to success
+  uint32_t released_early = 0;  // scoped intermediates freed before the run's terminal
 };
 
 class Scheduler {

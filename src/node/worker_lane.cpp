@@ -10,9 +10,7 @@ void WorkerLane::start(EndpointPort* port) {
   inflight_ = 0;
 }
 
-bool WorkerLane::can_dispatch() {
-  return inflight_ < lanes_.size() && port_->available_request_transport() > 0;
-}
+bool WorkerLane::can_dispatch() { return inflight_ < lanes_.size() && port_->available_request_transport() > 0; }
 
 Status WorkerLane::submit_dispatch(const PublishSpec& spec) {
   size_t lane = 0;

@@ -85,8 +85,8 @@ class WorkerLane {
   EndpointPort* port_ = nullptr;
   std::vector<uint64_t> lanes_;  // dispatch id per lane, kNoTask when free
   uint32_t inflight_ = 0;
-  uint64_t staged_ = kNoTask;    // the staged successor's dispatch id
-  Publication staged_at_;        // where it was published
+  uint64_t staged_ = kNoTask;  // the staged successor's dispatch id
+  Publication staged_at_;      // where it was published
 };
 
 }  // namespace simpler

@@ -43,7 +43,8 @@ Result<TaskArgs> decode_args_blob(const uint8_t* data, size_t n) {
   }
   ArgsBlobHeader h;
   std::memcpy(&h, data, sizeof h);
-  if (h.magic != kArgsBlobMagic) return invalid_argument("args blob: magic {:#x} is not {:#x}", h.magic, kArgsBlobMagic);
+  if (h.magic != kArgsBlobMagic)
+    return invalid_argument("args blob: magic {:#x} is not {:#x}", h.magic, kArgsBlobMagic);
   if (h.version != kArgsBlobVersion) {
     return invalid_argument("args blob: version {} is not {}", h.version, kArgsBlobVersion);
   }
@@ -65,7 +66,8 @@ Result<TaskArgs> decode_args_blob(const uint8_t* data, size_t n) {
     if (r.kind != static_cast<uint8_t>(TaskArg::Kind::Tensor)) {
       return invalid_argument("args blob: record {} has kind {}", i, r.kind);
     }
-    if (r.tag >= static_cast<uint8_t>(Tag::kCount)) return invalid_argument("args blob: record {} has tag {}", i, r.tag);
+    if (r.tag >= static_cast<uint8_t>(Tag::kCount))
+      return invalid_argument("args blob: record {} has tag {}", i, r.tag);
     if (r.dtype >= static_cast<uint8_t>(DType::kCount)) {
       return invalid_argument("args blob: record {} has dtype {}", i, r.dtype);
     }

@@ -42,9 +42,7 @@ static_assert(offsetof(ArgsBlobRecord, buffer_addr) == 8);
 static_assert(offsetof(ArgsBlobRecord, shape) == 32);
 static_assert(offsetof(ArgsBlobRecord, scalar) == 112);
 
-inline constexpr size_t args_blob_size(size_t count) {
-  return sizeof(ArgsBlobHeader) + count * sizeof(ArgsBlobRecord);
-}
+inline constexpr size_t args_blob_size(size_t count) { return sizeof(ArgsBlobHeader) + count * sizeof(ArgsBlobRecord); }
 inline constexpr size_t kArgsBlobMaxBytes = args_blob_size(kMaxTaskArgs);
 
 // Appends the encoding of `args` to `out` (cleared first). Refuses more than

@@ -50,8 +50,8 @@ Result<TensorView> TensorView::tile(const std::vector<int64_t>& start, const std
   TensorView t = *this;
   for (int d = 0; d < ndim_; ++d) {
     if (start[d] < 0 || len[d] < 0 || start[d] > shape_[d] || len[d] > shape_[d] - start[d]) {
-      return out_of_range("tile: dimension {} start {} length {} is outside the view's extent {}", d, start[d],
-                          len[d], shape_[d]);
+      return out_of_range("tile: dimension {} start {} length {} is outside the view's extent {}", d, start[d], len[d],
+                          shape_[d]);
     }
     t.offset_ += start[d] * stride_[d];
     t.shape_[d] = len[d];
@@ -92,8 +92,10 @@ Status TensorView::validate() const {
   constexpr int64_t kLimit = int64_t{1} << 40;
   int64_t elements = 1;
   for (int d = 0; d < ndim_; ++d) {
-    if (shape_[d] < 0 || shape_[d] > kLimit) return invalid_argument("shape[{}] = {} is outside [0, 2^40]", d, shape_[d]);
-    if (stride_[d] < -kLimit || stride_[d] > kLimit) return invalid_argument("stride[{}] = {} is outside ±2^40", d, stride_[d]);
+    if (shape_[d] < 0 || shape_[d] > kLimit)
+      return invalid_argument("shape[{}] = {} is outside [0, 2^40]", d, shape_[d]);
+    if (stride_[d] < -kLimit || stride_[d] > kLimit)
+      return invalid_argument("stride[{}] = {} is outside ±2^40", d, stride_[d]);
     if (__builtin_mul_overflow(elements, shape_[d], &elements) || elements > kLimit) {
       return invalid_argument("shape: the element count exceeds 2^40 at dimension {}", d);
     }
@@ -104,7 +106,8 @@ Status TensorView::validate() const {
   for (int d = 0; d < ndim_; ++d) {
     int64_t reach;
     if (__builtin_mul_overflow(shape_[d] - 1, stride_[d], &reach) || reach > kLimit * 4 || reach < -kLimit * 4) {
-      return invalid_argument("dimension {}: shape {} x stride {} reaches beyond 2^42 elements", d, shape_[d], stride_[d]);
+      return invalid_argument("dimension {}: shape {} x stride {} reaches beyond 2^42 elements", d, shape_[d],
+                              stride_[d]);
     }
     (reach < 0 ? lo : hi) += reach;
   }

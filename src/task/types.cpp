@@ -4,11 +4,22 @@ namespace simpler {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: case DType::I32: case DType::U32: return 4;
-    case DType::F16: case DType::BF16: case DType::I16: return 2;
-    case DType::I8: case DType::U8: return 1;
-    case DType::I64: case DType::U64: return 8;
-    case DType::kCount: break;
+    case DType::F32:
+    case DType::I32:
+    case DType::U32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+    case DType::I16:
+      return 2;
+    case DType::I8:
+    case DType::U8:
+      return 1;
+    case DType::I64:
+    case DType::U64:
+      return 8;
+    case DType::kCount:
+      break;
   }
   return 0;
 }

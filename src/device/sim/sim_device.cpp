@@ -13,9 +13,7 @@ Result<std::unique_ptr<SimDevice>> SimDevice::create(const Geometry& geometry, u
 }
 
 SimDevice::SimDevice(Geometry geometry, std::unique_ptr<GlobalMemory> memory)
-    : geometry_(std::move(geometry)),
-      memory_(std::move(memory)),
-      bells_(new PaddedBell[geometry_.aicpu_threads]) {
+    : geometry_(std::move(geometry)), memory_(std::move(memory)), bells_(new PaddedBell[geometry_.aicpu_threads]) {
   for (uint32_t i = 0; i < geometry_.cores(); ++i) {
     const uint32_t cluster = i / 3;
     cores_.push_back(std::make_unique<Core>(i, core_type(i), cluster, &bells_[owner_of_cluster(cluster)].bell));
@@ -65,7 +63,10 @@ void SimDevice::aicpu_loop(uint32_t index) {
     const uint64_t t = now_ns();
     if (idle_since == 0) idle_since = t;
     if (t - idle_since < policy_.spin_ns) {
-      if (++idle_polls % 8 == 0) yield_cpu(); else cpu_relax();
+      if (++idle_polls % 8 == 0)
+        yield_cpu();
+      else
+        cpu_relax();
       continue;
     }
     parks_.fetch_add(1, std::memory_order_relaxed);
@@ -81,6 +82,7 @@ Result<std::unique_ptr<Device>> create_sim(const DeviceOptions& options) {
 }
 }  // namespace
 
-SIMPLER_REGISTER_BACKEND(sim, BackendInfo{"sim", "simulated chip: AICPU and AICore threads over host memory", &create_sim});
+SIMPLER_REGISTER_BACKEND(sim,
+                         BackendInfo{"sim", "simulated chip: AICPU and AICore threads over host memory", &create_sim});
 
 }  // namespace simpler

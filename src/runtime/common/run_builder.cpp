@@ -166,8 +166,8 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
     if (!b.bound()) continue;
     auto alloc = allocation_of(b.addr, b.bytes);
     if (!alloc.ok()) {
-      return refuse(out_of_range("task {}: args[{}]: buffer is not live device memory: {}", t.id, i,
-                                 alloc.status().message()));
+      return refuse(
+          out_of_range("task {}: args[{}]: buffer is not live device memory: {}", t.id, i, alloc.status().message()));
     }
     t.bases[i] = alloc->addr;
   }
@@ -179,7 +179,8 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
   for (size_t i = 0; i < args.size(); ++i) {
     const TaskArg& a = args[i];
     if (a.kind != TaskArg::Kind::Tensor || a.tensor.buffer().bound()) continue;
-    const uint64_t bytes = std::max<uint64_t>(static_cast<uint64_t>(a.tensor.numel()) * dtype_size(a.tensor.dtype()), 1);
+    const uint64_t bytes =
+        std::max<uint64_t>(static_cast<uint64_t>(a.tensor.numel()) * dtype_size(a.tensor.dtype()), 1);
     auto idx = intermediates_.create(api_, bytes);
     if (!idx.ok()) {
       intermediates_.roll_back(first_new, api_);

@@ -27,8 +27,10 @@ Status FirstError::get() const {
 }
 
 Status kernel_failure(uint32_t task, TaskKind kind, uint32_t sub, uint32_t func_id, const char* message) {
-  const char* const what = kind == TaskKind::Mix ? (sub == 0 ? "mix AIC" : "mix AIV") : core_type_name(subtask_core(kind, sub));
-  return make_error(StatusCode::kKernelFailed, "task {} ({} kernel, func_id {}) failed: {}", task, what, func_id, message);
+  const char* const what =
+      kind == TaskKind::Mix ? (sub == 0 ? "mix AIC" : "mix AIV") : core_type_name(subtask_core(kind, sub));
+  return make_error(StatusCode::kKernelFailed, "task {} ({} kernel, func_id {}) failed: {}", task, what, func_id,
+                    message);
 }
 
 }  // namespace simpler

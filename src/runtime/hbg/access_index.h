@@ -121,7 +121,10 @@ void AccessIndex::add(uint64_t alloc, const TensorView& view, uint64_t first, ui
       for (uint32_t cur = head(b); cur != 0;) {
         const Link l = links_[cur - 1];
         if (visit(l.rec, alloc, view, first, end, write, conflict)) {
-          if (prev == 0) set_head(b, l.next); else links_[prev - 1].next = l.next;
+          if (prev == 0)
+            set_head(b, l.next);
+          else
+            links_[prev - 1].next = l.next;
         } else {
           prev = cur;
         }

@@ -35,9 +35,10 @@ Result<std::unique_ptr<ChipRuntime>> HbgRuntime::create(Device& device, const Ru
     return invalid_argument("max_tasks_per_run = {} is outside [1, 2^24]", options.max_tasks_per_run);
   }
   if (!device.memory().host_mapped()) {
-    return invalid_argument("runtime = 'host_build_graph' builds its graph in device memory from the host; backend "
-                            "'{}' has no host-mapped device memory",
-                            device.backend());
+    return invalid_argument(
+        "runtime = 'host_build_graph' builds its graph in device memory from the host; backend "
+        "'{}' has no host-mapped device memory",
+        device.backend());
   }
   return std::unique_ptr<ChipRuntime>(
       new HbgRuntime(device, capacity_for(options.max_tasks_per_run), std::move(on_done)));
@@ -228,8 +229,9 @@ void HbgRuntime::complete_subtask(uint32_t core, bool kernel_failed, std::vector
 }
 
 void HbgRuntime::finish_task(Slot& s, uint32_t task, bool failed, std::vector<ReadyItem>& ready) {
-  const uint32_t finished = release_fanout(s.graph(), task, failed, memory_, s.released_early,
-                                           [&](uint32_t succ) { ready.push_back({s.index, succ}); });
+  const uint32_t finished = release_fanout(s.graph(), task, failed, memory_, s.released_early, [&](uint32_t succ) {
+    ready.push_back({s.index, succ});
+  });
   // Successors must be queued before `remaining` can reach zero and hand the slot back.
   publish_ready(ready);
   if (s.remaining.fetch_sub(finished, std::memory_order_acq_rel) == finished) finish_run(s);

@@ -57,8 +57,7 @@ struct Slot {
 
 class HbgRuntime final : public ChipRuntime {
  public:
-  static Result<std::unique_ptr<ChipRuntime>> create(Device& device, const RuntimeOptions& options,
-                                                     RunDoneFn on_done);
+  static Result<std::unique_ptr<ChipRuntime>> create(Device& device, const RuntimeOptions& options, RunDoneFn on_done);
   ~HbgRuntime() override;
 
   std::unique_ptr<Pending> build_grant(uint32_t grant) const override;

@@ -73,7 +73,9 @@ class ReferenceRuntime;
 class ReferenceBuilder final : public RunBuilder {
  public:
   ReferenceBuilder(RefSlot& s, const ChipCallable& callable, DeviceMemory& memory, uint32_t max_tasks)
-      : RunBuilder(callable, s.api, memory, s.intermediates, max_tasks), s_(s), max_descriptors_(max_tasks * kDescriptorsPerTask) {}
+      : RunBuilder(callable, s.api, memory, s.intermediates, max_tasks),
+        s_(s),
+        max_descriptors_(max_tasks * kDescriptorsPerTask) {}
 
  private:
   Status reserve(uint32_t, uint32_t tensors) override {
@@ -119,15 +121,15 @@ class ReferenceBuilder final : public RunBuilder {
 
 class ReferenceRuntime final : public ChipRuntime {
  public:
-  static Result<std::unique_ptr<ChipRuntime>> create(Device& device, const RuntimeOptions& options,
-                                                     RunDoneFn on_done) {
+  static Result<std::unique_ptr<ChipRuntime>> create(Device& device, const RuntimeOptions& options, RunDoneFn on_done) {
     if (options.max_tasks_per_run == 0 || options.max_tasks_per_run > (1u << 24)) {
       return invalid_argument("max_tasks_per_run = {} is outside [1, 2^24]", options.max_tasks_per_run);
     }
     if (!device.memory().host_mapped()) {
-      return invalid_argument("runtime = 'reference' calls kernels on the host; backend '{}' has no host-mapped "
-                              "device memory",
-                              device.backend());
+      return invalid_argument(
+          "runtime = 'reference' calls kernels on the host; backend '{}' has no host-mapped "
+          "device memory",
+          device.backend());
     }
     return std::unique_ptr<ChipRuntime>(new ReferenceRuntime(device, options.max_tasks_per_run, std::move(on_done)));
   }
