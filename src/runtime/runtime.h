@@ -42,6 +42,11 @@ struct RuntimeOptions {
   uint32_t max_tasks_per_run = 0;
 };
 
+// What every runtime's create() refuses: options out of range, and a device
+// whose memory is not host-mapped when the runtime (named `runtime`, doing
+// `why`) writes it from the host.
+Status check_runtime_options(const RuntimeOptions& options, Device& device, const char* runtime, const char* why);
+
 struct RuntimeInfo {
   const char* name;
   const char* description;

@@ -87,6 +87,27 @@ inline void write_descriptor(DeviceTensor& d, const TensorView& v) {
   }
 }
 
+// Writes a checked task's kernel arguments into `out` (its args[] array): a
+// scalar as its raw 64 bits, a tensor as a pointer to its descriptor, which
+// goes into descriptors[next++]. Calls on_tensor(i, view, tag) for each tensor
+// argument, so the runtime can record its access.
+template <typename OnTensor>
+void write_kernel_args(const CheckedTask& t, int64_t* out, DeviceTensor* descriptors, uint32_t& next,
+                       OnTensor&& on_tensor) {
+  const TaskArgs& args = *t.args;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const TaskArg& a = args[i];
+    if (a.kind == TaskArg::Kind::Scalar) {
+      out[i] = static_cast<int64_t>(a.scalar);
+      continue;
+    }
+    DeviceTensor& d = descriptors[next++];
+    write_descriptor(d, t.views[i]);
+    out[i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(&d));
+    on_tensor(i, t.views[i], a.tag);
+  }
+}
+
 class RunBuilder : public ChipOrchestrator {
  public:
   RunBuilder(const ChipCallable& callable, const HostApi& api, DeviceMemory& memory, Intermediates& intermediates,

@@ -27,25 +27,16 @@ void GraphBuilder::add_dependencies(uint32_t task, const TensorView& view, Tag t
 }
 
 void GraphBuilder::place(const CheckedTask& t) {
-  const TaskArgs& args = *t.args;
   GraphTask& task = s_.tasks[t.id];
   task.kind = t.kind;
-  task.nargs = static_cast<uint8_t>(args.size());
+  task.nargs = static_cast<uint8_t>(t.args->size());
   for (uint32_t i = 0; i < 3; ++i) {
     task.func_id[i] = t.func_id[i];
     task.fn[i] = t.fn[i];
   }
-  for (size_t i = 0; i < args.size(); ++i) {
-    const TaskArg& a = args[i];
-    if (a.kind == TaskArg::Kind::Scalar) {
-      task.args[i] = static_cast<int64_t>(a.scalar);
-      continue;
-    }
-    DeviceTensor& d = s_.descriptors[s_.desc_count++];
-    write_descriptor(d, t.views[i]);
-    task.args[i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(&d));
-    if (a.tag != Tag::NoDep) add_dependencies(t.id, t.views[i], a.tag, t.bases[i]);
-  }
+  write_kernel_args(t, task.args, s_.descriptors, s_.desc_count, [&](size_t i, const TensorView& v, Tag tag) {
+    if (tag != Tag::NoDep) add_dependencies(t.id, v, tag, t.bases[i]);
+  });
   for (uint32_t u = 0; u < t.use_count; ++u) s_.use_pairs.emplace_back(t.id, t.uses[u]);
   s_.task_count = t.id + 1;
 }

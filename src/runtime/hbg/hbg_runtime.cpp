@@ -31,15 +31,8 @@ uint64_t HbgRuntime::arena_bytes() const { return slot_bytes(capacity_); }
 
 Result<std::unique_ptr<ChipRuntime>> HbgRuntime::create(Device& device, const RuntimeOptions& options,
                                                         RunDoneFn on_done) {
-  if (options.max_tasks_per_run == 0 || options.max_tasks_per_run > (1u << 24)) {
-    return invalid_argument("max_tasks_per_run = {} is outside [1, 2^24]", options.max_tasks_per_run);
-  }
-  if (!device.memory().host_mapped()) {
-    return invalid_argument(
-        "runtime = 'host_build_graph' builds its graph in device memory from the host; backend "
-        "'{}' has no host-mapped device memory",
-        device.backend());
-  }
+  SIMPLER_RETURN_IF_ERROR(
+      check_runtime_options(options, device, "host_build_graph", "builds its graph in device memory from the host"));
   return std::unique_ptr<ChipRuntime>(
       new HbgRuntime(device, capacity_for(options.max_tasks_per_run), std::move(on_done)));
 }

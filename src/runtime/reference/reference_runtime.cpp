@@ -86,7 +86,6 @@ class ReferenceBuilder final : public RunBuilder {
   }
 
   void place(const CheckedTask& t) override {
-    const TaskArgs& args = *t.args;
     RefTask task{};
     task.kind = t.kind;
     for (uint32_t i = 0; i < 3; ++i) {
@@ -94,20 +93,11 @@ class ReferenceBuilder final : public RunBuilder {
       task.fn[i] = t.fn[i];
     }
     task.access_begin = static_cast<uint32_t>(s_.accesses.size());
-    for (size_t i = 0; i < args.size(); ++i) {
-      const TaskArg& a = args[i];
-      if (a.kind == TaskArg::Kind::Scalar) {
-        task.args[i] = static_cast<int64_t>(a.scalar);
-        continue;
-      }
-      DeviceTensor& d = s_.descriptors[s_.desc_count++];
-      write_descriptor(d, t.views[i]);
-      task.args[i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(&d));
-      if (a.tag == Tag::NoDep) continue;
-      const TensorView& v = t.views[i];
+    write_kernel_args(t, task.args, s_.descriptors, s_.desc_count, [&](size_t, const TensorView& v, Tag tag) {
+      if (tag == Tag::NoDep) return;
       s_.accesses.push_back(
-          Access{v.buffer().addr + v.first_byte(), v.buffer().addr + v.end_byte(), v, tag_writes(a.tag)});
-    }
+          Access{v.buffer().addr + v.first_byte(), v.buffer().addr + v.end_byte(), v, tag_writes(tag)});
+    });
     task.access_count = static_cast<uint32_t>(s_.accesses.size()) - task.access_begin;
     task.uses_begin = static_cast<uint32_t>(s_.uses.size());
     s_.uses.insert(s_.uses.end(), t.uses.begin(), t.uses.begin() + t.use_count);
@@ -122,15 +112,7 @@ class ReferenceBuilder final : public RunBuilder {
 class ReferenceRuntime final : public ChipRuntime {
  public:
   static Result<std::unique_ptr<ChipRuntime>> create(Device& device, const RuntimeOptions& options, RunDoneFn on_done) {
-    if (options.max_tasks_per_run == 0 || options.max_tasks_per_run > (1u << 24)) {
-      return invalid_argument("max_tasks_per_run = {} is outside [1, 2^24]", options.max_tasks_per_run);
-    }
-    if (!device.memory().host_mapped()) {
-      return invalid_argument(
-          "runtime = 'reference' calls kernels on the host; backend '{}' has no host-mapped "
-          "device memory",
-          device.backend());
-    }
+    SIMPLER_RETURN_IF_ERROR(check_runtime_options(options, device, "reference", "calls kernels on the host"));
     return std::unique_ptr<ChipRuntime>(new ReferenceRuntime(device, options.max_tasks_per_run, std::move(on_done)));
   }
 
