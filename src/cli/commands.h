@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <simpler/types.h>
+#include <simpler/worker_config.h>
 
 namespace simpler::cli {
 
@@ -17,7 +18,7 @@ inline constexpr int kExitUsage = 2;
 struct RunFlags {
   std::string example;
   std::string geometry = "small";
-  std::string runtime = "host_build_graph";
+  std::string runtime = WorkerConfig().runtime;
   int runs = 0;  // 0: the example's default
   int pipeline_depth = 4;
 };
