@@ -51,7 +51,7 @@ bool conflict(const Access& a, const Access& b) {
 }
 
 struct RefSlot {
-  RefSlot(uint32_t max_tasks) : intermediates(max_tasks * 2) {
+  explicit RefSlot(uint32_t max_tasks) : intermediates(max_tasks * 2) {
     tasks.reserve(max_tasks);
     accesses.reserve(size_t{max_tasks} * kDescriptorsPerTask);
     uses.reserve(size_t{max_tasks} * kMaxTaskArgs);
@@ -67,8 +67,6 @@ struct RefSlot {
   Intermediates intermediates;
   uint64_t launch_ns = 0;
 };
-
-class ReferenceRuntime;
 
 class ReferenceBuilder final : public RunBuilder {
  public:
