@@ -60,6 +60,10 @@ class Intermediates {
   std::vector<std::vector<uint32_t>> scopes_;
 };
 
+// The tensor descriptors a run's graph holds per task, on average: one budget
+// for every runtime, so they refuse the same graphs.
+inline constexpr uint32_t kDescriptorsPerTask = 4;
+
 // A submitted task after every shared check, ready to be placed.
 struct CheckedTask {
   uint32_t id = 0;

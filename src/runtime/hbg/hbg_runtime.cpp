@@ -16,7 +16,9 @@ uint64_t slot_bytes(const Capacity& c) {
          align_up(sizeof(uint32_t) * c.edges, 64) + align_up(sizeof(uint32_t) * c.edges, 64);
 }
 
-Capacity capacity_for(uint32_t max_tasks) { return Capacity{max_tasks, max_tasks * 4, max_tasks * 8}; }
+Capacity capacity_for(uint32_t max_tasks) {
+  return Capacity{max_tasks, max_tasks * kDescriptorsPerTask, max_tasks * 8};
+}
 }  // namespace
 
 Slot::Slot(const Capacity& c)

@@ -20,10 +20,6 @@
 namespace simpler {
 namespace {
 
-// The tensor descriptors a graph may hold per task, on average: the same
-// budget as host_build_graph, so both refuse the same graphs.
-constexpr uint32_t kDescriptorsPerTask = 4;
-
 struct RefTask {
   TaskKind kind;
   uint32_t func_id[3];
