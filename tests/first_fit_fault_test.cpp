@@ -9,43 +9,26 @@
 #include <new>
 #include <optional>
 
+#include "alloc_hook.h"
 #include "base/first_fit_allocator.h"
 #include "device/sim/global_memory.h"
 #include "node/shared_heap.h"
 
-namespace {
-thread_local bool t_counting = false;
-thread_local long t_allocations = 0;
-thread_local long t_fail_after = -1;  // -1: never fail; else every one fails once this many more succeeded
-}  // namespace
-
-// The replacement pair is malloc/free on purpose; GCC cannot see that they match.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-  if (t_counting) ++t_allocations;
-  if (t_fail_after == 0) throw std::bad_alloc();
-  if (t_fail_after > 0) --t_fail_after;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
-
 namespace simpler {
 namespace {
+
+using testing::AllocHook;
 
 constexpr uint64_t kBase = uint64_t{1} << 32;
 
 // The allocations `fn` makes on this thread.
 template <typename F>
 long allocations_of(F&& fn) {
-  t_allocations = 0;
-  t_counting = true;
+  AllocHook::allocations = 0;
+  AllocHook::counting = true;
   fn();
-  t_counting = false;
-  return t_allocations;
+  AllocHook::counting = false;
+  return AllocHook::allocations;
 }
 
 // Every way a free can meet the free list: a block with live neighbours on
@@ -93,10 +76,12 @@ TEST(FirstFitFault, FreeSucceedsWhenEveryAllocationFails) {
   FirstFitAllocator ff(kBase, 1 << 16, 64, "block");
   auto a = ff.allocate(64), b = ff.allocate(64);
   ASSERT_TRUE(a.ok() && b.ok());
-  t_fail_after = 0;
+  AllocHook::fail_once = false;
+  AllocHook::fail_after = 0;
   const Status freed = ff.free(*a);
   const Status refused = ff.free(*a);
-  t_fail_after = -1;
+  AllocHook::fail_after = -1;
+  AllocHook::fail_once = true;
   EXPECT_TRUE(freed.ok()) << freed.to_string();
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ff.live_blocks(), 1u);
@@ -115,14 +100,14 @@ TEST(FirstFitFault, AllocateLosesNoBlockOnBadAlloc) {
     const uint64_t free_before = ff.free_bytes();
     int failures = 0;
     for (long k = 0;; ++k) {
-      t_fail_after = k;
+      AllocHook::fail_after = k;
       std::optional<Result<uint64_t>> got;
       try {
         got.emplace(ff.allocate(want));
       } catch (const std::bad_alloc&) {
         // got stays empty: this k failed the allocate
       }
-      t_fail_after = -1;
+      AllocHook::fail_after = -1;
       if (got) {
         ASSERT_TRUE(got->ok()) << got->status().to_string();
         EXPECT_EQ(**got, want == 64 ? *hole : *c + 64) << "want = " << want;

@@ -8,30 +8,16 @@
 #include <new>
 #include <vector>
 
+#include "alloc_hook.h"
 #include "base/shared_memory.h"
 #include "ipc/mailbox_endpoint.h"
 #include "node/scheduler.h"
 #include "node/worker_lane.h"
 
-namespace {
-thread_local bool t_counting = false;
-thread_local long t_allocations = 0;
-}  // namespace
-
-// The replacement pair is malloc/free on purpose; GCC cannot see that they match.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-  if (t_counting) ++t_allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
-
 namespace simpler {
 namespace {
+
+using testing::AllocHook;
 
 // R44: 10,000 progress ticks of a lane, and 10,000 idle scheduler rounds,
 // allocate nothing; the lanes were sized to the endpoint's entries at start.
@@ -52,11 +38,11 @@ TEST(Lanes, R44NoAllocationPerTick) {
   Scheduler sched({&port2}, {}, &(*ep)->view().control().parent_bell, hooks);
   lane.progress(events);
   (void)sched.step();
-  t_counting = true;
+  AllocHook::counting = true;
   for (int i = 0; i < 10'000; ++i) lane.progress(events);
   for (int i = 0; i < 10'000; ++i) (void)sched.step();
-  t_counting = false;
-  EXPECT_EQ(t_allocations, 0);
+  AllocHook::counting = false;
+  EXPECT_EQ(AllocHook::allocations, 0);
 }
 
 }  // namespace

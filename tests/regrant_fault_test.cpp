@@ -9,31 +9,14 @@
 #include <memory>
 #include <new>
 
+#include "alloc_hook.h"
 #include "chip/chip_worker.h"
 #include "simpler/simpler.h"
 
-namespace {
-thread_local long t_allocations_left = -1;  // -1: not armed
-}
-
-// The replacement pair is malloc/free on purpose; GCC cannot see that they match.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-  if (t_allocations_left == 0) {
-    t_allocations_left = -1;
-    throw std::bad_alloc();
-  }
-  if (t_allocations_left > 0) --t_allocations_left;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
-
 namespace simpler {
 namespace {
+
+using testing::AllocHook;
 
 extern "C" void noop_kernel(int64_t*) {}
 
@@ -53,9 +36,9 @@ TEST(Grant, R25RegrantFailsCleanlyAtEveryAllocation) {
   ChipWorker& worker = **w;
   int failures = 0;
   for (long k_th = 0;; ++k_th) {
-    t_allocations_left = k_th;
+    AllocHook::fail_after = k_th;
     Status st = worker.set_run_resource_grant(7);
-    t_allocations_left = -1;
+    AllocHook::fail_after = -1;
     if (st.ok()) break;
     ++failures;
     ASSERT_EQ(st.code(), StatusCode::kResourceExhausted) << "k = " << k_th << ": " << st.to_string();
@@ -124,9 +107,9 @@ TEST(Grant, R26NoOrphanDeviceBlockAtAnyAllocationFailure) {
   const uint64_t baseline = worker.memory_info().free_bytes;
   int failures = 0;
   for (long k_th = 0;; ++k_th) {
-    t_allocations_left = k_th;
+    AllocHook::fail_after = k_th;
     auto e = worker.prepare(storage, native_run_storage_size(), d, 0, TaskArgs{});
-    t_allocations_left = -1;
+    AllocHook::fail_after = -1;
     if (e.ok()) {
       EXPECT_EQ(worker.finalize(storage, *e).code(), StatusCode::kAborted);
       break;
