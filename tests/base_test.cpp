@@ -45,7 +45,7 @@ TEST(Status, EveryCodeHasADistinctName) {
                               StatusCode::kOutOfRange,   StatusCode::kResourceExhausted,
                               StatusCode::kKernelFailed, StatusCode::kDeadlineExceeded,
                               StatusCode::kAborted,      StatusCode::kUnimplemented,
-                              StatusCode::kInternal};
+                              StatusCode::kInternal,     StatusCode::kUserCodeFailed};
   std::set<std::string> names;
   for (StatusCode c : codes) {
     const std::string n = status_code_name(c);

@@ -95,7 +95,7 @@ const float* floats(const DeviceBuffer& b) { return reinterpret_cast<const float
 TEST(NetworkWorker, TwoNodesRunNodeCallablesAndTheNetworkSubWorkerJoinsThem) {
   Watchdog dog;
   make_node_gates();
-  WorkerConfig nc = node_config(0, 1, 4);
+  WorkerConfig nc = network_config(1, 4);
   Worker net(Level::Network, nc);
   const NodeHandles h0 = add_node(net, 4);
   const NodeHandles h1 = add_node(net, 4);
@@ -142,7 +142,7 @@ TEST(NetworkWorker, TwoNodesRunNodeCallablesAndTheNetworkSubWorkerJoinsThem) {
 TEST(NetworkWorker, AFailureInsideANodeIsOnlyItsOwnRuns) {
   Watchdog dog;
   make_node_gates();
-  Worker net(Level::Network, node_config(0, 0, 2));
+  Worker net(Level::Network, network_config(0, 2));
   const NodeHandles h = add_node(net, 2);
   auto step = net.register_callable(step_callable(h));
   ASSERT_TRUE(step.ok());
@@ -170,7 +170,7 @@ TEST(NetworkWorker, AFailureInsideANodeIsOnlyItsOwnRuns) {
 // other level, and memory calls a network does not serve.
 TEST(NetworkWorker, RefusalsNameTheFieldAndChangeNothing) {
   Watchdog dog;
-  Worker net(Level::Network, node_config(0, 0, 2));
+  Worker net(Level::Network, network_config(0, 2));
   Worker chip_level(Level::Chip, node_config(0, 0, 2));
   EXPECT_REFUSED(net.add_next_level_worker(std::move(chip_level)).status(), StatusCode::kInvalidArgument,
                  "Level::Node");
@@ -179,7 +179,7 @@ TEST(NetworkWorker, RefusalsNameTheFieldAndChangeNothing) {
                  "next-level worker 0: pipeline_depth = 0");
   EXPECT_REFUSED(bad.init(), StatusCode::kInvalidArgument, "pipeline_depth = 0");  // `bad` was left as it was
   EXPECT_REFUSED(net.register_callable(axpb_callable()).status(), StatusCode::kFailedPrecondition, "NodeCallables");
-  Worker launching(Level::Network, node_config(0, 1, 2, 1));
+  Worker launching(Level::Network, network_config(1, 2, 1));
   EXPECT_REFUSED(launching.init(), StatusCode::kInvalidArgument, "launch_depth = 1");
 
   Worker node(Level::Node, node_config(1, 0, 2));
@@ -209,7 +209,7 @@ TEST(NetworkWorker, RefusalsNameTheFieldAndChangeNothing) {
 // nodes', each read through that node's control frame from its own chips.
 TEST(NetworkWorker, R72MemoryInfoIsTheExactSumOverNodes) {
   Watchdog dog;
-  Worker net(Level::Network, node_config(0, 0, 2));
+  Worker net(Level::Network, network_config(0, 2));
   WorkerConfig a = node_config(1, 0, 2), b = node_config(2, 0, 2);
   a.device_memory_bytes = (48ull << 20) + 4096;
   b.device_memory_bytes = 80ull << 20;
@@ -237,7 +237,7 @@ TEST(NetworkWorker, R72MemoryInfoIsTheExactSumOverNodes) {
 // pipeline_depth fails the network's startup, naming both numbers.
 TEST(NetworkWorker, R68ANodeGrantingFewerSetsFailsStartup) {
   Watchdog dog;
-  Worker net(Level::Network, node_config(0, 0, 4));
+  Worker net(Level::Network, network_config(0, 4));
   Worker node(Level::Node, node_config(1, 0, 2));
   ASSERT_TRUE(node.register_callable(axpb_callable()).ok());
   ASSERT_TRUE(net.add_next_level_worker(std::move(node)).ok());

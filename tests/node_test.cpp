@@ -679,6 +679,7 @@ TEST(NodeMemory, R72WorkerFacadeReadsOneChipExactly) {
 // the chip's memory is memory_info().
 TEST(NodeMemory, MemoryInfoOnIsRefusedAtChipLevel) {
   WorkerConfig c = node_config(0, 0, 2);
+  c.shared_heap_bytes = WorkerConfig().shared_heap_bytes;  // a chip has no shared heap
   Worker w(Level::Chip, c);
   EXPECT_REFUSED(w.memory_info_on(0).status(), StatusCode::kFailedPrecondition, "Level::Node");
   ASSERT_TRUE(w.init().ok());

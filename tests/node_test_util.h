@@ -80,4 +80,15 @@ inline WorkerConfig node_config(uint32_t chips, uint32_t subs, uint32_t depth, u
   return c;
 }
 
+// A Level::Network config: the fields of a chip (geometry, device memory,
+// graph capacity) belong to the nodes it adds, so they keep their defaults.
+inline WorkerConfig network_config(uint32_t subs, uint32_t depth, uint32_t launch = 0) {
+  WorkerConfig c;
+  c.sub_workers = subs;
+  c.pipeline_depth = depth;
+  c.launch_depth = launch;
+  c.shared_heap_bytes = 16ull << 20;
+  return c;
+}
+
 }  // namespace simpler::testing

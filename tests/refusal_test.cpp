@@ -474,6 +474,41 @@ TEST(Refusal, UnknownRuntimeOrBackendIsRefusedAtInitNamingWhatIsBuilt) {
   }
 }
 
+// Issue 9 item 9: a field that only means something at another level is
+// refused at init, naming the field and the level it belongs to, and init
+// changes nothing (a corrected config then works).
+TEST(Refusal, FieldsOfAnotherLevelAreRefusedNamingTheFieldAndTheLevel) {
+  Watchdog dog;
+  struct Case {
+    Level level;
+    void (*mutate)(WorkerConfig&);
+    const char* field;
+    const char* level_named;
+  };
+  const Case cases[] = {
+      {Level::Chip, [](WorkerConfig& c) { c.chips = 2; }, "chips = 2", "Level::Node"},
+      {Level::Chip, [](WorkerConfig& c) { c.sub_workers = 1; }, "sub_workers = 1", "Level::Node"},
+      {Level::Chip, [](WorkerConfig& c) { c.shared_heap_bytes = 1 << 20; }, "shared_heap_bytes", "Level::Node"},
+      {Level::Network, [](WorkerConfig& c) { c.geometry = Geometry::a2a3(); }, "geometry", "Level::Node"},
+      {Level::Network, [](WorkerConfig& c) { c.runtime = "reference"; }, "runtime", "Level::Node"},
+      {Level::Network, [](WorkerConfig& c) { c.device_memory_bytes = 1 << 26; }, "device_memory_bytes", "Level::Node"},
+      {Level::Network, [](WorkerConfig& c) { c.max_tasks_per_run = 64; }, "max_tasks_per_run", "Level::Node"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    WorkerConfig config = c.level == Level::Chip ? small_config(2, 64) : WorkerConfig{};
+    if (c.level == Level::Network) config.sub_workers = 1;
+    c.mutate(config);
+    const int threads = thread_count();
+    Worker w(c.level, config);
+    const Status st = w.init();
+    EXPECT_REFUSED(st, StatusCode::kInvalidArgument, c.field);
+    EXPECT_TRUE(contains(st.message(), c.level_named)) << st.message();
+    EXPECT_EQ(thread_count(), threads) << "a refused init started threads";
+    EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");
+  }
+}
+
 // R67: a wide grant is accepted and works (no compile-time ceiling).
 TEST(Refusal, AWideGrantIsAcceptedAndServesRuns) {
   Watchdog dog;
@@ -485,7 +520,8 @@ TEST(Refusal, AChildlessNodeOrNetworkIsRefused) {
   Watchdog dog;
   for (Level level : {Level::Node, Level::Network}) {
     const int threads = thread_count();
-    Worker w(level, small_config());  // chips = 0, sub_workers = 0, nothing added
+    // chips = 0, sub_workers = 0, nothing added; a network takes no chip fields
+    Worker w(level, level == Level::Network ? WorkerConfig{} : small_config());
     EXPECT_EQ(w.level(), level);
     ChipCallable noop("noop", [](ChipOrchestrator&, const TaskArgs&) { return Status(); }, all_kernels(), {});
     if (level == Level::Node) {
@@ -534,7 +570,8 @@ TEST_P(RuntimeRefusal, OrchestrationThrowsAStandardException) {
   RunHandle r;
   EXPECT_NO_THROW(r = f.w.submit(f.callable, {}));
   Status s = wait_run(r);
-  EXPECT_NE(s.code(), StatusCode::kOk);
+  // Issue 9 item 8: the user's code failed, not simpler (INTERNAL is a broken invariant of ours).
+  EXPECT_EQ(s.code(), StatusCode::kUserCodeFailed) << s.to_string();
   EXPECT_TRUE(contains(s.message(), "orchestration exploded")) << s.to_string();
   EXPECT_TRUE(contains(s.message(), "under_test")) << s.to_string();
   f.expect_unchanged();
@@ -563,7 +600,7 @@ TEST_P(RuntimeRefusal, OrchestrationThrowsANonStandardException) {
                            "intermediates it allocated are never released";
   if (!escaped) {
     Status s = wait_run(r);
-    EXPECT_NE(s.code(), StatusCode::kOk);
+    EXPECT_EQ(s.code(), StatusCode::kUserCodeFailed) << s.to_string();
   }
   EXPECT_EQ(free_bytes(f.w), f.baseline) << "the failed build's intermediate was not freed";
 }

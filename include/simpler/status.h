@@ -24,6 +24,7 @@ enum class StatusCode : uint8_t {
   kAborted,             // poisoned by an earlier failure or a close
   kUnimplemented,       // a capability that is not built yet
   kInternal,            // a broken invariant inside simpler
+  kUserCodeFailed,      // user code (an orchestration, a host function) threw; the message has its text
 };
 
 const char* status_code_name(StatusCode code);

@@ -138,9 +138,54 @@ Result<FunctionHandle> Worker::register_function(SubFunction fn) {
   return FunctionHandle{id, sub_function_digest(id)};
 }
 
+namespace {
+
+// Fields that mean something only at another level are refused rather than
+// ignored: a user who sets them expects an effect (issue 9 item 9). A field
+// whose default is not zero counts as set when it differs from its default.
+Status check_fields_of_level(Level level, const WorkerConfig& c) {
+  const WorkerConfig defaults;
+  if (level == Level::Chip) {
+    if (c.chips != 0)
+      return invalid_argument("chips = {}: a Level::Chip worker is one chip; chips is for Level::Node", c.chips);
+    if (c.sub_workers != 0) {
+      return invalid_argument(
+          "sub_workers = {}: Level::Chip has no sub workers; sub_workers is for Level::Node and "
+          "Level::Network",
+          c.sub_workers);
+    }
+    if (c.shared_heap_bytes != defaults.shared_heap_bytes) {
+      return invalid_argument(
+          "shared_heap_bytes = {}: Level::Chip has no shared heap; it is for Level::Node and "
+          "Level::Network",
+          c.shared_heap_bytes);
+    }
+  }
+  if (level == Level::Network) {
+    const auto refuse = [](const char* field) {
+      return invalid_argument(
+          "{} is set on a Level::Network worker, which has no chip of its own: set it on the "
+          "Level::Node workers it adds",
+          field);
+    };
+    if (c.geometry.name != defaults.geometry.name || c.geometry.clusters != defaults.geometry.clusters ||
+        c.geometry.aicpu_threads != defaults.geometry.aicpu_threads) {
+      return refuse("geometry");
+    }
+    if (c.runtime != defaults.runtime) return refuse("runtime");
+    if (c.backend != defaults.backend) return refuse("backend");
+    if (c.device_memory_bytes != defaults.device_memory_bytes) return refuse("device_memory_bytes");
+    if (c.max_tasks_per_run != defaults.max_tasks_per_run) return refuse("max_tasks_per_run");
+  }
+  return Status();
+}
+
+}  // namespace
+
 Status Worker::init() {
   if (impl_->phase == Impl::Phase::Ready) return failed_precondition("init: already initialised");
   if (impl_->phase == Impl::Phase::Closed) return failed_precondition("init: the worker is closed");
+  SIMPLER_RETURN_IF_ERROR(check_fields_of_level(impl_->level, impl_->config));
   if (impl_->level != Level::Chip) {
     NodeSpec spec;
     spec.level = impl_->level;

@@ -39,6 +39,17 @@ Status internal_error(fmt::format_string<A...> f, A&&... a) {
   return make_error(StatusCode::kInternal, f, std::forward<A>(a)...);
 }
 
+// Whether `code` is the number of a StatusCode (for decoders of codes that
+// crossed a process boundary).
+inline bool is_status_code(int64_t code) {
+  return code >= 0 && code <= static_cast<int64_t>(StatusCode::kUserCodeFailed);
+}
+
+template <typename... A>
+Status user_code_failed(fmt::format_string<A...> f, A&&... a) {
+  return make_error(StatusCode::kUserCodeFailed, f, std::forward<A>(a)...);
+}
+
 namespace detail {
 inline Status with_context(Status s) { return s; }
 // "context: original message", with the original code.

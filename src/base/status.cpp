@@ -26,6 +26,8 @@ const char* status_code_name(StatusCode code) {
       return "UNIMPLEMENTED";
     case StatusCode::kInternal:
       return "INTERNAL";
+    case StatusCode::kUserCodeFailed:
+      return "USER_CODE_FAILED";
   }
   return "UNKNOWN";
 }

@@ -19,7 +19,7 @@ uint64_t bounded(uint64_t deadline_ns, uint64_t period_ns) {
 
 Status status_from_wire(int32_t rc, const std::string& text) {
   if (rc == 0) return Status();
-  if (rc < 0 || rc > static_cast<int32_t>(StatusCode::kInternal)) {
+  if (!is_status_code(rc)) {
     return internal_error("child reported unknown rc {}: {}", rc, text);
   }
   return Status(static_cast<StatusCode>(rc), text);

@@ -86,9 +86,9 @@ Status RunBuilder::orchestrate(const TaskArgs& run_args) {
   } catch (const std::bad_alloc&) {
     st = resource_exhausted("orchestration of '{}': host memory exhausted while building the graph", callable_.name());
   } catch (const std::exception& e) {
-    st = internal_error("orchestration of '{}' threw: {}", callable_.name(), e.what());
+    st = user_code_failed("orchestration of '{}' threw: {}", callable_.name(), e.what());
   } catch (...) {
-    st = internal_error("orchestration of '{}' threw a non-standard exception", callable_.name());
+    st = user_code_failed("orchestration of '{}' threw a non-standard exception", callable_.name());
   }
   return st.ok() ? build_error_ : st;
 }
