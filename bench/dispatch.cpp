@@ -168,12 +168,14 @@ std::pair<Summary, Summary> measure_flow_graph(const Dag& dag) {
   return {summarize(std::move(build_and_run)), summarize(std::move(run_only))};
 }
 
-// A chip Worker of `runtime` whose one callable submits `*current`'s tasks.
+// A chip Worker of `runtime` whose one callable submits `*current`'s tasks;
+// `guarded`: every allocation checked for out-of-bounds writes after each task.
 struct DispatchWorker {
-  explicit DispatchWorker(const std::string& runtime) : worker(Level::Chip, config_for(runtime)) {}
-  static WorkerConfig config_for(const std::string& runtime) {
+  DispatchWorker(const std::string& runtime, bool guarded) : worker(Level::Chip, config_for(runtime, guarded)) {}
+  static WorkerConfig config_for(const std::string& runtime, bool guarded) {
     WorkerConfig c;
     c.runtime = runtime;
+    c.guard_device_memory = guarded;
     return c;
   }
   Status open() {
@@ -200,10 +202,12 @@ struct DispatchWorker {
 }  // namespace
 
 Result<Json> dispatch() {
-  DispatchWorker hbg("host_build_graph");
-  DispatchWorker reference("reference");
+  DispatchWorker hbg("host_build_graph", false);
+  DispatchWorker reference("reference", false);
+  DispatchWorker guarded("host_build_graph", true);
   if (Status st = hbg.open(); !st.ok()) return st;
   if (Status st = reference.open(); !st.ok()) return st;
+  if (Status st = guarded.open(); !st.ok()) return st;
   const TensorView& rows = hbg.rows;
 
   Json shapes;
@@ -212,11 +216,15 @@ Result<Json> dispatch() {
     if (!dag.ok()) return dag.status();
     Result<Dag> ref_dag = make_dag(spec.shape, reference.rows);
     if (!ref_dag.ok()) return ref_dag.status();
+    Result<Dag> guarded_dag = make_dag(spec.shape, guarded.rows);
+    if (!guarded_dag.ok()) return guarded_dag.status();
     std::this_thread::sleep_for(kSettle);
     Result<SimplerFigures> mine = measure_simpler(hbg.worker, hbg.callable, hbg.current, *dag);
     if (!mine.ok()) return mine.status();
     Result<SimplerFigures> serial = measure_simpler(reference.worker, reference.callable, reference.current, *ref_dag);
     if (!serial.ok()) return serial.status();
+    Result<SimplerFigures> checked = measure_simpler(guarded.worker, guarded.callable, guarded.current, *guarded_dag);
+    if (!checked.ok()) return checked.status();
     const auto [peer, peer_run_only] = measure_flow_graph(*dag);
     const double ratio = mine->ns_per_task.p50 / peer.p50;
     Json s;
@@ -228,6 +236,8 @@ Result<Json> dispatch() {
     s["device_ns_per_task"] = round3(mine->device_ns_per_task.p50);
     s["reference_ns_per_task"] = round3(serial->ns_per_task.p50);
     s["reference_device_ns_per_task"] = round3(serial->device_ns_per_task.p50);
+    s["guarded_ns_per_task"] = round3(checked->ns_per_task.p50);
+    s["guarded_device_ns_per_task"] = round3(checked->device_ns_per_task.p50);
     s["peer_ns_per_task"] = round3(peer.p50);
     s["peer_run_only_ns_per_task"] = round3(peer_run_only.p50);
     s["ratio_vs_peer"] = round3(ratio);
@@ -241,13 +251,16 @@ Result<Json> dispatch() {
   }
   if (Status st = hbg.worker.close(); !st.ok()) return st;
   if (Status st = reference.worker.close(); !st.ok()) return st;
+  if (Status st = guarded.worker.close(); !st.ok()) return st;
 
   Json j;
   j["geometry"] = Geometry::small().name;
   j["tasks"] = kTasks;
   j["layer_width"] = kLayerWidth;
   j["shapes"] = shapes;
-  j["runtime"] = "host_build_graph; reference_*: the reference runtime (serial, no hand-off) on the same DAG";
+  j["runtime"] =
+      "host_build_graph; reference_*: the reference runtime (serial, no hand-off) on the same DAG; guarded_*: "
+      "host_build_graph with guard_device_memory (every task's buffers checked for out-of-bounds writes)";
   j["peer"] = "oneTBB flow graph of continue_nodes, same DAG: build + run (ratio basis) and run only";
   return j;
 }

@@ -486,9 +486,14 @@ TEST(NativeRun, R52PreflightRefusalIsRetryable) {
   EXPECT_NE(refused.message().find("execution context refused"), std::string::npos) << refused.message();
   EXPECT_EQ(f.worker->registered_runs(), 1u) << "a refusal retires nothing";
   EXPECT_EQ(f.worker->set_counts().live, 1u);
+  // The argument tensor is still referenced until finalize, though the run
+  // itself ended (issue 9 item 1): it cannot be freed and handed out again.
   f.worker->execution_context().restore();
+  EXPECT_TRUE(f.worker->wait(s.get(), *epoch, deadline()).ok());
+  EXPECT_EQ(f.worker->free(f.buf).code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(f.worker->finalize(s.get(), *epoch).ok());
   EXPECT_EQ(f.worker->set_counts().live, 0u);
+  EXPECT_TRUE(f.worker->free(f.buf).ok());
 }
 
 // R20: every per-set owner is exactly the grant wide; slot G-1 works, slot G is refused.
@@ -730,6 +735,7 @@ TEST(MemoryInfo, R72ExactTotalAboveFourGiB) {
   WorkerConfig cfg;
   cfg.device_memory_bytes = 5 * (uint64_t{1} << 32) + 7;
   cfg.max_tasks_per_run = 16;
+  cfg.guard_device_memory = false;  // exact accounting: no guard bytes around allocations
   auto w = ChipWorker::create(cfg, {});
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   const MemoryInfo a = (*w)->memory_info();

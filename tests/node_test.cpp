@@ -596,6 +596,7 @@ TEST(NodeMemory, R72MemoryInfoIsForwardedExactly) {
   constexpr uint64_t kTotal = 5 * (uint64_t{1} << 32) + 7;
   WorkerConfig c = node_config(2, 0, 2);
   c.device_memory_bytes = kTotal;
+  c.guard_device_memory = false;  // exact accounting: no guard bytes around allocations
   auto w = make_node(c);
   ASSERT_NE(w, nullptr);
   auto a0 = w->memory_info_on(0), a1 = w->memory_info_on(1);
@@ -645,6 +646,7 @@ TEST(NodeMemory, R72WorkerFacadeReadsOneChipExactly) {
   constexpr uint64_t kTaken = (uint64_t{1} << 33) + 4096;
   WorkerConfig c = node_config(2, 0, 1);
   c.device_memory_bytes = kTotal;
+  c.guard_device_memory = false;  // exact accounting: no guard bytes around allocations
   Worker w(Level::Node, c);
   EXPECT_REFUSED(w.memory_info_on(0).status(), StatusCode::kFailedPrecondition, "init()");
   ASSERT_TRUE(w.init().ok());

@@ -30,6 +30,8 @@ class Pipeline : public TargetTest {};
 class RunHandleTest : public TargetTest {};
 class WorkerThreads : public TargetTest {};
 class WorkerMemory : public TargetTest {};
+class BorrowedBuffers : public TargetTest {};
+class GuardedMemory : public TargetTest {};
 
 // ---- A matmul-like DAG: tiled GEMM (AIC) + bias/ReLU (AIV) + a mix task + an add -----------------
 
@@ -850,11 +852,134 @@ TEST_P(WorkerThreads, AnIdleWorkerLetsEveryThreadSleep) {
   ASSERT_TRUE(hw.run().ok());  // and wakes up for the next run
 }
 
+// ---- Buffers a live run uses (issue 9 item 1) ---------------------------------------------------
+
+// The gated task writes `y` (an argument), `c` (a buffer the orchestration
+// captured) and an output the runtime allocated; while it is held, none of
+// the three can be freed (so none can be handed out again and overwritten);
+// once the run ended, the caller's two can, and the run's own is gone.
+TEST_P(BorrowedBuffers, NoBufferALiveRunUsesCanBeFreed) {
+  Watchdog dog;
+  g_gate_open = false;
+  DeviceBuffer captured;
+  TensorView output;
+  Harness hw(ChipCallable("gated_writer",
+                          [&](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                            TaskArgs t;
+                            t.add_tensor(a[0].tensor, Tag::OutputExisting)
+                                .add_tensor(captured.view({16}, DType::I64), Tag::OutputExisting)
+                                .add_output({16}, DType::I64);
+                            auto r = o.submit_aiv(kGate, t);
+                            if (!r.ok()) return r.status();
+                            output = r->outputs[0];
+                            return Status();
+                          },
+                          make_kernels({{kGate, CoreType::AIV, "gate", gate_kernel}}), {Param::output()}),
+             config());
+  DeviceBuffer y = upload(hw.w, std::vector<int64_t>(16, 0));
+  captured = upload(hw.w, std::vector<int64_t>(16, 0));
+  TaskArgs args;
+  args.add_tensor(y.view({16}, DType::I64), Tag::OutputExisting);
+  RunHandle r = hw.submit(args);
+  EXPECT_REFUSED(hw.w.free(y), StatusCode::kFailedPrecondition, "in use by a live run");
+  EXPECT_REFUSED(hw.w.free(captured), StatusCode::kFailedPrecondition, "in use by a live run");
+  EXPECT_REFUSED(hw.w.free(output.buffer()), StatusCode::kFailedPrecondition, "in use by a live run");
+  auto again = hw.w.malloc(16 * 8);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->addr, y.addr);
+  EXPECT_NE(again->addr, captured.addr);
+  g_gate_open = true;
+  ASSERT_TRUE(wait_run(r).ok()) << r.result().to_string();
+  EXPECT_TRUE(hw.w.free(y).ok());
+  EXPECT_TRUE(hw.w.free(captured).ok());
+  EXPECT_REFUSED(hw.w.free(output.buffer()), StatusCode::kInvalidArgument, "not a live device allocation");
+  EXPECT_TRUE(hw.w.free(*again).ok());
+}
+
+// ---- Guarded device memory (issue 9 item 2) ----------------------------------------------------
+
+// Fills its 1-D i64 tensor args[0] with 7, then writes one more element at
+// index args[1] (its length: one past the end; -1: one before the start).
+void stray_write_kernel(int64_t* args) {
+  const DeviceTensor* t = tensor_arg(args, 0);
+  for (int64_t i = 0; i < t->shape[0]; ++i) tensor_data<int64_t>(t)[i] = 7;
+  tensor_data<int64_t>(t)[args[1]] = 99;
+}
+
+enum : uint32_t { kStray = 1, kCopyI64 = 2, kFillI64 = 3 };
+
+// A task that writes out of bounds fails with a message naming the kernel,
+// the distance and the argument; its dependent is poisoned, an independent
+// task runs, and the next run on the same buffers is clean (the guards were
+// restored). Writes before the start and past the end of a caller buffer and
+// past a runtime-allocated output are all caught.
+TEST_P(GuardedMemory, AnOutOfBoundsWriteFailsItsTaskAndPoisonsItsDependents) {
+  Watchdog dog;
+  struct Case {
+    int64_t index;        // where the stray element lands
+    bool runtime_output;  // the stray task writes a runtime-allocated output instead of x
+    const char* what;
+  };
+  for (const Case& c : {Case{16, false, "wrote 8 bytes past tensor argument 0"},
+                        Case{-1, false, "wrote 8 bytes before tensor argument 0"},
+                        Case{16, true, "wrote 8 bytes past tensor argument 0"}}) {
+    SCOPED_TRACE(c.what);
+    WorkerConfig cfg = config(2, 64);
+    cfg.guard_device_memory = true;
+    int64_t stray_at = c.index;
+    bool to_output = c.runtime_output;
+    Harness hw(ChipCallable("stray",
+                            [&](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                              TaskArgs bad;
+                              if (to_output) {
+                                bad.add_output({16}, DType::I64);
+                              } else {
+                                bad.add_tensor(a[0].tensor, Tag::OutputExisting);
+                              }
+                              bad.add_scalar(stray_at);
+                              auto r = o.submit_aiv(kStray, bad);
+                              if (!r.ok()) return r.status();
+                              const TensorView written = to_output ? r->outputs[0] : a[0].tensor;
+                              TaskArgs dependent;  // reads what the stray task wrote: poisoned
+                              dependent.add_tensor(written, Tag::Input).add_tensor(a[1].tensor, Tag::OutputExisting);
+                              if (auto d = o.submit_aiv(kCopyI64, dependent); !d.ok()) return d.status();
+                              TaskArgs independent;
+                              independent.add_tensor(a[2].tensor, Tag::OutputExisting).add_scalar(5);
+                              return o.submit_aiv(kFillI64, independent).status();
+                            },
+                            make_kernels({{kStray, CoreType::AIV, "stray_write", stray_write_kernel},
+                                          {kCopyI64, CoreType::AIV, "copy", copy_kernel},
+                                          {kFillI64, CoreType::AIV, "fill", fill_kernel}}),
+                            {Param::output(), Param::output(), Param::output()}),
+               cfg);
+    DeviceBuffer x = upload(hw.w, std::vector<int64_t>(16, 0));
+    DeviceBuffer y = upload(hw.w, std::vector<int64_t>(16, 0));
+    DeviceBuffer z = upload(hw.w, std::vector<int64_t>(16, 0));
+    TaskArgs args;
+    args.add_tensor(x.view({16}, DType::I64), Tag::OutputExisting)
+        .add_tensor(y.view({16}, DType::I64), Tag::OutputExisting)
+        .add_tensor(z.view({16}, DType::I64), Tag::OutputExisting);
+    RunHandle r = hw.submit(args);
+    const Status s = wait_run(r);
+    EXPECT_EQ(s.code(), StatusCode::kKernelFailed) << s.to_string();
+    EXPECT_TRUE(contains(s.message(), c.what) && contains(s.message(), "task 0") &&
+                contains(s.message(), "'stray_write'"))
+        << s.to_string();
+    EXPECT_EQ(r.stats().executed, 2u) << "the dependent of the stray task ran";
+    EXPECT_EQ(download<int64_t>(hw.w, y, 16), std::vector<int64_t>(16, 0)) << "a poisoned dependent wrote";
+    EXPECT_EQ(download<int64_t>(hw.w, z, 16), std::vector<int64_t>(16, 5)) << "the independent task did not run";
+    stray_at = 0;  // in bounds now: the same buffers, guards restored, run clean
+    RunHandle ok = hw.submit(args);
+    EXPECT_TRUE(wait_run(ok).ok()) << ok.result().to_string();
+  }
+}
+
 // R72: total_bytes is exact and stable across reads; free_bytes <= total and tracks allocations exactly.
 TEST_P(WorkerMemory, MemoryInfoIsExactAndFreeTracksAllocations) {
   Watchdog dog;
   WorkerConfig c = config(2, 64);
   c.device_memory_bytes = (uint64_t{5} << 32) + 64;  // above 2^32: reserved, committed on touch
+  c.guard_device_memory = false;                     // exact accounting: no guard bytes around allocations
   Harness hw(ChipCallable("none", [](ChipOrchestrator&, const TaskArgs&) { return Status(); },
                           make_kernels({{kCount, CoreType::AIV, "count", count_kernel}}), {}),
              c);
@@ -926,6 +1051,8 @@ SIMPLER_ON_EVERY_TARGET(Pipeline);
 SIMPLER_ON_EVERY_TARGET(RunHandleTest);
 SIMPLER_ON_EVERY_TARGET(WorkerThreads);
 SIMPLER_ON_EVERY_TARGET(WorkerMemory);
+SIMPLER_ON_EVERY_TARGET(BorrowedBuffers);
+SIMPLER_ON_EVERY_TARGET(GuardedMemory);
 
 }  // namespace
 }  // namespace simpler

@@ -21,6 +21,13 @@ class UnmappedMemory final : public DeviceMemory {
  public:
   Result<uint64_t> allocate(uint64_t) override { return touched(); }
   Status free(uint64_t) override { return touched(); }
+  Status pin(uint64_t) override { return touched(); }
+  void unpin(uint64_t) override { (void)touched(); }
+  bool guarded() const override { return false; }
+  GuardDamage check_guards(uint64_t, uint64_t) override {
+    (void)touched();
+    return {};
+  }
   Result<Allocation> containing_allocation(uint64_t, uint64_t) const override { return touched(); }
   uint64_t allocation_size(uint64_t) const override { return 0; }
   uint64_t total_bytes() const override { return 1 << 20; }

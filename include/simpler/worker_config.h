@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,19 @@ struct WorkerConfig {
   // Level::Node/Network: a next-level task with no terminal this long after its publication
   // (a staged successor: after its activation) means its child hangs: the
   // child is killed, each run it held ends DEADLINE_EXCEEDED and the other
-  // children keep serving. 0 = no deadline.
+  // children keep serving. Level::Chip: a submitted run with no terminal this
+  // long after its launch ends DEADLINE_EXCEEDED; a kernel thread cannot be
+  // killed, so the chip is then wedged: later submits are refused and close()
+  // abandons it at once. 0 = no deadline.
   std::chrono::milliseconds run_timeout{std::chrono::minutes(10)};
+  // How long close() (and the destructor) waits for the runs in flight before
+  // it gives each a terminal and abandons what it cannot prove stopped.
+  std::chrono::milliseconds close_timeout{std::chrono::seconds(60)};
+  // Guard bytes around every device allocation, checked when each task
+  // finishes: a kernel that writes out of bounds fails its task ("wrote N
+  // bytes past tensor argument i") and poisons its dependents. Unset: on in
+  // Debug and sanitizer builds of simpler, off otherwise.
+  std::optional<bool> guard_device_memory;
 };
 
 // A chip runtime or device backend this build has, by the name its config

@@ -1,5 +1,6 @@
 #include "chip/chip_worker.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -11,13 +12,24 @@
 
 namespace simpler {
 
+namespace {
+// Debug and sanitizer builds check every kernel's writes against its buffers.
+#if !defined(NDEBUG) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kGuardDeviceMemoryByDefault = true;
+#else
+constexpr bool kGuardDeviceMemoryByDefault = false;
+#endif
+}  // namespace
+
 Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& config,
                                                        std::vector<ChipCallable> callables) {
   SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(config)));
   SIMPLER_ASSIGN_OR_RETURN(const BackendInfo* backend, backend_named(config.backend));
   SIMPLER_ASSIGN_OR_RETURN(const RuntimeInfo* runtime, runtime_named(config.runtime));
   std::unique_ptr<ChipWorker> w(new ChipWorker(config, std::move(callables)));
-  SIMPLER_ASSIGN_OR_RETURN(w->device_, backend->create(DeviceOptions{config.geometry, config.device_memory_bytes}));
+  SIMPLER_ASSIGN_OR_RETURN(
+      w->device_, backend->create(DeviceOptions{config.geometry, config.device_memory_bytes,
+                                                config.guard_device_memory.value_or(kGuardDeviceMemoryByDefault)}));
   ChipWorker* self = w.get();
   SIMPLER_ASSIGN_OR_RETURN(
       w->runtime_, runtime->create(*w->device_, RuntimeOptions{config.max_tasks_per_run},
@@ -235,6 +247,7 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   }
   Status st = runtime_->build(ctx->api_, c, ctx->args_);
   if (st.ok()) st = ctx->api_.upload_callable(callable);
+  if (st.ok()) st = pin_arguments(*ctx);
   if (st.ok()) {
     try {
       std::lock_guard<std::mutex> lock(runs_mu_);
@@ -244,6 +257,7 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
     }
   }
   if (!st.ok()) {
+    unpin_arguments(*ctx);
     runtime_->discard(lease.slot);
     ctx->~NativeRunContext();
     std::memset(storage, 0, native_run_storage_size());
@@ -253,6 +267,29 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   newest_generation_[lease.slot] = lease.generation;
   bank_epoch_[desc.arena_bank] = epoch;
   return epoch;
+}
+
+Status ChipWorker::pin_arguments(NativeRunContext& ctx) {
+  DeviceMemory& memory = device_->memory();
+  for (size_t i = 0; i < ctx.args_.size(); ++i) {
+    const TaskArg& a = ctx.args_[i];
+    if (a.kind != TaskArg::Kind::Tensor) continue;
+    SIMPLER_ASSIGN_OR_RETURN(const DeviceMemory::Allocation alloc,
+                             memory.containing_allocation(a.tensor.buffer().addr, a.tensor.buffer().bytes),
+                             "prepare: args[{}]", i);
+    if (std::find(ctx.pinned_.begin(), ctx.pinned_.end(), alloc.addr) != ctx.pinned_.end()) continue;
+    ctx.pinned_.push_back(alloc.addr);  // before the pin, so a throw leaves no pin unrecorded
+    if (Status st = memory.pin(alloc.addr); !st.ok()) {
+      ctx.pinned_.pop_back();
+      return Status(st.code(), fmt::format("prepare: args[{}]: {}", i, st.message()));
+    }
+  }
+  return Status();
+}
+
+void ChipWorker::unpin_arguments(NativeRunContext& ctx) {
+  for (uint64_t addr : ctx.pinned_) device_->memory().unpin(addr);
+  ctx.pinned_.clear();
 }
 
 ChipWorker::RunRef::~RunRef() {
@@ -405,6 +442,7 @@ Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_hol
       set_bells_[lease.slot].bell, [&] { return ctx->users_.load(std::memory_order_acquire) == own_holds; },
       SpinPolicy{});
   bank_epoch_[ctx->desc_.arena_bank] = 0;
+  unpin_arguments(*ctx);
   std::shared_ptr<detail::RunState> handle = std::move(ctx->handle_);
   const RunStats stats = ctx->stats_;
   ctx->~NativeRunContext();

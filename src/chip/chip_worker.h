@@ -126,6 +126,10 @@ class ChipWorker {
                                      uint32_t callable, const TaskArgs& args, RunConfig config);
   Status check_signature(const ChipCallable& c, const TaskArgs& args) const;
   Status check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
+  // A run's argument tensors stay pinned from prepare until it retires (R52):
+  // free() of one of them is refused meanwhile (issue 9 item 1).
+  Status pin_arguments(NativeRunContext& ctx);
+  void unpin_arguments(NativeRunContext& ctx);
   Result<RunRef> lookup(void* storage, uint64_t epoch, const char* call);
   Result<Lease> acquire_set();
   void enqueue_launch(NativeRunContext* ctx);

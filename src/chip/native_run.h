@@ -91,6 +91,8 @@ class NativeRunContext {
   // Phase calls inside this run right now; finalize destroys the context only
   // once it is the last, so no call is left holding a freed carrier (R49).
   std::atomic<uint32_t> users_{0};
+  // The device allocations of its tensor arguments, pinned until it retires.
+  std::vector<uint64_t> pinned_;
   // Runs submitted through Worker::submit finalize themselves on completion.
   bool auto_finalize_ = false;
   std::shared_ptr<detail::RunState> handle_;

@@ -15,6 +15,9 @@ namespace simpler {
 struct DeviceOptions {
   Geometry geometry;
   uint64_t memory_bytes = 0;
+  // Guard bytes around every allocation, checked after each task (a backend
+  // that cannot guard refuses it, naming the field).
+  bool guard_memory = false;
 };
 
 struct BackendInfo {

@@ -29,9 +29,14 @@ class DeviceMemory {
   virtual ~DeviceMemory() = default;
   // RESOURCE_EXHAUSTED names the request and what is free.
   virtual Result<uint64_t> allocate(uint64_t bytes) = 0;
-  // Refuses an address that is not the start of a live allocation. Never
-  // allocates host memory, so completion paths may call it.
+  // Refuses an address that is not the start of a live allocation, and a
+  // pinned one. Never allocates host memory, so completion paths may call it.
   virtual Status free(uint64_t addr) = 0;
+  // The live allocation starting at `addr` is in use by a live run: free()
+  // refuses it until every pin is matched by an unpin. Pins count.
+  virtual Status pin(uint64_t addr) = 0;
+  // Never allocates; an address that is not pinned is ignored.
+  virtual void unpin(uint64_t addr) = 0;
   // The live allocation that holds all of [addr, addr + bytes).
   virtual Result<Allocation> containing_allocation(uint64_t addr, uint64_t bytes) const = 0;
   // Size of the live allocation starting at addr, or 0.
@@ -39,6 +44,19 @@ class DeviceMemory {
   virtual uint64_t total_bytes() const = 0;
   virtual uint64_t free_bytes() const = 0;
   virtual bool host_mapped() const = 0;
+
+  // How far writes reached into the guard bytes around an allocation.
+  struct GuardDamage {
+    uint64_t before = 0;  // bytes written before its start
+    uint64_t past = 0;    // bytes written past its end
+    bool any() const { return before != 0 || past != 0; }
+  };
+  // Whether every allocation carries guard bytes (DeviceOptions::guard_memory).
+  virtual bool guarded() const = 0;
+  // The damage to the guards of the allocation [addr, addr + bytes), exactly
+  // as containing_allocation() reported it; restores them. No damage when
+  // not guarded. Any thread; never allocates.
+  virtual GuardDamage check_guards(uint64_t addr, uint64_t bytes) = 0;
   // Copies checked against one live allocation; nothing is copied on a refusal.
   virtual Status copy_to_device(uint64_t dst, const void* src, uint64_t bytes) = 0;
   virtual Status copy_from_device(void* dst, uint64_t src, uint64_t bytes) = 0;

@@ -5,12 +5,17 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <new>
 
 #include "base/errors.h"
 
 namespace simpler {
 
-Result<std::unique_ptr<GlobalMemory>> GlobalMemory::create(uint64_t bytes) {
+namespace {
+constexpr uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+}  // namespace
+
+Result<std::unique_ptr<GlobalMemory>> GlobalMemory::create(uint64_t bytes, bool guarded) {
   if (bytes < kAlignment || bytes > (uint64_t{1} << 44)) {
     return invalid_argument("device_memory_bytes = {} is outside [64, 2^44]", bytes);
   }
@@ -18,17 +23,110 @@ Result<std::unique_ptr<GlobalMemory>> GlobalMemory::create(uint64_t bytes) {
   if (p == MAP_FAILED) {
     return resource_exhausted("device_memory_bytes = {}: mmap failed: {}", bytes, std::strerror(errno));
   }
-  return std::unique_ptr<GlobalMemory>(new GlobalMemory(reinterpret_cast<uint64_t>(p), bytes));
+  return std::unique_ptr<GlobalMemory>(new GlobalMemory(reinterpret_cast<uint64_t>(p), bytes, guarded));
 }
 
-GlobalMemory::GlobalMemory(uint64_t base, uint64_t bytes)
-    : base_(base), bytes_(bytes), allocator_(base, bytes, kAlignment, "device allocation") {}
+GlobalMemory::GlobalMemory(uint64_t base, uint64_t bytes, bool guarded)
+    : base_(base), bytes_(bytes), guarded_(guarded), allocator_(base, bytes, kAlignment, "device allocation") {}
 
 GlobalMemory::~GlobalMemory() { munmap(reinterpret_cast<void*>(base_), bytes_); }
 
+Result<uint64_t> GlobalMemory::allocate(uint64_t bytes) {
+  if (!guarded_) return allocator_.allocate(bytes);
+  if (bytes == 0 || bytes > bytes_) return allocator_.allocate(bytes);  // the allocator's own refusal
+  const uint64_t span = round_up(bytes, kAlignment) + 2 * kGuardBytes;
+  auto block = allocator_.allocate(span);
+  if (!block.ok()) {
+    return Status(block.status().code(),
+                  fmt::format("bytes = {} (+{} guard bytes): {}", bytes, span - bytes, block.status().message()));
+  }
+  const uint64_t addr = *block + kGuardBytes;
+  try {
+    std::lock_guard<std::mutex> lock(meta_mu_);
+    requested_.emplace(addr, bytes);
+  } catch (const std::bad_alloc&) {
+    (void)allocator_.free(*block);
+    return resource_exhausted("bytes = {}: host memory exhausted recording the allocation", bytes);
+  }
+  std::memset(reinterpret_cast<void*>(*block), kGuardPattern, kGuardBytes);
+  std::memset(reinterpret_cast<void*>(addr + bytes), kGuardPattern, *block + span - (addr + bytes));
+  return addr;
+}
+
+bool GlobalMemory::live(uint64_t addr) const {
+  return guarded_ ? requested_.count(addr) != 0 : allocator_.block_size(addr) != 0;
+}
+
+Status GlobalMemory::free(uint64_t addr) {
+  std::lock_guard<std::mutex> lock(meta_mu_);
+  if (pins_.count(addr) != 0) {
+    return failed_precondition("addr = {:#x} is in use by a live run; free it once the runs using it ended", addr);
+  }
+  if (!guarded_) return allocator_.free(addr);
+  auto it = requested_.find(addr);
+  if (it == requested_.end()) return invalid_argument("addr = {:#x} is not a live device allocation", addr);
+  requested_.erase(it);
+  return allocator_.free(addr - kGuardBytes);
+}
+
+Status GlobalMemory::pin(uint64_t addr) {
+  std::lock_guard<std::mutex> lock(meta_mu_);
+  if (!live(addr)) return invalid_argument("addr = {:#x} is not a live device allocation", addr);
+  try {
+    ++pins_[addr];
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("addr = {:#x}: host memory exhausted pinning it for a run", addr);
+  }
+  return Status();
+}
+
+void GlobalMemory::unpin(uint64_t addr) {
+  std::lock_guard<std::mutex> lock(meta_mu_);
+  auto it = pins_.find(addr);
+  if (it == pins_.end()) return;
+  if (--it->second == 0) pins_.erase(it);
+}
+
+uint64_t GlobalMemory::allocation_size(uint64_t addr) const {
+  if (!guarded_) return allocator_.block_size(addr);
+  std::lock_guard<std::mutex> lock(meta_mu_);
+  auto it = requested_.find(addr);
+  return it == requested_.end() ? 0 : it->second;
+}
+
 Result<DeviceMemory::Allocation> GlobalMemory::containing_allocation(uint64_t addr, uint64_t bytes) const {
   SIMPLER_ASSIGN_OR_RETURN(const FirstFitAllocator::Allocation a, allocator_.containing(addr, bytes));
-  return Allocation{a.addr, a.bytes};
+  if (!guarded_) return Allocation{a.addr, a.bytes};
+  const uint64_t start = a.addr + kGuardBytes;
+  const uint64_t size = allocation_size(start);
+  if (addr < start || bytes > size || addr - start > size - bytes) {
+    return out_of_range("range [{:#x}, +{}) is not inside the allocation [{:#x}, +{})", addr, bytes, start, size);
+  }
+  return Allocation{start, size};
+}
+
+DeviceMemory::GuardDamage GlobalMemory::check_guards(uint64_t addr, uint64_t bytes) {
+  GuardDamage d;
+  if (!guarded_) return d;
+  auto* lead = reinterpret_cast<uint8_t*>(addr - kGuardBytes);
+  for (uint64_t i = 0; i < kGuardBytes; ++i) {
+    if (lead[i] != kGuardPattern) {
+      d.before = kGuardBytes - i;
+      break;
+    }
+  }
+  auto* tail = reinterpret_cast<uint8_t*>(addr + bytes);
+  const uint64_t tail_bytes = round_up(addr + bytes, kAlignment) + kGuardBytes - (addr + bytes);
+  for (uint64_t i = tail_bytes; i > 0; --i) {
+    if (tail[i - 1] != kGuardPattern) {
+      d.past = i;
+      break;
+    }
+  }
+  // Restored, so the damage is reported once, by the first task that finished after it.
+  if (d.before != 0) std::memset(lead, kGuardPattern, kGuardBytes);
+  if (d.past != 0) std::memset(tail, kGuardPattern, tail_bytes);
+  return d;
 }
 
 Status GlobalMemory::copy_to_device(uint64_t dst, const void* src, uint64_t bytes) {

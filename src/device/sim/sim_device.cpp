@@ -6,9 +6,10 @@
 
 namespace simpler {
 
-Result<std::unique_ptr<SimDevice>> SimDevice::create(const Geometry& geometry, uint64_t memory_bytes) {
+Result<std::unique_ptr<SimDevice>> SimDevice::create(const Geometry& geometry, uint64_t memory_bytes,
+                                                     bool guard_memory) {
   SIMPLER_RETURN_IF_ERROR(geometry.validate());
-  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<GlobalMemory> memory, GlobalMemory::create(memory_bytes));
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<GlobalMemory> memory, GlobalMemory::create(memory_bytes, guard_memory));
   return std::unique_ptr<SimDevice>(new SimDevice(geometry, std::move(memory)));
 }
 
@@ -77,7 +78,8 @@ void SimDevice::aicpu_loop(uint32_t index) {
 
 namespace {
 Result<std::unique_ptr<Device>> create_sim(const DeviceOptions& options) {
-  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<SimDevice> d, SimDevice::create(options.geometry, options.memory_bytes));
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<SimDevice> d,
+                           SimDevice::create(options.geometry, options.memory_bytes, options.guard_memory));
   return std::unique_ptr<Device>(std::move(d));
 }
 }  // namespace

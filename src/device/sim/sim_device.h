@@ -18,7 +18,8 @@ namespace simpler {
 
 class SimDevice final : public Device {
  public:
-  static Result<std::unique_ptr<SimDevice>> create(const Geometry& geometry, uint64_t memory_bytes);
+  static Result<std::unique_ptr<SimDevice>> create(const Geometry& geometry, uint64_t memory_bytes,
+                                                   bool guard_memory = false);
   ~SimDevice() override;
 
   const char* backend() const override { return "sim"; }

@@ -8,76 +8,42 @@
 
 namespace simpler {
 
-// --- Intermediates ---------------------------------------------------------
-
-Intermediates::Intermediates(uint32_t capacity) : capacity_(capacity), table_(new Intermediate[capacity]) {}
-
-void Intermediates::reset() {
-  count_ = 0;
-  index_of_.clear();
-  scopes_.clear();
-}
-
-Result<uint32_t> Intermediates::create(const HostApi& api, uint64_t bytes) {
-  if (count_ >= capacity_) {
-    return resource_exhausted("run allocates more than {} intermediate tensors (2 x max_tasks_per_run)", capacity_);
-  }
-  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, api.device_malloc(bytes), "intermediate tensor");
-  const uint32_t i = count_++;
-  table_[i].addr = addr;
-  table_[i].refs.store(1, std::memory_order_relaxed);  // the scope's (or the run's) reference
-  index_of_[addr] = i;
-  if (!scopes_.empty()) scopes_.back().push_back(i);
-  return i;
-}
-
-Status Intermediates::scope_end(const HostApi& api) {
-  if (scopes_.empty()) return failed_precondition("scope_end without a matching scope_begin");
-  for (uint32_t i : scopes_.back()) {
-    Intermediate& im = table_[i];
-    // Not launched yet, so no AICPU thread can race this; a zero here means no
-    // task ever used the tensor and it can go back at once.
-    if (im.refs.fetch_sub(1, std::memory_order_relaxed) == 1) {
-      (void)api.device_free(im.addr);
-      index_of_.erase(im.addr);
-      im.addr = 0;
-    }
-  }
-  scopes_.pop_back();
-  return Status();
-}
-
-uint32_t Intermediates::find(uint64_t addr) const {
-  if (count_ == 0) return kNone;
-  auto it = index_of_.find(addr);
-  return it == index_of_.end() ? kNone : it->second;
-}
-
-void Intermediates::roll_back(uint32_t count, const HostApi& api) {
-  for (uint32_t j = count; j < count_; ++j) {
-    (void)api.device_free(table_[j].addr);
-    index_of_.erase(table_[j].addr);
-    table_[j].addr = 0;
-    if (!scopes_.empty()) scopes_.back().pop_back();
-  }
-  count_ = count;
-}
-
-void Intermediates::free_all(DeviceMemory& memory) {
-  for (uint32_t i = 0; i < count_; ++i) {
-    if (table_[i].addr != 0) {
-      (void)memory.free(table_[i].addr);
-      table_[i].addr = 0;
-    }
-  }
-  count_ = 0;
-}
-
 // --- RunBuilder ------------------------------------------------------------
 
 RunBuilder::RunBuilder(const ChipCallable& callable, const HostApi& api, DeviceMemory& memory,
-                       Intermediates& intermediates, uint32_t max_tasks)
-    : callable_(callable), api_(api), memory_(memory), intermediates_(intermediates), max_tasks_(max_tasks) {}
+                       RunAllocations& allocations, uint32_t max_tasks)
+    : callable_(callable), api_(api), memory_(memory), allocations_(allocations), max_tasks_(max_tasks) {}
+
+void collect_guard_checks(const CheckedTask& t, std::vector<GuardCheck>& out) {
+  const size_t first = out.size();
+  for (size_t i = 0; i < t.args->size(); ++i) {
+    if ((*t.args)[i].kind != TaskArg::Kind::Tensor) continue;
+    bool seen = false;
+    for (size_t k = first; k < out.size() && !seen; ++k) seen = out[k].addr == t.bases[i];
+    if (!seen) out.push_back(GuardCheck{t.bases[i], t.base_bytes[i], static_cast<uint32_t>(i)});
+  }
+}
+
+Status check_task_guards(DeviceMemory& memory, const GuardCheck* checks, uint32_t count, uint32_t task, TaskKind kind,
+                         const uint32_t* func_ids, const ChipCallable& callable) {
+  Status first;
+  for (uint32_t k = 0; k < count; ++k) {
+    // Every allocation is checked, so each damage is restored and reported once.
+    const DeviceMemory::GuardDamage d = memory.check_guards(checks[k].addr, checks[k].bytes);
+    if (!d.any() || !first.ok()) continue;
+    const auto name = [&](uint32_t sub) {
+      const KernelInfo* info = callable.kernels().find(func_ids[sub]);
+      return info != nullptr ? info->name : std::string("?");
+    };
+    const std::string who =
+        kind == TaskKind::Mix
+            ? fmt::format("mix kernels '{}', '{}', '{}'", name(0), name(1), name(2))
+            : fmt::format("{} kernel '{}', func_id {}", core_type_name(subtask_core(kind, 0)), name(0), func_ids[0]);
+    first = make_error(StatusCode::kKernelFailed, "task {} ({}) wrote {} bytes {} tensor argument {}", task, who,
+                       d.past != 0 ? d.past : d.before, d.past != 0 ? "past" : "before", checks[k].arg);
+  }
+  return first;
+}
 
 Status RunBuilder::orchestrate(const TaskArgs& run_args) {
   Status st;
@@ -113,13 +79,13 @@ Result<TensorView> RunBuilder::alloc(const std::vector<int64_t>& shape, DType dt
   TensorView probe = TensorView::unbound(shape, dtype);
   if (Status st = probe.validate(); !st.ok()) return refuse(Status(st.code(), "alloc: " + st.message()));
   const uint64_t bytes = std::max<uint64_t>(static_cast<uint64_t>(probe.numel()) * dtype_size(dtype), 1);
-  auto idx = intermediates_.create(api_, bytes);
+  auto idx = allocations_.create(api_, bytes);
   if (!idx.ok()) return refuse(idx.status());
-  return TensorView(DeviceBuffer{intermediates_.addr(*idx), bytes}, shape, dtype);
+  return TensorView(DeviceBuffer{allocations_.addr(*idx), bytes}, shape, dtype);
 }
 
 Status RunBuilder::scope_end() {
-  if (Status st = intermediates_.scope_end(api_); !st.ok()) return refuse(st);
+  if (Status st = allocations_.scope_end(); !st.ok()) return refuse(st);
   return Status();
 }
 
@@ -128,6 +94,9 @@ Result<DeviceMemory::Allocation> RunBuilder::allocation_of(uint64_t addr, uint64
     if (a.bytes != 0 && addr >= a.addr && bytes <= a.bytes && addr - a.addr <= a.bytes - bytes) return a;
   }
   SIMPLER_ASSIGN_OR_RETURN(const DeviceMemory::Allocation found, memory_.containing_allocation(addr, bytes));
+  // A caller allocation is pinned while the run may use it; an intermediate
+  // is the run's own and pinned already. Only a cache miss can be new.
+  if (allocations_.find(found.addr) == RunAllocations::kNone) SIMPLER_RETURN_IF_ERROR(allocations_.borrow(found.addr));
   known_[known_next_++ % known_.size()] = found;
   return found;
 }
@@ -170,35 +139,37 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
           out_of_range("task {}: args[{}]: buffer is not live device memory: {}", t.id, i, alloc.status().message()));
     }
     t.bases[i] = alloc->addr;
+    t.base_bytes[i] = alloc->bytes;
   }
   if (Status st = reserve(t.id, tensors); !st.ok()) return refuse(st);
 
   TaskRef ref;
   ref.id = t.id;
-  const uint32_t first_new = intermediates_.count();
+  const uint32_t first_new = allocations_.count();
   for (size_t i = 0; i < args.size(); ++i) {
     const TaskArg& a = args[i];
     if (a.kind != TaskArg::Kind::Tensor || a.tensor.buffer().bound()) continue;
     const uint64_t bytes =
         std::max<uint64_t>(static_cast<uint64_t>(a.tensor.numel()) * dtype_size(a.tensor.dtype()), 1);
-    auto idx = intermediates_.create(api_, bytes);
+    auto idx = allocations_.create(api_, bytes);
     if (!idx.ok()) {
-      intermediates_.roll_back(first_new, api_);
+      allocations_.roll_back(first_new);
       return refuse(Status(idx.status().code(), fmt::format("task {}: args[{}]: {}", t.id, i, idx.status().message())));
     }
     std::vector<int64_t> shape(a.tensor.ndim());
     for (int d = 0; d < a.tensor.ndim(); ++d) shape[d] = a.tensor.shape(d);
-    t.views[i] = TensorView(DeviceBuffer{intermediates_.addr(*idx), bytes}, shape, a.tensor.dtype());
-    t.bases[i] = intermediates_.addr(*idx);
+    t.views[i] = TensorView(DeviceBuffer{allocations_.addr(*idx), bytes}, shape, a.tensor.dtype());
+    t.bases[i] = allocations_.addr(*idx);
+    t.base_bytes[i] = bytes;
     ref.outputs.push_back(t.views[i]);
   }
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].kind != TaskArg::Kind::Tensor) continue;
-    const uint32_t im = intermediates_.find(t.bases[i]);
-    if (im == Intermediates::kNone) continue;
+    const uint32_t im = allocations_.find(t.bases[i]);
+    if (im == RunAllocations::kNone) continue;
     if (std::find(t.uses.begin(), t.uses.begin() + t.use_count, im) != t.uses.begin() + t.use_count) continue;
     t.uses[t.use_count++] = im;
-    intermediates_.add_user(im);
+    allocations_.add_user(im);
   }
   place(t);
   task_count_ = t.id + 1;

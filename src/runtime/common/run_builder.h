@@ -2,9 +2,10 @@
 // shares, so that a refusal reads word for word the same on each (the
 // conformance suite compares first errors): the checks of a submit and their
 // order, runtime-allocated outputs, alloc(), scopes and the intermediates
-// they release. A runtime derives from it and places each checked task in its
-// own graph. Lives on the building thread for one orchestration call; the
-// Intermediates it fills belong to the run's set and outlive it.
+// they release, and the caller allocations the run borrows. A runtime
+// derives from it and places each checked task in its own graph. Lives on
+// the building thread for one orchestration call; the RunAllocations it
+// fills belong to the run's set and outlive it.
 #pragma once
 
 #include <array>
@@ -14,51 +15,12 @@
 #include <vector>
 
 #include "device/device.h"
+#include "runtime/common/run_allocations.h"
 #include "runtime/common/task_graph.h"
 #include "simpler/callable.h"
 #include "simpler/orchestrator.h"
 
 namespace simpler {
-
-// The intermediates of one run-resource set: run-owned device allocations,
-// the scopes they were made in and who still uses them. Sized at grant;
-// written by the building thread, then released by AICPU threads through
-// the reference counts.
-class Intermediates {
- public:
-  static constexpr uint32_t kNone = UINT32_MAX;
-
-  explicit Intermediates(uint32_t capacity);
-
-  // Forgets the previous run (whose memory is already released).
-  void reset();
-  // A new intermediate of `bytes`, held by the current scope (or the run).
-  Result<uint32_t> create(const HostApi& api, uint64_t bytes);
-  void scope_begin() { scopes_.emplace_back(); }
-  // Drops the innermost scope's references: an intermediate no task uses is
-  // freed at once, the others when their last user finishes.
-  Status scope_end(const HostApi& api);
-  // The intermediate whose allocation starts at `addr`, or kNone.
-  uint32_t find(uint64_t addr) const;
-  // One more task references intermediate `i` (before launch).
-  void add_user(uint32_t i) { table_[i].refs.fetch_add(1, std::memory_order_relaxed); }
-  // Frees every intermediate created after the first `count`: a refused
-  // submit hands back what it allocated.
-  void roll_back(uint32_t count, const HostApi& api);
-  // Frees every intermediate still held (the run ended, or never launched).
-  void free_all(DeviceMemory& memory);
-
-  uint32_t count() const { return count_; }
-  uint64_t addr(uint32_t i) const { return table_[i].addr; }
-  Intermediate* data() { return table_.get(); }
-
- private:
-  const uint32_t capacity_;
-  std::unique_ptr<Intermediate[]> table_;
-  uint32_t count_ = 0;
-  std::unordered_map<uint64_t, uint32_t> index_of_;  // addr -> index
-  std::vector<std::vector<uint32_t>> scopes_;
-};
 
 // The tensor descriptors a run's graph holds per task, on average: one budget
 // for every runtime, so they refuse the same graphs.
@@ -72,13 +34,31 @@ struct CheckedTask {
   simpler_kernel_fn fn[3] = {};
   const TaskArgs* args = nullptr;
   // Per tensor argument: the view the kernel sees (a runtime-allocated
-  // output's own view) and the start of the device allocation holding it.
+  // output's own view) and the device allocation holding it (its start and
+  // size as DeviceMemory reports them).
   std::array<TensorView, kMaxTaskArgs> views;
   std::array<uint64_t, kMaxTaskArgs> bases{};
+  std::array<uint64_t, kMaxTaskArgs> base_bytes{};
   // Intermediates the task references, each once.
   std::array<uint32_t, kMaxTaskArgs> uses{};
   uint32_t use_count = 0;
 };
+
+// One allocation a task's tensor argument lies in, checked when the task ends
+// on guarded device memory.
+struct GuardCheck {
+  uint64_t addr;
+  uint64_t bytes;
+  uint32_t arg;  // the first tensor argument in it
+};
+
+// Appends the distinct allocations of `t`'s tensor arguments to `out`.
+void collect_guard_checks(const CheckedTask& t, std::vector<GuardCheck>& out);
+
+// The task's error when a kernel of it wrote into the guards of one of
+// `checks` (the first damaged, in argument order), else OK. Any AICPU thread.
+Status check_task_guards(DeviceMemory& memory, const GuardCheck* checks, uint32_t count, uint32_t task, TaskKind kind,
+                         const uint32_t* func_ids, const ChipCallable& callable);
 
 // The descriptor a kernel receives for `v`; on every task's path, so inline.
 inline void write_descriptor(DeviceTensor& d, const TensorView& v) {
@@ -114,14 +94,14 @@ void write_kernel_args(const CheckedTask& t, int64_t* out, DeviceTensor* descrip
 
 class RunBuilder : public ChipOrchestrator {
  public:
-  RunBuilder(const ChipCallable& callable, const HostApi& api, DeviceMemory& memory, Intermediates& intermediates,
+  RunBuilder(const ChipCallable& callable, const HostApi& api, DeviceMemory& memory, RunAllocations& allocations,
              uint32_t max_tasks);
 
   Result<TaskRef> submit_aiv(uint32_t func_id, const TaskArgs& args) final;
   Result<TaskRef> submit_aic(uint32_t func_id, const TaskArgs& args) final;
   Result<TaskRef> submit_mix(const MixKernels& kernels, const TaskArgs& args) final;
   Result<TensorView> alloc(const std::vector<int64_t>& shape, DType dtype) final;
-  void scope_begin() final { intermediates_.scope_begin(); }
+  void scope_begin() final { allocations_.scope_begin(); }
   Status scope_end() final;
   uint32_t task_count() const final { return task_count_; }
 
@@ -138,19 +118,19 @@ class RunBuilder : public ChipOrchestrator {
   // Writes a checked task into the runtime's graph; cannot fail.
   virtual void place(const CheckedTask& task) = 0;
 
-  const HostApi& api() const { return api_; }
+  DeviceMemory& memory() const { return memory_; }
 
  private:
   Result<TaskRef> submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args);
   Status refuse(Status st);
   // The device allocation holding [addr, addr + bytes), from a small cache:
-  // most tasks name a few buffers over and over.
+  // most tasks name a few buffers over and over. Borrows it for the run.
   Result<DeviceMemory::Allocation> allocation_of(uint64_t addr, uint64_t bytes);
 
   const ChipCallable& callable_;
   const HostApi& api_;
   DeviceMemory& memory_;
-  Intermediates& intermediates_;
+  RunAllocations& allocations_;
   const uint32_t max_tasks_;
   uint32_t task_count_ = 0;
   Status build_error_;

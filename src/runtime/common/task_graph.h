@@ -1,7 +1,7 @@
 // The fanin core every graph-scheduling runtime shares: the task record a
-// run's graph holds in device memory, run-owned intermediates with their
-// reference counts, the walk that releases a finished task's successors, and
-// the run's first error. A run's graph is written by the building thread
+// run's graph holds in device memory, the walk that releases a finished
+// task's successors (and the intermediates it was the last user of), and the
+// run's first error. A run's graph is written by the building thread
 // before launch; afterwards AICPU threads touch only the atomics.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "device/device.h"
+#include "runtime/common/run_allocations.h"
 #include "simpler/kernel.h"
 #include "simpler/task_args.h"
 
@@ -37,23 +38,17 @@ struct alignas(64) GraphTask {
   uint32_t fanout_count;
   uint32_t uses_begin;  // intermediates this task references, released when it ends
   uint32_t uses_count;
+  uint32_t guards_begin;  // guarded device memory: the allocations to check when it ends
+  uint32_t guards_count;
   int64_t args[kMaxTaskArgs];
-};
-
-// A run-owned device allocation (Worker-owned buffers are never tracked here).
-struct Intermediate {
-  uint64_t addr = 0;
-  // Held by the enclosing scope (or the run) plus one per task using it; the
-  // one who drops it to zero frees the memory.
-  std::atomic<int32_t> refs{0};
 };
 
 // One run's graph as the fanin walk sees it; every array belongs to the run.
 struct TaskGraphView {
   GraphTask* tasks;
   const uint32_t* fanout;
-  const uint32_t* uses;
-  Intermediate* intermediates;
+  const uint32_t* uses;  // indices of the run's intermediates
+  RunAllocations* allocations;
 };
 
 // Ends `task`, whose kernels ran (`failed` if one reported failure): drops
@@ -65,19 +60,14 @@ struct TaskGraphView {
 // iteratively, so a long poisoned chain cannot overflow the stack. Returns
 // how many tasks finished, `task` included. Any AICPU thread.
 template <typename OnReady>
-uint32_t release_fanout(const TaskGraphView& g, uint32_t task, bool failed, DeviceMemory& memory,
-                        std::atomic<uint32_t>& released_early, OnReady&& on_ready) {
+uint32_t release_fanout(const TaskGraphView& g, uint32_t task, bool failed, std::atomic<uint32_t>& released_early,
+                        OnReady&& on_ready) {
   std::vector<uint32_t> poisoned_done;  // allocates only when a failure poisons a successor
   uint32_t finished = 0;
   for (;;) {
     const GraphTask& t = g.tasks[task];
     for (uint32_t i = 0; i < t.uses_count; ++i) {
-      Intermediate& im = g.intermediates[g.uses[t.uses_begin + i]];
-      if (im.refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        (void)memory.free(im.addr);
-        im.addr = 0;
-        released_early.fetch_add(1, std::memory_order_relaxed);
-      }
+      if (g.allocations->release_user(g.uses[t.uses_begin + i])) released_early.fetch_add(1, std::memory_order_relaxed);
     }
     for (uint32_t i = 0; i < t.fanout_count; ++i) {
       const uint32_t succ = g.fanout[t.fanout_begin + i];
@@ -98,6 +88,10 @@ uint32_t release_fanout(const TaskGraphView& g, uint32_t task, bool failed, Devi
     failed = true;
   }
 }
+
+// The subtask a guard check's error is recorded under: after the task's
+// kernels, so a kernel's own failure report of the same task comes first.
+inline constexpr uint32_t kGuardCheckSubtask = 3;
 
 // The run's first error: the failure of the lowest (task, subtask), not of
 // whichever core finished first, so every runtime (and every run of one)

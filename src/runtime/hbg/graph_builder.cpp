@@ -5,7 +5,7 @@
 namespace simpler::hbg {
 
 GraphBuilder::GraphBuilder(HbgRuntime& rt, Slot& slot, const ChipCallable& callable)
-    : RunBuilder(callable, slot.api, rt.memory_, slot.intermediates, rt.capacity_.tasks), rt_(rt), s_(slot) {}
+    : RunBuilder(callable, slot.api, rt.memory_, slot.allocations, rt.capacity_.tasks), rt_(rt), s_(slot) {}
 
 Status GraphBuilder::reserve(uint32_t, uint32_t tensors) {
   if (s_.desc_count + tensors > rt_.capacity_.descriptors) {
@@ -38,6 +38,9 @@ void GraphBuilder::place(const CheckedTask& t) {
     if (tag != Tag::NoDep) add_dependencies(t.id, v, tag, t.bases[i]);
   });
   for (uint32_t u = 0; u < t.use_count; ++u) s_.use_pairs.emplace_back(t.id, t.uses[u]);
+  task.guards_begin = static_cast<uint32_t>(s_.guards.size());
+  if (memory().guarded()) collect_guard_checks(t, s_.guards);
+  task.guards_count = static_cast<uint32_t>(s_.guards.size()) - task.guards_begin;
   s_.task_count = t.id + 1;
 }
 

@@ -21,8 +21,8 @@ Capacity capacity_for(uint32_t max_tasks) {
 }
 }  // namespace
 
-Slot::Slot(const Capacity& c)
-    : pred_mark(c.tasks, 0), counts(c.tasks + 1, 0), accesses(c.descriptors), intermediates(c.tasks * 2) {}
+Slot::Slot(const Capacity& c, DeviceMemory& memory)
+    : pred_mark(c.tasks, 0), counts(c.tasks + 1, 0), accesses(c.descriptors), allocations(memory, c.tasks * 2) {}
 
 struct HbgRuntime::GrantState final : GrantOwner::Pending {
   std::vector<std::unique_ptr<Slot>> slots;
@@ -43,7 +43,7 @@ std::unique_ptr<GrantOwner::Pending> HbgRuntime::build_grant(uint32_t grant) con
   auto g = std::make_unique<GrantState>();
   g->slots.reserve(grant);
   for (uint32_t i = 0; i < grant; ++i) {
-    g->slots.push_back(std::make_unique<Slot>(capacity_));
+    g->slots.push_back(std::make_unique<Slot>(capacity_, memory_));
     g->slots.back()->index = i;
   }
   for (auto& ring : g->rings) ring.resize(size_t{grant} * capacity_.tasks);
@@ -95,7 +95,7 @@ Status HbgRuntime::bind_arena(Slot& s, const HostApi& api) {
   return Status();
 }
 
-void HbgRuntime::discard(uint32_t slot) { slots_[slot]->intermediates.free_all(memory_); }
+void HbgRuntime::discard(uint32_t slot) { slots_[slot]->allocations.release_all(); }
 
 Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args) {
   if (api.slot >= slots_.size()) {
@@ -108,8 +108,10 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
   s.desc_count = 0;
   s.edges.clear();
   s.use_pairs.clear();
+  s.guards.clear();
+  s.callable = &callable;
   s.accesses.clear();
-  s.intermediates.reset();
+  s.allocations.reset();
   s.executed.store(0, std::memory_order_relaxed);
   s.released_early.store(0, std::memory_order_relaxed);
   s.error.reset();
@@ -133,7 +135,7 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
                             capacity_.edges);
   }
   if (!st.ok()) {
-    s.intermediates.free_all(memory_);
+    s.allocations.release_all();
     return st;
   }
   finalize_graph(s);
@@ -219,12 +221,20 @@ void HbgRuntime::complete_subtask(uint32_t core, bool kernel_failed, std::vector
     task.poisoned.store(1, std::memory_order_relaxed);
   }
   if (task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (task.guards_count != 0) {
+      Status st = check_task_guards(memory_, &s.guards[task.guards_begin], task.guards_count, f.task, task.kind,
+                                    task.func_id, *s.callable);
+      if (!st.ok()) {
+        s.error.record(f.task, kGuardCheckSubtask, std::move(st));
+        task.poisoned.store(1, std::memory_order_relaxed);
+      }
+    }
     finish_task(s, f.task, task.poisoned.load(std::memory_order_acquire) != 0, ready);
   }
 }
 
 void HbgRuntime::finish_task(Slot& s, uint32_t task, bool failed, std::vector<ReadyItem>& ready) {
-  const uint32_t finished = release_fanout(s.graph(), task, failed, memory_, s.released_early, [&](uint32_t succ) {
+  const uint32_t finished = release_fanout(s.graph(), task, failed, s.released_early, [&](uint32_t succ) {
     ready.push_back({s.index, succ});
   });
   // Successors must be queued before `remaining` can reach zero and hand the slot back.
@@ -258,7 +268,7 @@ void HbgRuntime::finish_run(Slot& s) {
   out.released_early = s.released_early.load(std::memory_order_relaxed);
   out.launch_ns = s.launch_ns;
   out.status = s.error.get();
-  s.intermediates.free_all(memory_);
+  s.allocations.release_all();
   out.end_ns = now_ns();
   on_done_(s.index, std::move(out));
 }

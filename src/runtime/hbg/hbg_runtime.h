@@ -25,7 +25,7 @@ struct Capacity {
 
 // One run-resource set's graph and build state.
 struct Slot {
-  explicit Slot(const Capacity& c);
+  Slot(const Capacity& c, DeviceMemory& memory);
 
   uint32_t index = 0;
   uint64_t arena_addr = 0;  // the bank arena the pointers below are carved from
@@ -36,6 +36,8 @@ struct Slot {
 
   // Build state: written only by the building thread, before launch.
   HostApi api;
+  const ChipCallable* callable = nullptr;  // the last run's; names kernels in errors
+  std::vector<GuardCheck> guards;          // guarded device memory: per task, see GraphTask
   uint32_t task_count = 0;
   uint32_t desc_count = 0;
   std::vector<std::pair<uint32_t, uint32_t>> edges;      // (from, to)
@@ -43,7 +45,7 @@ struct Slot {
   std::vector<uint32_t> pred_mark;                       // edge de-duplication
   std::vector<uint32_t> counts;                          // CSR scratch
   AccessIndex accesses;
-  Intermediates intermediates;
+  RunAllocations allocations;
 
   // Execution state: shared by AICPU threads after launch.
   std::atomic<uint32_t> remaining{0};
@@ -52,7 +54,7 @@ struct Slot {
   FirstError error;
   uint64_t launch_ns = 0;
 
-  TaskGraphView graph() { return TaskGraphView{tasks, fanout, uses, intermediates.data()}; }
+  TaskGraphView graph() { return TaskGraphView{tasks, fanout, uses, &allocations}; }
 };
 
 class HbgRuntime final : public ChipRuntime {

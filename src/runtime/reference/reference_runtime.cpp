@@ -29,6 +29,8 @@ struct RefTask {
   uint32_t access_count;
   uint32_t uses_begin;
   uint32_t uses_count;
+  uint32_t guards_begin;
+  uint32_t guards_count;
 };
 
 // Bytes [first, end) of one device allocation that a task reads or writes.
@@ -47,7 +49,7 @@ bool conflict(const Access& a, const Access& b) {
 }
 
 struct RefSlot {
-  explicit RefSlot(uint32_t max_tasks) : intermediates(max_tasks * 2) {
+  RefSlot(uint32_t max_tasks, DeviceMemory& memory) : allocations(memory, max_tasks * 2) {
     tasks.reserve(max_tasks);
     accesses.reserve(size_t{max_tasks} * kDescriptorsPerTask);
     uses.reserve(size_t{max_tasks} * kMaxTaskArgs);
@@ -60,14 +62,16 @@ struct RefSlot {
   std::vector<RefTask> tasks;
   std::vector<Access> accesses;
   std::vector<uint32_t> uses;
-  Intermediates intermediates;
+  std::vector<GuardCheck> guards;  // guarded device memory: per task, see RefTask
+  const ChipCallable* callable = nullptr;
+  RunAllocations allocations;
   uint64_t launch_ns = 0;
 };
 
 class ReferenceBuilder final : public RunBuilder {
  public:
   ReferenceBuilder(RefSlot& s, const ChipCallable& callable, DeviceMemory& memory, uint32_t max_tasks)
-      : RunBuilder(callable, s.api, memory, s.intermediates, max_tasks),
+      : RunBuilder(callable, s.api, memory, s.allocations, max_tasks),
         s_(s),
         max_descriptors_(max_tasks * kDescriptorsPerTask) {}
 
@@ -96,6 +100,9 @@ class ReferenceBuilder final : public RunBuilder {
     task.uses_begin = static_cast<uint32_t>(s_.uses.size());
     s_.uses.insert(s_.uses.end(), t.uses.begin(), t.uses.begin() + t.use_count);
     task.uses_count = t.use_count;
+    task.guards_begin = static_cast<uint32_t>(s_.guards.size());
+    if (memory().guarded()) collect_guard_checks(t, s_.guards);
+    task.guards_count = static_cast<uint32_t>(s_.guards.size()) - task.guards_begin;
     s_.tasks.push_back(task);
   }
 
@@ -113,7 +120,7 @@ class ReferenceRuntime final : public ChipRuntime {
   std::unique_ptr<Pending> build_grant(uint32_t grant) const override {
     auto g = std::make_unique<GrantState>();
     for (uint32_t i = 0; i < grant; ++i) {
-      g->slots.push_back(std::make_unique<RefSlot>(max_tasks_));
+      g->slots.push_back(std::make_unique<RefSlot>(max_tasks_, memory_));
       g->slots.back()->index = i;
     }
     return g;
@@ -132,8 +139,10 @@ class ReferenceRuntime final : public ChipRuntime {
     s.tasks.clear();
     s.accesses.clear();
     s.uses.clear();
+    s.guards.clear();
+    s.callable = &callable;
     s.desc_count = 0;
-    s.intermediates.reset();
+    s.allocations.reset();
     uint64_t bytes = 0;
     SIMPLER_ASSIGN_OR_RETURN(const uint64_t arena, api.arena_setup(&bytes));
     if (bytes < arena_bytes()) {
@@ -147,11 +156,11 @@ class ReferenceRuntime final : public ChipRuntime {
     s.api = api;
     ReferenceBuilder builder(s, callable, memory_, max_tasks_);
     const Status st = builder.orchestrate(run_args);
-    if (!st.ok()) s.intermediates.free_all(memory_);
+    if (!st.ok()) s.allocations.release_all();
     return st;
   }
 
-  void discard(uint32_t slot) override { slots_[slot]->intermediates.free_all(memory_); }
+  void discard(uint32_t slot) override { slots_[slot]->allocations.release_all(); }
 
   void launch(uint32_t slot) override {
     slots_[slot]->launch_ns = now_ns();
@@ -212,21 +221,24 @@ class ReferenceRuntime final : public ChipRuntime {
             failed = true;
           }
         }
+        if (task.guards_count != 0) {
+          Status st = check_task_guards(memory_, &s.guards[task.guards_begin], task.guards_count, t, task.kind,
+                                        task.func_id, *s.callable);
+          if (!st.ok()) {
+            error.record(t, kGuardCheckSubtask, std::move(st));
+            failed = true;
+          }
+        }
       }
       if (failed) {
         for (const Access* a = begin; a != end; ++a) tainted.push_back(a);
       }
       for (uint32_t u = 0; u < task.uses_count; ++u) {
-        Intermediate& im = s.intermediates.data()[s.uses[task.uses_begin + u]];
-        if (im.refs.fetch_sub(1, std::memory_order_relaxed) == 1) {
-          (void)memory_.free(im.addr);
-          im.addr = 0;
-          ++out.released_early;
-        }
+        if (s.allocations.release_user(s.uses[task.uses_begin + u])) ++out.released_early;
       }
     }
     out.status = error.get();
-    s.intermediates.free_all(memory_);
+    s.allocations.release_all();
     out.end_ns = now_ns();
     on_done_(s.index, std::move(out));
   }

@@ -1,0 +1,99 @@
+#include "runtime/common/run_allocations.h"
+
+#include "base/errors.h"
+
+namespace simpler {
+
+RunAllocations::RunAllocations(DeviceMemory& memory, uint32_t capacity)
+    : memory_(memory), capacity_(capacity), table_(new Intermediate[capacity]) {}
+
+void RunAllocations::reset() {
+  count_ = 0;
+  index_of_.clear();
+  scopes_.clear();
+  borrowed_.clear();
+  borrowed_set_.clear();
+}
+
+Result<uint32_t> RunAllocations::create(const HostApi& api, uint64_t bytes) {
+  if (count_ >= capacity_) {
+    return resource_exhausted("run allocates more than {} intermediate tensors (2 x max_tasks_per_run)", capacity_);
+  }
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, api.device_malloc(bytes), "intermediate tensor");
+  // Registered before anything that can fail or throw, so every exit of the
+  // build (a refusal, std::bad_alloc) finds it and gives it back.
+  const uint32_t i = count_++;
+  table_[i].addr = addr;
+  table_[i].refs.store(1, std::memory_order_relaxed);  // the scope's (or the run's) reference
+  if (!scopes_.empty()) scopes_.back().push_back(i);
+  SIMPLER_RETURN_IF_ERROR(memory_.pin(addr), "intermediate tensor");
+  index_of_[addr] = i;
+  return i;
+}
+
+void RunAllocations::release(Intermediate& im) {
+  memory_.unpin(im.addr);
+  (void)memory_.free(im.addr);
+  im.addr = 0;
+}
+
+Status RunAllocations::scope_end() {
+  if (scopes_.empty()) return failed_precondition("scope_end without a matching scope_begin");
+  for (uint32_t i : scopes_.back()) {
+    Intermediate& im = table_[i];
+    // Not launched yet, so no AICPU thread can race this; a zero here means no
+    // task ever used the tensor and it can go back at once.
+    if (im.refs.fetch_sub(1, std::memory_order_relaxed) == 1) {
+      index_of_.erase(im.addr);
+      release(im);
+    }
+  }
+  scopes_.pop_back();
+  return Status();
+}
+
+uint32_t RunAllocations::find(uint64_t addr) const {
+  if (count_ == 0) return kNone;
+  auto it = index_of_.find(addr);
+  return it == index_of_.end() ? kNone : it->second;
+}
+
+bool RunAllocations::release_user(uint32_t i) {
+  Intermediate& im = table_[i];
+  if (im.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
+  release(im);
+  return true;
+}
+
+void RunAllocations::roll_back(uint32_t count) {
+  for (uint32_t j = count; j < count_; ++j) {
+    index_of_.erase(table_[j].addr);
+    release(table_[j]);
+    if (!scopes_.empty()) scopes_.back().pop_back();
+  }
+  count_ = count;
+}
+
+Status RunAllocations::borrow(uint64_t base) {
+  // Recorded before it is pinned, so a throw here leaves no pin behind.
+  if (!borrowed_set_.insert(base).second) return Status();
+  borrowed_.push_back(base);
+  if (Status st = memory_.pin(base); !st.ok()) {
+    borrowed_.pop_back();
+    borrowed_set_.erase(base);
+    return st;
+  }
+  return Status();
+}
+
+void RunAllocations::release_all() {
+  for (uint32_t i = 0; i < count_; ++i) {
+    if (table_[i].addr != 0) release(table_[i]);
+  }
+  count_ = 0;
+  for (uint64_t base : borrowed_) memory_.unpin(base);
+  borrowed_.clear();
+  borrowed_set_.clear();
+}
+
+}  // namespace simpler
