@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "base/doorbell.h"
+#include "base/leak.h"
 #include "chip/chip_worker.h"
 #include "chip/pipeline_contract.h"
 #include "conformance.h"
 #include "device/backend_registry.h"
 #include "simpler/simpler.h"
+#include "test_util.h"
 
 namespace simpler {
 namespace {
@@ -73,7 +75,8 @@ extern "C" void add_one_kernel(int64_t* args) {
 
 struct Fixture {
   explicit Fixture(uint32_t depth = 2, uint32_t launch_depth = 0,
-                   const testing::ChipTarget& target = {"host_build_graph", "small", "sim"}) {
+                   const testing::ChipTarget& target = {"host_build_graph", "small", "sim"},
+                   std::chrono::milliseconds run_timeout = std::chrono::minutes(10)) {
     KernelLibrary k;
     EXPECT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
     EXPECT_TRUE(k.add_function(1, CoreType::AIV, "gate_kernel", gate_kernel).ok());
@@ -92,6 +95,7 @@ struct Fixture {
     cfg.launch_depth = launch_depth;
     cfg.max_tasks_per_run = 64;
     cfg.device_memory_bytes = 256ull << 20;
+    cfg.run_timeout = run_timeout;
     auto w = ChipWorker::create(cfg, std::move(cs));
     EXPECT_TRUE(w.ok()) << w.status().to_string();
     worker = std::move(w).value();
@@ -727,7 +731,10 @@ TEST(NativeRun, R51AbandonedStorageOutlivesTheWorker) {
   carrier[1] = 0x5749544e45535321ull;  // the witness
   delete f;
   EXPECT_EQ(carrier[1], 0x5749544e45535321ull);
-  EXPECT_FALSE(r.done());
+  // The run's storage is abandoned, but not the caller: close() gave the run
+  // its one terminal (issue 9 item 3).
+  ASSERT_TRUE(r.done());
+  EXPECT_EQ(r.result().code(), StatusCode::kDeadlineExceeded);
 }
 
 // R72: total bytes exact (above 2^32 too), free bytes well formed.
@@ -971,6 +978,59 @@ TEST(HostApi, R88BindingClearedOnEveryExit) {
     else
       EXPECT_TRUE((*w)->release_lease(*l));
   }
+}
+
+// Issue 9 item 3: a submitted run still on the device run_timeout after its
+// launch ends DEADLINE_EXCEEDED; its kernel cannot be stopped, so its set is
+// quarantined and the chip is wedged: later submits are refused and close()
+// abandons the device at once. When the kernel does return at last, the run
+// gets no second terminal (RunState::complete aborts on one).
+TEST_P(Lifecycle, RunTimeoutEndsTheRunAndWedgesTheChip) {
+  testing::Watchdog dog;
+  Fixture f(2, 0, GetParam(), 100ms);
+  Gate* gate = abandon(new Gate);  // a kernel may still wait on it after the test
+  g_gate = gate;
+  RunHandle r = f.worker->submit(1, TaskArgs{});
+  ASSERT_TRUE(gate->wait_entered(1));
+  const Status s = r.wait_for(30s);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.to_string();
+  EXPECT_NE(s.message().find("run_timeout = 100 ms"), std::string::npos) << s.message();
+  EXPECT_TRUE(f.worker->wedged());
+  EXPECT_EQ(f.worker->set_counts().quarantined, 1u);
+  const RunHandle refused = f.worker->submit(0, f.inout_args());
+  ASSERT_TRUE(refused.done());
+  EXPECT_EQ(refused.result().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.result().message().find("wedged"), std::string::npos) << refused.result().message();
+  gate->release();
+  EXPECT_TRUE(eventually([&] { return f.worker->launched_now() == 0; })) << "the late end of the run never came";
+  EXPECT_EQ(r.result(), s) << "a run's terminal is delivered once";
+  EXPECT_EQ(f.worker->close(30s).code(), StatusCode::kDeadlineExceeded);
+  abandon(f.worker.release());  // its device threads were left running
+}
+
+// Issue 9 item 3: close() is bounded by its timeout, and every submitted run
+// gets a terminal from it: DEADLINE_EXCEEDED if it was launched, ABORTED if
+// it was still queued behind launch_depth. Runs that end later get no second one.
+TEST_P(Lifecycle, CloseIsBoundedAndGivesEveryRunATerminal) {
+  testing::Watchdog dog;
+  Fixture f(2, 1, GetParam(), 0ms);  // no run_timeout: only close() ends the run
+  Gate* gate = abandon(new Gate);
+  g_gate = gate;
+  RunHandle launched = f.worker->submit(1, TaskArgs{});
+  ASSERT_TRUE(gate->wait_entered(1));
+  RunHandle queued = f.worker->submit(1, TaskArgs{});
+  const Status closed = f.worker->close(200ms);
+  EXPECT_EQ(closed.code(), StatusCode::kDeadlineExceeded) << closed.to_string();
+  ASSERT_TRUE(launched.done());
+  EXPECT_EQ(launched.result().code(), StatusCode::kDeadlineExceeded) << launched.result().to_string();
+  ASSERT_TRUE(queued.done());
+  EXPECT_EQ(queued.result().code(), StatusCode::kAborted) << queued.result().to_string();
+  EXPECT_NE(queued.result().message().find("never launched"), std::string::npos) << queued.result().message();
+  const Status first = launched.result();
+  gate->release();
+  EXPECT_TRUE(eventually([&] { return f.worker->launched_now() == 0; })) << "the late end of the run never came";
+  EXPECT_EQ(launched.result(), first);
+  abandon(f.worker.release());
 }
 
 // R89: every runtime on every geometry of the sim backend passes the same lifecycle.

@@ -15,7 +15,7 @@ namespace {
 
 using namespace testing;
 
-enum : uint32_t { kFill = 1, kCopy, kCheck, kCount, kAicCount, kFail };
+enum : uint32_t { kFill = 1, kCopy, kCheck, kCount, kAicCount, kFail, kGate };
 
 void fail_kernel(int64_t*) { simpler_kernel_fail("fail_kernel: failed on purpose"); }
 
@@ -426,6 +426,10 @@ TEST(Refusal, BadConfigAtInitChangesNothing) {
        StatusCode::kResourceExhausted, "max_tasks_per_run"},
       {"launch above pipeline", cfg([](WorkerConfig& c) { c.launch_depth = 3; }), StatusCode::kInvalidArgument,
        "launch_depth"},
+      {"negative run_timeout", cfg([](WorkerConfig& c) { c.run_timeout = std::chrono::milliseconds(-1); }),
+       StatusCode::kInvalidArgument, "run_timeout"},
+      {"negative close_timeout", cfg([](WorkerConfig& c) { c.close_timeout = std::chrono::milliseconds(-1); }),
+       StatusCode::kInvalidArgument, "close_timeout"},
       {"depth 2^32-1", cfg([](WorkerConfig& c) { c.pipeline_depth = UINT32_MAX; }), StatusCode::kResourceExhausted,
        "pipeline_depth"},
   };
@@ -834,6 +838,28 @@ TEST_P(Close, DrainsUnwaitedRunsAndEveryHandleIsTerminal) {
     EXPECT_EQ(runs[r].result(), first);
     EXPECT_EQ(runs[r].wait_for(kWait), first);
   }
+}
+
+// Issue 9 item 3: with a kernel that does not return, Worker::close() comes
+// back after close_timeout, and the run has its one terminal. (The gate
+// kernel waits at most 30 s, so the abandoned device ends on its own.)
+TEST_P(Close, CloseIsBoundedByCloseTimeoutAndEndsEveryRun) {
+  Watchdog dog;
+  g_gate_open = false;
+  WorkerConfig c = config(2, 64);
+  c.run_timeout = std::chrono::milliseconds(0);
+  c.close_timeout = std::chrono::milliseconds(100);
+  Worker w(Level::Chip, c);
+  auto h = w.register_callable(
+      ChipCallable("gated", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(kGate, {}).status(); },
+                   make_kernels({{kGate, CoreType::AIV, "gate", gate_kernel}}), {}));
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(w.init().ok());
+  RunHandle r = w.submit(*h, {});
+  EXPECT_REFUSED(w.close(), StatusCode::kDeadlineExceeded, "abandoned");
+  ASSERT_TRUE(r.done()) << "close() left a run without its terminal";
+  EXPECT_REFUSED(r.result(), StatusCode::kDeadlineExceeded, "close");
+  g_gate_open = true;
 }
 
 TEST_P(Close, DestroyingAWorkerWithRunsInFlightIsClean) {

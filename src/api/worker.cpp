@@ -145,6 +145,9 @@ namespace {
 // whose default is not zero counts as set when it differs from its default.
 Status check_fields_of_level(Level level, const WorkerConfig& c) {
   const WorkerConfig defaults;
+  if (c.close_timeout.count() < 0) {
+    return invalid_argument("close_timeout = {} ms: must be >= 0", c.close_timeout.count());
+  }
   if (level == Level::Chip) {
     if (c.chips != 0)
       return invalid_argument("chips = {}: a Level::Chip worker is one chip; chips is for Level::Node", c.chips);
@@ -274,10 +277,10 @@ Status Worker::close() {
   if (impl_->phase == Impl::Phase::Closed) return Status();
   Status st;
   if (impl_->node != nullptr) {
-    st = impl_->node->close(std::chrono::milliseconds(60'000));
+    st = impl_->node->close(impl_->config.close_timeout);
     impl_->node.reset();
   }
-  if (impl_->chip != nullptr) st = impl_->chip->close(std::chrono::milliseconds(60'000));
+  if (impl_->chip != nullptr) st = impl_->chip->close(impl_->config.close_timeout);
   if (st.ok())
     impl_->chip.reset();
   else

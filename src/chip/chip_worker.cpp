@@ -24,6 +24,9 @@ constexpr bool kGuardDeviceMemoryByDefault = false;
 Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& config,
                                                        std::vector<ChipCallable> callables) {
   SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(config)));
+  if (config.run_timeout.count() < 0) {
+    return invalid_argument("run_timeout = {} ms: must be >= 0 (0: no deadline)", config.run_timeout.count());
+  }
   SIMPLER_ASSIGN_OR_RETURN(const BackendInfo* backend, backend_named(config.backend));
   SIMPLER_ASSIGN_OR_RETURN(const RuntimeInfo* runtime, runtime_named(config.runtime));
   std::unique_ptr<ChipWorker> w(new ChipWorker(config, std::move(callables)));
@@ -47,6 +50,7 @@ Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& confi
   w->arena_ = std::make_unique<RunResourceArena>(std::move(arena_or).value());
   SIMPLER_RETURN_IF_ERROR(w->set_run_resource_grant(config.pipeline_depth));
   w->device_->start(w->runtime_.get());
+  if (config.run_timeout.count() > 0) w->watchdog_ = std::thread([self] { self->watchdog_main(); });
   return w;
 }
 
@@ -108,6 +112,7 @@ std::vector<std::pair<std::string, uint32_t>> ChipWorker::owner_widths() const {
           {"arena_bank_owners", static_cast<uint32_t>(bank_epoch_.size())},
           {"native_run_storage", static_cast<uint32_t>(storage_.size())},
           {"launched_run_table", static_cast<uint32_t>(running_.size())},
+          {"watched_run_table", static_cast<uint32_t>(running_.size())},
           {"runner_retained_temps_and_arenas", runner_->width()},
           {"runtime_graph_sets", runtime_->width()}};
 }
@@ -136,6 +141,7 @@ Status ChipWorker::set_run_resource_grant(uint32_t g) {
     for (uint32_t i = 0; i < g; ++i) storage.push_back(std::make_unique<StorageBlock>());
     std::vector<NativeRunContext*> running(g, nullptr);
     std::unique_ptr<PaddedBell[]> bells(new PaddedBell[g]);
+    std::unique_ptr<WatchedRun[]> watched(new WatchedRun[g]);
     std::unique_ptr<GrantOwner::Pending> runner_sets = runner_->build_grant(g);
     std::unique_ptr<GrantOwner::Pending> runtime_sets = runtime_->build_grant(g);
     // Commit: nothing below can fail. The grant is published last.
@@ -145,6 +151,10 @@ Status ChipWorker::set_run_resource_grant(uint32_t g) {
     storage_.swap(storage);
     running_.swap(running);
     set_bells_.swap(bells);
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watched_.swap(watched);
+    }
     runner_->commit_grant(*runner_sets);
     runtime_->commit_grant(*runtime_sets);
     launch_depth_ = config_.launch_depth == 0 ? g : config_.launch_depth;
@@ -346,6 +356,14 @@ void ChipWorker::do_launch(NativeRunContext* ctx) {
     ctx->desc_.accepted_sink = nullptr;
   }
   if (ctx->auto_finalize_) {
+    // Watched from here on: the watchdog (run_timeout) and close() may give
+    // it a terminal. The deadline is published last, after what it guards.
+    WatchedRun& watch = watched_[slot];
+    watch.handle = ctx->handle_;
+    watch.lease = ctx->desc_.lease;
+    watch.epoch = ctx->epoch_;
+    const uint64_t timeout_ns = static_cast<uint64_t>(config_.run_timeout.count()) * 1'000'000ull;
+    watch.deadline.store(timeout_ns == 0 ? WatchedRun::kNoDeadline : now_ns() + timeout_ns, std::memory_order_release);
     // Nobody waits for this launch, and the run may finalize itself as soon as
     // it is on the device: touch nothing of it after runtime_->launch.
     ctx->phase_.store(static_cast<uint32_t>(RunPhase::Launched), std::memory_order_release);
@@ -479,6 +497,12 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
   // freeing anything, so the rest of this function stays safe.
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   if (ctx->auto_finalize_) {
+    WatchedRun& watch = watched_[slot];
+    if (watch.deadline.exchange(WatchedRun::kUnwatched, std::memory_order_acq_rel) == WatchedRun::kClaimed) {
+      ctx->handle_.reset();  // its terminal was delivered already (run_timeout, close); the claimer owns watch.handle
+    } else {
+      watch.handle.reset();
+    }
     ctx->done_.store(1, std::memory_order_release);
     (void)retire(ctx, ctx->result_, 0);
   } else {
@@ -505,6 +529,11 @@ Result<Lease> ChipWorker::acquire_set() {
 
 RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) {
   if (closing_.load(std::memory_order_acquire)) return detail::refused_run(0, failed_precondition("worker is closed"));
+  if (wedged()) {
+    std::lock_guard<std::mutex> lock(wedged_mu_);
+    return detail::refused_run(
+        0, failed_precondition("submit: the chip is wedged ({}); close this Worker", wedged_why_.message()));
+  }
   if (callable >= callables_.size()) {
     return detail::refused_run(0, not_found("callable id {} is not registered", callable));
   }
@@ -534,6 +563,70 @@ RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) {
   return RunHandle(std::move(state));
 }
 
+// --- run_timeout ---------------------------------------------------------
+
+std::shared_ptr<detail::RunState> ChipWorker::claim_terminal(uint32_t slot) {
+  WatchedRun& watch = watched_[slot];
+  uint64_t d = watch.deadline.load(std::memory_order_acquire);
+  while (d != WatchedRun::kUnwatched && d != WatchedRun::kClaimed) {
+    if (watch.deadline.compare_exchange_weak(d, WatchedRun::kClaimed, std::memory_order_acq_rel)) {
+      return std::move(watch.handle);
+    }
+  }
+  return nullptr;
+}
+
+void ChipWorker::watchdog_main() {
+  const uint64_t timeout_ns = static_cast<uint64_t>(config_.run_timeout.count()) * 1'000'000ull;
+  // A launch does not ring this thread (that would put a futex wake on every
+  // run's path); it looks again at least this often, so a run ends at most
+  // an eighth of run_timeout after its deadline.
+  const uint64_t period_ns = std::max<uint64_t>(timeout_ns / 8, 1'000'000);
+  for (;;) {
+    const uint32_t armed = watchdog_bell_.arm();
+    if (watchdog_stop_.load(std::memory_order_acquire)) return;
+    const uint64_t now = now_ns();
+    uint64_t wake = now + period_ns;
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      const uint32_t g = grant();
+      for (uint32_t slot = 0; slot < g; ++slot) {
+        const uint64_t d = watched_[slot].deadline.load(std::memory_order_acquire);
+        if (d == WatchedRun::kUnwatched || d >= WatchedRun::kNoDeadline) continue;
+        if (d > now) {
+          wake = std::min(wake, d);
+          continue;
+        }
+        const Lease lease = watched_[slot].lease;
+        const Status why = make_error(StatusCode::kDeadlineExceeded,
+                                      "run {} did not finish within run_timeout = {} ms: a kernel does not return, "
+                                      "so the chip is wedged; close this Worker",
+                                      watched_[slot].epoch, config_.run_timeout.count());
+        std::shared_ptr<detail::RunState> handle = claim_terminal(slot);
+        if (handle == nullptr) continue;
+        // Its set may still be written by the kernel that does not return:
+        // never reused (a no-op if the run ended meanwhile and gave it back).
+        // All of this before the terminal, so whoever sees it sees the chip wedged.
+        (void)arena_->quarantine(lease);
+        {
+          std::lock_guard<std::mutex> wedged_lock(wedged_mu_);
+          if (wedged_why_.ok()) wedged_why_ = why;
+        }
+        wedged_.store(true, std::memory_order_release);
+        handle->complete(why, RunStats{});
+      }
+    }
+    watchdog_bell_.park(armed, wake);
+  }
+}
+
+void ChipWorker::stop_watchdog() {
+  if (!watchdog_.joinable()) return;
+  watchdog_stop_.store(true, std::memory_order_release);
+  watchdog_bell_.ring();
+  watchdog_.join();
+}
+
 // --- introspection and close ---------------------------------------------
 
 uint32_t ChipWorker::launched_now() const {
@@ -561,12 +654,36 @@ Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
   closing_.store(true, std::memory_order_release);
   admission_bell_.ring();
   const uint64_t deadline = now_ns() + static_cast<uint64_t>(drain_timeout.count()) * 1'000'000ull;
-  const bool drained = spin_then_park(
-      admission_bell_, [&] { return in_flight_.load(std::memory_order_acquire) == 0; }, SpinPolicy{}, deadline);
+  // A wedged chip has a kernel that does not return: waiting for it is futile.
+  const bool drained =
+      !wedged() &&
+      spin_then_park(
+          admission_bell_, [&] { return in_flight_.load(std::memory_order_acquire) == 0; }, SpinPolicy{}, deadline);
+  stop_watchdog();
   if (!drained) {
+    // Every submitted run still without a terminal gets one now: a waiter on
+    // its handle must not wait for a device that is about to be abandoned.
+    const uint32_t left = in_flight_.load();
+    for (uint32_t slot = 0; slot < grant(); ++slot) {
+      if (std::shared_ptr<detail::RunState> handle = claim_terminal(slot)) {
+        handle->complete(make_error(StatusCode::kDeadlineExceeded,
+                                    "close: the run was still on the device after {} ms; the device was abandoned",
+                                    drain_timeout.count()),
+                         RunStats{});
+      }
+    }
+    std::deque<NativeRunContext*> queued;
+    {
+      std::lock_guard<std::mutex> lock(launch_mu_);
+      queued.swap(launch_queue_);
+    }
+    for (NativeRunContext* ctx : queued) {
+      if (ctx->auto_finalize_ && ctx->handle_ != nullptr) {
+        ctx->handle_->complete(make_error(StatusCode::kAborted, "close: run {} was never launched", ctx->epoch_), {});
+      }
+    }
     // Device threads may still write device memory, the graphs and the run
     // storage: abandon all of it on purpose rather than free it under them.
-    const uint32_t left = in_flight_.load();
     for (auto& block : storage_) abandon(block.release());
     abandon(runtime_.release());
     abandon(runner_.release());

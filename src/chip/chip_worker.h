@@ -9,7 +9,8 @@
 // Threads: one controlling thread calls everything except the phase calls;
 // phase calls for one run come from one thread at a time (any thread); the
 // completion path runs on AICPU threads and touches only the run table, the
-// launch queue and each run's terminal fields.
+// launch queue and each run's terminal fields. A watchdog thread of its own
+// (with run_timeout) ends submitted runs that outlive their deadline.
 #pragma once
 
 #include <atomic>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -79,10 +81,15 @@ class ChipWorker {
   RunHandle submit(uint32_t callable, const TaskArgs& args);
 
   // Drains launched and queued runs (up to `drain_timeout`), then stops the
-  // device. If runs are still on the device then, the device, the runtime and
-  // every run storage are abandoned (leaked on purpose, never freed under a
-  // device that may still write them) and DEADLINE_EXCEEDED is returned.
+  // device. If runs are still on the device then (or the chip is wedged),
+  // every submitted run still without a terminal gets one (DEADLINE_EXCEEDED
+  // if launched, ABORTED if queued), and the device, the runtime and every
+  // run storage are abandoned (leaked on purpose, never freed under a device
+  // that may still write them); DEADLINE_EXCEEDED is returned.
   Status close(std::chrono::milliseconds drain_timeout);
+  // Set once a submitted run outlived run_timeout: its kernel does not
+  // return, and a kernel thread cannot be stopped. Later submits are refused.
+  bool wedged() const { return wedged_.load(std::memory_order_acquire); }
 
   ExecutionContext& execution_context() { return context_; }
   DeviceRunner& runner() { return *runner_; }
@@ -99,6 +106,18 @@ class ChipWorker {
   };
   struct alignas(64) PaddedBell {
     Doorbell bell;
+  };
+  // A launched submitted run as the watchdog and close() see it. Whoever moves
+  // `deadline` to kClaimed (the watchdog, close()), or to kUnwatched
+  // (on_run_done), delivers the run's terminal; the others keep their hands off.
+  struct alignas(64) WatchedRun {
+    static constexpr uint64_t kUnwatched = 0;
+    static constexpr uint64_t kNoDeadline = UINT64_MAX - 1;
+    static constexpr uint64_t kClaimed = UINT64_MAX;
+    std::atomic<uint64_t> deadline{kUnwatched};
+    std::shared_ptr<detail::RunState> handle;  // set before deadline is published
+    Lease lease;
+    uint64_t epoch = 0;
   };
 
   // A phase call's hold on a live run: counted in the run's users_ for the
@@ -135,6 +154,11 @@ class ChipWorker {
   void enqueue_launch(NativeRunContext* ctx);
   void do_launch(NativeRunContext* ctx);
   void on_run_done(uint32_t slot, RunOutcome outcome);
+  void watchdog_main();
+  // Takes the right to deliver the terminal of the submitted run launched on
+  // `slot`: its handle, or null when the run has (or is getting) one already.
+  std::shared_ptr<detail::RunState> claim_terminal(uint32_t slot);
+  void stop_watchdog();
   // Unregisters, waits until only `own_holds` phase calls are inside, then
   // destroys the context and releases its set.
   Status retire(NativeRunContext* ctx, Status result, uint32_t own_holds);
@@ -155,6 +179,7 @@ class ChipWorker {
   std::vector<std::unique_ptr<StorageBlock>> storage_;  // native-run storage of submitted runs
   std::vector<NativeRunContext*> running_;              // launched run per set
   std::unique_ptr<PaddedBell[]> set_bells_;             // launch signal and terminal, per set
+  std::unique_ptr<WatchedRun[]> watched_;               // launched submitted run, per set
 
   mutable std::mutex runs_mu_;
   std::unordered_map<uint64_t, NativeRunContext*> runs_;  // by epoch; contexts live in caller storage
@@ -167,6 +192,14 @@ class ChipWorker {
   Doorbell admission_bell_;             // rung when a set is released, a run drains, or the worker closes
   std::atomic<uint32_t> in_flight_{0};  // runs queued for launch or launched
   std::atomic<bool> closing_{false};
+
+  std::mutex watch_mu_;  // the watchdog's scan against a regrant swapping watched_
+  Doorbell watchdog_bell_;
+  std::atomic<bool> watchdog_stop_{false};
+  std::thread watchdog_;
+  std::atomic<bool> wedged_{false};
+  mutable std::mutex wedged_mu_;
+  Status wedged_why_;  // the first run that outlived run_timeout
 };
 
 }  // namespace simpler

@@ -14,8 +14,17 @@ void ChipChildHandler::StorageDeleter::operator()(unsigned char* p) const {
   ::operator delete (p, std::align_val_t{native_run_storage_alignment()});
 }
 
+namespace {
+// The node parent times a chip child's runs out itself and kills a child that
+// hangs; the chip's own watchdog would only race it.
+WorkerConfig child_chip_config(WorkerConfig config) {
+  config.run_timeout = std::chrono::milliseconds(0);
+  return config;
+}
+}  // namespace
+
 ChipChildHandler::ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRanges shared)
-    : config_(config),
+    : config_(child_chip_config(std::move(config))),
       callables_(std::move(callables)),
       heap_(std::move(shared)),
       preparer_("chip child", SpinPolicy{},
