@@ -159,7 +159,12 @@ TEST(ChipCallable, DigestCoversNameSignatureAndKernels) {
                           {Param::input(), Param::inout()});
   ChipCallable recored("c", no_orchestration, lib(CoreType::AIC, noop_kernel, "noop"), sig);
   ChipCallable rekerneled("c", no_orchestration, lib(CoreType::AIV, other_kernel, "other"), sig);
-  for (const ChipCallable* c : {&renamed, &resigned, &redirected, &recored, &rekerneled}) {
+  ChipCallable retyped("c", no_orchestration, lib(CoreType::AIV, noop_kernel, "noop"),
+                       {Param::input().with_dtype(DType::F32), Param::output()});
+  ChipCallable reshaped("c", no_orchestration, lib(CoreType::AIV, noop_kernel, "noop"),
+                        {Param::input(), Param::output().with_shape({-1, 4})});
+  EXPECT_NE(retyped.digest(), reshaped.digest());
+  for (const ChipCallable* c : {&renamed, &resigned, &redirected, &recored, &rekerneled, &retyped, &reshaped}) {
     EXPECT_NE(c->digest(), base.digest()) << c->name();
   }
 }

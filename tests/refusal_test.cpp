@@ -184,6 +184,35 @@ TEST(Refusal, WrongArgumentCount) {
   f.expect_unchanged();
 }
 
+// Issue 9 item 7: a signature may state a tensor's dtype and shape (or rank);
+// a mismatch is refused at submit naming the argument, and changes nothing.
+TEST(Refusal, DtypeAndShapeAgainstTheSignature) {
+  Watchdog dog;
+  Fixture f([](ChipOrchestrator&, const TaskArgs&) { return Status(); },
+            {Param::input().with_dtype(DType::F32).with_shape({-1, 4}), Param::output().with_rank(1)});
+  auto in = f.w.malloc(64 * 4), out = f.w.malloc(64 * 4);
+  ASSERT_TRUE(in.ok() && out.ok());
+  const uint64_t baseline = f.baseline = free_bytes(f.w);
+  auto args = [&](const TensorView& a, const TensorView& b) {
+    TaskArgs t;
+    t.add_tensor(a, Tag::Input).add_tensor(b, Tag::OutputExisting);
+    return t;
+  };
+  const TensorView good_out = out->view({64}, DType::F32);
+  expect_refused_handle(f.w.submit(f.callable, args(in->view({16, 4}, DType::I32), good_out)),
+                        StatusCode::kInvalidArgument, "args[0]: callable 'under_test' expects dtype f32, got i32");
+  expect_refused_handle(f.w.submit(f.callable, args(in->view({8, 8}, DType::F32), good_out)),
+                        StatusCode::kInvalidArgument, "args[0]: callable 'under_test' expects shape [-1, 4]");
+  expect_refused_handle(f.w.submit(f.callable, args(in->view({64}, DType::F32), good_out)),
+                        StatusCode::kInvalidArgument, "got [64]");
+  expect_refused_handle(f.w.submit(f.callable, args(in->view({16, 4}, DType::F32), out->view({8, 8}, DType::F32))),
+                        StatusCode::kInvalidArgument, "args[1]");
+  EXPECT_TRUE(f.run(args(in->view({16, 4}, DType::F32), good_out)).ok());
+  EXPECT_TRUE(f.run(args(in->view({3, 4}, DType::F32), out->view({7}, DType::I64))).ok()) << "-1 and rank accept any";
+  EXPECT_EQ(free_bytes(f.w), baseline);
+  f.expect_unchanged();
+}
+
 TEST(Refusal, WrongDirectionAgainstTheSignature) {
   Watchdog dog;
   Fixture f([](ChipOrchestrator&, const TaskArgs&) { return Status(); },

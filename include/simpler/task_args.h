@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "simpler/tensor.h"
@@ -50,10 +51,31 @@ class TaskArgs {
 struct Param {
   TaskArg::Kind kind = TaskArg::Kind::Scalar;
   Tag tag = Tag::NoDep;
+  // Tensors only, checked at submit when set: the argument's dtype, and its
+  // rank and extents (-1: any extent in that dimension).
+  std::optional<DType> dtype{};
+  std::optional<std::vector<int64_t>> shape{};
+
   static Param input() { return {TaskArg::Kind::Tensor, Tag::Input}; }
   static Param output() { return {TaskArg::Kind::Tensor, Tag::OutputExisting}; }
   static Param inout() { return {TaskArg::Kind::Tensor, Tag::InOut}; }
   static Param scalar() { return {TaskArg::Kind::Scalar, Tag::NoDep}; }
+
+  // This parameter, its tensor required to be of dtype `t`.
+  Param with_dtype(DType t) const {
+    Param p = *this;
+    p.dtype = t;
+    return p;
+  }
+  // This parameter, its tensor required to have `extents.size()` dimensions
+  // of these extents (-1: any).
+  Param with_shape(std::vector<int64_t> extents) const {
+    Param p = *this;
+    p.shape = std::move(extents);
+    return p;
+  }
+  // This parameter, its tensor required to have `rank` dimensions.
+  Param with_rank(int rank) const { return with_shape(std::vector<int64_t>(static_cast<size_t>(rank), -1)); }
 };
 
 // TaskArgsView: the arguments of a sub function as its sub worker decoded

@@ -39,7 +39,7 @@ struct WorkerConfig {
   // finishes: a kernel that writes out of bounds fails its task ("wrote N
   // bytes past tensor argument i") and poisons its dependents. Unset: on in
   // Debug and sanitizer builds of simpler, off otherwise.
-  std::optional<bool> guard_device_memory;
+  std::optional<bool> guard_device_memory{};
 };
 
 // A chip runtime or device backend this build has, by the name its config

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include <fmt/ranges.h>
+
 #include "base/errors.h"
 #include "base/leak.h"
 #include "chip/pipeline_contract.h"
@@ -185,6 +187,21 @@ Status ChipWorker::check_signature(const ChipCallable& c, const TaskArgs& args) 
     if (a.tag != sig[i].tag && !out_ok) {
       return invalid_argument("args[{}]: callable '{}' expects direction {}, got {}", i, c.name(), tag_name(sig[i].tag),
                               tag_name(a.tag));
+    }
+    if (sig[i].dtype && a.tensor.dtype() != *sig[i].dtype) {
+      return invalid_argument("args[{}]: callable '{}' expects dtype {}, got {}", i, c.name(),
+                              dtype_name(*sig[i].dtype), dtype_name(a.tensor.dtype()));
+    }
+    if (sig[i].shape) {
+      const std::vector<int64_t>& want = *sig[i].shape;
+      std::vector<int64_t> got(static_cast<size_t>(a.tensor.ndim()));
+      for (int d = 0; d < a.tensor.ndim(); ++d) got[d] = a.tensor.shape(d);
+      bool match = got.size() == want.size();
+      for (size_t d = 0; match && d < want.size(); ++d) match = want[d] < 0 || want[d] == got[d];
+      if (!match) {
+        return invalid_argument("args[{}]: callable '{}' expects shape [{}] (-1: any), got [{}]", i, c.name(),
+                                fmt::join(want, ", "), fmt::join(got, ", "));
+      }
     }
     SIMPLER_RETURN_IF_ERROR(
         check_buffer(a.tensor.buffer(), 0, a.tensor.buffer().bytes, fmt::format("args[{}]", i).c_str()));

@@ -62,6 +62,18 @@ ChipCallable::ChipCallable(std::string name, OrchestrationFn orchestrate, Kernel
   for (const Param& p : signature_) {
     const uint8_t b[2] = {static_cast<uint8_t>(p.kind), static_cast<uint8_t>(p.tag)};
     h.update(b, sizeof b);
+    // Constraints are part of the identity only when set, so a callable
+    // without them keeps its digest.
+    if (p.dtype) {
+      const uint8_t t[2] = {0xD7, static_cast<uint8_t>(*p.dtype)};
+      h.update(t, sizeof t);
+    }
+    if (p.shape) {
+      const uint64_t rank = p.shape->size();
+      h.update("shape", 5);
+      h.update(&rank, sizeof rank);
+      h.update(p.shape->data(), rank * sizeof(int64_t));
+    }
   }
   for (const auto& [id, k] : kernels_.all()) {
     h.update(&id, sizeof id);
