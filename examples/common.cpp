@@ -11,6 +11,20 @@
 
 namespace simpler::examples {
 
+namespace {
+
+// Where an installed executable's kernels are: beside it in its own prefix,
+// wherever that prefix was installed or moved to. Empty when the executable
+// cannot be named.
+std::string installed_kernel_dir() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  return (exe.parent_path() / kKernelDirFromExecutable).lexically_normal().string();
+}
+
+}  // namespace
+
 Result<std::string> kernel_path(const std::string& kernel) {
   const std::string file = kernel + ".so";
   std::vector<std::string> dirs;
@@ -19,7 +33,11 @@ Result<std::string> kernel_path(const std::string& kernel) {
     // cannot shadow the kernels the user pointed to.
     dirs.emplace_back(env);
   } else {
-    dirs = {kKernelBuildDir, kKernelInstallDir};
+    // The installed place first, so an installed simpler never loads kernels
+    // from a build tree it was installed from; a build tree's executables have
+    // nothing there.
+    if (std::string dir = installed_kernel_dir(); !dir.empty()) dirs.push_back(std::move(dir));
+    dirs.emplace_back(kKernelBuildDir);
   }
   std::error_code ec;
   for (const std::string& dir : dirs) {
@@ -31,6 +49,12 @@ Result<std::string> kernel_path(const std::string& kernel) {
   return Status(
       StatusCode::kNotFound,
       fmt::format("kernel {} not found in {} (set SIMPLER_KERNEL_DIR to the kernels directory)", file, looked));
+}
+
+Result<std::string> kernel_dir() {
+  Result<std::string> path = kernel_path("vector_add_add");
+  if (!path.ok()) return path.status();
+  return std::filesystem::path(*path).parent_path().string();
 }
 
 Result<KernelLibrary> load_kernels(const std::vector<KernelSpec>& specs) {

@@ -52,6 +52,10 @@ struct ExampleInfo {
 std::vector<ExampleInfo> example_list();
 std::vector<std::string> example_names();
 
+// The directory the examples' kernels are loaded from (see common.h's
+// kernel_path), or NOT_FOUND naming every place looked at.
+Result<std::string> kernel_dir();
+
 // An error when the example could not run as designed (unknown name, a refused
 // Worker call, an unexpected run failure, a timeout); a report with
 // verified == false when it ran but an output did not match its reference.
