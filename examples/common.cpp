@@ -72,7 +72,7 @@ Result<OpenWorker> open_worker(const ExampleOptions& options, ChipCallable calla
   config.geometry = options.geometry;
   config.runtime = options.runtime;
   config.backend = options.backend;
-  config.pipeline_depth = static_cast<uint32_t>(options.pipeline_depth);
+  config.pipeline_depth = options.pipeline_depth;
   OpenWorker w{std::make_unique<Worker>(Level::Chip, config), {}};
   if (Status s = take(w.worker->register_callable(std::move(callable)), w.callable); !s.ok()) {
     return with_context(s, "register_callable");
@@ -82,7 +82,7 @@ Result<OpenWorker> open_worker(const ExampleOptions& options, ChipCallable calla
 }
 
 int pipeline_slots(const ExampleOptions& options, int runs) {
-  return std::max(1, std::min(options.pipeline_depth, runs));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(options.pipeline_depth, runs)));
 }
 
 Result<PipelineTotals> run_pipelined(const std::string& name, const ExampleOptions& options, int runs, int slots,
