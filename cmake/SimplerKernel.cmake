@@ -1,8 +1,10 @@
 # simpler_add_kernel(<name> <sources>...)
-# Builds one kernel as a shared object exporting
-#   extern "C" void kernel_entry(int64_t* args)
-# linked against simpler::simpler (for simpler_kernel_fail). Load it with
-# KernelLibrary::add_file(func_id, core_type, $<TARGET_FILE:name>).
+# Builds one kernel as a shared object <name>.so exporting
+#   SIMPLER_KERNEL void kernel_entry(int64_t* args)   (simpler/kernel.h)
+# linked against simpler::simpler (for simpler_kernel_fail). Every other symbol
+# is hidden, so only SIMPLER_KERNEL's entry point is exported. Load it with
+# KernelLibrary::add_file(func_id, core_type, path), the path given to the
+# program for instance as a compile definition "$<TARGET_FILE:name>".
 function(simpler_add_kernel name)
   add_library(${name} MODULE ${ARGN})
   target_link_libraries(${name} PRIVATE simpler::simpler)

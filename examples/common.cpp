@@ -11,6 +11,20 @@
 
 namespace simpler::examples {
 
+namespace {
+
+// Where an installed executable's kernels are: beside it in its own prefix,
+// wherever that prefix was installed or moved to. Empty when the executable
+// cannot be named.
+std::string installed_kernel_dir() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  return (exe.parent_path() / kKernelDirFromExecutable).lexically_normal().string();
+}
+
+}  // namespace
+
 Result<std::string> kernel_path(const std::string& kernel) {
   const std::string file = kernel + ".so";
   std::vector<std::string> dirs;
@@ -19,7 +33,11 @@ Result<std::string> kernel_path(const std::string& kernel) {
     // cannot shadow the kernels the user pointed to.
     dirs.emplace_back(env);
   } else {
-    dirs = {kKernelBuildDir, kKernelInstallDir};
+    // The installed place first, so an installed simpler never loads kernels
+    // from a build tree it was installed from; a build tree's executables have
+    // nothing there.
+    if (std::string dir = installed_kernel_dir(); !dir.empty()) dirs.push_back(std::move(dir));
+    dirs.emplace_back(kKernelBuildDir);
   }
   std::error_code ec;
   for (const std::string& dir : dirs) {
@@ -31,6 +49,12 @@ Result<std::string> kernel_path(const std::string& kernel) {
   return Status(
       StatusCode::kNotFound,
       fmt::format("kernel {} not found in {} (set SIMPLER_KERNEL_DIR to the kernels directory)", file, looked));
+}
+
+Result<std::string> kernel_dir() {
+  Result<std::string> path = kernel_path("vector_add_add");
+  if (!path.ok()) return path.status();
+  return std::filesystem::path(*path).parent_path().string();
 }
 
 Result<KernelLibrary> load_kernels(const std::vector<KernelSpec>& specs) {
@@ -48,7 +72,7 @@ Result<OpenWorker> open_worker(const ExampleOptions& options, ChipCallable calla
   config.geometry = options.geometry;
   config.runtime = options.runtime;
   config.backend = options.backend;
-  config.pipeline_depth = static_cast<uint32_t>(options.pipeline_depth);
+  config.pipeline_depth = options.pipeline_depth;
   OpenWorker w{std::make_unique<Worker>(Level::Chip, config), {}};
   if (Status s = take(w.worker->register_callable(std::move(callable)), w.callable); !s.ok()) {
     return with_context(s, "register_callable");
@@ -58,7 +82,7 @@ Result<OpenWorker> open_worker(const ExampleOptions& options, ChipCallable calla
 }
 
 int pipeline_slots(const ExampleOptions& options, int runs) {
-  return std::max(1, std::min(options.pipeline_depth, runs));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(options.pipeline_depth, runs)));
 }
 
 Result<PipelineTotals> run_pipelined(const std::string& name, const ExampleOptions& options, int runs, int slots,

@@ -15,8 +15,9 @@
 
 namespace simpler::examples {
 
-// `<kernel>.so` from $SIMPLER_KERNEL_DIR when set, else from the build tree, else
-// from the install tree; NOT_FOUND names every place looked at.
+// `<kernel>.so` from $SIMPLER_KERNEL_DIR when set, else from the install tree
+// the running executable is in (`kKernelDirFromExecutable` from its directory),
+// else from the build tree; NOT_FOUND names every place looked at.
 Result<std::string> kernel_path(const std::string& kernel);
 
 // Loads each {func_id, core, kernel} into one library.

@@ -27,7 +27,7 @@ struct ExampleOptions {
   std::string runtime = WorkerConfig().runtime;  // chip runtime: one of available_runtimes()
   std::string backend = WorkerConfig().backend;  // device backend: one of available_backends()
   int runs = 0;                                  // 0: the example's default (ExampleInfo::default_runs)
-  int pipeline_depth = 4;                        // runs in flight before the oldest is waited on
+  uint32_t pipeline_depth = 4;                   // the Worker's; also runs kept in flight (at most `runs`)
   // Every wait is bounded so a broken runtime fails the example instead of hanging it.
   std::chrono::seconds run_timeout{60};
   // Called after each finished run; the caller throttles its own output.
@@ -51,6 +51,10 @@ struct ExampleInfo {
 
 std::vector<ExampleInfo> example_list();
 std::vector<std::string> example_names();
+
+// The directory the examples' kernels are loaded from (see common.h's
+// kernel_path), or NOT_FOUND naming every place looked at.
+Result<std::string> kernel_dir();
 
 // An error when the example could not run as designed (unknown name, a refused
 // Worker call, an unexpected run failure, a timeout); a report with

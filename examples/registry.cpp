@@ -49,7 +49,7 @@ Result<ExampleReport> run_example(const std::string& name, const ExampleOptions&
   if (options.runs < 0) {
     return Status(StatusCode::kInvalidArgument, fmt::format("runs = {} must be >= 0", options.runs));
   }
-  if (options.pipeline_depth < 1) {
+  if (options.pipeline_depth == 0) {
     return Status(StatusCode::kInvalidArgument,
                   fmt::format("pipeline_depth = {} must be >= 1", options.pipeline_depth));
   }

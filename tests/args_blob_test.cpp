@@ -26,7 +26,9 @@ TaskArgs sample_args() {
       .add_scalar_f32(3.5f)
       .add_output({7, 9}, DType::BF16)
       .add_tensor(b.view({1, 1, 1, 1, 8}, DType::U8), Tag::NoDep)
-      .add_scalar_u64(0xfedcba9876543210ull);
+      .add_scalar_u64(0xfedcba9876543210ull)
+      .add_tensor(b.view({32}, DType::F64), Tag::Input)
+      .add_scalar_f64(-0.125);
   return args;
 }
 
@@ -209,7 +211,7 @@ TEST(ArgsBlob, BadRecordFieldsAreRefusedNamingTheRecord) {
       {"kind", [](ArgsBlobRecord& r) { r.kind = 2; }, "record 0 has kind 2"},
       {"kind", [](ArgsBlobRecord& r) { r.kind = 0xff; }, "record 0 has kind 255"},
       {"tag", [](ArgsBlobRecord& r) { r.tag = static_cast<uint8_t>(Tag::kCount); }, "record 0 has tag 5"},
-      {"dtype", [](ArgsBlobRecord& r) { r.dtype = static_cast<uint8_t>(DType::kCount); }, "record 0 has dtype 10"},
+      {"dtype", [](ArgsBlobRecord& r) { r.dtype = static_cast<uint8_t>(DType::kCount); }, "record 0 has dtype 11"},
       {"ndim", [](ArgsBlobRecord& r) { r.ndim = kMaxDims + 1; }, "record 0 has ndim 6"},
       {"ndim", [](ArgsBlobRecord& r) { r.ndim = 200; }, "record 0 has ndim 200"},
       {"shape", [](ArgsBlobRecord& r) { r.shape[1] = -1; }, "shape[1]"},

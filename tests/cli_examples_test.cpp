@@ -21,7 +21,7 @@ namespace {
 // wait_for can bound) still fails fast.
 using simpler::testing::Watchdog;
 
-ExampleOptions small_options(int runs, int depth) {
+ExampleOptions small_options(int runs, uint32_t depth) {
   ExampleOptions o;
   o.runs = runs;
   o.pipeline_depth = depth;
@@ -157,6 +157,7 @@ TEST(Cli, BadUsageExitsTwoNamingTheFlag) {
       {"run vector_add --runs 0", "--runs"},
       {"run vector_add --runs -3", "--runs"},
       {"run vector_add --pipeline-depth 0", "--pipeline-depth"},
+      {"run vector_add --pipeline-depth 4294967296", "--pipeline-depth"},
       {"run vector_add --geometry huge", "--geometry"},
       {"run", "example"},
       {"bench --bogus", "--bogus"},
@@ -167,6 +168,18 @@ TEST(Cli, BadUsageExitsTwoNamingTheFlag) {
     EXPECT_EQ(r.exit_code, 2) << "simpler " << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.names), std::string::npos) << "simpler " << c.args << "\n" << r.output;
   }
+}
+
+// --pipeline-depth takes every depth WorkerConfig::pipeline_depth can hold (the
+// library sets no upper limit); one the Worker cannot serve is the Worker's
+// refusal, naming the field, not a usage error.
+TEST(Cli, PipelineDepthTakesWhatTheWorkerTakes) {
+  Child deep = run_cli("run vector_add --runs 4 --pipeline-depth 65");
+  EXPECT_EQ(deep.exit_code, 0) << deep.output;
+  EXPECT_NE(deep.output.find(" ok"), std::string::npos) << deep.output;
+  Child huge = run_cli("run vector_add --runs 1 --pipeline-depth 4294967295");
+  EXPECT_EQ(huge.exit_code, 1) << huge.output;
+  EXPECT_NE(huge.output.find("pipeline_depth"), std::string::npos) << huge.output;
 }
 
 TEST(Cli, HelpAndInfoSucceed) {

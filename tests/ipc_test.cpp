@@ -1302,7 +1302,7 @@ TEST(MailboxWire, R18WireLayoutIsCheckedOnBothSides) {
 }
 
 // ---------------------------------------------------------------------------
-// Real processes (ARCHITECTURE §6; R9 and R11 over fork).
+// Real processes (docs/design.md §6; R9 and R11 over fork).
 
 std::unique_ptr<ForkedChild> spawn_test_child(TestGates* gates, SpawnOptions o = {}) {
   auto c = ForkedChild::spawn([gates] { return std::make_unique<TestHandler>(gates); }, o);

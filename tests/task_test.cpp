@@ -4,6 +4,7 @@
 
 #include <bitset>
 #include <cstdint>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -370,8 +371,10 @@ TEST(Types, DtypeSizesAndNames) {
   EXPECT_EQ(dtype_size(DType::U8), 1u);
   EXPECT_EQ(dtype_size(DType::U32), 4u);
   EXPECT_EQ(dtype_size(DType::U64), 8u);
+  EXPECT_EQ(dtype_size(DType::F64), 8u);
   EXPECT_EQ(dtype_size(DType::kCount), 0u);
   EXPECT_STREQ(dtype_name(DType::BF16), "bf16");
+  EXPECT_STREQ(dtype_name(DType::F64), "f64");
   EXPECT_STREQ(dtype_name(DType::kCount), "invalid");
   EXPECT_STREQ(tag_name(Tag::OutputExisting), "output_existing");
   EXPECT_STREQ(tag_name(Tag::kCount), "invalid");
@@ -381,6 +384,15 @@ TEST(Types, DtypeSizesAndNames) {
   EXPECT_FALSE(tag_writes(Tag::Input) || tag_writes(Tag::NoDep));
   EXPECT_TRUE(tag_reads(Tag::Input) && tag_reads(Tag::InOut));
   EXPECT_FALSE(tag_reads(Tag::Output) || tag_reads(Tag::OutputExisting) || tag_reads(Tag::NoDep));
+}
+
+// The numbers of DType are a wire format (args blobs, DeviceTensor::dtype):
+// adding a type must not renumber the others.
+TEST(Types, DtypeNumbersNeverChange) {
+  const DType all[] = {DType::F32, DType::F16, DType::BF16, DType::I8,  DType::I16, DType::I32,
+                       DType::I64, DType::U8,  DType::U32,  DType::U64, DType::F64};
+  for (size_t i = 0; i < std::size(all); ++i) EXPECT_EQ(static_cast<size_t>(all[i]), i) << dtype_name(all[i]);
+  EXPECT_EQ(static_cast<size_t>(DType::kCount), std::size(all));
 }
 
 TEST(Digest, Sha256MatchesTheStandardVectors) {

@@ -5,7 +5,7 @@
 
 #include <simpler/kernel.h>
 
-extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t* args) {
+SIMPLER_KERNEL void kernel_entry(int64_t* args) {
   using simpler::DeviceTensor;
   const DeviceTensor* x = simpler::tensor_arg(args, 0);
   const DeviceTensor* y = simpler::tensor_arg(args, 1);

@@ -1,7 +1,7 @@
 // AIV kernel: z = factor * y over 1-D f32 views (args: y, z, factor as f32 bits).
 #include <simpler/kernel.h>
 
-extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t* args) {
+SIMPLER_KERNEL void kernel_entry(int64_t* args) {
   using simpler::DeviceTensor;
   const DeviceTensor* y = simpler::tensor_arg(args, 0);
   const DeviceTensor* z = simpler::tensor_arg(args, 1);

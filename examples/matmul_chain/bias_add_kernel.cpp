@@ -1,7 +1,7 @@
 // AIV kernel: x[i, j] += bias[0, j] over a strided 2-D f32 tile (args: x, bias).
 #include <simpler/kernel.h>
 
-extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t* args) {
+SIMPLER_KERNEL void kernel_entry(int64_t* args) {
   using simpler::DeviceTensor;
   const DeviceTensor* x = simpler::tensor_arg(args, 0);
   const DeviceTensor* bias = simpler::tensor_arg(args, 1);

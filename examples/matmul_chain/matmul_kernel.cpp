@@ -2,7 +2,7 @@
 // strided 2-D f32 tiles (args: a [m, k], b [k, n], c [m, n], accumulate).
 #include <simpler/kernel.h>
 
-extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t* args) {
+SIMPLER_KERNEL void kernel_entry(int64_t* args) {
   using simpler::DeviceTensor;
   const DeviceTensor* a = simpler::tensor_arg(args, 0);
   const DeviceTensor* b = simpler::tensor_arg(args, 1);

@@ -1,7 +1,7 @@
 // AIV kernel: y = max(x, 0) over strided 2-D f32 tiles of equal shape (args: x, y).
 #include <simpler/kernel.h>
 
-extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t* args) {
+SIMPLER_KERNEL void kernel_entry(int64_t* args) {
   using simpler::DeviceTensor;
   const DeviceTensor* x = simpler::tensor_arg(args, 0);
   const DeviceTensor* y = simpler::tensor_arg(args, 1);

@@ -52,7 +52,7 @@ Result<ExampleReport> run_network_pipeline(const ExampleOptions& options) {
   const std::string name = "network_pipeline";
   const int runs = options.runs;
   const int slots = pipeline_slots(options, runs);
-  const auto depth = static_cast<uint32_t>(options.pipeline_depth);
+  const uint32_t depth = options.pipeline_depth;
 
   WorkerConfig net_config;
   net_config.sub_workers = 1;
@@ -70,7 +70,8 @@ Result<ExampleReport> run_network_pipeline(const ExampleOptions& options) {
   node_config.pipeline_depth = depth;  // a node admits as many runs as the network may hand it
   node_config.device_memory_bytes = 64ull << 20;
   node_config.max_tasks_per_run = 16;
-  node_config.shared_heap_bytes = (4ull << 20) + 2ull * kBytes * depth;  // each admitted run's y
+  // Each admitted run's y: no more runs than slots are ever in flight.
+  node_config.shared_heap_bytes = (4ull << 20) + 2ull * kBytes * static_cast<uint64_t>(slots);
   CallableHandle add;
   FunctionHandle sq;
   for (uint32_t k = 0; k < kNodes; ++k) {

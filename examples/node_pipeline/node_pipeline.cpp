@@ -58,11 +58,12 @@ Result<ExampleReport> run_node_pipeline(const ExampleOptions& options) {
   config.backend = options.backend;
   config.chips = kChips;
   config.sub_workers = 1;
-  config.pipeline_depth = static_cast<uint32_t>(options.pipeline_depth);
+  config.pipeline_depth = options.pipeline_depth;
   config.device_memory_bytes = 64ull << 20;
   config.max_tasks_per_run = 16;  // each chip run is one task
-  // Per slot a0, a1 and z, plus the y0, y1 intermediates of every admitted run.
-  config.shared_heap_bytes = (16ull << 20) + 8ull * kBytes * static_cast<uint64_t>(options.pipeline_depth);
+  // Per slot a0, a1 and z, plus the y0, y1 intermediates of every admitted
+  // run: no more runs than slots are ever in flight, whatever the depth.
+  config.shared_heap_bytes = (16ull << 20) + 8ull * kBytes * static_cast<uint64_t>(slots);
   // Created and initialised before this function starts any thread: init forks the children.
   Worker worker(Level::Node, config);
   CallableHandle add;

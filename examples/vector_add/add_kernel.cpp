@@ -1,7 +1,7 @@
 // AIV kernel: c = a + b over 1-D f32 views (args: a, b, c).
 #include <simpler/kernel.h>
 
-extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t* args) {
+SIMPLER_KERNEL void kernel_entry(int64_t* args) {
   using simpler::DeviceTensor;
   const DeviceTensor* a = simpler::tensor_arg(args, 0);
   const DeviceTensor* b = simpler::tensor_arg(args, 1);

@@ -1,5 +1,5 @@
 // The kernel ABI: what a kernel sees. A kernel is
-//   extern "C" void kernel_entry(int64_t* args);
+//   SIMPLER_KERNEL void kernel_entry(int64_t* args) { ... }
 // run by one simulated core thread at a time. args[i] is either a pointer to a
 // DeviceTensor in device memory or a raw 64-bit scalar, in the task's order.
 // A kernel reports failure with simpler_kernel_fail (first call wins) and returns.
@@ -8,6 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+// Declares the kernel's entry point as the symbol KernelLibrary::add_file looks
+// up: unmangled, and exported even though simpler_add_kernel builds kernels with
+// hidden visibility (so a kernel's helpers never clash with the host's).
+#define SIMPLER_KERNEL extern "C" __attribute__((visibility("default")))
 
 namespace simpler {
 

@@ -13,7 +13,9 @@ namespace simpler {
 
 enum class Level : uint8_t { Chip = 2, Node = 3, Network = 4 };
 
-enum class DType : uint8_t { F32 = 0, F16, BF16, I8, I16, I32, I64, U8, U32, U64, kCount };
+// Element types. Their numbers travel in args blobs and in DeviceTensor::dtype,
+// so they never change: a new type goes last, before kCount.
+enum class DType : uint8_t { F32 = 0, F16, BF16, I8, I16, I32, I64, U8, U32, U64, F64, kCount };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 

@@ -163,6 +163,11 @@ int cmd_info() {
   for (const ComponentInfo& b : available_backends()) fmt::print("  {:<18} {}\n", b.name, b.description);
   fmt::print("\nexamples:");
   for (const std::string& name : example_names()) fmt::print(" {}", name);
+#ifdef SIMPLER_HAVE_EXAMPLES
+  // Where an installed or moved simpler finds the examples' kernels.
+  const Result<std::string> kernels = examples::kernel_dir();
+  fmt::print("\nexample kernels: {}", kernels.ok() ? *kernels : kernels.status().message());
+#endif
 #ifdef SIMPLER_HAVE_BENCH
   fmt::print("\nbenchmarks:");
   for (const bench::BenchInfo& b : bench::list()) fmt::print(" {}", b.name);

@@ -3,6 +3,7 @@
 // Workers it opens for the length of the call.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,7 @@ struct RunFlags {
   std::string geometry = "small";
   std::string runtime = WorkerConfig().runtime;
   int runs = 0;  // 0: the example's default
-  int pipeline_depth = 4;
+  uint32_t pipeline_depth = 4;
 };
 
 struct BenchFlags {

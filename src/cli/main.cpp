@@ -1,7 +1,9 @@
 // The `simpler` command: parses the command line (CLI11) and dispatches to
 // commands.cpp. Usage errors exit 2 with a message naming the flag.
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 
 #include <fmt/core.h>
 #include <simpler/version.h>
@@ -12,10 +14,11 @@
 namespace {
 
 // CLI11's Range reports "abc" as out of range; this says what was wrong.
-CLI::Validator int_in(int lo, int hi) {
+template <typename T>
+CLI::Validator integer_in(T lo, T hi) {
   return CLI::Validator(
       [lo, hi](std::string& text) -> std::string {
-        int value = 0;
+        T value = 0;
         const char* end = text.data() + text.size();
         auto [ptr, ec] = std::from_chars(text.data(), end, value);
         if (ec == std::errc() && ptr == end && value >= lo && value <= hi) return {};
@@ -45,9 +48,12 @@ int main(int argc, char** argv) {
   run->add_option("--runtime", run_flags.runtime, "Chip runtime (see `simpler info`)")
       ->check(CLI::IsMember(runtime_names()))
       ->capture_default_str();
-  run->add_option("--runs", run_flags.runs, "Runs to submit (default: the example's own)")->check(int_in(1, 1000000));
+  run->add_option("--runs", run_flags.runs, "Runs to submit (default: the example's own)")
+      ->check(integer_in(1, 1000000));
+  // Every depth WorkerConfig::pipeline_depth can hold; one the Worker cannot
+  // serve is refused by its init, naming the field.
   run->add_option("--pipeline-depth", run_flags.pipeline_depth, "Runs in flight before waiting on the oldest")
-      ->check(int_in(1, 64))
+      ->check(integer_in<uint32_t>(1, std::numeric_limits<uint32_t>::max()))
       ->capture_default_str();
 
   CLI::App* info =

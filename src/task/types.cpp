@@ -1,5 +1,7 @@
 #include "simpler/types.h"
 
+#include <iterator>
+
 namespace simpler {
 
 size_t dtype_size(DType t) {
@@ -17,6 +19,7 @@ size_t dtype_size(DType t) {
       return 1;
     case DType::I64:
     case DType::U64:
+    case DType::F64:
       return 8;
     case DType::kCount:
       break;
@@ -25,7 +28,8 @@ size_t dtype_size(DType t) {
 }
 
 const char* dtype_name(DType t) {
-  static const char* const kNames[] = {"f32", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "u32", "u64"};
+  static const char* const kNames[] = {"f32", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "u32", "u64", "f64"};
+  static_assert(std::size(kNames) == static_cast<size_t>(DType::kCount), "one name per DType");
   const auto i = static_cast<size_t>(t);
   return i < static_cast<size_t>(DType::kCount) ? kNames[i] : "invalid";
 }

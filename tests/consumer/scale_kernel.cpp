@@ -1,7 +1,7 @@
 #include <simpler/kernel.h>
 
 // x[i] *= s, with s an f32 scalar; fails on an empty tensor to exercise the ABI.
-extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t* args) {
+SIMPLER_KERNEL void kernel_entry(int64_t* args) {
   const simpler::DeviceTensor* x = simpler::tensor_arg(args, 0);
   const float s = simpler::scalar_f32(args[1]);
   if (x->shape[0] == 0) {

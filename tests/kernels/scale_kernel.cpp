@@ -3,7 +3,7 @@
 // through simpler_kernel_fail, leaving x unchanged.
 #include <simpler/kernel.h>
 
-extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t* args) {
+SIMPLER_KERNEL void kernel_entry(int64_t* args) {
   const simpler::DeviceTensor* x = simpler::tensor_arg(args, 0);
   const float factor = simpler::scalar_f32(args[1]);
   if (factor < 0.f) {
