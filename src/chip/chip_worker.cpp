@@ -30,6 +30,7 @@ Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& confi
     return invalid_argument("run_timeout = {} ms: must be >= 0 (0: no deadline)", config.run_timeout.count());
   }
   SIMPLER_ASSIGN_OR_RETURN(const BackendInfo* backend, backend_named(config.backend));
+  install_kernel_crash_reporter();
   SIMPLER_ASSIGN_OR_RETURN(const RuntimeInfo* runtime, runtime_named(config.runtime));
   std::unique_ptr<ChipWorker> w(new ChipWorker(config, std::move(callables)));
   SIMPLER_ASSIGN_OR_RETURN(

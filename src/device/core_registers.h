@@ -25,7 +25,8 @@ struct alignas(64) CoreRegisters {
   std::atomic<uint64_t> task{0};
   simpler_kernel_fn fn = nullptr;
   int64_t* args = nullptr;
-  Doorbell bell;  // the core parks here
+  KernelLabel label;  // names the kernel if it crashes the process
+  Doorbell bell;      // the core parks here
   // core -> AICPU: `failure` is complete before the FIN store that reports it.
   // Each on a line of its own: the AICPU polls `status` while the core
   // resets `failure` for the next kernel.

@@ -33,7 +33,7 @@ void Core::loop(SpinPolicy policy) {
     last = token;
     const uint64_t tok = token & CoreRegisters::kTokenMask;
     regs_.status.store(CoreRegisters::kAck | tok, std::memory_order_release);
-    const bool ok = call_kernel(regs_.fn, regs_.args, regs_.failure);
+    const bool ok = call_kernel(regs_.fn, regs_.args, regs_.failure, regs_.label);
     executed_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t fin = CoreRegisters::kFin | (ok ? 0 : CoreRegisters::kFailedBit) | tok;
     regs_.status.store(fin, std::memory_order_release);

@@ -122,6 +122,7 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
     }
     t.func_id[i] = funcs[i];
     t.fn[i] = k->fn;
+    t.name[i] = k->name.c_str();
   }
   if (Status st = args.validate(); !st.ok()) {
     return refuse(Status(st.code(), fmt::format("task {}: {}", t.id, st.message())));

@@ -32,6 +32,7 @@ struct CheckedTask {
   TaskKind kind = TaskKind::AIV;
   uint32_t func_id[3] = {};
   simpler_kernel_fn fn[3] = {};
+  const char* name[3] = {};  // the kernels' names; they live in the callable
   const TaskArgs* args = nullptr;
   // Per tensor argument: the view the kernel sees (a runtime-allocated
   // output's own view) and the device allocation holding it (its start and

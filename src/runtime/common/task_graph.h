@@ -34,6 +34,7 @@ struct alignas(64) GraphTask {
   uint8_t nargs;
   uint32_t func_id[3];
   simpler_kernel_fn fn[3];
+  const char* name[3];  // the kernels' names, for a crash report
   uint32_t fanout_begin;
   uint32_t fanout_count;
   uint32_t uses_begin;  // intermediates this task references, released when it ends

@@ -33,6 +33,7 @@ void GraphBuilder::place(const CheckedTask& t) {
   for (uint32_t i = 0; i < 3; ++i) {
     task.func_id[i] = t.func_id[i];
     task.fn[i] = t.fn[i];
+    task.name[i] = t.name[i];
   }
   write_kernel_args(t, task.args, s_.descriptors, s_.desc_count, [&](size_t i, const TensorView& v, Tag tag) {
     if (tag != Tag::NoDep) add_dependencies(t.id, v, tag, t.bases[i]);

@@ -204,6 +204,7 @@ void HbgRuntime::dispatch(uint32_t core, ReadyItem item, uint32_t sub) {
   CoreRegisters& r = *regs_[core];
   r.fn = task.fn[sub];
   r.args = task.args;
+  r.label = KernelLabel{task.name[sub], item.task, task.func_id[sub]};
   r.task.store((uint64_t{sub} << 32) | f.token, std::memory_order_release);
   r.bell.ring();
 }

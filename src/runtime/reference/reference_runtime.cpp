@@ -24,6 +24,7 @@ struct RefTask {
   TaskKind kind;
   uint32_t func_id[3];
   simpler_kernel_fn fn[3];
+  const char* name[3];
   int64_t args[kMaxTaskArgs];
   uint32_t access_begin;
   uint32_t access_count;
@@ -89,6 +90,7 @@ class ReferenceBuilder final : public RunBuilder {
     for (uint32_t i = 0; i < 3; ++i) {
       task.func_id[i] = t.func_id[i];
       task.fn[i] = t.fn[i];
+      task.name[i] = t.name[i];
     }
     task.access_begin = static_cast<uint32_t>(s_.accesses.size());
     write_kernel_args(t, task.args, s_.descriptors, s_.desc_count, [&](size_t, const TensorView& v, Tag tag) {
@@ -216,7 +218,7 @@ class ReferenceRuntime final : public ChipRuntime {
       if (!poisoned) {
         for (uint32_t sub = 0; sub < subtask_count(task.kind); ++sub) {
           ++out.executed;
-          if (!call_kernel(task.fn[sub], task.args, failure)) {
+          if (!call_kernel(task.fn[sub], task.args, failure, KernelLabel{task.name[sub], t, task.func_id[sub]})) {
             error.record(t, sub, kernel_failure(t, task.kind, sub, task.func_id[sub], failure.message));
             failed = true;
           }
