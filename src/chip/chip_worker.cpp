@@ -516,8 +516,21 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   if (ctx->auto_finalize_) {
     WatchedRun& watch = watched_[slot];
-    if (watch.deadline.exchange(WatchedRun::kUnwatched, std::memory_order_acq_rel) == WatchedRun::kClaimed) {
-      ctx->handle_.reset();  // its terminal was delivered already (run_timeout, close); the claimer owns watch.handle
+    uint64_t d = watch.deadline.load(std::memory_order_acquire);
+    for (;;) {
+      // A claimer between its claim and kClaimed is copying a few fields; the
+      // set must not be released under it.
+      if (d == WatchedRun::kClaiming) {
+        yield_cpu();
+        d = watch.deadline.load(std::memory_order_acquire);
+        continue;
+      }
+      if (d == WatchedRun::kClaimed) break;
+      if (watch.deadline.compare_exchange_weak(d, WatchedRun::kUnwatched, std::memory_order_acq_rel)) break;
+    }
+    if (d == WatchedRun::kClaimed) {
+      watch.deadline.store(WatchedRun::kUnwatched, std::memory_order_relaxed);
+      ctx->handle_.reset();  // its terminal was delivered already (run_timeout, close)
     } else {
       watch.handle.reset();
     }
@@ -583,15 +596,17 @@ RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) {
 
 // --- run_timeout ---------------------------------------------------------
 
-std::shared_ptr<detail::RunState> ChipWorker::claim_terminal(uint32_t slot) {
+ChipWorker::Claim ChipWorker::claim_terminal(uint32_t slot, uint64_t expected) {
   WatchedRun& watch = watched_[slot];
   uint64_t d = watch.deadline.load(std::memory_order_acquire);
-  while (d != WatchedRun::kUnwatched && d != WatchedRun::kClaimed) {
-    if (watch.deadline.compare_exchange_weak(d, WatchedRun::kClaimed, std::memory_order_acq_rel)) {
-      return std::move(watch.handle);
-    }
+  for (;;) {
+    if (d == WatchedRun::kUnwatched || d >= WatchedRun::kClaiming) return {};
+    if (expected != 0 && d != expected) return {};  // another run of this set now
+    if (watch.deadline.compare_exchange_weak(d, WatchedRun::kClaiming, std::memory_order_acq_rel)) break;
   }
-  return nullptr;
+  Claim claim{std::move(watch.handle), watch.lease, watch.epoch};
+  watch.deadline.store(WatchedRun::kClaimed, std::memory_order_release);
+  return claim;
 }
 
 void ChipWorker::watchdog_main() {
@@ -615,23 +630,22 @@ void ChipWorker::watchdog_main() {
           wake = std::min(wake, d);
           continue;
         }
-        const Lease lease = watched_[slot].lease;
+        Claim claim = claim_terminal(slot, d);
+        if (claim.handle == nullptr) continue;
         const Status why = make_error(StatusCode::kDeadlineExceeded,
                                       "run {} did not finish within run_timeout = {} ms: a kernel does not return, "
                                       "so the chip is wedged; close this Worker",
-                                      watched_[slot].epoch, config_.run_timeout.count());
-        std::shared_ptr<detail::RunState> handle = claim_terminal(slot);
-        if (handle == nullptr) continue;
+                                      claim.epoch, config_.run_timeout.count());
         // Its set may still be written by the kernel that does not return:
         // never reused (a no-op if the run ended meanwhile and gave it back).
         // All of this before the terminal, so whoever sees it sees the chip wedged.
-        (void)arena_->quarantine(lease);
+        (void)arena_->quarantine(claim.lease);
         {
           std::lock_guard<std::mutex> wedged_lock(wedged_mu_);
           if (wedged_why_.ok()) wedged_why_ = why;
         }
         wedged_.store(true, std::memory_order_release);
-        handle->complete(why, RunStats{});
+        claim.handle->complete(why, RunStats{});
       }
     }
     watchdog_bell_.park(armed, wake);
@@ -683,11 +697,12 @@ Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
     // its handle must not wait for a device that is about to be abandoned.
     const uint32_t left = in_flight_.load();
     for (uint32_t slot = 0; slot < grant(); ++slot) {
-      if (std::shared_ptr<detail::RunState> handle = claim_terminal(slot)) {
-        handle->complete(make_error(StatusCode::kDeadlineExceeded,
-                                    "close: the run was still on the device after {} ms; the device was abandoned",
-                                    drain_timeout.count()),
-                         RunStats{});
+      if (Claim claim = claim_terminal(slot, 0); claim.handle != nullptr) {
+        claim.handle->complete(
+            make_error(StatusCode::kDeadlineExceeded,
+                       "close: the run was still on the device after {} ms; the device was abandoned",
+                       drain_timeout.count()),
+            RunStats{});
       }
     }
     std::deque<NativeRunContext*> queued;

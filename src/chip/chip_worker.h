@@ -108,11 +108,14 @@ class ChipWorker {
     Doorbell bell;
   };
   // A launched submitted run as the watchdog and close() see it. Whoever moves
-  // `deadline` to kClaimed (the watchdog, close()), or to kUnwatched
-  // (on_run_done), delivers the run's terminal; the others keep their hands off.
+  // `deadline` from the run's value to kClaiming (the watchdog, close()), or
+  // to kUnwatched (on_run_done), delivers the run's terminal; the others keep
+  // their hands off. A claimer reads the fields while kClaiming, and
+  // on_run_done waits out kClaiming, so the set cannot be reused under it.
   struct alignas(64) WatchedRun {
     static constexpr uint64_t kUnwatched = 0;
-    static constexpr uint64_t kNoDeadline = UINT64_MAX - 1;
+    static constexpr uint64_t kNoDeadline = UINT64_MAX - 2;
+    static constexpr uint64_t kClaiming = UINT64_MAX - 1;
     static constexpr uint64_t kClaimed = UINT64_MAX;
     std::atomic<uint64_t> deadline{kUnwatched};
     std::shared_ptr<detail::RunState> handle;  // set before deadline is published
@@ -155,9 +158,15 @@ class ChipWorker {
   void do_launch(NativeRunContext* ctx);
   void on_run_done(uint32_t slot, RunOutcome outcome);
   void watchdog_main();
+  // What a claim took over: the run's handle (null: no claim), set and epoch.
+  struct Claim {
+    std::shared_ptr<detail::RunState> handle;
+    Lease lease;
+    uint64_t epoch = 0;
+  };
   // Takes the right to deliver the terminal of the submitted run launched on
-  // `slot`: its handle, or null when the run has (or is getting) one already.
-  std::shared_ptr<detail::RunState> claim_terminal(uint32_t slot);
+  // `slot`, if its deadline still reads `expected` (0: any run there).
+  Claim claim_terminal(uint32_t slot, uint64_t expected);
   void stop_watchdog();
   // Unregisters, waits until only `own_holds` phase calls are inside, then
   // destroys the context and releases its set.
