@@ -71,6 +71,12 @@ class TargetTest : public ::testing::TestWithParam<ChipTarget> {
   WorkerConfig config(uint32_t depth = 2, uint32_t max_tasks = 1024) const {
     return target_config(GetParam(), depth, max_tasks);
   }
+  // For cases that count device bytes exactly: no guard bytes around allocations, whatever the build.
+  WorkerConfig unguarded_config() const {
+    WorkerConfig c = config();
+    c.guard_device_memory = false;
+    return c;
+  }
   Geometry geometry() const { return *Geometry::by_name(GetParam().geometry); }
 };
 

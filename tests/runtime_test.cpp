@@ -573,7 +573,7 @@ TEST_P(Scopes, AnUnusedIntermediateIsReleasedAtScopeEnd) {
                             return Status();
                           },
                           axpb_kernels(), {}),
-             config());
+             unguarded_config());
   worker = &hw.w;
   ASSERT_TRUE(hw.run().ok());
   EXPECT_EQ(free_inside, 1u << 18) << "the intermediate's bytes";
