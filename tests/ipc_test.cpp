@@ -1301,6 +1301,55 @@ TEST(MailboxWire, R18WireLayoutIsCheckedOnBothSides) {
   }
 }
 
+// A handler whose init fails with `code`, as a device that cannot be created does.
+class FailingInitHandler final : public RunHandler {
+ public:
+  explicit FailingInitHandler(StatusCode code) : code_(code) {}
+  Status init() override { return Status(code_, "device_memory_bytes = 1: too small"); }
+  void start(RunRequest, RunTicket ticket) override { ticket.complete(Status()); }
+
+ private:
+  StatusCode code_;
+};
+
+// Issue 9 item 8: a refused init reaches the parent with its own code (here
+// RESOURCE_EXHAUSTED), not wrapped in FAILED_PRECONDITION, and with its text.
+TEST(MailboxWire, Issue9InitFailureCarriesItsCode) {
+  Watchdog dog;
+  auto m = SharedMapping::create_anonymous(*mailbox_size(2));
+  ASSERT_TRUE(m.ok());
+  auto ep = MailboxEndpoint::create(m->data(), m->size(), 2);
+  ASSERT_TRUE(ep.ok());
+  FailingInitHandler handler(StatusCode::kResourceExhausted);
+  MailboxChild child((*ep)->view(), handler);
+  int exit_code = -1;
+  std::thread t([&] { exit_code = child.serve(); });
+  const Status st = (*ep)->wait_ready(now_ns() + kTestWaitNs);
+  t.join();
+  EXPECT_EQ(exit_code, kChildExitInitFailed);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_EQ(st.message(), "child init failed: device_memory_bytes = 1: too small");
+}
+
+// Issue 9 item 8: the code word crossed the mailbox, so it is validated: a
+// value that is no failure code (0, or past the last StatusCode) is reported
+// as INTERNAL naming the value, with the text.
+TEST(MailboxWire, Issue9InitFailureCodeIsValidated) {
+  for (const uint32_t code : {0u, static_cast<uint32_t>(StatusCode::kUserCodeFailed) + 1, 0xffffffffu}) {
+    auto m = SharedMapping::create_anonymous(*mailbox_size(2));
+    ASSERT_TRUE(m.ok());
+    auto ep = MailboxEndpoint::create(m->data(), m->size(), 2);
+    ASSERT_TRUE(ep.ok());
+    ControlFrame& c = (*ep)->view().control();
+    copy_text(c.init_error, sizeof c.init_error, "forged");
+    store_release(c.init_code, code);
+    store_release(c.init_state, static_cast<uint32_t>(kInitFailed));
+    const Status st = (*ep)->wait_ready(now_ns() + kTestWaitNs);
+    EXPECT_EQ(st.code(), StatusCode::kInternal) << st.to_string();
+    EXPECT_TRUE(contains(st.message(), fmt::format("unknown code {}: forged", code))) << st.to_string();
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Real processes (docs/design.md §6; R9 and R11 over fork).
 

@@ -244,6 +244,23 @@ TEST(NetworkWorker, R68ANodeGrantingFewerSetsFailsStartup) {
   EXPECT_REFUSED(net.init(), StatusCode::kFailedPrecondition, "granted 2 run-resource sets of the pipeline_depth = 4");
 }
 
+// Issue 9 item 8, one level up: a node whose chip refuses init fails the
+// node's own init, and the network's init reports the innermost code
+// (RESOURCE_EXHAUSTED), naming the node and its chip.
+TEST(NetworkWorker, Issue9ARefusedInitInsideANodeSurfacesItsOwnCode) {
+  Watchdog dog;
+  Worker net(Level::Network, network_config(0, 2));
+  WorkerConfig c = node_config(1, 0, 2);
+  c.device_memory_bytes = 4096;
+  Worker node(Level::Node, c);
+  ASSERT_TRUE(node.register_callable(axpb_callable()).ok());
+  ASSERT_TRUE(net.add_next_level_worker(std::move(node)).ok());
+  const Status st = net.init();
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "node worker 0: child init failed: chip worker 0: child init failed: "))
+      << st.to_string();
+}
+
 std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> out;
   DIR* d = opendir("/proc");

@@ -1010,5 +1010,53 @@ TEST(NodeConfig, R68UnderGrantFailsStartup) {
       << c.status().to_string();
 }
 
+// Issue 9 item 8: a sub function or an orchestration that throws is the
+// user's code failing: the run ends USER_CODE_FAILED (not INTERNAL, a defect
+// inside simpler) with the exception's text; the node serves on.
+TEST(NodeFailure, Issue9ThrowsAreReportedAsTheUsersCodeFailing) {
+  Watchdog dog;
+  auto w =
+      make_node(node_config(0, 1, 2), {[](const TaskArgsView&) -> Status { throw std::runtime_error("sub blew up"); },
+                                       [](const TaskArgsView&) -> Status { throw 42; }, bump_sub});
+  ASSERT_NE(w, nullptr);
+  auto x = w->malloc_shared(sizeof(float));
+  ASSERT_TRUE(x.ok());
+  TaskArgs a;
+  a.add_tensor(x->view({1}, DType::F32), Tag::InOut);
+  auto sub_run = [&](uint32_t fn) {
+    return wait_run(w->submit([&, fn](Orchestrator& o) {
+      return o.submit_sub(FunctionHandle{fn, sub_function_digest(fn)}, a).status();
+    }));
+  };
+  Status st = sub_run(0);
+  EXPECT_EQ(st.code(), StatusCode::kUserCodeFailed) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "sub function 0 threw: sub blew up")) << st.to_string();
+  st = sub_run(1);
+  EXPECT_EQ(st.code(), StatusCode::kUserCodeFailed) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "sub function 1 threw a non-standard exception")) << st.to_string();
+  st = wait_run(w->submit([](Orchestrator&) -> Status { throw std::runtime_error("orchestration blew up"); }));
+  EXPECT_EQ(st.code(), StatusCode::kUserCodeFailed) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "the orchestration threw: orchestration blew up")) << st.to_string();
+  EXPECT_TRUE(sub_run(2).ok());
+  EXPECT_TRUE(w->free(*x).ok());
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// Issue 9 item 8: a chip child whose device cannot hold its graph arenas
+// refuses init with RESOURCE_EXHAUSTED, and Worker::init reports exactly that
+// code (not FAILED_PRECONDITION around it), naming the chip and the field.
+TEST(NodeConfig, Issue9RefusedChildInitSurfacesItsOwnCode) {
+  Watchdog dog;
+  make_node_gates();
+  WorkerConfig c = node_config(1, 0, 2);
+  c.device_memory_bytes = 4096;
+  Worker w(Level::Node, c);
+  ASSERT_TRUE(w.register_callable(axpb_callable()).ok());
+  const Status st = w.init();
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "chip worker 0: child init failed: ")) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "device_memory_bytes is 4096")) << st.to_string();
+}
+
 }  // namespace
 }  // namespace simpler::testing

@@ -25,6 +25,15 @@ Status status_from_wire(int32_t rc, const std::string& text) {
   return Status(static_cast<StatusCode>(rc), text);
 }
 
+// An INIT_FAILED as the child reported it: with its own code, or INTERNAL
+// naming the word when it is no failure code (it crossed the mailbox).
+Status init_failure(uint32_t code, const std::string& text) {
+  if (code == 0 || !is_status_code(code)) {
+    return internal_error("child init failed with unknown code {}: {}", code, text);
+  }
+  return Status(static_cast<StatusCode>(code), "child init failed: " + text);
+}
+
 }  // namespace
 
 MailboxEndpoint::MailboxEndpoint(MailboxView view, EndpointOptions options) : view_(view), options_(options) {}
@@ -64,12 +73,10 @@ Status MailboxEndpoint::wait_ready(uint64_t deadline_ns) {
   ControlFrame& c = view_.control();
   for (;;) {
     const uint32_t s = load_acquire(c.init_state);
-    if (s == kInitFailed)
-      return failed_precondition("child init failed: {}", read_text(c.init_error, sizeof c.init_error));
+    if (s == kInitFailed) return init_failure(load_relaxed(c.init_code), read_text(c.init_error, sizeof c.init_error));
     if (s == kInitReady) break;
     if (liveness_ != nullptr) {
-      if (Status st = liveness_->check(); !st.ok())
-        return failed_precondition("child gone before INIT_READY: {}", st.to_string());
+      SIMPLER_RETURN_IF_ERROR(liveness_->check(), "child gone before INIT_READY");
     }
     if (deadline_ns != 0 && now_ns() >= deadline_ns)
       return make_error(StatusCode::kDeadlineExceeded, "child never reported INIT_READY");

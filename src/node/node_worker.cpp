@@ -480,12 +480,14 @@ void NodeWorker::build_and_schedule(std::unique_ptr<NodeRun> run,
   NodeOrchestrator o(*this, *run);
   Status st;
   const uint64_t build_start = now_ns();
+  // A throw is the user's code failing (USER_CODE_FAILED, as at the chip
+  // level), not a defect inside simpler (INTERNAL).
   try {
     st = orchestration(o);
   } catch (const std::exception& e) {
-    st = internal_error("the orchestration threw: {}", e.what());
+    st = user_code_failed("the orchestration threw: {}", e.what());
   } catch (...) {
-    st = internal_error("the orchestration threw a non-standard exception");
+    st = user_code_failed("the orchestration threw a non-standard exception");
   }
   run->build_us = static_cast<double>(now_ns() - build_start) / 1000.0;
   if (st.ok()) st = o.first_error();
