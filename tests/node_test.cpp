@@ -578,6 +578,55 @@ TEST(NodeFailure, HungChildIsKilledAtItsRunDeadline) {
   EXPECT_FALSE(w->close(std::chrono::seconds(30)).ok()) << "close reports the killed child";
 }
 
+// A sub function that waits for gate 7, which these tests never open (its
+// own bound, kTestWaitNs, is far past any run_timeout here).
+Status gated_sub(const TaskArgsView&) {
+  if (!spin_then_park(
+          g_node_gates->bell, [] { return g_node_gates->is_open(7); }, SpinPolicy{}, now_ns() + kTestWaitNs)) {
+    return Status(StatusCode::kKernelFailed, "gated_sub: gate 7 never opened");
+  }
+  return Status();
+}
+
+// Issue 9 item 4: a sub task carries the node's run_timeout like a chip task.
+// A sub function that never returns: past the deadline its sub worker is
+// killed and the run ends DEADLINE_EXCEEDED, while the other sub worker keeps
+// serving, and later sub runs still succeed.
+TEST(NodeFailure, Issue9HungSubFunctionIsKilledAtItsRunDeadline) {
+  Watchdog dog;
+  make_node_gates();
+  WorkerConfig c = node_config(0, 2, 2);
+  c.run_timeout = std::chrono::milliseconds(2000);  // as HungChildIsKilledAtItsRunDeadline
+  auto w = make_node(c, {gated_sub, bump_sub});
+  ASSERT_NE(w, nullptr);
+  auto x = w->malloc_shared(sizeof(float)), y = w->malloc_shared(sizeof(float));
+  ASSERT_TRUE(x.ok() && y.ok());
+  auto sub_on = [&](uint32_t fn, const DeviceBuffer& b) {
+    TaskArgs a;
+    a.add_tensor(b.view({1}, DType::F32), Tag::InOut);
+    return w->submit([a, fn](Orchestrator& o) {
+      return o.submit_sub(FunctionHandle{fn, sub_function_digest(fn)}, a).status();
+    });
+  };
+  // Sub tasks go round-robin over idle sub workers: the hung one to sub
+  // worker 0, the next to sub worker 1.
+  RunHandle hung = sub_on(0, *x);
+  RunHandle other = sub_on(1, *y);
+  EXPECT_TRUE(wait_run(other).ok()) << other.result().to_string();
+  // The run's own result is DEADLINE_EXCEEDED: wait on done(), not wait_for's code.
+  (void)hung.wait_for(std::chrono::nanoseconds(kTestWaitNs));
+  ASSERT_TRUE(hung.done()) << "the hung sub run never ended";
+  const Status st = hung.result();
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "child hung")) << st.to_string();
+  RunHandle after = sub_on(1, *y);
+  EXPECT_TRUE(wait_run(after).ok()) << after.result().to_string();
+  float v = 0;
+  ASSERT_TRUE(w->copy_from(&v, *y, sizeof v, 0).ok());
+  EXPECT_EQ(v, 2.0f);
+  (void)w->close(std::chrono::seconds(30));
+}
+
 // run_timeout below 0 is refused, naming the field; 0 (no deadline) is accepted.
 TEST(NodeConfig, RunTimeoutIsValidated) {
   WorkerConfig c = node_config(1, 0, 2);

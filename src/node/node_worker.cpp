@@ -359,12 +359,11 @@ Status NodeWorker::spawn_children() {
   so.granted_sets = config_.pipeline_depth;
   so.child.shared_parent_bell = &heap_->bell();
   so.child.spin = kNodeSpin;
-  const HostRanges ranges = shared_ranges();
-  // Only a next-level worker's runs carry the deadline: a sub function is
-  // the user's host code, with no device that could hang on its behalf.
-  SpawnOptions next_so = so;
+  // Every child's runs carry the deadline, a sub worker's too: a sub function
+  // that never returns hangs its run exactly as a kernel would.
   const uint64_t timeout_ms = static_cast<uint64_t>(config_.run_timeout.count());
-  next_so.endpoint.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
+  so.endpoint.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
+  const HostRanges ranges = shared_ranges();
   const uint32_t next_count = spec_.level == Level::Network ? static_cast<uint32_t>(spec_.nodes.size()) : config_.chips;
   for (uint32_t i = 0; i < next_count; ++i) {
     std::function<std::unique_ptr<RunHandler>()> make;
@@ -377,8 +376,8 @@ Status NodeWorker::spawn_children() {
     } else {
       make = [&] { return std::make_unique<ChipChildHandler>(config_, spec_.chip_callables, ranges); };
     }
-    SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> c, spawn_node_child(make, next_so, config_.pipeline_depth,
-                                                                              fmt::format("{} {}", next_kind(), i)));
+    SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> c,
+                             spawn_node_child(make, so, config_.pipeline_depth, fmt::format("{} {}", next_kind(), i)));
     next_.push_back(std::move(c));
   }
   for (uint32_t i = 0; i < config_.sub_workers; ++i) {
