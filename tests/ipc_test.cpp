@@ -1449,7 +1449,9 @@ TEST(MailboxProcess, R11CloseSweepsHeldRunsAndReaps) {
   EXPECT_TRUE(a->close(now_ns() + kTestWaitNs, events).ok());
   EXPECT_EQ(count_events(events, 1, EndpointEvent::Kind::kTerminal), 1u);
   EXPECT_EQ(count_events(events, 2, EndpointEvent::Kind::kTerminal), 1u);
-  EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), -1) << "already reaped";
+  errno = 0;
+  EXPECT_EQ(::kill(pid, 0), -1) << "not reaped: the pid still names a process (a zombie)";
+  EXPECT_EQ(errno, ESRCH);
 }
 
 // R9 over fork: an unattributable header stops the child with its exit code

@@ -5,15 +5,11 @@
 // NodeCallable, tensors in the network's shared heap reaching grandchildren,
 // node failures and deaths confined to their own runs, and the R68 grant
 // check one level up.
-#include <dirent.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -261,38 +257,8 @@ TEST(NetworkWorker, Issue9ARefusedInitInsideANodeSurfacesItsOwnCode) {
       << st.to_string();
 }
 
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  DIR* d = opendir("/proc");
-  if (d == nullptr) return out;
-  while (dirent* e = readdir(d)) {
-    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (pid <= 0) continue;
-    std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
-    std::string line;
-    std::getline(in, line);
-    const size_t p = line.rfind(')');
-    if (p == std::string::npos) continue;
-    char state = 0;
-    int ppid = 0;
-    if (std::sscanf(line.c_str() + p + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) out.push_back(pid);
-  }
-  closedir(d);
-  return out;
-}
-
-// True once `pid` has ended (a pidfd turns readable at its exit), false at the deadline.
-bool exits_within(pid_t pid, int timeout_ms) {
-  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  if (fd < 0) return errno == ESRCH;
-  pollfd p{fd, POLLIN, 0};
-  const int r = poll(&p, 1, timeout_ms);
-  close(fd);
-  return r == 1;
-}
-
-// A node killed with SIGKILL: its chip and sub worker die with it (they
-// serve nobody), the run it held ends with an error naming the kill, and
+// A node killed with SIGKILL: its fork server, chip and sub worker die with
+// it (they serve nobody), the run it held ends with an error naming the kill, and
 // the other node keeps serving.
 TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
   Watchdog dog;
@@ -317,8 +283,10 @@ TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
   NodeWorker& net = **created;
 
   const pid_t victim = net.next_child(0).pid();
-  const std::vector<pid_t> grandchildren = children_of(victim);
-  ASSERT_EQ(grandchildren.size(), 2u) << "node 0 forks one chip and one sub worker";
+  const std::vector<pid_t> grandchildren = descendants_of(victim);
+  ASSERT_EQ(grandchildren.size(), 3u) << "node 0 forks its fork server, and that one chip and one sub worker";
+  std::vector<int> pidfds;  // opened while they run, so a reused pid cannot fool the check
+  for (pid_t g : grandchildren) pidfds.push_back(open_pidfd(g));
 
   auto x = net.malloc_shared(kN * sizeof(float)), z0 = net.malloc_shared(kN * sizeof(float)),
        z1 = net.malloc_shared(kN * sizeof(float));
@@ -336,7 +304,9 @@ TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
   const Status ended = wait_run(held);
   EXPECT_EQ(ended.code(), StatusCode::kAborted) << ended.to_string();
   EXPECT_TRUE(contains(ended.message(), "signal 9")) << ended.to_string();
-  for (pid_t g : grandchildren) EXPECT_TRUE(exits_within(g, 30'000)) << "grandchild " << g << " outlived its node";
+  for (size_t k = 0; k < pidfds.size(); ++k) {
+    EXPECT_TRUE(exits_within(pidfds[k], 30'000)) << "descendant " << grandchildren[k] << " outlived its node";
+  }
 
   RunHandle other =
       net.submit([&](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, *z1, 4), 1).status(); });

@@ -2,10 +2,14 @@
 // the public Worker, and one case per requirement (R41-R43, R45-R47, R54,
 // R67, R68, R72, R73, R77) plus a child killed with SIGKILL. Kernels wait on
 // gates in shared memory so the instants under test exist without sleeps.
+#include <poll.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -627,6 +631,129 @@ TEST(NodeFailure, Issue9HungSubFunctionIsKilledAtItsRunDeadline) {
   (void)w->close(std::chrono::seconds(30));
 }
 
+// Runs init() on a helper thread that then exits (issue 9 item 6), except
+// under ThreadSanitizer: a fork while another thread exists is a
+// multi-threaded fork, which its die_after_fork refuses.
+Status init_on_a_thread_that_exits(Worker& w) {
+#if defined(__SANITIZE_THREAD__)
+  return w.init();
+#else
+  Status st;
+  std::thread([&] { st = w.init(); }).join();
+  return st;
+#endif
+}
+
+// One run through a node of one chip and one sub worker: y = 2 * x on the
+// chip, then y[0] += 1 on the sub worker. OK when y came out right.
+Status chip_then_sub(Worker& w, CallableHandle chip, FunctionHandle bump) {
+  constexpr int n = 16;
+  SIMPLER_ASSIGN_OR_RETURN(const DeviceBuffer x, w.malloc_on(0, n * 4));
+  SIMPLER_ASSIGN_OR_RETURN(const DeviceBuffer y, w.malloc_shared(n * 4));
+  SIMPLER_RETURN_IF_ERROR(w.copy_to(x, iota_floats(n, 1).data(), n * 4));
+  RunHandle r = w.submit([&](Orchestrator& o) -> Status {
+    SIMPLER_RETURN_IF_ERROR(
+        o.submit_next_level(chip, axpb_args(x.view({n}, DType::F32), y.view({n}, DType::F32), 2, 0, -1), 0).status());
+    TaskArgs a;
+    a.add_tensor(y.view({1}, DType::F32), Tag::InOut);
+    return o.submit_sub(bump, a).status();
+  });
+  SIMPLER_RETURN_IF_ERROR(r.wait_for(kWait));
+  const auto* out = reinterpret_cast<const float*>(y.addr);
+  if (out[0] != 3.0f || out[5] != 12.0f) return internal_error("y[0] = {}, y[5] = {}", out[0], out[5]);
+  SIMPLER_RETURN_IF_ERROR(w.free(x));
+  return w.free(y);
+}
+
+// Issue 9 item 6: init() on a helper thread that then exits. The children
+// are tied to this process, not to the thread that forked them: once that
+// thread is gone, a chip task and a sub task submitted from this thread run.
+TEST(NodeLifetime, Issue9InitOnAThreadThatExitsLeavesEveryChildServing) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "init on a helper thread forks a multi-threaded process, which die_after_fork refuses";
+#endif
+  Watchdog dog;
+  make_node_gates();
+  Worker w(Level::Node, node_config(1, 1, 2));
+  auto chip = w.register_callable(axpb_callable());
+  auto bump = w.register_function(bump_sub);
+  ASSERT_TRUE(chip.ok() && bump.ok());
+  const Status init = init_on_a_thread_that_exits(w);
+  ASSERT_TRUE(init.ok()) << init.to_string();
+  const Status st = chip_then_sub(w, *chip, *bump);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(w.close().ok());
+}
+
+// Issue 9 item 6: the children are still tied to their parent process. A
+// harness process, forked here so that this test process is not the one
+// killed, inits a node (on a helper thread that exits), runs on it, forks a
+// bystander that holds every descriptor it had (as a user's fork would), and
+// is killed with SIGKILL: its fork server and both children end with it,
+// though the bystander lives on.
+TEST(NodeLifetime, Issue9KillingTheParentProcessTakesEveryChildDown) {
+  Watchdog dog;
+  make_node_gates();
+  int report[2], hold[2];
+  ASSERT_EQ(pipe(report), 0);
+  ASSERT_EQ(pipe(hold), 0);
+  const pid_t harness = fork();
+  ASSERT_GE(harness, 0);
+  if (harness == 0) {
+    close(report[0]);
+    close(hold[1]);
+    // Never closed: the harness is killed with the node up.
+    auto* w = new Worker(Level::Node, node_config(1, 1, 2));
+    auto chip = w->register_callable(axpb_callable());
+    auto bump = w->register_function(bump_sub);
+    const bool ok =
+        chip.ok() && bump.ok() && init_on_a_thread_that_exits(*w).ok() && chip_then_sub(*w, *chip, *bump).ok();
+    // It waits, like the harness, until the test closes its end or is gone.
+    const pid_t bystander = fork();
+    char c;
+    if (bystander == 0) {
+      (void)!read(hold[0], &c, 1);
+      _exit(0);
+    }
+    char message[1 + sizeof(pid_t)] = {ok && bystander > 0 ? '1' : '0'};
+    std::memcpy(message + 1, &bystander, sizeof bystander);
+    (void)!write(report[1], message, sizeof message);
+    (void)!read(hold[0], &c, 1);
+    _exit(0);
+  }
+  close(report[1]);
+  close(hold[0]);
+  // Whatever happens below, the harness ends with this test.
+  struct Reaper {
+    pid_t pid;
+    int fds[2];
+    ~Reaper() {
+      ::kill(pid, SIGKILL);
+      (void)waitpid(pid, nullptr, 0);
+      close(fds[0]);
+      close(fds[1]);
+    }
+  } reaper{harness, {report[0], hold[1]}};
+  pollfd p{report[0], POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, static_cast<int>(kTestWaitNs / 1'000'000)), 1) << "the harness never reported";
+  char message[1 + sizeof(pid_t)] = {};
+  ASSERT_EQ(read(report[0], message, sizeof message), static_cast<ssize_t>(sizeof message));
+  ASSERT_EQ(message[0], '1') << "the harness's node failed its run";
+  pid_t bystander = 0;
+  std::memcpy(&bystander, message + 1, sizeof bystander);
+  std::vector<pid_t> below = descendants_of(harness);
+  below.erase(std::remove(below.begin(), below.end(), bystander), below.end());
+  EXPECT_EQ(below.size(), 3u) << "the harness forks a fork server, which forks a chip and a sub worker";
+  std::vector<int> pidfds;  // opened while they run, so a reused pid cannot fool the check
+  for (pid_t d : below) pidfds.push_back(open_pidfd(d));
+  ASSERT_EQ(::kill(harness, SIGKILL), 0);
+  const uint64_t deadline = now_ns() + kTestWaitNs;
+  for (size_t k = 0; k < pidfds.size(); ++k) {
+    const int left_ms = static_cast<int>((deadline - std::min(deadline, now_ns())) / 1'000'000);
+    EXPECT_TRUE(exits_within(pidfds[k], left_ms)) << "process " << below[k] << " outlived its parent process";
+  }
+}
+
 // run_timeout below 0 is refused, naming the field; 0 (no deadline) is accepted.
 TEST(NodeConfig, RunTimeoutIsValidated) {
   WorkerConfig c = node_config(1, 0, 2);
@@ -1053,7 +1180,8 @@ TEST(NodeConfig, R68UnderGrantFailsStartup) {
   Watchdog dog;
   SpawnOptions o;
   o.granted_sets = 4;
-  auto c = spawn_node_child([] { return std::make_unique<UnderGrantingHandler>(); }, o, 4, "chip worker 0");
+  auto c =
+      require_grant(ForkedChild::spawn([] { return std::make_unique<UnderGrantingHandler>(); }, o), 4, "chip worker 0");
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(contains(c.status().message(), "granted 1 run-resource sets of the pipeline_depth = 4"))
       << c.status().to_string();

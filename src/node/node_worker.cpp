@@ -19,11 +19,9 @@ namespace {
 constexpr uint64_t kControlDeadlineNs = 30'000'000'000ull;
 }  // namespace
 
-Result<std::unique_ptr<ForkedChild>> spawn_node_child(std::function<std::unique_ptr<RunHandler>()> make_handler,
-                                                      const SpawnOptions& options, uint64_t requested,
-                                                      const std::string& what) {
-  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> child, ForkedChild::spawn(std::move(make_handler), options),
-                           "{}", what);
+Result<std::unique_ptr<ForkedChild>> require_grant(Result<std::unique_ptr<ForkedChild>> started, uint64_t requested,
+                                                   const std::string& what) {
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> child, std::move(started), "{}", what);
   const uint64_t granted = child->child_grant();
   if (granted != 0 && granted < requested) {
     std::vector<EndpointEvent> none;
@@ -364,28 +362,47 @@ Status NodeWorker::spawn_children() {
   const uint64_t timeout_ms = static_cast<uint64_t>(config_.run_timeout.count());
   so.endpoint.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
   const HostRanges ranges = shared_ranges();
+  // Every recipe and mailbox exists before the fork server forks, so each
+  // child finds them at this process's addresses. A recipe owns copies of
+  // what it builds from: the server runs it long after this returns.
+  std::vector<ChildRecipe> recipes;
+  std::vector<std::shared_ptr<SharedMapping>> mailboxes;
+  std::vector<std::string> names;
+  auto add = [&](std::function<std::unique_ptr<RunHandler>()> make, std::string what) -> Status {
+    SIMPLER_ASSIGN_OR_RETURN(std::shared_ptr<SharedMapping> mailbox, ForkedChild::map_mailbox(so.granted_sets), "{}",
+                             what);
+    SIMPLER_ASSIGN_OR_RETURN(const MailboxView view,
+                             MailboxView::attach(mailbox->data(), mailbox->size(), so.granted_sets));
+    recipes.push_back(ChildRecipe{std::move(make), view, so.child});
+    mailboxes.push_back(std::move(mailbox));
+    names.push_back(std::move(what));
+    return Status();
+  };
   const uint32_t next_count = spec_.level == Level::Network ? static_cast<uint32_t>(spec_.nodes.size()) : config_.chips;
   for (uint32_t i = 0; i < next_count; ++i) {
     std::function<std::unique_ptr<RunHandler>()> make;
     if (spec_.level == Level::Network) {
-      make = [&, i] {
-        NodeSpec node = spec_.nodes[i];
-        node.inherited = ranges.ranges;
-        return std::make_unique<NodeChildHandler>(std::move(node), spec_.node_callables);
-      };
+      NodeSpec node = spec_.nodes[i];
+      node.inherited = ranges.ranges;
+      make = [node, callables = spec_.node_callables] { return std::make_unique<NodeChildHandler>(node, callables); };
     } else {
-      make = [&] { return std::make_unique<ChipChildHandler>(config_, spec_.chip_callables, ranges); };
+      make = [config = config_, callables = spec_.chip_callables, ranges] {
+        return std::make_unique<ChipChildHandler>(config, callables, ranges);
+      };
     }
-    SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> c,
-                             spawn_node_child(make, so, config_.pipeline_depth, fmt::format("{} {}", next_kind(), i)));
-    next_.push_back(std::move(c));
+    SIMPLER_RETURN_IF_ERROR(add(std::move(make), fmt::format("{} {}", next_kind(), i)));
   }
   for (uint32_t i = 0; i < config_.sub_workers; ++i) {
+    SIMPLER_RETURN_IF_ERROR(
+        add([functions = spec_.functions, ranges] { return std::make_unique<SubWorkerHandler>(functions, ranges); },
+            fmt::format("sub worker {}", i)));
+  }
+  SIMPLER_ASSIGN_OR_RETURN(server_, ForkServer::start(std::move(recipes)));
+  for (uint32_t k = 0; k < names.size(); ++k) {
     SIMPLER_ASSIGN_OR_RETURN(
         std::unique_ptr<ForkedChild> c,
-        spawn_node_child([&] { return std::make_unique<SubWorkerHandler>(spec_.functions, ranges); }, so,
-                         config_.pipeline_depth, fmt::format("sub worker {}", i)));
-    subs_.push_back(std::move(c));
+        require_grant(ForkedChild::start(*server_, k, mailboxes[k], so), config_.pipeline_depth, names[k]));
+    (k < next_count ? next_ : subs_).push_back(std::move(c));
   }
   return Status();
 }
@@ -646,6 +663,7 @@ Status NodeWorker::close(std::chrono::milliseconds drain) {
   ports_.clear();
   next_.clear();
   subs_.clear();
+  server_.reset();  // every child of it is closed
   return first;
 }
 

@@ -1,8 +1,9 @@
 // NodeWorker: the engine behind Worker at Level::Node (L3) and
-// Level::Network (L4): the level is a label. It maps the shared heap, forks
-// every child (next-level workers: chips with a ChipChildHandler, or nodes
-// with a NodeChildHandler; sub workers with a SubWorkerHandler) before
-// starting any thread of its own, then runs the Scheduler. It admits whole runs in FIFO order, at most pipeline_depth
+// Level::Network (L4): the level is a label. It maps the shared heap and
+// every mailbox, forks its ForkServer before starting any thread of its own,
+// has it fork every child (next-level workers: chips with a
+// ChipChildHandler, or nodes with a NodeChildHandler; sub workers with a
+// SubWorkerHandler), then runs the Scheduler. It admits whole runs in FIFO order, at most pipeline_depth
 // at once (begin_run takes no lease, R41), builds each run on the caller's
 // thread through an Orchestrator, and keeps the registry of caller-owned
 // buffers and the live runs borrowing them (R47).
@@ -55,11 +56,10 @@ struct NodeSpec {
   std::vector<HostRange> inherited;
 };
 
-// Spawns one child and checks the sets its handler granted (R68): fewer than
-// `requested` fails, and the child is closed. `what` names it in errors.
-Result<std::unique_ptr<ForkedChild>> spawn_node_child(std::function<std::unique_ptr<RunHandler>()> make_handler,
-                                                      const SpawnOptions& options, uint64_t requested,
-                                                      const std::string& what);
+// A started child whose handler granted at least `requested` sets (R68):
+// fewer fails, and the child is closed. `what` names it in errors.
+Result<std::unique_ptr<ForkedChild>> require_grant(Result<std::unique_ptr<ForkedChild>> started, uint64_t requested,
+                                                   const std::string& what);
 
 class NodeWorker {
  public:
@@ -135,6 +135,7 @@ class NodeWorker {
   std::vector<Digest> next_digests_;  // by callable id: what a next-level task may run
   std::vector<Digest> sub_digests_;   // by function id, hashed once: a submit_sub checks against it
   std::unique_ptr<SharedHeap> heap_;
+  std::unique_ptr<ForkServer> server_;  // forks every child; outlives them
   std::vector<std::unique_ptr<ForkedChild>> next_;
   std::vector<std::unique_ptr<ForkedChild>> subs_;
   std::vector<std::unique_ptr<MailboxPort>> ports_;
