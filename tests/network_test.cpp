@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -255,6 +256,34 @@ TEST(NetworkWorker, Issue9ARefusedInitInsideANodeSurfacesItsOwnCode) {
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
   EXPECT_TRUE(contains(st.message(), "node worker 0: child init failed: chip worker 0: child init failed: "))
       << st.to_string();
+}
+
+// Issue 9 item 15, one level down: a network's node is simpler-node<i>, and
+// the processes it forks are named as in any node.
+TEST(NetworkWorker, Issue9NodesAndTheirChildrenAreNamed) {
+  Watchdog dog;
+  make_node_gates();
+  NodeSpec spec;
+  spec.level = Level::Network;
+  spec.config = network_config(0, 2);
+  for (int i = 0; i < 3; ++i) {
+    NodeSpec node;
+    node.config = node_config(1, 1, 2);
+    node.chip_callables = {axpb_callable()};
+    node.functions = {add_sub};
+    spec.nodes.push_back(node);
+  }
+  auto created = NodeWorker::create(spec);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  NodeWorker& net = **created;
+  for (uint32_t i = 0; i < 3; ++i) {
+    const pid_t node = net.next_child(i).pid();
+    EXPECT_EQ(comm_of(node), "simpler-node" + std::to_string(i));
+    std::multiset<std::string> names;
+    for (pid_t d : descendants_of(node)) names.insert(comm_of(d));
+    EXPECT_EQ(names, (std::multiset<std::string>{"simpler-chip0", "simpler-fork", "simpler-sub0"})) << "node " << i;
+  }
+  EXPECT_TRUE(net.close(std::chrono::seconds(30)).ok());
 }
 
 // A node killed with SIGKILL: its fork server, chip and sub worker die with

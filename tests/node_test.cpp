@@ -754,6 +754,25 @@ TEST(NodeLifetime, Issue9KillingTheParentProcessTakesEveryChildDown) {
   }
 }
 
+// Issue 9 item 15: children carry their role and index in ps, not the
+// parent's name: simpler-chip0, simpler-sub1, and simpler-fork for the
+// server that forks them.
+TEST(NodeLifetime, Issue9ChildrenAreNamedByRoleAndIndex) {
+  Watchdog dog;
+  make_node_gates();
+  auto w = make_node(node_config(2, 2, 2), {bump_sub});
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(comm_of(w->next_child(0).pid()), "simpler-chip0");
+  EXPECT_EQ(comm_of(w->next_child(1).pid()), "simpler-chip1");
+  EXPECT_EQ(comm_of(w->sub_child(0).pid()), "simpler-sub0");
+  EXPECT_EQ(comm_of(w->sub_child(1).pid()), "simpler-sub1");
+  const std::vector<pid_t> below = descendants_of(getpid());
+  const bool server_named =
+      std::any_of(below.begin(), below.end(), [](pid_t p) { return comm_of(p) == "simpler-fork"; });
+  EXPECT_TRUE(server_named) << "no process below this one is named simpler-fork";
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
 // run_timeout below 0 is refused, naming the field; 0 (no deadline) is accepted.
 TEST(NodeConfig, RunTimeoutIsValidated) {
   WorkerConfig c = node_config(1, 0, 2);

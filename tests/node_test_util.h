@@ -135,6 +135,14 @@ inline std::vector<pid_t> descendants_of(pid_t root) {
   return out;
 }
 
+// The process name the kernel shows for `pid` (ps, /proc/<pid>/comm).
+inline std::string comm_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
 // A pidfd for `pid`, or -1 when it is already gone.
 inline int open_pidfd(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
 

@@ -60,6 +60,8 @@ constexpr uint64_t kGreetingNs = 30'000'000'000ull;
   // has one thread, so this follows the server process.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != server) _exit(kChildExitClean);
+  // Before the handler starts threads: each inherits the name.
+  prctl(PR_SET_NAME, recipe.name.c_str());
   std::unique_ptr<RunHandler> handler = recipe.make_handler();
   MailboxChild child(recipe.mailbox, *handler, recipe.child);
   const int code = child.serve();
@@ -75,6 +77,7 @@ void ForkServer::serve(int sock, pid_t parent, const std::vector<ChildRecipe>& r
   // Children stay unreaped until the parent asks, whatever SIGCHLD the user's
   // process had set.
   signal(SIGCHLD, SIG_DFL);
+  prctl(PR_SET_NAME, "simpler-fork");
   const int parent_fd = static_cast<int>(syscall(SYS_pidfd_open, parent, 0));
   Reply hello{};
   hello.error = parent_fd < 0 ? errno : 0;

@@ -7,7 +7,8 @@
 // parent's addresses. The server watches the parent process through a pidfd
 // (not the thread that forked it) and ends its children when that process is
 // gone; each child dies with the server (PR_SET_PDEATHSIG, whose parent
-// thread is the server's only one). Threads: start() with one thread in the
+// thread is the server's only one). The server is named "simpler-fork", each
+// child by its recipe. Threads: start() with one thread in the
 // process; spawn/reap from any thread (serialised). Owns the server process.
 #pragma once
 
@@ -18,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ipc/mailbox_child.h"
@@ -28,6 +30,9 @@ namespace simpler {
 // What the server runs in a child it forks: the handler built after the
 // fork, serving `mailbox`. Referenced memory must exist before start().
 struct ChildRecipe {
+  // The child's process name (ps, /proc/<pid>/comm), as "simpler-chip0";
+  // the kernel keeps its first 15 bytes.
+  std::string name;
   std::function<std::unique_ptr<RunHandler>()> make_handler;
   MailboxView mailbox;
   ChildOptions child;

@@ -48,7 +48,7 @@ Result<std::unique_ptr<ForkedChild>> ForkedChild::spawn(std::function<std::uniqu
   SIMPLER_ASSIGN_OR_RETURN(const MailboxView view,
                            MailboxView::attach(mailbox->data(), mailbox->size(), options.granted_sets));
   std::vector<ChildRecipe> recipes;
-  recipes.push_back(ChildRecipe{std::move(make_handler), view, options.child});
+  recipes.push_back(ChildRecipe{"simpler-child", std::move(make_handler), view, options.child});
   SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkServer> server, ForkServer::start(std::move(recipes)));
   SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> c, start(*server, 0, std::move(mailbox), options));
   c->own_server_ = std::move(server);

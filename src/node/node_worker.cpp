@@ -368,12 +368,13 @@ Status NodeWorker::spawn_children() {
   std::vector<ChildRecipe> recipes;
   std::vector<std::shared_ptr<SharedMapping>> mailboxes;
   std::vector<std::string> names;
-  auto add = [&](std::function<std::unique_ptr<RunHandler>()> make, std::string what) -> Status {
+  // `process` names the child in ps ("simpler-chip0"); `what` in errors ("chip worker 0").
+  auto add = [&](std::function<std::unique_ptr<RunHandler>()> make, std::string process, std::string what) -> Status {
     SIMPLER_ASSIGN_OR_RETURN(std::shared_ptr<SharedMapping> mailbox, ForkedChild::map_mailbox(so.granted_sets), "{}",
                              what);
     SIMPLER_ASSIGN_OR_RETURN(const MailboxView view,
                              MailboxView::attach(mailbox->data(), mailbox->size(), so.granted_sets));
-    recipes.push_back(ChildRecipe{std::move(make), view, so.child});
+    recipes.push_back(ChildRecipe{std::move(process), std::move(make), view, so.child});
     mailboxes.push_back(std::move(mailbox));
     names.push_back(std::move(what));
     return Status();
@@ -390,12 +391,14 @@ Status NodeWorker::spawn_children() {
         return std::make_unique<ChipChildHandler>(config, callables, ranges);
       };
     }
-    SIMPLER_RETURN_IF_ERROR(add(std::move(make), fmt::format("{} {}", next_kind(), i)));
+    const char* process = spec_.level == Level::Network ? "simpler-node" : "simpler-chip";
+    SIMPLER_RETURN_IF_ERROR(
+        add(std::move(make), fmt::format("{}{}", process, i), fmt::format("{} {}", next_kind(), i)));
   }
   for (uint32_t i = 0; i < config_.sub_workers; ++i) {
     SIMPLER_RETURN_IF_ERROR(
         add([functions = spec_.functions, ranges] { return std::make_unique<SubWorkerHandler>(functions, ranges); },
-            fmt::format("sub worker {}", i)));
+            fmt::format("simpler-sub{}", i), fmt::format("sub worker {}", i)));
   }
   SIMPLER_ASSIGN_OR_RETURN(server_, ForkServer::start(std::move(recipes)));
   for (uint32_t k = 0; k < names.size(); ++k) {
