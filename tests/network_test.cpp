@@ -342,7 +342,58 @@ TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
   EXPECT_TRUE(wait_run(other).ok()) << other.result().to_string();
   EXPECT_EQ(floats(*z1)[3], 3.0f * 4 + 3.0f);
   gates->open_gate(0);
-  EXPECT_FALSE(net.close(std::chrono::seconds(30)).ok()) << "close reports the killed node";
+  EXPECT_TRUE(net.close(std::chrono::seconds(30)).ok()) << "the killed node's replacement closes cleanly";
+}
+
+// Issue 9 item 5, one level up: a killed node is replaced by a node
+// initialised the same way (its own fork server, chip and sub worker, named
+// as before) that serves later runs, until its budget is spent; then a run
+// for it is refused naming it, and the network's memory_info names it.
+TEST(NetworkWorker, Issue9AKilledNodeIsReplacedInitialisedTheSameWay) {
+  Watchdog dog;
+  make_node_gates();
+  NodeSpec spec;
+  spec.level = Level::Network;
+  spec.config = network_config(0, 2);
+  NodeSpec node;
+  node.config = node_config(1, 1, 2);
+  node.chip_callables = {axpb_callable()};
+  node.functions = {add_sub};
+  spec.nodes = {node, node};
+  const NodeHandles h{CallableHandle{0, axpb_callable().digest()}, FunctionHandle{0, sub_function_digest(0)}};
+  spec.node_callables = {step_callable(h)};
+  const CallableHandle step{0, spec.node_callables[0].digest()};
+  auto created = NodeWorker::create(spec);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  NodeWorker& net = **created;
+  auto x = net.malloc_shared(kN * sizeof(float)), z = net.malloc_shared(kN * sizeof(float));
+  ASSERT_TRUE(x.ok() && z.ok());
+  for (int i = 0; i < kN; ++i) reinterpret_cast<float*>(x->addr)[i] = static_cast<float>(i);
+  auto step_on = [&](uint32_t n, int64_t mul) {
+    return wait_run(net.submit(
+        [&, n, mul](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, *z, mul), n).status(); }));
+  };
+  ForkedChild& node0 = net.next_child(0);
+  for (size_t k = 0; k < kRespawnBudget; ++k) {
+    const uint64_t before = node0.incarnation();
+    ASSERT_EQ(::kill(node0.pid(), SIGKILL), 0);
+    ASSERT_TRUE(eventually([&] { return node0.incarnation() != before; })) << "no replacement node was forked";
+    const Status st = step_on(0, static_cast<int64_t>(k + 2));
+    ASSERT_TRUE(st.ok()) << "replacement " << k + 1 << ": " << st.to_string();
+    EXPECT_EQ(floats(*z)[3], 3.0f * static_cast<float>(k + 2) + 3.0f);
+    EXPECT_EQ(comm_of(node0.pid()), "simpler-node0");
+    std::multiset<std::string> names;
+    for (pid_t d : descendants_of(node0.pid())) names.insert(comm_of(d));
+    EXPECT_EQ(names, (std::multiset<std::string>{"simpler-chip0", "simpler-fork", "simpler-sub0"}));
+  }
+  ASSERT_EQ(::kill(node0.pid(), SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return node0.failure().has_value(); })) << "the spent budget never failed node 0";
+  const std::string gone = "node worker 0 is gone: ABORTED: it died again after 3 replacements within 60 s";
+  EXPECT_REFUSED(step_on(0, 2), StatusCode::kAborted, gone);
+  EXPECT_REFUSED(net.memory_info().status(), StatusCode::kAborted, gone);
+  EXPECT_TRUE(step_on(1, 5).ok()) << "node 1 serves on";
+  EXPECT_EQ(floats(*z)[3], 3.0f * 5 + 3.0f);
+  EXPECT_FALSE(net.close(std::chrono::seconds(30)).ok()) << "close reports how the failed node last died";
 }
 
 }  // namespace

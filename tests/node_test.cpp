@@ -486,7 +486,8 @@ TEST(NodeFailure, FailureAtTheHeadOfAMillionTaskChainPoisonsEveryTask) {
 }
 
 // A chip child killed with SIGKILL: every run it held gets a terminal error,
-// the other chip keeps serving, and later work for the dead chip fails fast.
+// the other chip keeps serving, and later work naming the dead chip's device
+// buffer is refused at once: the buffer died with it (issue 9 item 5).
 TEST(NodeFailure, KilledChildFailsOnlyItsOwnRuns) {
   Watchdog dog;
   TestGates* gates = make_node_gates();
@@ -515,6 +516,9 @@ TEST(NodeFailure, KilledChildFailsOnlyItsOwnRuns) {
     }));
   }
   ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest_held == 2 && obs.evidence(1).widest_held == 2; }));
+  // Stopped first: the dead chip's mailbox is registered afresh for its
+  // replacement, under the observer's reads.
+  ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
   ASSERT_EQ(::kill(w->next_child(0).pid(), SIGKILL), 0);
   for (auto& r : on0) {
     Status st = wait_run(r);
@@ -533,15 +537,16 @@ TEST(NodeFailure, KilledChildFailsOnlyItsOwnRuns) {
     return o.submit_next_level(h, axpb_args(x0->view({n}, DType::F32), TensorView(*y, {n}, DType::F32, 0), 1, 0, -1), 0)
         .status();
   });
-  EXPECT_TRUE(contains(wait_run(dead).message(), "chip worker 0 is gone")) << dead.result().to_string();
-  ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
-  EXPECT_FALSE(w->close(std::chrono::seconds(30)).ok()) << "close reports the killed child";
+  EXPECT_TRUE(contains(wait_run(dead).message(), fmt::format("buffer {:#x} was lost with chip worker 0", x0->addr)))
+      << dead.result().to_string();
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok()) << "the dead chip's replacement closes cleanly";
 }
 
 // A chip child whose kernel blocks on a gate that never opens: past the
 // node's run_timeout the child is killed and its run ends DEADLINE_EXCEEDED,
-// the other chip keeps serving, later work for the hung chip fails fast, and
-// close() returns (reporting the killed child).
+// the other chip keeps serving, later work naming the hung chip's device
+// buffer is refused at once (it died with the chip, issue 9 item 5), and
+// close() returns.
 TEST(NodeFailure, HungChildIsKilledAtItsRunDeadline) {
   Watchdog dog;
   make_node_gates();
@@ -578,8 +583,9 @@ TEST(NodeFailure, HungChildIsKilledAtItsRunDeadline) {
   RunHandle after = on(1, 2, -1);
   EXPECT_TRUE(wait_run(after).ok()) << after.result().to_string();
   RunHandle dead = on(0, 3, -1);
-  EXPECT_TRUE(contains(wait_run(dead).message(), "chip worker 0 is gone")) << dead.result().to_string();
-  EXPECT_FALSE(w->close(std::chrono::seconds(30)).ok()) << "close reports the killed child";
+  EXPECT_TRUE(contains(wait_run(dead).message(), fmt::format("buffer {:#x} was lost with chip worker 0", x0->addr)))
+      << dead.result().to_string();
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok()) << "the hung chip's replacement closes cleanly";
 }
 
 // A sub function that waits for gate 7, which these tests never open (its
@@ -771,6 +777,212 @@ TEST(NodeLifetime, Issue9ChildrenAreNamedByRoleAndIndex) {
       std::any_of(below.begin(), below.end(), [](pid_t p) { return comm_of(p) == "simpler-fork"; });
   EXPECT_TRUE(server_named) << "no process below this one is named simpler-fork";
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// Kills the current child of `c` and waits until its replacement is forked.
+void kill_and_await_replacement(ForkedChild& c) {
+  const uint64_t before = c.incarnation();
+  ASSERT_EQ(::kill(c.pid(), SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return c.incarnation() != before; })) << "no replacement was forked";
+}
+
+// Issue 9 item 5: a killed chip child is replaced. The run it held ends
+// ABORTED; the replacement's device memory starts empty (exactly what a
+// fresh chip reports) and serves later runs correctly; a buffer the user held
+// on the dead chip is reported lost on each later use, naming its address
+// and the chip; the other chip never notices.
+TEST(NodeRecovery, Issue9AKilledChipIsReplacedWithEmptyMemory) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(2, 0, 2));
+  ASSERT_NE(w, nullptr);
+  const int n = 16;
+  const CallableHandle h{0, axpb_callable().digest()};
+  const auto fresh = w->memory_info_on(0);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
+  auto x0 = w->malloc_on(0, n * 4), x1 = w->malloc_on(1, n * 4);
+  auto y = w->malloc_shared(n * 4 * 4);
+  ASSERT_TRUE(x0.ok() && x1.ok() && y.ok());
+  ASSERT_TRUE(w->copy_to(*x0, iota_floats(n, 0).data(), n * 4, 0).ok());
+  ASSERT_TRUE(w->copy_to(*x1, iota_floats(n, 100).data(), n * 4, 0).ok());
+  ASSERT_LT(w->memory_info_on(0)->free_bytes, fresh->free_bytes);
+  const float* out = reinterpret_cast<const float*>(y->addr);
+  auto axpb_on = [&](uint32_t chip, const DeviceBuffer& x, int slot, int64_t mul, int64_t gate) {
+    return w->submit([&, chip, slot, mul, gate](Orchestrator& o) {
+      return o
+          .submit_next_level(
+              h, axpb_args(x.view({n}, DType::F32), TensorView(*y, {n}, DType::F32, slot * n), mul, 1, gate), chip)
+          .status();
+    });
+  };
+  Observer obs;
+  ASSERT_TRUE(obs.start(targets_of(*w), now_ns() + kTestWaitNs).ok());
+  RunHandle held = axpb_on(0, *x0, 0, 2, 0);  // gate 0 stays shut until the chip is dead
+  ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest_held == 1; })) << "the run never reached chip 0";
+  ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());  // before the mailbox is registered afresh
+  const pid_t dead = w->next_child(0).pid();
+  kill_and_await_replacement(w->next_child(0));
+  const Status ended = wait_run(held);
+  EXPECT_EQ(ended.code(), StatusCode::kAborted) << ended.to_string();
+  EXPECT_TRUE(contains(ended.message(), "signal 9")) << ended.to_string();
+  gates->open_gate(0);
+
+  // The replacement: another process, the same name, and a device that starts empty.
+  const auto replaced = w->memory_info_on(0);
+  ASSERT_TRUE(replaced.ok()) << replaced.status().to_string();
+  EXPECT_EQ(replaced->total_bytes, fresh->total_bytes);
+  EXPECT_EQ(replaced->free_bytes, fresh->free_bytes) << "the dead chip's allocations are not the replacement's";
+  EXPECT_NE(w->next_child(0).pid(), dead);
+  EXPECT_EQ(comm_of(w->next_child(0).pid()), "simpler-chip0");
+  auto x0b = w->malloc_on(0, n * 4);
+  ASSERT_TRUE(x0b.ok()) << x0b.status().to_string();
+  ASSERT_TRUE(w->copy_to(*x0b, iota_floats(n, 0).data(), n * 4, 0).ok());
+  RunHandle again = axpb_on(0, *x0b, 1, 3, -1);
+  ASSERT_TRUE(wait_run(again).ok()) << again.result().to_string();
+  for (int i = 0; i < n; ++i) ASSERT_EQ(out[n + i], 3.0f * i + 1) << i;
+
+  // Every later use of the dead chip's buffer reports it lost, by address and chip.
+  const std::string lost = fmt::format("buffer {:#x} was lost with chip worker 0", x0->addr);
+  std::vector<float> host(n);
+  EXPECT_REFUSED(w->copy_from(host.data(), *x0, n * 4, 0), StatusCode::kFailedPrecondition, lost);
+  EXPECT_REFUSED(w->copy_to(*x0, host.data(), n * 4, 0), StatusCode::kFailedPrecondition, lost);
+  RunHandle naming_it = axpb_on(0, *x0, 2, 1, -1);
+  EXPECT_REFUSED(wait_run(naming_it), StatusCode::kFailedPrecondition, lost);
+  EXPECT_REFUSED(w->free(*x0), StatusCode::kFailedPrecondition, lost);
+  EXPECT_EQ(w->free(*x0).code(), StatusCode::kNotFound) << "a lost buffer's record goes with its free";
+
+  // Chip 1 never noticed.
+  RunHandle other = axpb_on(1, *x1, 3, 2, -1);
+  ASSERT_TRUE(wait_run(other).ok()) << other.result().to_string();
+  for (int i = 0; i < n; ++i) ASSERT_EQ(out[3 * n + i], 2.0f * (100 + i) + 1) << i;
+  EXPECT_TRUE(w->free(*x0b).ok());
+  EXPECT_TRUE(w->free(*x1).ok());
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok()) << "the replacement closes cleanly";
+}
+
+// A sub function that waits for gate 3 (its own bound: kTestWaitNs).
+Status gate3_sub(const TaskArgsView&) {
+  if (!spin_then_park(
+          g_node_gates->bell, [] { return g_node_gates->is_open(3); }, SpinPolicy{}, now_ns() + kTestWaitNs)) {
+    return Status(StatusCode::kKernelFailed, "gate3_sub: gate 3 never opened");
+  }
+  return Status();
+}
+
+// Issue 9 item 5: a chip task built before its chip died, naming a device
+// buffer of the dead child, is not sent to the replacement (where that
+// address means nothing, or another buffer): it ends ABORTED saying so.
+TEST(NodeRecovery, Issue9ATaskBuiltBeforeItsChipDiedDoesNotRunOnTheReplacement) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(1, 1, 2), {gate3_sub});
+  ASSERT_NE(w, nullptr);
+  const int n = 16;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x0 = w->malloc_on(0, n * 4);
+  auto y = w->malloc_shared(n * 4);
+  ASSERT_TRUE(x0.ok() && y.ok());
+  // The chip task writes y after the sub task, which waits for gate 3.
+  RunHandle r = w->submit([&](Orchestrator& o) -> Status {
+    TaskArgs a;
+    a.add_tensor(y->view({n}, DType::F32), Tag::InOut);
+    SIMPLER_RETURN_IF_ERROR(o.submit_sub(FunctionHandle{0, sub_function_digest(0)}, a).status());
+    return o.submit_next_level(h, axpb_args(x0->view({n}, DType::F32), y->view({n}, DType::F32), 2, 0, -1), 0).status();
+  });
+  kill_and_await_replacement(w->next_child(0));
+  gates->open_gate(3);
+  const Status st = wait_run(r);
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "task 1 of run")) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "chip worker 0 died after this task was built and was replaced"))
+      << st.to_string();
+  EXPECT_EQ(r.stats().executed, 1u) << "the sub task ran; the chip task did not";
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// Issue 9 item 5: a chip that keeps dying is replaced kRespawnBudget times
+// within the window, and the next death fails it for good. A run for it is
+// then refused naming it, and so are malloc_on and memory_info_on;
+// memory_info names it and reports the living chip; the other chip serves on.
+TEST(NodeRecovery, Issue9AChipThatKeepsDyingIsFailedAndNamed) {
+  Watchdog dog;
+  make_node_gates();
+  auto w = make_node(node_config(2, 0, 2));
+  ASSERT_NE(w, nullptr);
+  const int n = 16;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto x = w->malloc_shared(n * 4), y = w->malloc_shared(n * 4);
+  ASSERT_TRUE(x.ok() && y.ok());
+  // Shared-heap tensors only: no device buffer to lose, so each run shows the chip serves.
+  auto run_on = [&](uint32_t chip) {
+    return wait_run(w->submit([&, chip](Orchestrator& o) {
+      return o.submit_next_level(h, axpb_args(x->view({n}, DType::F32), y->view({n}, DType::F32), 2, 0, -1), chip)
+          .status();
+    }));
+  };
+  ForkedChild& chip0 = w->next_child(0);
+  for (size_t k = 0; k < kRespawnBudget; ++k) {
+    kill_and_await_replacement(chip0);
+    const Status st = run_on(0);
+    ASSERT_TRUE(st.ok()) << "replacement " << k + 1 << ": " << st.to_string();
+  }
+  ASSERT_EQ(::kill(chip0.pid(), SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return chip0.failure().has_value(); })) << "the spent budget never failed chip 0";
+  const std::string gone = "chip worker 0 is gone: ABORTED: it died again after 3 replacements within 60 s";
+  EXPECT_REFUSED(run_on(0), StatusCode::kAborted, gone);
+  EXPECT_REFUSED(w->malloc_on(0, 64).status(), StatusCode::kAborted, gone);
+  EXPECT_REFUSED(w->memory_info_on(0).status(), StatusCode::kAborted, gone);
+  const auto living = w->memory_info_on(1);
+  ASSERT_TRUE(living.ok()) << living.status().to_string();
+  const Status sum = w->memory_info().status();
+  EXPECT_REFUSED(sum, StatusCode::kAborted, gone);
+  EXPECT_TRUE(contains(sum.message(), "signal 9")) << sum.to_string();
+  EXPECT_TRUE(contains(sum.message(), fmt::format("the 1 living chip worker(s) report {} free of {} total bytes",
+                                                  living->free_bytes, living->total_bytes)))
+      << sum.to_string();
+  EXPECT_TRUE(run_on(1).ok());
+  EXPECT_FALSE(w->close(std::chrono::seconds(30)).ok()) << "close reports how the failed chip last died";
+}
+
+// Issue 9 item 5, for a sub worker: a killed one is replaced (the run it held
+// ends ABORTED, later sub runs succeed on the replacement) until its budget
+// is spent; then sub runs end naming it.
+TEST(NodeRecovery, Issue9AKilledSubWorkerIsReplacedUntilItsBudgetIsSpent) {
+  Watchdog dog;
+  make_node_gates();
+  auto w = make_node(node_config(0, 1, 2), {bump_sub, gated_sub});
+  ASSERT_NE(w, nullptr);
+  auto x = w->malloc_shared(sizeof(float));
+  ASSERT_TRUE(x.ok());
+  auto sub_run = [&](uint32_t fn) {
+    TaskArgs a;
+    a.add_tensor(x->view({1}, DType::F32), Tag::InOut);
+    return w->submit([a, fn](Orchestrator& o) {
+      return o.submit_sub(FunctionHandle{fn, sub_function_digest(fn)}, a).status();
+    });
+  };
+  ForkedChild& sub = w->sub_child(0);
+  Observer obs;
+  ASSERT_TRUE(obs.start({{sub.mapping(), sub.endpoint().view()}}, now_ns() + kTestWaitNs).ok());
+  RunHandle held = sub_run(1);  // waits on gate 7, which never opens
+  ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest == 1; })) << "the sub run never started";
+  ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
+  for (size_t k = 0; k < kRespawnBudget; ++k) {
+    kill_and_await_replacement(sub);
+    if (k == 0) {
+      const Status ended = wait_run(held);
+      EXPECT_EQ(ended.code(), StatusCode::kAborted) << ended.to_string();
+      EXPECT_TRUE(contains(ended.message(), "signal 9")) << ended.to_string();
+    }
+    RunHandle r = sub_run(0);
+    ASSERT_TRUE(wait_run(r).ok()) << "replacement " << k + 1 << ": " << r.result().to_string();
+    EXPECT_EQ(*reinterpret_cast<const float*>(x->addr), static_cast<float>(k + 1));
+  }
+  ASSERT_EQ(::kill(sub.pid(), SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return sub.failure().has_value(); })) << "the spent budget never failed the sub worker";
+  EXPECT_REFUSED(wait_run(sub_run(0)), StatusCode::kAborted,
+                 "no sub worker is left to run this task (sub worker 0 is gone: ABORTED: it died again");
+  EXPECT_FALSE(w->close(std::chrono::seconds(30)).ok()) << "close reports how the failed sub worker last died";
 }
 
 // run_timeout below 0 is refused, naming the field; 0 (no deadline) is accepted.
@@ -991,7 +1203,7 @@ TEST(NodeStaging, KilledChildEndsTheStagedSuccessorToo) {
   const Status st = wait_run(r);
   EXPECT_EQ(st.code(), StatusCode::kAborted) << st.to_string();
   EXPECT_TRUE(contains(st.message(), "signal 9")) << st.to_string();
-  EXPECT_FALSE(w->close(std::chrono::seconds(30)).ok()) << "close reports the killed child";
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok()) << "the killed chip's replacement closes cleanly";
 }
 
 // Doubles a f32 tensor into another: a sub function for groups.

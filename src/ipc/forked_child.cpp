@@ -27,7 +27,7 @@ Result<std::shared_ptr<SharedMapping>> ForkedChild::map_mailbox(uint64_t granted
 
 Result<std::unique_ptr<ForkedChild>> ForkedChild::start(ForkServer& server, uint32_t recipe,
                                                         std::shared_ptr<SharedMapping> mailbox, SpawnOptions options) {
-  std::unique_ptr<ForkedChild> c(new ForkedChild(server, recipe));
+  std::unique_ptr<ForkedChild> c(new ForkedChild(server, recipe, options));
   c->mapping_ = std::move(mailbox);
   SIMPLER_ASSIGN_OR_RETURN(c->endpoint_, MailboxEndpoint::create(c->mapping_->data(), c->mapping_->size(),
                                                                  options.granted_sets, options.endpoint));
@@ -39,6 +39,7 @@ Result<std::unique_ptr<ForkedChild>> ForkedChild::start(ForkServer& server, uint
     return st;
   }
   c->child_grant_ = load_acquire(c->endpoint_->view().control().child_grant);
+  c->state_.store(State::kServing, std::memory_order_release);
   return c;
 }
 
@@ -56,15 +57,23 @@ Result<std::unique_ptr<ForkedChild>> ForkedChild::spawn(std::function<std::uniqu
 }
 
 Status ForkedChild::launch() {
-  SIMPLER_ASSIGN_OR_RETURN(const pid_t pid, server_->spawn(recipe_, now_ns() + kServerAnswerNs));
+  const Result<pid_t> spawned = server_->spawn(recipe_, now_ns() + kServerAnswerNs);
+  if (!spawned.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ended_) ended_ = spawned.status();  // no child yet: nothing runs, nothing is to be killed
+    return spawned.status();
+  }
+  const pid_t pid = *spawned;
   // The server keeps the child unreaped until reap(), so this pid is the child.
   const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   const int e = errno;
   std::lock_guard<std::mutex> lock(mu_);
+  if (pidfd_ >= 0) ::close(pidfd_);  // the dead child's, reaped
   pid_ = pid;
   pidfd_ = fd;
   ended_.reset();
   clean_exit_ = false;
+  state_.store(State::kStarting, std::memory_order_release);
   if (fd < 0) {
     // Without its pidfd nothing would notice the child's exit: end it now.
     ::kill(pid, SIGKILL);
@@ -75,11 +84,114 @@ Status ForkedChild::launch() {
 }
 
 ForkedChild::~ForkedChild() {
-  if (!closed_ && pid_ > 0) {
+  if (!closed_ && endpoint_ != nullptr) {
     std::vector<EndpointEvent> events;
     (void)close(now_ns() + 5'000'000'000ull, events);
   }
   if (pidfd_ >= 0) ::close(pidfd_);
+}
+
+pid_t ForkedChild::pid() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pid_;
+}
+
+bool ForkedChild::maintain() {
+  switch (state_.load(std::memory_order_acquire)) {
+    case State::kServing: {
+      if (!endpoint_->poisoned()) return false;
+      if (Status ended = check(); !ended.ok()) return replace(ended);
+      // Poisoned, with the child alive. One that stopped its endpoint or
+      // ended its exit sweep exits next, and a later round replaces it; any
+      // other poison is this side's defect, and the worker takes no more work.
+      if (load_acquire(endpoint_->view().control().endpoint_state) >= kEndpointStopped) return false;
+      fail(*endpoint_->poisoned());
+      return true;
+    }
+    case State::kStarting: {
+      const std::optional<Status> ready = endpoint_->ready_state();
+      if (ready && ready->ok()) {
+        state_.store(State::kServing, std::memory_order_release);
+        changed_.ring();
+        return true;
+      }
+      if (ready) {
+        kill(ready->to_string());  // it exits by itself after INIT_FAILED; this reaps it
+        return replace(*ready);
+      }
+      if (Status ended = check(); !ended.ok()) {
+        return replace(Status(ended.code(), "before INIT_READY: " + ended.message()));
+      }
+      if (now_ns() < ready_deadline_ns_) return false;
+      const std::string why =
+          fmt::format("it did not report INIT_READY within {} ms; killed", options_.ready_timeout_ns / 1'000'000);
+      kill(why);
+      return replace(make_error(StatusCode::kDeadlineExceeded, "{}", why));
+    }
+    case State::kFailed:
+      return false;
+  }
+  return false;
+}
+
+bool ForkedChild::replace(const Status& cause) {
+  const uint64_t now = now_ns();
+  while (!replaced_ns_.empty() && now - replaced_ns_.front() >= kRespawnWindowNs) replaced_ns_.pop_front();
+  if (replaced_ns_.size() >= kRespawnBudget) {
+    fail(make_error(StatusCode::kAborted,
+                    "it died again after {} replacements within {} s and is not replaced any more; it last died "
+                    "with: {}",
+                    replaced_ns_.size(), kRespawnWindowNs / 1'000'000'000ull, cause.to_string()));
+    return true;
+  }
+  if (incarnation() > options_.max_replacements) {
+    fail(make_error(StatusCode::kAborted, "it died again after {} replacements, all it may have; it last died with: {}",
+                    options_.max_replacements, cause.to_string()));
+    return true;
+  }
+  replaced_ns_.push_back(now);
+  // The same mailbox, registered afresh: the server's recipe points at it,
+  // and no control command reaches it before the new child exists.
+  if (Status st = endpoint_->reregister([this] { return launch(); }); !st.ok()) {
+    fail(make_error(st.code(), "its replacement could not be started: {}; it had died with: {}", st.message(),
+                    cause.to_string()));
+    return true;
+  }
+  ready_deadline_ns_ = now_ns() + options_.ready_timeout_ns;
+  changed_.ring();
+  return true;
+}
+
+void ForkedChild::fail(const Status& cause) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = cause;
+  }
+  state_.store(State::kFailed, std::memory_order_release);
+  changed_.ring();
+}
+
+std::optional<Status> ForkedChild::failure() const {
+  if (state_.load(std::memory_order_acquire) != State::kFailed) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void ForkedChild::stop_replacing(const Status& cause) {
+  if (state_.load(std::memory_order_acquire) != State::kFailed) fail(cause);
+}
+
+Status ForkedChild::await_replacement(uint64_t incarnation, uint64_t deadline_ns) {
+  for (;;) {
+    const uint32_t armed = changed_.arm();
+    if (this->incarnation() != incarnation || state_.load(std::memory_order_acquire) == State::kFailed) {
+      return Status();
+    }
+    if (now_ns() >= deadline_ns) {
+      return make_error(StatusCode::kDeadlineExceeded, "no child replaced the dead one by the deadline");
+    }
+    changed_.park(armed, deadline_ns);
+  }
 }
 
 void ForkedChild::record_exit(int wait_status) {
@@ -115,7 +227,7 @@ Status ForkedChild::check() {
 
 void ForkedChild::kill(const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (ended_) return;
+  if (ended_ || pid_ <= 0) return;
   ::kill(pid_, SIGKILL);
   // SIGKILL cannot be caught, so the exit is prompt; the bound only keeps a
   // child stuck in the kernel from holding this thread.
@@ -129,7 +241,7 @@ void ForkedChild::kill(const std::string& why) {
 }
 
 Status ForkedChild::close(uint64_t deadline_ns, std::vector<EndpointEvent>& events) {
-  if (closed_) return failed_precondition("child {} already closed", pid_);
+  if (closed_) return failed_precondition("child {} already closed", pid());
   endpoint_->request_shutdown();
   Status ended;
   for (;;) {

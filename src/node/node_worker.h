@@ -32,10 +32,17 @@
 
 namespace simpler {
 
-// Device addresses at the node level name their chip: bit 62 marks a device
-// address, bits 48..55 hold the chip index, the low 48 bits the chip's own
-// address. Shared-heap addresses are plain host pointers (below 2^47).
+// Device addresses at the node level name their chip and the child of it
+// that allocated them: bit 62 marks a device address, bits 56..61 hold the
+// child's incarnation (0 for the first, one more per replacement), bits
+// 48..55 the chip index, the low 48 bits the chip's own address. So a
+// replacement's buffers never share an address with its dead predecessor's,
+// which are reported lost; a chip is replaced at most
+// kNodeMaxIncarnations - 1 times. Shared-heap addresses are plain host
+// pointers (below 2^47).
 inline constexpr uint64_t kNodeDeviceTag = 1ull << 62;
+inline constexpr uint64_t kNodeIncarnationShift = 56;
+inline constexpr uint64_t kNodeMaxIncarnations = 64;
 inline constexpr uint64_t kNodeChipShift = 48;
 inline constexpr uint64_t kNodeChildAddrMask = (1ull << kNodeChipShift) - 1;
 inline constexpr uint32_t kNodeMaxChips = 255;
@@ -77,10 +84,14 @@ class NodeWorker {
   Status copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset);
   Status copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset);
   // Device memory of next-level worker `worker` (a chip, or the sum over a
-  // node's chips), through its control frame, exactly (R72).
+  // node's chips), through its control frame, exactly (R72). A worker whose
+  // child died answers through its replacement; one failed for good is
+  // refused (ABORTED), naming it.
   Result<MemoryInfo> memory_info_on(uint32_t worker);
   // The sum over every next-level worker (0 / 0 for none); an overflowing
-  // sum is refused, never wrapped.
+  // sum is refused, never wrapped. With a worker failed for good there is no
+  // such sum: ABORTED, naming each failed worker and giving the living ones'
+  // sum (memory_info_on reads each living one).
   Result<MemoryInfo> memory_info();
 
   // `on_terminal`, if set, is called once with the run's result on the
@@ -109,6 +120,7 @@ class NodeWorker {
     uint32_t worker;
     uint64_t child_addr;
     uint64_t bytes;
+    uint64_t registration;  // the child it lives in (ForkedChild::incarnation)
   };
 
   explicit NodeWorker(NodeSpec spec);
@@ -125,9 +137,22 @@ class NodeWorker {
   void build_and_schedule(std::unique_ptr<NodeRun> run, const std::function<Status(Orchestrator&)>& orchestration);
   void end_run();
   void on_retire(NodeRun& run);
-  // The child address of a device argument bound for chip `worker`, or why not.
-  Result<uint64_t> child_address(const DeviceBuffer& b, uint32_t worker) const;
+  // OK unless next-level worker `worker` failed for good; then why, naming it.
+  Status check_alive(uint32_t worker) const;
+  // A device argument bound for chip `worker`, or why not (a lost buffer among them).
+  Result<DeviceAlloc> device_arg(const DeviceBuffer& b, uint32_t worker) const;
   Result<DeviceAlloc> device_alloc(uint64_t node_addr, const char* what) const;
+  // Whether `a`'s chip died (and was replaced) since `a` was allocated.
+  bool is_lost(const DeviceAlloc& a) const;
+  Status lost(const char* what, uint64_t node_addr, const DeviceAlloc& a) const;
+  // Runs a control command on device buffer `a`; a buffer whose chip died
+  // before or under it is reported lost, naming the buffer and the chip.
+  Status on_device_buffer(const char* what, uint64_t node_addr, const DeviceAlloc& a,
+                          const std::function<Status(MailboxEndpoint&)>& command);
+  // Runs a control command that may be repeated on next-level worker
+  // `worker`; when the child dies under it, once more on its replacement.
+  template <typename T>
+  Result<T> ask_living(uint32_t worker, const std::function<Result<T>(MailboxEndpoint&)>& command);
   MailboxEndpoint& endpoint_of(uint32_t worker) { return next_[worker]->endpoint(); }
 
   const NodeSpec spec_;
