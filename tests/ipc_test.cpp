@@ -1301,6 +1301,55 @@ TEST(MailboxWire, R18WireLayoutIsCheckedOnBothSides) {
   }
 }
 
+// A handler whose init fails with `code`, as a device that cannot be created does.
+class FailingInitHandler final : public RunHandler {
+ public:
+  explicit FailingInitHandler(StatusCode code) : code_(code) {}
+  Status init() override { return Status(code_, "device_memory_bytes = 1: too small"); }
+  void start(RunRequest, RunTicket ticket) override { ticket.complete(Status()); }
+
+ private:
+  StatusCode code_;
+};
+
+// Issue 9 item 8: a refused init reaches the parent with its own code (here
+// RESOURCE_EXHAUSTED), not wrapped in FAILED_PRECONDITION, and with its text.
+TEST(MailboxWire, Issue9InitFailureCarriesItsCode) {
+  Watchdog dog;
+  auto m = SharedMapping::create_anonymous(*mailbox_size(2));
+  ASSERT_TRUE(m.ok());
+  auto ep = MailboxEndpoint::create(m->data(), m->size(), 2);
+  ASSERT_TRUE(ep.ok());
+  FailingInitHandler handler(StatusCode::kResourceExhausted);
+  MailboxChild child((*ep)->view(), handler);
+  int exit_code = -1;
+  std::thread t([&] { exit_code = child.serve(); });
+  const Status st = (*ep)->wait_ready(now_ns() + kTestWaitNs);
+  t.join();
+  EXPECT_EQ(exit_code, kChildExitInitFailed);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_EQ(st.message(), "child init failed: device_memory_bytes = 1: too small");
+}
+
+// Issue 9 item 8: the code word crossed the mailbox, so it is validated: a
+// value that is no failure code (0, or past the last StatusCode) is reported
+// as INTERNAL naming the value, with the text.
+TEST(MailboxWire, Issue9InitFailureCodeIsValidated) {
+  for (const uint32_t code : {0u, static_cast<uint32_t>(StatusCode::kUserCodeFailed) + 1, 0xffffffffu}) {
+    auto m = SharedMapping::create_anonymous(*mailbox_size(2));
+    ASSERT_TRUE(m.ok());
+    auto ep = MailboxEndpoint::create(m->data(), m->size(), 2);
+    ASSERT_TRUE(ep.ok());
+    ControlFrame& c = (*ep)->view().control();
+    copy_text(c.init_error, sizeof c.init_error, "forged");
+    store_release(c.init_code, code);
+    store_release(c.init_state, static_cast<uint32_t>(kInitFailed));
+    const Status st = (*ep)->wait_ready(now_ns() + kTestWaitNs);
+    EXPECT_EQ(st.code(), StatusCode::kInternal) << st.to_string();
+    EXPECT_TRUE(contains(st.message(), fmt::format("unknown code {}: forged", code))) << st.to_string();
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Real processes (docs/design.md §6; R9 and R11 over fork).
 
@@ -1385,6 +1434,74 @@ TEST(MailboxProcess, HungChildIsKilledPastItsDeadline) {
   EXPECT_TRUE(b->close(now_ns() + kTestWaitNs, rest).ok());
 }
 
+// Polls `c`'s endpoint and lets it maintain itself (replace a dead child)
+// until done() holds; fails the test at the deadline.
+bool maintain_until(ForkedChild& c, std::vector<EndpointEvent>& events, const std::function<bool()>& done,
+                    const std::string& what) {
+  const uint64_t deadline = now_ns() + kTestWaitNs;
+  for (;;) {
+    c.endpoint().poll(events);
+    (void)c.maintain();
+    if (done()) return true;
+    if (now_ns() >= deadline) {
+      ADD_FAILURE() << "timed out waiting for " << what;
+      return false;
+    }
+    c.endpoint().wait(deadline);
+  }
+}
+
+// Issue 9 item 5 at the mailbox level: maintain() replaces a child that died
+// (the run it held ends with the death; a new process serves the freshly
+// registered mailbox, refusing commands meant for the dead child), and
+// SpawnOptions::max_replacements bounds the
+// replacements over the child's life: the next death fails it for good.
+TEST(MailboxProcess, Issue9ADeadChildIsReplacedWithinItsBudget) {
+  Watchdog dog;
+  Gates gates;
+  SpawnOptions o;
+  o.max_replacements = 1;
+  auto a = spawn_test_child(gates.g, o);
+  ASSERT_TRUE(a);
+  std::vector<EndpointEvent> events;
+  publish_to(a->endpoint(), 1, "gate=1");
+  poll_until(
+      a->endpoint(), events, [&] { return a->endpoint().available_request_transport() == 2; }, "hand-back");
+  const pid_t first = a->pid();
+  EXPECT_EQ(a->incarnation(), 1u);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  maintain_until(
+      *a, events, [&] { return a->serving() && a->incarnation() == 2; }, "the replacement's INIT_READY");
+  const EndpointEvent* t1 = find_event(events, 1, EndpointEvent::Kind::kTerminal);
+  ASSERT_NE(t1, nullptr);
+  EXPECT_TRUE(contains(t1->status.message(), "signal 9")) << t1->status.to_string();
+  EXPECT_NE(a->pid(), first);
+  EXPECT_FALSE(a->failure().has_value());
+  publish_to(a->endpoint(), 2, "fail=6;text=the replacement serves");
+  maintain_until(
+      *a, events, [&] { return find_event(events, 2, EndpointEvent::Kind::kTerminal) != nullptr; }, "run 2");
+  EXPECT_EQ(find_event(events, 2, EndpointEvent::Kind::kTerminal)->status.message(), "the replacement serves");
+  // A control command names the registration its address belongs to: one
+  // for the dead child's is refused unsent; the replacement's is served.
+  uint64_t served = 0;
+  auto addr = a->endpoint().control_malloc(64, now_ns() + kTestWaitNs, &served);
+  ASSERT_TRUE(addr.ok()) << addr.status().to_string();
+  EXPECT_EQ(served, 2u);
+  const uint8_t bytes[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_REFUSED(a->endpoint().control_copy_to(*addr, 0, bytes, now_ns() + kTestWaitNs, 1), StatusCode::kAborted,
+                 "the child this address belongs to is gone");
+  EXPECT_TRUE(a->endpoint().control_copy_to(*addr, 0, bytes, now_ns() + kTestWaitNs, 2).ok());
+  ASSERT_EQ(::kill(a->pid(), SIGKILL), 0);
+  maintain_until(
+      *a, events, [&] { return a->failure().has_value(); }, "the spent budget");
+  const Status failed = a->failure().value_or(Status());
+  EXPECT_TRUE(contains(failed.message(), "died again after 1 replacements, all it may have")) << failed.to_string();
+  EXPECT_TRUE(contains(failed.message(), "signal 9")) << failed.to_string();
+  EXPECT_EQ(a->incarnation(), 2u) << "no third child";
+  std::vector<EndpointEvent> rest;
+  EXPECT_FALSE(a->close(now_ns() + kTestWaitNs, rest).ok());
+}
+
 // R11 over fork: close with a run still held (and one never staged) returns
 // within its deadline, and both runs get their terminal.
 TEST(MailboxProcess, R11CloseSweepsHeldRunsAndReaps) {
@@ -1400,7 +1517,9 @@ TEST(MailboxProcess, R11CloseSweepsHeldRunsAndReaps) {
   EXPECT_TRUE(a->close(now_ns() + kTestWaitNs, events).ok());
   EXPECT_EQ(count_events(events, 1, EndpointEvent::Kind::kTerminal), 1u);
   EXPECT_EQ(count_events(events, 2, EndpointEvent::Kind::kTerminal), 1u);
-  EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), -1) << "already reaped";
+  errno = 0;
+  EXPECT_EQ(::kill(pid, 0), -1) << "not reaped: the pid still names a process (a zombie)";
+  EXPECT_EQ(errno, ESRCH);
 }
 
 // R9 over fork: an unattributable header stops the child with its exit code

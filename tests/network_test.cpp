@@ -5,15 +5,12 @@
 // NodeCallable, tensors in the network's shared heap reaching grandchildren,
 // node failures and deaths confined to their own runs, and the R68 grant
 // check one level up.
-#include <dirent.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
-#include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -244,38 +241,53 @@ TEST(NetworkWorker, R68ANodeGrantingFewerSetsFailsStartup) {
   EXPECT_REFUSED(net.init(), StatusCode::kFailedPrecondition, "granted 2 run-resource sets of the pipeline_depth = 4");
 }
 
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  DIR* d = opendir("/proc");
-  if (d == nullptr) return out;
-  while (dirent* e = readdir(d)) {
-    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (pid <= 0) continue;
-    std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
-    std::string line;
-    std::getline(in, line);
-    const size_t p = line.rfind(')');
-    if (p == std::string::npos) continue;
-    char state = 0;
-    int ppid = 0;
-    if (std::sscanf(line.c_str() + p + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) out.push_back(pid);
+// Issue 9 item 8, one level up: a node whose chip refuses init fails the
+// node's own init, and the network's init reports the innermost code
+// (RESOURCE_EXHAUSTED), naming the node and its chip.
+TEST(NetworkWorker, Issue9ARefusedInitInsideANodeSurfacesItsOwnCode) {
+  Watchdog dog;
+  Worker net(Level::Network, network_config(0, 2));
+  WorkerConfig c = node_config(1, 0, 2);
+  c.device_memory_bytes = 4096;
+  Worker node(Level::Node, c);
+  ASSERT_TRUE(node.register_callable(axpb_callable()).ok());
+  ASSERT_TRUE(net.add_next_level_worker(std::move(node)).ok());
+  const Status st = net.init();
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "node worker 0: child init failed: chip worker 0: child init failed: "))
+      << st.to_string();
+}
+
+// Issue 9 item 15, one level down: a network's node is simpler-node<i>, and
+// the processes it forks are named as in any node.
+TEST(NetworkWorker, Issue9NodesAndTheirChildrenAreNamed) {
+  Watchdog dog;
+  make_node_gates();
+  NodeSpec spec;
+  spec.level = Level::Network;
+  spec.config = network_config(0, 2);
+  for (int i = 0; i < 3; ++i) {
+    NodeSpec node;
+    node.config = node_config(1, 1, 2);
+    node.chip_callables = {axpb_callable()};
+    node.functions = {add_sub};
+    spec.nodes.push_back(node);
   }
-  closedir(d);
-  return out;
+  auto created = NodeWorker::create(spec);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  NodeWorker& net = **created;
+  for (uint32_t i = 0; i < 3; ++i) {
+    const pid_t node = net.next_child(i).pid();
+    EXPECT_EQ(comm_of(node), "simpler-node" + std::to_string(i));
+    std::multiset<std::string> names;
+    for (pid_t d : descendants_of(node)) names.insert(comm_of(d));
+    EXPECT_EQ(names, (std::multiset<std::string>{"simpler-chip0", "simpler-fork", "simpler-sub0"})) << "node " << i;
+  }
+  EXPECT_TRUE(net.close(std::chrono::seconds(30)).ok());
 }
 
-// True once `pid` has ended (a pidfd turns readable at its exit), false at the deadline.
-bool exits_within(pid_t pid, int timeout_ms) {
-  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  if (fd < 0) return errno == ESRCH;
-  pollfd p{fd, POLLIN, 0};
-  const int r = poll(&p, 1, timeout_ms);
-  close(fd);
-  return r == 1;
-}
-
-// A node killed with SIGKILL: its chip and sub worker die with it (they
-// serve nobody), the run it held ends with an error naming the kill, and
+// A node killed with SIGKILL: its fork server, chip and sub worker die with
+// it (they serve nobody), the run it held ends with an error naming the kill, and
 // the other node keeps serving.
 TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
   Watchdog dog;
@@ -300,8 +312,10 @@ TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
   NodeWorker& net = **created;
 
   const pid_t victim = net.next_child(0).pid();
-  const std::vector<pid_t> grandchildren = children_of(victim);
-  ASSERT_EQ(grandchildren.size(), 2u) << "node 0 forks one chip and one sub worker";
+  const std::vector<pid_t> grandchildren = descendants_of(victim);
+  ASSERT_EQ(grandchildren.size(), 3u) << "node 0 forks its fork server, and that one chip and one sub worker";
+  std::vector<int> pidfds;  // opened while they run, so a reused pid cannot fool the check
+  for (pid_t g : grandchildren) pidfds.push_back(open_pidfd(g));
 
   auto x = net.malloc_shared(kN * sizeof(float)), z0 = net.malloc_shared(kN * sizeof(float)),
        z1 = net.malloc_shared(kN * sizeof(float));
@@ -319,14 +333,67 @@ TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
   const Status ended = wait_run(held);
   EXPECT_EQ(ended.code(), StatusCode::kAborted) << ended.to_string();
   EXPECT_TRUE(contains(ended.message(), "signal 9")) << ended.to_string();
-  for (pid_t g : grandchildren) EXPECT_TRUE(exits_within(g, 30'000)) << "grandchild " << g << " outlived its node";
+  for (size_t k = 0; k < pidfds.size(); ++k) {
+    EXPECT_TRUE(exits_within(pidfds[k], 30'000)) << "descendant " << grandchildren[k] << " outlived its node";
+  }
 
   RunHandle other =
       net.submit([&](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, *z1, 4), 1).status(); });
   EXPECT_TRUE(wait_run(other).ok()) << other.result().to_string();
   EXPECT_EQ(floats(*z1)[3], 3.0f * 4 + 3.0f);
   gates->open_gate(0);
-  EXPECT_FALSE(net.close(std::chrono::seconds(30)).ok()) << "close reports the killed node";
+  EXPECT_TRUE(net.close(std::chrono::seconds(30)).ok()) << "the killed node's replacement closes cleanly";
+}
+
+// Issue 9 item 5, one level up: a killed node is replaced by a node
+// initialised the same way (its own fork server, chip and sub worker, named
+// as before) that serves later runs, until its budget is spent; then a run
+// for it is refused naming it, and the network's memory_info names it.
+TEST(NetworkWorker, Issue9AKilledNodeIsReplacedInitialisedTheSameWay) {
+  Watchdog dog;
+  make_node_gates();
+  NodeSpec spec;
+  spec.level = Level::Network;
+  spec.config = network_config(0, 2);
+  NodeSpec node;
+  node.config = node_config(1, 1, 2);
+  node.chip_callables = {axpb_callable()};
+  node.functions = {add_sub};
+  spec.nodes = {node, node};
+  const NodeHandles h{CallableHandle{0, axpb_callable().digest()}, FunctionHandle{0, sub_function_digest(0)}};
+  spec.node_callables = {step_callable(h)};
+  const CallableHandle step{0, spec.node_callables[0].digest()};
+  auto created = NodeWorker::create(spec);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  NodeWorker& net = **created;
+  auto x = net.malloc_shared(kN * sizeof(float)), z = net.malloc_shared(kN * sizeof(float));
+  ASSERT_TRUE(x.ok() && z.ok());
+  for (int i = 0; i < kN; ++i) reinterpret_cast<float*>(x->addr)[i] = static_cast<float>(i);
+  auto step_on = [&](uint32_t n, int64_t mul) {
+    return wait_run(net.submit(
+        [&, n, mul](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, *z, mul), n).status(); }));
+  };
+  ForkedChild& node0 = net.next_child(0);
+  for (size_t k = 0; k < kRespawnBudget; ++k) {
+    const uint64_t before = node0.incarnation();
+    ASSERT_EQ(::kill(node0.pid(), SIGKILL), 0);
+    ASSERT_TRUE(eventually([&] { return node0.incarnation() != before; })) << "no replacement node was forked";
+    const Status st = step_on(0, static_cast<int64_t>(k + 2));
+    ASSERT_TRUE(st.ok()) << "replacement " << k + 1 << ": " << st.to_string();
+    EXPECT_EQ(floats(*z)[3], 3.0f * static_cast<float>(k + 2) + 3.0f);
+    EXPECT_EQ(comm_of(node0.pid()), "simpler-node0");
+    std::multiset<std::string> names;
+    for (pid_t d : descendants_of(node0.pid())) names.insert(comm_of(d));
+    EXPECT_EQ(names, (std::multiset<std::string>{"simpler-chip0", "simpler-fork", "simpler-sub0"}));
+  }
+  ASSERT_EQ(::kill(node0.pid(), SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return node0.failure().has_value(); })) << "the spent budget never failed node 0";
+  const std::string gone = "node worker 0 is gone: ABORTED: it died again after 3 replacements within 60 s";
+  EXPECT_REFUSED(step_on(0, 2), StatusCode::kAborted, gone);
+  EXPECT_REFUSED(net.memory_info().status(), StatusCode::kAborted, gone);
+  EXPECT_TRUE(step_on(1, 5).ok()) << "node 1 serves on";
+  EXPECT_EQ(floats(*z)[3], 3.0f * 5 + 3.0f);
+  EXPECT_FALSE(net.close(std::chrono::seconds(30)).ok()) << "close reports how the failed node last died";
 }
 
 }  // namespace

@@ -3,10 +3,21 @@
 // Test-thread use only; the kernel runs on simulated cores of a child.
 #pragma once
 
+#include <dirent.h>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "base/doorbell.h"
@@ -89,6 +100,60 @@ inline WorkerConfig network_config(uint32_t subs, uint32_t depth, uint32_t launc
   c.launch_depth = launch;
   c.shared_heap_bytes = 16ull << 20;
   return c;
+}
+
+// Every process below `root` (children, their children, ...), from /proc.
+inline std::vector<pid_t> descendants_of(pid_t root) {
+  std::multimap<pid_t, pid_t> children;  // parent -> child
+  if (DIR* d = opendir("/proc")) {
+    while (dirent* e = readdir(d)) {
+      const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+      if (pid <= 0) continue;
+      std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
+      std::string line;
+      std::getline(in, line);
+      const size_t p = line.rfind(')');
+      char state = 0;
+      int ppid = 0;
+      if (p != std::string::npos && std::sscanf(line.c_str() + p + 1, " %c %d", &state, &ppid) == 2) {
+        children.emplace(ppid, pid);
+      }
+    }
+    closedir(d);
+  }
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo{root};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    auto [first, last] = children.equal_range(p);
+    for (auto it = first; it != last; ++it) {
+      out.push_back(it->second);
+      todo.push_back(it->second);
+    }
+  }
+  return out;
+}
+
+// The process name the kernel shows for `pid` (ps, /proc/<pid>/comm).
+inline std::string comm_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+// A pidfd for `pid`, or -1 when it is already gone.
+inline int open_pidfd(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+// True once the process behind `pidfd` has ended (a pidfd turns readable at
+// its exit), false at the deadline. Closes the pidfd; -1 counts as ended.
+inline bool exits_within(int pidfd, int timeout_ms) {
+  if (pidfd < 0) return true;
+  pollfd p{pidfd, POLLIN, 0};
+  const int r = poll(&p, 1, timeout_ms);
+  close(pidfd);
+  return r == 1;
 }
 
 }  // namespace simpler::testing

@@ -36,11 +36,14 @@ MailboxChild::MailboxChild(MailboxView view, RunHandler& handler, ChildOptions o
       stores_(options_.stores != nullptr ? options_.stores : &plain_),
       command_data_(new uint8_t[kControlDataCapacity]) {}
 
-int MailboxChild::fail_init(const std::string& why) {
+int MailboxChild::fail_init(const Status& why) {
   ControlFrame& c = view_.control();
   char text[sizeof c.init_error];
-  copy_text(text, sizeof text, why);
+  copy_text(text, sizeof text, why.message());
   stores_->store_bytes(c.init_error, text, sizeof text);
+  // The code travels beside the text, so the parent reports the failure as
+  // what it is (a RESOURCE_EXHAUSTED device stays one), not as its own wrapper.
+  stores_->store32(c.init_code, static_cast<uint32_t>(why.code()));
   stores_->store32(c.init_state, kInitFailed);
   ring_parent();
   return kChildExitInitFailed;
@@ -49,19 +52,20 @@ int MailboxChild::fail_init(const std::string& why) {
 int MailboxChild::serve() {
   ControlFrame& c = view_.control();
   if (load_acquire(c.magic) != kMailboxMagic || load_acquire(c.version) != kMailboxProtocolVersion) {
-    return fail_init(fmt::format("mailbox magic {:#x} version {} is not {:#x} version {}", load_acquire(c.magic),
-                                 load_acquire(c.version), kMailboxMagic, kMailboxProtocolVersion));
+    return fail_init(failed_precondition("mailbox magic {:#x} version {} is not {:#x} version {}",
+                                         load_acquire(c.magic), load_acquire(c.version), kMailboxMagic,
+                                         kMailboxProtocolVersion));
   }
   if (load_acquire(c.entry_count) != view_.entry_count()) {
-    return fail_init(
-        fmt::format("mailbox has {} entries, this child expects {}", load_acquire(c.entry_count), view_.entry_count()));
+    return fail_init(failed_precondition("mailbox has {} entries, this child expects {}", load_acquire(c.entry_count),
+                                         view_.entry_count()));
   }
   const size_t theirs = std::min<size_t>(load_acquire(c.parent_wire_count), kMaxWireConstants);
   std::vector<WireConstant> wire = mailbox_wire_constants();
   if (std::string d = wire_disagreements(wire, c.parent_wire, theirs); !d.empty()) {
-    return fail_init("wire constants disagree with the parent:\n" + d);
+    return fail_init(failed_precondition("wire constants disagree with the parent:\n{}", d));
   }
-  if (Status st = handler_.init(); !st.ok()) return fail_init(st.to_string());
+  if (Status st = handler_.init(); !st.ok()) return fail_init(st);
   const uint64_t grant = handler_.granted_sets();
   stores_->store32(c.child_grant, grant > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(grant));
 

@@ -139,7 +139,7 @@ class MailboxChild {
     bool completed = false;
   };
 
-  int fail_init(const std::string& why);
+  int fail_init(const Status& why);
   bool work_pending() const;
   // Nothing waits on the loop: no frame ready (the one just taken reads IDLE
   // unless the parent refilled it), no command, no shutdown, no staged run.

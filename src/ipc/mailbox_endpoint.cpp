@@ -25,51 +25,99 @@ Status status_from_wire(int32_t rc, const std::string& text) {
   return Status(static_cast<StatusCode>(rc), text);
 }
 
+// Zeroes `bytes` (8-aligned, a multiple of 8) word by word with atomic
+// stores: at a re-registration another thread of this process (an
+// observer) may be reading the words.
+void clear_words(void* p, size_t bytes) {
+  auto* w = static_cast<uint64_t*>(p);
+  for (size_t i = 0; i < bytes / sizeof(uint64_t); ++i) store_relaxed(w[i], uint64_t{0});
+}
+
+// An INIT_FAILED as the child reported it: with its own code, or INTERNAL
+// naming the word when it is no failure code (it crossed the mailbox).
+Status init_failure(uint32_t code, const std::string& text) {
+  if (code == 0 || !is_status_code(code)) {
+    return internal_error("child init failed with unknown code {}: {}", code, text);
+  }
+  return Status(static_cast<StatusCode>(code), "child init failed: " + text);
+}
+
 }  // namespace
 
-MailboxEndpoint::MailboxEndpoint(MailboxView view, EndpointOptions options) : view_(view), options_(options) {}
+MailboxEndpoint::MailboxEndpoint(MailboxView view, size_t extent, EndpointOptions options)
+    : view_(view), extent_(extent), options_(options) {}
 
 Result<std::unique_ptr<MailboxEndpoint>> MailboxEndpoint::create(void* base, size_t extent, uint64_t granted_sets,
                                                                  EndpointOptions options) {
   SIMPLER_ASSIGN_OR_RETURN(const MailboxView view, MailboxView::attach(base, extent, granted_sets));
   const uint64_t m = view.entry_count();
-  std::unique_ptr<MailboxEndpoint> ep(new MailboxEndpoint(view, options));
-  ep->entries_.resize(m);
+  std::unique_ptr<MailboxEndpoint> ep(new MailboxEndpoint(view, extent, options));
+  ep->entries_.reserve(m);
   ep->free_entries_.reserve(m);
-  for (uint64_t i = m; i > 0; --i) ep->free_entries_.push_back(static_cast<uint32_t>(i - 1));
   ep->held_.reserve(m);
+  ep->register_region();
+  return ep;
+}
 
-  ControlFrame& c = view.control();
-  std::memset(static_cast<void*>(&c), 0, kControlDataOffset);
+void MailboxEndpoint::register_region() {
+  const uint64_t m = view_.entry_count();
+  ControlFrame& c = view_.control();
+  clear_words(&c, kControlDataOffset);
   new (&c.child_bell) Doorbell();
   new (&c.parent_bell) Doorbell();
   c.magic = kMailboxMagic;
   c.version = kMailboxProtocolVersion;
   c.entry_stride = kMailboxEntryStride;
-  c.granted_sets = granted_sets;
+  c.granted_sets = view_.entry_count() - kMailboxRequestFrames;
   c.entry_count = m;
-  c.mapped_bytes = extent;
+  c.mapped_bytes = extent_;
   const std::vector<WireConstant> wire = mailbox_wire_constants();
   std::memcpy(c.parent_wire, wire.data(), wire.size() * sizeof(WireConstant));
   c.parent_wire_count = static_cast<uint32_t>(wire.size());
-  for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
-    std::memset(static_cast<void*>(&view.frame(f).header), 0, sizeof(RequestHeader));
-  }
-  std::memset(static_cast<void*>(&view.entry(0)), 0, m * kMailboxEntryStride);
+  for (size_t f = 0; f < kMailboxRequestFrames; ++f) clear_words(&view_.frame(f).header, sizeof(RequestHeader));
+  clear_words(&view_.entry(0), m * kMailboxEntryStride);
   std::atomic_thread_fence(std::memory_order_release);
-  return ep;
+  // This side's records of the region, as cleared as the region itself.
+  entries_.assign(m, EntryRecord{});
+  free_entries_.clear();
+  for (uint64_t i = m; i > 0; --i) free_entries_.push_back(static_cast<uint32_t>(i - 1));
+  held_.clear();
+  for (FrameRecord& f : frames_) f = FrameRecord{};
+  next_publication_ = 0;
+  next_liveness_ns_ = 0;
+  poisoned_.reset();
+  shutdown_ = false;
+  cmd_seq_ = 0;
+}
+
+Status MailboxEndpoint::reregister(const std::function<Status()>& start_child) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  if (!held_.empty() || !pending_.empty()) {
+    return internal_error("reregistration with {} runs held and {} events undelivered", held_.size(), pending_.size());
+  }
+  register_region();
+  registration_.fetch_add(1, std::memory_order_acq_rel);
+  return start_child();
+}
+
+std::optional<Status> MailboxEndpoint::ready_state() const {
+  const ControlFrame& c = view_.control();
+  const uint32_t s = load_acquire(c.init_state);
+  if (s == kInitFailed) return init_failure(load_relaxed(c.init_code), read_text(c.init_error, sizeof c.init_error));
+  if (s != kInitReady) return std::nullopt;
+  const size_t n = std::min<size_t>(load_acquire(c.child_wire_count), kMaxWireConstants);
+  if (std::string d = wire_disagreements(mailbox_wire_constants(), c.child_wire, n); !d.empty()) {
+    return failed_precondition("wire constants disagree with the child:\n{}", d);
+  }
+  return Status();
 }
 
 Status MailboxEndpoint::wait_ready(uint64_t deadline_ns) {
   ControlFrame& c = view_.control();
   for (;;) {
-    const uint32_t s = load_acquire(c.init_state);
-    if (s == kInitFailed)
-      return failed_precondition("child init failed: {}", read_text(c.init_error, sizeof c.init_error));
-    if (s == kInitReady) break;
+    if (std::optional<Status> ready = ready_state()) return *ready;
     if (liveness_ != nullptr) {
-      if (Status st = liveness_->check(); !st.ok())
-        return failed_precondition("child gone before INIT_READY: {}", st.to_string());
+      SIMPLER_RETURN_IF_ERROR(liveness_->check(), "child gone before INIT_READY");
     }
     if (deadline_ns != 0 && now_ns() >= deadline_ns)
       return make_error(StatusCode::kDeadlineExceeded, "child never reported INIT_READY");
@@ -77,11 +125,6 @@ Status MailboxEndpoint::wait_ready(uint64_t deadline_ns) {
         c.parent_bell, [&] { return load_acquire(c.init_state) != kInitPending; }, options_.spin,
         bounded(deadline_ns, options_.liveness_period_ns));
   }
-  const size_t n = std::min<size_t>(load_acquire(c.child_wire_count), kMaxWireConstants);
-  if (std::string d = wire_disagreements(mailbox_wire_constants(), c.child_wire, n); !d.empty()) {
-    return failed_precondition("wire constants disagree with the child:\n{}", d);
-  }
-  return Status();
 }
 
 uint32_t MailboxEndpoint::available_request_transport() {
@@ -365,9 +408,15 @@ void MailboxEndpoint::request_shutdown() {
 }
 
 Result<ControlReply> MailboxEndpoint::command(MailboxControlOp op, std::initializer_list<uint64_t> args,
-                                              std::span<const uint8_t> in, std::span<uint8_t> out,
-                                              uint64_t deadline_ns) {
+                                              std::span<const uint8_t> in, std::span<uint8_t> out, uint64_t deadline_ns,
+                                              uint64_t registration, uint64_t* served) {
   std::lock_guard<std::mutex> lock(control_mu_);
+  const uint64_t current = registration_.load(std::memory_order_relaxed);
+  if (registration != 0 && registration != current) {
+    return make_error(StatusCode::kAborted,
+                      "the child this address belongs to is gone: the mailbox now serves its replacement");
+  }
+  if (served != nullptr) *served = current;
   ControlFrame& c = view_.control();
   if (in.size() > kControlDataCapacity)
     return invalid_argument("control payload of {} B exceeds {} B", in.size(), kControlDataCapacity);
@@ -403,32 +452,32 @@ Result<ControlReply> MailboxEndpoint::command(MailboxControlOp op, std::initiali
   return reply;
 }
 
-Result<uint64_t> MailboxEndpoint::control_malloc(uint64_t bytes, uint64_t deadline_ns) {
-  SIMPLER_ASSIGN_OR_RETURN(const ControlReply r, command(kCtrlMalloc, {bytes}, {}, {}, deadline_ns));
+Result<uint64_t> MailboxEndpoint::control_malloc(uint64_t bytes, uint64_t deadline_ns, uint64_t* served) {
+  SIMPLER_ASSIGN_OR_RETURN(const ControlReply r, command(kCtrlMalloc, {bytes}, {}, {}, deadline_ns, 0, served));
   return r.value;
 }
 
-Status MailboxEndpoint::control_free(uint64_t addr, uint64_t deadline_ns) {
-  return command(kCtrlFree, {addr}, {}, {}, deadline_ns).status();
+Status MailboxEndpoint::control_free(uint64_t addr, uint64_t deadline_ns, uint64_t registration) {
+  return command(kCtrlFree, {addr}, {}, {}, deadline_ns, registration).status();
 }
 
 Status MailboxEndpoint::control_copy_to(uint64_t addr, uint64_t offset, std::span<const uint8_t> bytes,
-                                        uint64_t deadline_ns) {
+                                        uint64_t deadline_ns, uint64_t registration) {
   for (size_t done = 0; done < bytes.size();) {
     const size_t n = std::min(bytes.size() - done, kControlDataCapacity);
     SIMPLER_RETURN_IF_ERROR(
-        command(kCtrlCopyTo, {addr, offset + done, n}, bytes.subspan(done, n), {}, deadline_ns).status());
+        command(kCtrlCopyTo, {addr, offset + done, n}, bytes.subspan(done, n), {}, deadline_ns, registration).status());
     done += n;
   }
   return Status();
 }
 
-Status MailboxEndpoint::control_copy_from(uint64_t addr, uint64_t offset, std::span<uint8_t> out,
-                                          uint64_t deadline_ns) {
+Status MailboxEndpoint::control_copy_from(uint64_t addr, uint64_t offset, std::span<uint8_t> out, uint64_t deadline_ns,
+                                          uint64_t registration) {
   for (size_t done = 0; done < out.size();) {
     const size_t n = std::min(out.size() - done, kControlDataCapacity);
-    SIMPLER_ASSIGN_OR_RETURN(const ControlReply r,
-                             command(kCtrlCopyFrom, {addr, offset + done, n}, {}, out.subspan(done, n), deadline_ns));
+    SIMPLER_ASSIGN_OR_RETURN(const ControlReply r, command(kCtrlCopyFrom, {addr, offset + done, n}, {},
+                                                           out.subspan(done, n), deadline_ns, registration));
     if (r.data_bytes != n) return internal_error("copy_from returned {} of {} bytes", r.data_bytes, n);
     done += n;
   }

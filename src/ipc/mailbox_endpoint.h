@@ -3,13 +3,16 @@
 // or PREPARE_READY for a staged run it later activates through the entry), reclaims
 // frames on ACKs and entries on terminals, and poisons itself when the child
 // is gone or stopped, giving every held run one terminal with one cause.
+// reregister() readies the same region for a child that replaces a dead one.
 // Threads: one publisher thread (the Scheduler) calls publish, poll,
 // available_request_transport and close-path methods; control commands may
 // come from any thread (serialized here). Owns no memory of the mapping.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -98,6 +101,18 @@ class MailboxEndpoint {
   // Waits for INIT_READY and checks the child's wire constants, listing every
   // disagreement (R18). deadline_ns: absolute now_ns().
   Status wait_ready(uint64_t deadline_ns);
+  // wait_ready's answer without waiting: nullopt while the child initialises.
+  std::optional<Status> ready_state() const;
+
+  // Registration again, over the same region, for a child that replaces a
+  // dead one: every word as create() writes it, nothing held, not poisoned,
+  // and registration() one higher. `start_child` runs before any control
+  // command can reach the new registration (the parent forks the child
+  // there). Publisher thread, with every run this endpoint held already
+  // given its terminal; waits for a control command in flight.
+  Status reregister(const std::function<Status()>& start_child);
+  // 1 for create(), one more per reregister(). Any thread.
+  uint64_t registration() const { return registration_.load(std::memory_order_acquire); }
 
   // Free request frames (0 once poisoned). Reclaims ACKed frames first.
   uint32_t available_request_transport();
@@ -133,11 +148,16 @@ class MailboxEndpoint {
   void request_shutdown();
 
   // Control commands over the control frame, independent of request frames
-  // and entries (R19). Any thread.
-  Result<uint64_t> control_malloc(uint64_t bytes, uint64_t deadline_ns);
-  Status control_free(uint64_t addr, uint64_t deadline_ns);
-  Status control_copy_to(uint64_t addr, uint64_t offset, std::span<const uint8_t> bytes, uint64_t deadline_ns);
-  Status control_copy_from(uint64_t addr, uint64_t offset, std::span<uint8_t> out, uint64_t deadline_ns);
+  // and entries (R19). Any thread. `registration`, when not 0, is the one an
+  // address belongs to: a command for an earlier registration is refused
+  // (ABORTED) unsent, since the child that allocated it is gone.
+  // control_malloc stores the registration it ran under in *served.
+  Result<uint64_t> control_malloc(uint64_t bytes, uint64_t deadline_ns, uint64_t* served = nullptr);
+  Status control_free(uint64_t addr, uint64_t deadline_ns, uint64_t registration = 0);
+  Status control_copy_to(uint64_t addr, uint64_t offset, std::span<const uint8_t> bytes, uint64_t deadline_ns,
+                         uint64_t registration = 0);
+  Status control_copy_from(uint64_t addr, uint64_t offset, std::span<uint8_t> out, uint64_t deadline_ns,
+                           uint64_t registration = 0);
   // The child's device memory, forwarded exactly (64-bit, R72); a reply that
   // is malformed or has free > total is refused.
   Result<DeviceMemoryReport> control_memory_info(uint64_t deadline_ns);
@@ -160,15 +180,21 @@ class MailboxEndpoint {
     bool staged = false;  // published PREPARE_READY, not yet activated or cancelled
   };
 
-  MailboxEndpoint(MailboxView view, EndpointOptions options);
+  MailboxEndpoint(MailboxView view, size_t extent, EndpointOptions options);
+  // Writes the registration into the region and resets this side's records.
+  void register_region();
   void reclaim_frames();
   void scan_entries();
   void release(uint32_t entry);
   void deliver_poison();
+  // `registration`: as for the control commands; *served, when set, gets the
+  // registration the command ran under.
   Result<ControlReply> command(MailboxControlOp op, std::initializer_list<uint64_t> args, std::span<const uint8_t> in,
-                               std::span<uint8_t> out, uint64_t deadline_ns);
+                               std::span<uint8_t> out, uint64_t deadline_ns, uint64_t registration = 0,
+                               uint64_t* served = nullptr);
 
   MailboxView view_;
+  const size_t extent_;
   EndpointOptions options_;
   ChildLiveness* liveness_ = nullptr;
   FrameRecord frames_[kMailboxRequestFrames];
@@ -182,8 +208,9 @@ class MailboxEndpoint {
   bool shutdown_ = false;
   std::deque<EndpointEvent> pending_;
 
-  std::mutex control_mu_;
+  std::mutex control_mu_;  // a control command, or a registration
   uint64_t cmd_seq_ = 0;
+  std::atomic<uint64_t> registration_{1};  // written under control_mu_
 };
 
 }  // namespace simpler

@@ -62,6 +62,7 @@ std::vector<WireConstant> mailbox_wire_constants() {
       wc("CTRL_COPY_FROM", kCtrlCopyFrom),
       wc("CTRL_MEMORY_INFO", kCtrlMemoryInfo),
       wc("CTRL_DATA_OFFSET", kControlDataOffset),
+      wc("CTRL_OFF_INIT_CODE", offsetof(ControlFrame, init_code)),
       wc("FRAME_OFF_PUBLICATION", offsetof(RequestHeader, publication)),
       wc("FRAME_OFF_ENTRY_INDEX", offsetof(RequestHeader, entry_index)),
       wc("FRAME_OFF_ENTRY_GENERATION", offsetof(RequestHeader, entry_generation)),

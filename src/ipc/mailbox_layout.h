@@ -18,7 +18,8 @@
 namespace simpler {
 
 inline constexpr uint64_t kMailboxMagic = 0x3158424d4c504d53ull;  // "SMPLMBX1"
-inline constexpr uint32_t kMailboxProtocolVersion = 1;
+// 2: the control frame carries the StatusCode of an INIT_FAILED (init_code).
+inline constexpr uint32_t kMailboxProtocolVersion = 2;
 inline constexpr size_t kMailboxFrameSize = 65536;
 inline constexpr size_t kMailboxRequestFrames = 2;  // K: bounds concurrent hand-off, not runs
 inline constexpr size_t kMailboxEntryStride = 384;  // S
@@ -130,7 +131,8 @@ struct ControlFrame {
   char init_error[4096];
   WireConstant parent_wire[kMaxWireConstants];
   WireConstant child_wire[kMaxWireConstants];
-  uint8_t reserved1[kControlDataOffset - 10904];
+  uint32_t init_code;  // child, with INIT_FAILED: the StatusCode of the failure (init_error is its text)
+  uint8_t reserved1[kControlDataOffset - 10908];
   uint8_t data[kControlDataCapacity];  // command and reply payload
 };
 
@@ -192,7 +194,8 @@ static_assert(offsetof(ControlFrame, cmd_seq) == 72 && offsetof(ControlFrame, re
 static_assert(offsetof(ControlFrame, cmd_args) == 96 && offsetof(ControlFrame, reply_value) == 136);
 static_assert(offsetof(ControlFrame, reply_text) == 152 && offsetof(ControlFrame, stop_reason) == 408);
 static_assert(offsetof(ControlFrame, init_error) == 664 && offsetof(ControlFrame, parent_wire) == 4760);
-static_assert(offsetof(ControlFrame, child_wire) == 7832 && offsetof(ControlFrame, reserved1) == 10904);
+static_assert(offsetof(ControlFrame, child_wire) == 7832 && offsetof(ControlFrame, init_code) == 10904);
+static_assert(offsetof(ControlFrame, reserved1) == 10908);
 static_assert(offsetof(ControlFrame, data) == kControlDataOffset);
 static_assert(sizeof(RequestHeader) == 64);
 static_assert(offsetof(RequestHeader, publication) == 8 && offsetof(RequestHeader, entry_index) == 16);

@@ -71,12 +71,14 @@ Status SubWorkerHandler::call(size_t index, const RunRequest& request) {
                           i, a.tensor.buffer().addr, a.tensor.buffer().bytes);
     }
   }
+  // A throw is the user's code failing (USER_CODE_FAILED), not a defect
+  // inside simpler (INTERNAL).
   try {
     return functions_[index](TaskArgsView(args));
   } catch (const std::exception& e) {
-    return internal_error("sub function {} threw: {}", index, e.what());
+    return user_code_failed("sub function {} threw: {}", index, e.what());
   } catch (...) {
-    return internal_error("sub function {} threw a non-standard exception", index);
+    return user_code_failed("sub function {} threw a non-standard exception", index);
   }
 }
 

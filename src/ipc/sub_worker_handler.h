@@ -6,8 +6,8 @@
 // fork). The serve loop calls start/try_run_inline/drain; the function table
 // is copied in before fork and never changes. A function that was short and
 // then blocks holds the loop with it: a later frame's hand-back waits for its
-// return like the later function itself would, and close() ends the child at
-// its deadline.
+// return like the later function itself would, and past the node's
+// run_timeout the parent kills the child like a hung chip.
 #pragma once
 
 #include <atomic>

@@ -19,11 +19,9 @@ namespace {
 constexpr uint64_t kControlDeadlineNs = 30'000'000'000ull;
 }  // namespace
 
-Result<std::unique_ptr<ForkedChild>> spawn_node_child(std::function<std::unique_ptr<RunHandler>()> make_handler,
-                                                      const SpawnOptions& options, uint64_t requested,
-                                                      const std::string& what) {
-  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> child, ForkedChild::spawn(std::move(make_handler), options),
-                           "{}", what);
+Result<std::unique_ptr<ForkedChild>> require_grant(Result<std::unique_ptr<ForkedChild>> started, uint64_t requested,
+                                                   const std::string& what) {
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> child, std::move(started), "{}", what);
   const uint64_t granted = child->child_grant();
   if (granted != 0 && granted < requested) {
     std::vector<EndpointEvent> none;
@@ -86,7 +84,9 @@ class NodeOrchestrator final : public Orchestrator {
   }
 
   // Checks one tensor argument and returns its address as the child sees it.
-  Result<uint64_t> place(const TaskArg& a, size_t i, bool sub, uint32_t worker, NodeTask& t) {
+  // A device buffer's registration (the child of `worker` it lives in) goes
+  // to `registration`.
+  Result<uint64_t> place(const TaskArg& a, size_t i, bool sub, uint32_t worker, NodeTask& t, uint64_t& registration) {
     const DeviceBuffer& b = a.tensor.buffer();
     if (!b.bound()) {
       return invalid_argument(
@@ -103,9 +103,10 @@ class NodeOrchestrator final : public Orchestrator {
             "memory is its own",
             i);
       }
-      SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, w_.child_address(b, worker), "argument {}", i);
+      SIMPLER_ASSIGN_OR_RETURN(const NodeWorker::DeviceAlloc d, w_.device_arg(b, worker), "argument {}", i);
       borrow(b.addr);
-      return addr;
+      registration = d.registration;
+      return d.child_addr;
     }
     if (!w_.heap_->range().overlaps(b.addr, b.bytes)) {
       for (const HostRange& r : w_.spec_.inherited) {
@@ -137,13 +138,14 @@ class NodeOrchestrator final : public Orchestrator {
   // Places every tensor of `args` for `worker` (counting t's uses of run
   // allocations and the run's borrows) and encodes the child's blob. The
   // caller undoes t's counts on failure.
-  Status encode(bool sub, const TaskArgs& args, uint32_t worker, NodeTask& t, std::vector<uint8_t>& blob) {
+  Status encode(bool sub, const TaskArgs& args, uint32_t worker, NodeTask& t, std::vector<uint8_t>& blob,
+                uint64_t& registration) {
     SIMPLER_RETURN_IF_ERROR(args.validate());
     TaskArgs wire = args;
     for (size_t i = 0; i < args.size(); ++i) {
       const TaskArg& a = args[i];
       if (a.kind != TaskArg::Kind::Tensor) continue;
-      SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, place(a, i, sub, worker, t));
+      SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, place(a, i, sub, worker, t, registration));
       int64_t shape[kMaxDims], stride[kMaxDims];
       for (int d = 0; d < a.tensor.ndim(); ++d) {
         shape[d] = a.tensor.shape(d);
@@ -162,7 +164,7 @@ class NodeOrchestrator final : public Orchestrator {
   Result<uint32_t> build(bool sub, const Digest& digest, const TaskArgs& args, uint32_t worker) {
     auto t = std::make_unique<NodeTask>();
     const size_t borrowed_before = run_.borrowed.size();
-    if (Status st = encode(sub, args, worker, *t, t->blob); !st.ok()) {
+    if (Status st = encode(sub, args, worker, *t, t->blob, t->registration); !st.ok()) {
       undo(*t, borrowed_before);
       return st;
     }
@@ -195,6 +197,7 @@ class NodeOrchestrator final : public Orchestrator {
     if (worker >= w_.next_.size()) {
       return invalid_argument("worker = {}: this worker has {} {}s", worker, w_.next_.size(), w_.next_kind());
     }
+    SIMPLER_RETURN_IF_ERROR(w_.check_alive(worker));
     SIMPLER_RETURN_IF_ERROR(check_callable(callable));
     return build(false, callable.digest, args, worker);
   }
@@ -209,7 +212,7 @@ class NodeOrchestrator final : public Orchestrator {
       GroupMember member;
       member.worker = sub ? 0 : workers[m];
       member.args = args[m];
-      if (Status st = encode(sub, args[m], member.worker, *t, member.blob); !st.ok()) {
+      if (Status st = encode(sub, args[m], member.worker, *t, member.blob, member.registration); !st.ok()) {
         undo(*t, borrowed_before);
         return Status(st.code(), fmt::format("group member {}: {}", m, st.message()));
       }
@@ -243,6 +246,7 @@ class NodeOrchestrator final : public Orchestrator {
                                   workers[m]);
         }
       }
+      SIMPLER_RETURN_IF_ERROR(w_.check_alive(workers[m]), "workers[{}]", m);
     }
     SIMPLER_RETURN_IF_ERROR(check_callable(callable));
     return build_group(false, callable.digest, args, workers);
@@ -330,11 +334,11 @@ Result<std::unique_ptr<NodeWorker>> NodeWorker::create(NodeSpec spec) {
   // Every child is forked; only now does this process start a thread.
   std::vector<EndpointPort*> next_ports, sub_ports;
   for (auto& c : w->next_) {
-    w->ports_.push_back(std::make_unique<MailboxPort>(c->endpoint()));
+    w->ports_.push_back(std::make_unique<MailboxPort>(*c));
     next_ports.push_back(w->ports_.back().get());
   }
   for (auto& c : w->subs_) {
-    w->ports_.push_back(std::make_unique<MailboxPort>(c->endpoint()));
+    w->ports_.push_back(std::make_unique<MailboxPort>(*c));
     sub_ports.push_back(w->ports_.back().get());
   }
   NodeWorker* self = w.get();
@@ -359,34 +363,60 @@ Status NodeWorker::spawn_children() {
   so.granted_sets = config_.pipeline_depth;
   so.child.shared_parent_bell = &heap_->bell();
   so.child.spin = kNodeSpin;
-  const HostRanges ranges = shared_ranges();
-  // Only a next-level worker's runs carry the deadline: a sub function is
-  // the user's host code, with no device that could hang on its behalf.
-  SpawnOptions next_so = so;
+  // Every child's runs carry the deadline, a sub worker's too: a sub function
+  // that never returns hangs its run exactly as a kernel would.
   const uint64_t timeout_ms = static_cast<uint64_t>(config_.run_timeout.count());
-  next_so.endpoint.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
+  so.endpoint.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
+  const HostRanges ranges = shared_ranges();
+  // Every recipe and mailbox exists before the fork server forks, so each
+  // child finds them at this process's addresses. A recipe owns copies of
+  // what it builds from: the server runs it long after this returns.
+  std::vector<ChildRecipe> recipes;
+  std::vector<std::shared_ptr<SharedMapping>> mailboxes;
+  std::vector<std::string> names;
+  // `process` names the child in ps ("simpler-chip0"); `what` in errors ("chip worker 0").
+  auto add = [&](std::function<std::unique_ptr<RunHandler>()> make, std::string process, std::string what) -> Status {
+    SIMPLER_ASSIGN_OR_RETURN(std::shared_ptr<SharedMapping> mailbox, ForkedChild::map_mailbox(so.granted_sets), "{}",
+                             what);
+    SIMPLER_ASSIGN_OR_RETURN(const MailboxView view,
+                             MailboxView::attach(mailbox->data(), mailbox->size(), so.granted_sets));
+    recipes.push_back(ChildRecipe{std::move(process), std::move(make), view, so.child});
+    mailboxes.push_back(std::move(mailbox));
+    names.push_back(std::move(what));
+    return Status();
+  };
   const uint32_t next_count = spec_.level == Level::Network ? static_cast<uint32_t>(spec_.nodes.size()) : config_.chips;
   for (uint32_t i = 0; i < next_count; ++i) {
     std::function<std::unique_ptr<RunHandler>()> make;
     if (spec_.level == Level::Network) {
-      make = [&, i] {
-        NodeSpec node = spec_.nodes[i];
-        node.inherited = ranges.ranges;
-        return std::make_unique<NodeChildHandler>(std::move(node), spec_.node_callables);
-      };
+      NodeSpec node = spec_.nodes[i];
+      node.inherited = ranges.ranges;
+      make = [node, callables = spec_.node_callables] { return std::make_unique<NodeChildHandler>(node, callables); };
     } else {
-      make = [&] { return std::make_unique<ChipChildHandler>(config_, spec_.chip_callables, ranges); };
+      make = [config = config_, callables = spec_.chip_callables, ranges] {
+        return std::make_unique<ChipChildHandler>(config, callables, ranges);
+      };
     }
-    SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> c, spawn_node_child(make, next_so, config_.pipeline_depth,
-                                                                              fmt::format("{} {}", next_kind(), i)));
-    next_.push_back(std::move(c));
+    const char* process = spec_.level == Level::Network ? "simpler-node" : "simpler-chip";
+    SIMPLER_RETURN_IF_ERROR(
+        add(std::move(make), fmt::format("{}{}", process, i), fmt::format("{} {}", next_kind(), i)));
   }
   for (uint32_t i = 0; i < config_.sub_workers; ++i) {
+    SIMPLER_RETURN_IF_ERROR(
+        add([functions = spec_.functions, ranges] { return std::make_unique<SubWorkerHandler>(functions, ranges); },
+            fmt::format("simpler-sub{}", i), fmt::format("sub worker {}", i)));
+  }
+  SIMPLER_ASSIGN_OR_RETURN(server_, ForkServer::start(std::move(recipes)));
+  // A chip's device addresses hold its incarnation (kNodeIncarnationShift).
+  SpawnOptions chip_so = so;
+  chip_so.max_replacements = kNodeMaxIncarnations - 1;
+  const bool chips = spec_.level == Level::Node;
+  for (uint32_t k = 0; k < names.size(); ++k) {
     SIMPLER_ASSIGN_OR_RETURN(
         std::unique_ptr<ForkedChild> c,
-        spawn_node_child([&] { return std::make_unique<SubWorkerHandler>(spec_.functions, ranges); }, so,
-                         config_.pipeline_depth, fmt::format("sub worker {}", i)));
-    subs_.push_back(std::move(c));
+        require_grant(ForkedChild::start(*server_, k, mailboxes[k], chips && k < next_count ? chip_so : so),
+                      config_.pipeline_depth, names[k]));
+    (k < next_count ? next_ : subs_).push_back(std::move(c));
   }
   return Status();
 }
@@ -480,12 +510,14 @@ void NodeWorker::build_and_schedule(std::unique_ptr<NodeRun> run,
   NodeOrchestrator o(*this, *run);
   Status st;
   const uint64_t build_start = now_ns();
+  // A throw is the user's code failing (USER_CODE_FAILED, as at the chip
+  // level), not a defect inside simpler (INTERNAL).
   try {
     st = orchestration(o);
   } catch (const std::exception& e) {
-    st = internal_error("the orchestration threw: {}", e.what());
+    st = user_code_failed("the orchestration threw: {}", e.what());
   } catch (...) {
-    st = internal_error("the orchestration threw a non-standard exception");
+    st = user_code_failed("the orchestration threw a non-standard exception");
   }
   run->build_us = static_cast<double>(now_ns() - build_start) / 1000.0;
   if (st.ok()) st = o.first_error();
@@ -503,13 +535,32 @@ void NodeWorker::build_and_schedule(std::unique_ptr<NodeRun> run,
   scheduler_->enqueue(std::move(run));
 }
 
-Result<uint64_t> NodeWorker::child_address(const DeviceBuffer& b, uint32_t worker) const {
-  std::lock_guard<std::mutex> lock(mem_mu_);
+Status NodeWorker::check_alive(uint32_t worker) const {
+  if (auto f = next_[worker]->failure()) {
+    return make_error(StatusCode::kAborted, "{} {} is gone: {}", next_kind(), worker, f->to_string());
+  }
+  return Status();
+}
+
+Status NodeWorker::lost(const char* what, uint64_t node_addr, const DeviceAlloc& a) const {
+  return failed_precondition(
+      "{}: buffer {:#x} was lost with chip worker {}, which died after the buffer was allocated (a replacement's "
+      "device memory starts empty)",
+      what, node_addr, a.worker);
+}
+
+bool NodeWorker::is_lost(const DeviceAlloc& a) const { return a.registration != next_[a.worker]->incarnation(); }
+
+Result<NodeWorker::DeviceAlloc> NodeWorker::device_arg(const DeviceBuffer& b, uint32_t worker) const {
+  std::unique_lock<std::mutex> lock(mem_mu_);
   auto it = device_allocs_.find(b.addr);
   if (it == device_allocs_.end() || it->second.worker != worker || b.bytes > it->second.bytes) {
     return invalid_argument("{:#x} is not a live allocation on target worker {}", b.addr, worker);
   }
-  return it->second.child_addr;
+  const DeviceAlloc a = it->second;
+  lock.unlock();
+  if (is_lost(a)) return lost("submit", b.addr, a);
+  return a;
 }
 
 Result<NodeWorker::DeviceAlloc> NodeWorker::device_alloc(uint64_t node_addr, const char* what) const {
@@ -517,6 +568,31 @@ Result<NodeWorker::DeviceAlloc> NodeWorker::device_alloc(uint64_t node_addr, con
   auto it = device_allocs_.find(node_addr);
   if (it == device_allocs_.end()) return not_found("{}: {:#x} is not a live device allocation", what, node_addr);
   return it->second;
+}
+
+Status NodeWorker::on_device_buffer(const char* what, uint64_t node_addr, const DeviceAlloc& a,
+                                    const std::function<Status(MailboxEndpoint&)>& command) {
+  ForkedChild& c = *next_[a.worker];
+  if (is_lost(a)) return lost(what, node_addr, a);
+  const Status st = command(c.endpoint());
+  // A child that died under the command took the buffer with it.
+  if (!st.ok() && (is_lost(a) || !c.check().ok())) return lost(what, node_addr, a);
+  return st;
+}
+
+template <typename T>
+Result<T> NodeWorker::ask_living(uint32_t worker, const std::function<Result<T>(MailboxEndpoint&)>& command) {
+  ForkedChild& c = *next_[worker];
+  for (int attempt = 0;; ++attempt) {
+    SIMPLER_RETURN_IF_ERROR(check_alive(worker));
+    const uint64_t incarnation = c.incarnation();
+    Result<T> r = command(c.endpoint());
+    // A refusal from a living child is the answer. One that died under the
+    // command is replaced; its replacement is asked once.
+    if (r.ok() || attempt > 0 || (c.incarnation() == incarnation && c.check().ok())) return r;
+    SIMPLER_RETURN_IF_ERROR(c.await_replacement(incarnation, now_ns() + kControlDeadlineNs),
+                            "{} {} died under the command: {}", next_kind(), worker, r.status().to_string());
+  }
 }
 
 Result<DeviceBuffer> NodeWorker::malloc_on(uint32_t worker, uint64_t bytes) {
@@ -527,15 +603,21 @@ Result<DeviceBuffer> NodeWorker::malloc_on(uint32_t worker, uint64_t bytes) {
   }
   if (worker >= next_.size())
     return invalid_argument("worker = {}: this node has {} chip workers", worker, next_.size());
-  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr,
-                           endpoint_of(worker).control_malloc(bytes, now_ns() + kControlDeadlineNs));
+  uint64_t registration = 0;
+  SIMPLER_ASSIGN_OR_RETURN(
+      const uint64_t addr,
+      ask_living<uint64_t>(
+          worker,
+          [&](MailboxEndpoint& ep) { return ep.control_malloc(bytes, now_ns() + kControlDeadlineNs, &registration); }),
+      "malloc_on");
   if ((addr & ~kNodeChildAddrMask) != 0) {
-    (void)endpoint_of(worker).control_free(addr, now_ns() + kControlDeadlineNs);
+    (void)endpoint_of(worker).control_free(addr, now_ns() + kControlDeadlineNs, registration);
     return internal_error("chip worker {} returned device address {:#x}, beyond 48 bits", worker, addr);
   }
-  const uint64_t node_addr = kNodeDeviceTag | (static_cast<uint64_t>(worker) << kNodeChipShift) | addr;
+  const uint64_t node_addr = kNodeDeviceTag | ((registration - 1) << kNodeIncarnationShift) |
+                             (static_cast<uint64_t>(worker) << kNodeChipShift) | addr;
   std::lock_guard<std::mutex> lock(mem_mu_);
-  device_allocs_[node_addr] = DeviceAlloc{worker, addr, bytes};
+  device_allocs_[node_addr] = DeviceAlloc{worker, addr, bytes, registration};
   return DeviceBuffer{node_addr, bytes};
 }
 
@@ -556,9 +638,12 @@ Status NodeWorker::free(DeviceBuffer buffer) {
     auto it = device_allocs_.find(buffer.addr);
     if (it == device_allocs_.end()) return not_found("free: {:#x} is not a live device allocation", buffer.addr);
     const DeviceAlloc a = it->second;
+    // Dropped even when lost: the buffer is gone either way, and its loss is reported once more here.
     device_allocs_.erase(it);
     lock.unlock();
-    return endpoint_of(a.worker).control_free(a.child_addr, now_ns() + kControlDeadlineNs);
+    return on_device_buffer("free", buffer.addr, a, [&](MailboxEndpoint& ep) {
+      return ep.control_free(a.child_addr, now_ns() + kControlDeadlineNs, a.registration);
+    });
   }
   if (shared_allocs_.erase(buffer.addr) == 0) {
     return not_found("free: {:#x} is neither a device allocation nor a shared-heap block of this worker", buffer.addr);
@@ -573,8 +658,10 @@ Status NodeWorker::copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, ui
     if (dst_offset > a.bytes || bytes > a.bytes - dst_offset) {
       return out_of_range("copy_to: {} bytes at offset {} exceed the {}-byte allocation", bytes, dst_offset, a.bytes);
     }
-    return endpoint_of(a.worker).control_copy_to(a.child_addr, dst_offset, {static_cast<const uint8_t*>(src), bytes},
-                                                 now_ns() + kControlDeadlineNs);
+    return on_device_buffer("copy_to", dst.addr, a, [&](MailboxEndpoint& ep) {
+      return ep.control_copy_to(a.child_addr, dst_offset, {static_cast<const uint8_t*>(src), bytes},
+                                now_ns() + kControlDeadlineNs, a.registration);
+    });
   }
   if (dst_offset > dst.bytes || !heap_->within_live_block(dst.addr + dst_offset, bytes)) {
     return out_of_range("copy_to: {:#x}+{} is not inside a live shared-heap block", dst.addr + dst_offset, bytes);
@@ -589,8 +676,10 @@ Status NodeWorker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64
     if (src_offset > a.bytes || bytes > a.bytes - src_offset) {
       return out_of_range("copy_from: {} bytes at offset {} exceed the {}-byte allocation", bytes, src_offset, a.bytes);
     }
-    return endpoint_of(a.worker).control_copy_from(a.child_addr, src_offset, {static_cast<uint8_t*>(dst), bytes},
-                                                   now_ns() + kControlDeadlineNs);
+    return on_device_buffer("copy_from", src.addr, a, [&](MailboxEndpoint& ep) {
+      return ep.control_copy_from(a.child_addr, src_offset, {static_cast<uint8_t*>(dst), bytes},
+                                  now_ns() + kControlDeadlineNs, a.registration);
+    });
   }
   if (src_offset > src.bytes || !heap_->within_live_block(src.addr + src_offset, bytes)) {
     return out_of_range("copy_from: {:#x}+{} is not inside a live shared-heap block", src.addr + src_offset, bytes);
@@ -603,21 +692,37 @@ Result<MemoryInfo> NodeWorker::memory_info_on(uint32_t worker) {
   if (worker >= next_.size()) {
     return invalid_argument("worker = {}: this worker has {} {}s", worker, next_.size(), next_kind());
   }
-  SIMPLER_ASSIGN_OR_RETURN(const DeviceMemoryReport m,
-                           endpoint_of(worker).control_memory_info(now_ns() + kControlDeadlineNs), "{} {}", next_kind(),
-                           worker);
+  SIMPLER_ASSIGN_OR_RETURN(
+      const DeviceMemoryReport m,
+      ask_living<DeviceMemoryReport>(
+          worker, [](MailboxEndpoint& ep) { return ep.control_memory_info(now_ns() + kControlDeadlineNs); }),
+      "{} {}", next_kind(), worker);
   return MemoryInfo{m.total_bytes, m.free_bytes};
 }
 
 Result<MemoryInfo> NodeWorker::memory_info() {
   MemoryInfo sum;
+  std::string gone;
+  uint32_t living = 0;
   for (uint32_t i = 0; i < next_.size(); ++i) {
+    if (Status alive = check_alive(i); !alive.ok()) {
+      gone += fmt::format("{}{}", gone.empty() ? "" : "; ", alive.message());
+      continue;
+    }
     SIMPLER_ASSIGN_OR_RETURN(const MemoryInfo m, memory_info_on(i));
     if (m.total_bytes > UINT64_MAX - sum.total_bytes) {
       return out_of_range("memory_info: the next-level workers' total device bytes exceed 2^64");
     }
     sum.total_bytes += m.total_bytes;
     sum.free_bytes += m.free_bytes;  // free <= total per chip, so this cannot wrap either
+    ++living;
+  }
+  // A failed worker's memory is unknown, so no sum is the node's: the error
+  // names each failed one and carries the living ones' sum, which
+  // memory_info_on also reads one by one.
+  if (!gone.empty()) {
+    return make_error(StatusCode::kAborted, "memory_info: {}; the {} living {}(s) report {} free of {} total bytes",
+                      gone, living, next_kind(), sum.free_bytes, sum.total_bytes);
   }
   return sum;
 }
@@ -645,6 +750,7 @@ Status NodeWorker::close(std::chrono::milliseconds drain) {
   ports_.clear();
   next_.clear();
   subs_.clear();
+  server_.reset();  // every child of it is closed
   return first;
 }
 

@@ -1,8 +1,9 @@
 // NodeWorker: the engine behind Worker at Level::Node (L3) and
-// Level::Network (L4): the level is a label. It maps the shared heap, forks
-// every child (next-level workers: chips with a ChipChildHandler, or nodes
-// with a NodeChildHandler; sub workers with a SubWorkerHandler) before
-// starting any thread of its own, then runs the Scheduler. It admits whole runs in FIFO order, at most pipeline_depth
+// Level::Network (L4): the level is a label. It maps the shared heap and
+// every mailbox, forks its ForkServer before starting any thread of its own,
+// has it fork every child (next-level workers: chips with a
+// ChipChildHandler, or nodes with a NodeChildHandler; sub workers with a
+// SubWorkerHandler), then runs the Scheduler. It admits whole runs in FIFO order, at most pipeline_depth
 // at once (begin_run takes no lease, R41), builds each run on the caller's
 // thread through an Orchestrator, and keeps the registry of caller-owned
 // buffers and the live runs borrowing them (R47).
@@ -31,10 +32,17 @@
 
 namespace simpler {
 
-// Device addresses at the node level name their chip: bit 62 marks a device
-// address, bits 48..55 hold the chip index, the low 48 bits the chip's own
-// address. Shared-heap addresses are plain host pointers (below 2^47).
+// Device addresses at the node level name their chip and the child of it
+// that allocated them: bit 62 marks a device address, bits 56..61 hold the
+// child's incarnation (0 for the first, one more per replacement), bits
+// 48..55 the chip index, the low 48 bits the chip's own address. So a
+// replacement's buffers never share an address with its dead predecessor's,
+// which are reported lost; a chip is replaced at most
+// kNodeMaxIncarnations - 1 times. Shared-heap addresses are plain host
+// pointers (below 2^47).
 inline constexpr uint64_t kNodeDeviceTag = 1ull << 62;
+inline constexpr uint64_t kNodeIncarnationShift = 56;
+inline constexpr uint64_t kNodeMaxIncarnations = 64;
 inline constexpr uint64_t kNodeChipShift = 48;
 inline constexpr uint64_t kNodeChildAddrMask = (1ull << kNodeChipShift) - 1;
 inline constexpr uint32_t kNodeMaxChips = 255;
@@ -55,11 +63,10 @@ struct NodeSpec {
   std::vector<HostRange> inherited;
 };
 
-// Spawns one child and checks the sets its handler granted (R68): fewer than
-// `requested` fails, and the child is closed. `what` names it in errors.
-Result<std::unique_ptr<ForkedChild>> spawn_node_child(std::function<std::unique_ptr<RunHandler>()> make_handler,
-                                                      const SpawnOptions& options, uint64_t requested,
-                                                      const std::string& what);
+// A started child whose handler granted at least `requested` sets (R68):
+// fewer fails, and the child is closed. `what` names it in errors.
+Result<std::unique_ptr<ForkedChild>> require_grant(Result<std::unique_ptr<ForkedChild>> started, uint64_t requested,
+                                                   const std::string& what);
 
 class NodeWorker {
  public:
@@ -77,10 +84,14 @@ class NodeWorker {
   Status copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset);
   Status copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset);
   // Device memory of next-level worker `worker` (a chip, or the sum over a
-  // node's chips), through its control frame, exactly (R72).
+  // node's chips), through its control frame, exactly (R72). A worker whose
+  // child died answers through its replacement; one failed for good is
+  // refused (ABORTED), naming it.
   Result<MemoryInfo> memory_info_on(uint32_t worker);
   // The sum over every next-level worker (0 / 0 for none); an overflowing
-  // sum is refused, never wrapped.
+  // sum is refused, never wrapped. With a worker failed for good there is no
+  // such sum: ABORTED, naming each failed worker and giving the living ones'
+  // sum (memory_info_on reads each living one).
   Result<MemoryInfo> memory_info();
 
   // `on_terminal`, if set, is called once with the run's result on the
@@ -109,6 +120,7 @@ class NodeWorker {
     uint32_t worker;
     uint64_t child_addr;
     uint64_t bytes;
+    uint64_t registration;  // the child it lives in (ForkedChild::incarnation)
   };
 
   explicit NodeWorker(NodeSpec spec);
@@ -125,9 +137,22 @@ class NodeWorker {
   void build_and_schedule(std::unique_ptr<NodeRun> run, const std::function<Status(Orchestrator&)>& orchestration);
   void end_run();
   void on_retire(NodeRun& run);
-  // The child address of a device argument bound for chip `worker`, or why not.
-  Result<uint64_t> child_address(const DeviceBuffer& b, uint32_t worker) const;
+  // OK unless next-level worker `worker` failed for good; then why, naming it.
+  Status check_alive(uint32_t worker) const;
+  // A device argument bound for chip `worker`, or why not (a lost buffer among them).
+  Result<DeviceAlloc> device_arg(const DeviceBuffer& b, uint32_t worker) const;
   Result<DeviceAlloc> device_alloc(uint64_t node_addr, const char* what) const;
+  // Whether `a`'s chip died (and was replaced) since `a` was allocated.
+  bool is_lost(const DeviceAlloc& a) const;
+  Status lost(const char* what, uint64_t node_addr, const DeviceAlloc& a) const;
+  // Runs a control command on device buffer `a`; a buffer whose chip died
+  // before or under it is reported lost, naming the buffer and the chip.
+  Status on_device_buffer(const char* what, uint64_t node_addr, const DeviceAlloc& a,
+                          const std::function<Status(MailboxEndpoint&)>& command);
+  // Runs a control command that may be repeated on next-level worker
+  // `worker`; when the child dies under it, once more on its replacement.
+  template <typename T>
+  Result<T> ask_living(uint32_t worker, const std::function<Result<T>(MailboxEndpoint&)>& command);
   MailboxEndpoint& endpoint_of(uint32_t worker) { return next_[worker]->endpoint(); }
 
   const NodeSpec spec_;
@@ -135,6 +160,7 @@ class NodeWorker {
   std::vector<Digest> next_digests_;  // by callable id: what a next-level task may run
   std::vector<Digest> sub_digests_;   // by function id, hashed once: a submit_sub checks against it
   std::unique_ptr<SharedHeap> heap_;
+  std::unique_ptr<ForkServer> server_;  // forks every child; outlives them
   std::vector<std::unique_ptr<ForkedChild>> next_;
   std::vector<std::unique_ptr<ForkedChild>> subs_;
   std::vector<std::unique_ptr<MailboxPort>> ports_;

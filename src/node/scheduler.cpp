@@ -209,8 +209,8 @@ bool Scheduler::dispatch_ready() {
     Status gone;
     if (!t->sub) {
       WorkerLane& l = chip_lanes_[t->worker];
-      if (auto p = l.port().poisoned()) {
-        gone = make_error(StatusCode::kAborted, "chip worker {} is gone: {}", t->worker, p->to_string());
+      if (auto f = l.port().failure()) {
+        gone = make_error(StatusCode::kAborted, "chip worker {} is gone: {}", t->worker, f->to_string());
       } else if (l.can_dispatch()) {
         lane = &l;
       }
@@ -218,7 +218,7 @@ bool Scheduler::dispatch_ready() {
       bool alive = false;
       for (size_t j = 0; j < sub_lanes_.size() && lane == nullptr; ++j) {
         const uint32_t s = static_cast<uint32_t>((next_sub_ + j) % sub_lanes_.size());
-        if (sub_lanes_[s].port().poisoned()) continue;
+        if (sub_lanes_[s].port().failure()) continue;
         alive = true;
         if (sub_lanes_[s].can_dispatch()) {
           lane = &sub_lanes_[s];
@@ -226,7 +226,11 @@ bool Scheduler::dispatch_ready() {
           next_sub_ = (s + 1) % sub_lanes_.size();
         }
       }
-      if (!alive) gone = make_error(StatusCode::kAborted, "no sub worker is left to run this task");
+      if (!alive) {
+        const std::optional<Status> f = sub_lanes_.empty() ? std::nullopt : sub_lanes_[0].port().failure();
+        gone = make_error(StatusCode::kAborted, "no sub worker is left to run this task{}",
+                          f ? fmt::format(" (sub worker 0 is gone: {})", f->to_string()) : "");
+      }
     }
     if (!gone.ok()) {
       t->state = NodeTask::State::kRunning;
@@ -265,8 +269,8 @@ bool Scheduler::dispatch_group(NodeTask* t) {
   if (!t->sub) {
     for (const GroupMember& m : t->members) {
       WorkerLane& l = chip_lanes_[m.worker];
-      if (auto p = l.port().poisoned()) {
-        gone = make_error(StatusCode::kAborted, "chip worker {} is gone: {}", m.worker, p->to_string());
+      if (auto f = l.port().failure()) {
+        gone = make_error(StatusCode::kAborted, "chip worker {} is gone: {}", m.worker, f->to_string());
         break;
       }
       all = all && l.can_dispatch();
@@ -275,7 +279,7 @@ bool Scheduler::dispatch_group(NodeTask* t) {
     size_t live = 0, taken = 0;
     for (size_t j = 0; j < sub_lanes_.size(); ++j) {
       const uint32_t s = static_cast<uint32_t>((next_sub_ + j) % sub_lanes_.size());
-      if (sub_lanes_[s].port().poisoned()) continue;
+      if (sub_lanes_[s].port().failure()) continue;
       ++live;
       if (taken < n && sub_lanes_[s].can_dispatch()) t->members[taken++].worker = s;
     }
@@ -307,7 +311,9 @@ bool Scheduler::dispatch_group(NodeTask* t) {
     spec.callable = t->callable;
     spec.config = t->config;
     spec.args_blob = m.blob;
-    if (Status failed = lane.submit_dispatch(spec); !failed.ok()) {
+    Status failed = t->sub ? Status() : check_registration(m.worker, m.registration);
+    if (failed.ok()) failed = lane.submit_dispatch(spec);
+    if (!failed.ok()) {
       // Its siblings may already be out: they run on, and the group ends
       // with this failure once every member has.
       running_.erase(m.id);
@@ -337,7 +343,7 @@ bool Scheduler::stage_preparable() {
     // R40's order: the lane and transport gate, then the single staged slot,
     // then the ownership guard. A refusal of either gate keeps the task for a
     // later round; a run that no longer owns its set is never staged.
-    if (lane.port().poisoned() || !lane.can_stage() || !lane.single_empty()) {
+    if (lane.port().failure() || !lane.can_stage() || !lane.single_empty()) {
       preparable_[keep++] = t;
       continue;
     }
@@ -350,7 +356,21 @@ bool Scheduler::stage_preparable() {
   return progressed;
 }
 
+Status Scheduler::check_registration(uint32_t worker, uint64_t registration) {
+  if (registration == 0 || registration == chip_lanes_[worker].port().registration()) return Status();
+  return make_error(StatusCode::kAborted,
+                    "chip worker {} died after this task was built and was replaced; the device buffers the task "
+                    "names were lost with it",
+                    worker);
+}
+
 void Scheduler::dispatch_claimed(NodeTask* t, WorkerLane& lane, bool staged) {
+  if (!t->sub) {
+    if (Status lost = check_registration(t->worker, t->registration); !lost.ok()) {
+      finish(t, lost);  // never live: this is its one terminal
+      return;
+    }
+  }
   running_[t->id] = t;
   PublishSpec spec;
   spec.run_id = t->run->id;

@@ -50,6 +50,9 @@ struct SuccessorEdge {
 struct GroupMember {
   uint64_t id = 0;      // node-unique dispatch id
   uint32_t worker = 0;  // chip index; for a sub group, the sub worker it went to
+  // The registration of its chip's mailbox (EndpointPort::registration) whose
+  // device buffers it names; 0 when it names none.
+  uint64_t registration = 0;
   std::vector<uint8_t> blob;
   TaskArgs args;  // node-wide addresses, for the TensorMap
 };
@@ -60,8 +63,9 @@ struct NodeTask {
   uint64_t id = 0;     // node-unique; the dispatch id on the wire (never 0)
   uint32_t index = 0;  // within its run
   NodeRun* run = nullptr;
-  bool sub = false;     // a sub function, on any sub worker; else a chip callable
-  uint32_t worker = 0;  // chip index; for a sub task, the sub worker it went to
+  bool sub = false;           // a sub function, on any sub worker; else a chip callable
+  uint32_t worker = 0;        // chip index; for a sub task, the sub worker it went to
+  uint64_t registration = 0;  // as GroupMember::registration
   Digest callable{};
   std::vector<uint8_t> config;   // request-frame config bytes
   std::vector<uint8_t> blob;     // the arguments as the child decodes them
@@ -159,6 +163,9 @@ class Scheduler {
   void wire(NodeTask* t);
   bool dispatch_ready();
   void dispatch_claimed(NodeTask* t, WorkerLane& lane, bool staged = false);
+  // Refuses a chip task built against device buffers of a child of `worker`
+  // that has since died and been replaced: those buffers are gone.
+  Status check_registration(uint32_t worker, uint64_t registration);
   // A group: finished now (a worker is gone), left READY (some member's gate
   // says no) or published member by member. True when it moved.
   bool dispatch_group(NodeTask* t);

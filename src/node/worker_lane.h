@@ -4,7 +4,8 @@
 // the ordinary lane's gate: a free lane AND a free request frame (R33).
 // The staged lane holds at most one successor published PREPARE_READY and
 // not yet activated; can_stage() is its gate, with the same transport term.
-// EndpointPort is the endpoint as lanes see it, so a test can inject faults.
+// EndpointPort is the endpoint as lanes see it, so a test can inject faults;
+// a MailboxPort over a ForkedChild also has a dead child replaced.
 // Threads: only the scheduler thread (the one publisher, R34) touches a lane
 // and its port after start.
 #pragma once
@@ -13,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "ipc/forked_child.h"
 #include "ipc/mailbox_endpoint.h"
 
 namespace simpler {
@@ -30,23 +32,45 @@ class EndpointPort {
   // As MailboxEndpoint::activate: ACTIVATE or CANCEL a run published staged.
   virtual Status activate(const Publication& p, bool launch) = 0;
   virtual void poll(std::vector<EndpointEvent>& out) = 0;
+  // Gives every held run a terminal with `cause`, and the worker takes no
+  // more work (the node is closing).
   virtual void poison(const Status& cause) = 0;
   virtual std::optional<Status> poisoned() const = 0;
+  // Why the worker behind the port takes no more work, for good; nullopt
+  // while it serves or its replacement is on its way (work then waits).
+  virtual std::optional<Status> failure() const { return poisoned(); }
+  // Which child serves the port: a task built against device buffers of
+  // another one may not run here. 0 when the port never changes children.
+  virtual uint64_t registration() const { return 0; }
 };
 
 class MailboxPort final : public EndpointPort {
  public:
   explicit MailboxPort(MailboxEndpoint& ep) : ep_(ep) {}
-  uint32_t available_request_transport() override { return ep_.available_request_transport(); }
+  // A port whose child is replaced when it dies: after each poll it lets the
+  // child maintain itself, and nothing is published until a replacement answers.
+  explicit MailboxPort(ForkedChild& child) : ep_(child.endpoint()), child_(&child) {}
+  uint32_t available_request_transport() override {
+    return child_ != nullptr && !child_->serving() ? 0 : ep_.available_request_transport();
+  }
   uint64_t max_inflight_tasks() const override { return ep_.view().entry_count(); }
   Result<Publication> publish(const PublishSpec& spec) override { return ep_.publish(spec); }
   Status activate(const Publication& p, bool launch) override { return ep_.activate(p, launch); }
-  void poll(std::vector<EndpointEvent>& out) override { ep_.poll(out); }
-  void poison(const Status& cause) override { ep_.poison(cause); }
+  void poll(std::vector<EndpointEvent>& out) override {
+    ep_.poll(out);
+    if (child_ != nullptr) (void)child_->maintain();
+  }
+  void poison(const Status& cause) override {
+    if (child_ != nullptr) child_->stop_replacing(cause);
+    ep_.poison(cause);
+  }
   std::optional<Status> poisoned() const override { return ep_.poisoned(); }
+  std::optional<Status> failure() const override { return child_ != nullptr ? child_->failure() : ep_.poisoned(); }
+  uint64_t registration() const override { return ep_.registration(); }
 
  private:
   MailboxEndpoint& ep_;
+  ForkedChild* child_ = nullptr;
 };
 
 class WorkerLane {
