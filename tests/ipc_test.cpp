@@ -546,8 +546,16 @@ TEST_P(MailboxProtocol, R10ReclaimSignalsAreLevels) {
   }
 }
 
+// The text only the child's exit sweep writes into an entry it ends. The
+// parent's own terminal for a run still held when the child exits says "the
+// child exited", so a terminal carrying this text came from the sweep (R11).
+std::string sweep_text(ChildKind kind) {
+  return kind == ChildKind::kRealLoop ? "the child shut down before this run reached its terminal"
+                                      : "mock: shut down before the terminal";
+}
+
 // R11: the exit sweep keys on parity: a run published but never staged
-// (entry IDLE, generation odd) gets a terminal at shutdown.
+// (entry IDLE, generation odd) gets a terminal at shutdown, from the sweep.
 TEST_P(MailboxProtocol, R11ExitSweepKeysOnParity) {
   MailboxFixture fx(GetParam());
   fx.publish(1, "text=never staged");
@@ -557,6 +565,7 @@ TEST_P(MailboxProtocol, R11ExitSweepKeysOnParity) {
   ASSERT_TRUE(fx.wait_terminal(1));
   EXPECT_TRUE(fx.terminal(1)->endpoint_failure);
   EXPECT_EQ(fx.terminal(1)->status.code(), StatusCode::kAborted);
+  EXPECT_EQ(fx.terminal(1)->status.message(), sweep_text(GetParam())) << "the terminal did not come from the sweep";
   EXPECT_EQ(handler_calls(fx), 0u);
   fx.thread_.join();
   if (GetParam() == ChildKind::kRealLoop) {
@@ -635,6 +644,10 @@ TEST_P(MailboxProtocol, R11ShutdownEndsAStagedRequest) {
   fx.ep_->request_shutdown();
   ASSERT_TRUE(fx.wait_terminal(3));
   EXPECT_EQ(fx.terminal(3)->status.code(), StatusCode::kAborted) << fx.terminal(3)->status.to_string();
+  // The child's own text for a staged run it never activated, not the parent's "the child exited".
+  EXPECT_TRUE(contains(fx.terminal(3)->status.message(),
+                       GetParam() == ChildKind::kRealLoop ? "the child shut down before" : "mock: shut down"))
+      << fx.terminal(3)->status.to_string();
   EXPECT_EQ(handler_calls(fx), 0u);
   fx.thread_.join();
   if (GetParam() == ChildKind::kRealLoop) {
@@ -718,6 +731,7 @@ TEST_P(MailboxProtocol, R13PublishesOnlyIntoAFreeFrame) {
     fx.ep_->request_shutdown();
     ASSERT_TRUE(fx.wait_terminal(2));
     EXPECT_TRUE(fx.terminal(2)->endpoint_failure);
+    EXPECT_EQ(fx.terminal(2)->status.message(), sweep_text(GetParam())) << "the terminal did not come from the sweep";
   }
 }
 
@@ -752,6 +766,22 @@ TEST_P(MailboxProtocol, R15ErrorTextIsPerEntryAndFullLength) {
     ASSERT_TRUE(fx.wait_terminal(r));
     EXPECT_EQ(fx.terminal(r)->status.message(), r % 2 == 0 ? "short" : "") << r;
   }
+}
+
+// R15: a text longer than an entry holds arrives cut to its
+// kMailboxErrorTextSize - 1 characters and NUL-terminated; the neighbouring
+// entry's own text is untouched.
+TEST_P(MailboxProtocol, R15OverlongTextIsCutToTheEntry) {
+  MailboxFixture fx(GetParam(), 2);
+  fx.start_ready();
+  const std::string overlong(kMailboxErrorTextSize + 44, 'z');
+  fx.publish_when_free(1, fmt::format("gate=1;fail=6;text={}", overlong), 0);
+  fx.publish_when_free(2, "gate=1;fail=6;text=neighbour", 1);
+  fx.open_gate(1);
+  ASSERT_TRUE(fx.wait_terminal(1));
+  ASSERT_TRUE(fx.wait_terminal(2));
+  EXPECT_EQ(fx.terminal(1)->status.message(), overlong.substr(0, kMailboxErrorTextSize - 1));
+  EXPECT_EQ(fx.terminal(2)->status.message(), "neighbour");
 }
 
 // R14: M runs live, one fails; every other completion is SUCCESS with an

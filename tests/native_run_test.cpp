@@ -446,8 +446,15 @@ TEST(NativeRun, R50TableGrowsUnderAParkedWaiter) {
   ASSERT_TRUE(f.worker->launch(waiter_storage.get(), *we).ok());
   NativeRunContext* entry = NativeRunContext::from_storage(waiter_storage.get());
   Status waited = internal_error("not waited");
-  std::thread waiter([&] { waited = f.worker->wait(waiter_storage.get(), *we, deadline()); });
+  std::atomic<bool> waiter_back{false};
   ASSERT_TRUE(gate->wait_entered(1));
+  std::thread waiter([&] {
+    waited = f.worker->wait(waiter_storage.get(), *we, deadline());
+    waiter_back.store(true);
+  });
+  // The waiter is inside wait(), holding its run, before any admission; the
+  // kernel cannot end until the gate opens, so it stays parked there.
+  ASSERT_TRUE(eventually([&] { return entry->users() == 1; }));
   const size_t buckets_before = f.worker->run_table_buckets();
   std::vector<std::unique_ptr<Storage>> later;
   std::vector<uint64_t> epochs;
@@ -460,6 +467,8 @@ TEST(NativeRun, R50TableGrowsUnderAParkedWaiter) {
     epochs.push_back(*e);
   }
   EXPECT_GT(f.worker->run_table_buckets(), buckets_before) << "the table must have grown";
+  EXPECT_FALSE(waiter_back.load()) << "the waiter must still be parked after the 23 admissions";
+  EXPECT_EQ(entry->users(), 1u);
   EXPECT_EQ(NativeRunContext::from_storage(waiter_storage.get()), entry);
   EXPECT_EQ(entry->descriptor().lease, *wl);
   gate->release();
@@ -497,6 +506,21 @@ TEST(NativeRun, R52PreflightRefusalIsRetryable) {
   EXPECT_EQ(f.worker->free(f.buf).code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(f.worker->finalize(s.get(), *epoch).ok());
   EXPECT_EQ(f.worker->set_counts().live, 0u);
+  EXPECT_TRUE(f.worker->free(f.buf).ok());
+}
+
+// R52: a prepared run that never launched references its argument buffers
+// too: free() of one is refused until finalize (here, the abort) retires it.
+TEST(NativeRun, R52PreparedRunPinsItsArguments) {
+  Fixture f;
+  Storage s;
+  auto lease = f.worker->try_acquire_lease();
+  auto epoch = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*lease), 0, f.inout_args());
+  ASSERT_TRUE(epoch.ok());
+  const Status refused = f.worker->free(f.buf);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.to_string();
+  EXPECT_NE(f.worker->memory_info().free_bytes, 0u);
+  EXPECT_EQ(f.worker->finalize(s.get(), *epoch).code(), StatusCode::kAborted);
   EXPECT_TRUE(f.worker->free(f.buf).ok());
 }
 
@@ -574,6 +598,28 @@ TEST(Grant, R22LeaseGenerations) {
   EXPECT_FALSE(arena.owns(*a));
   EXPECT_FALSE(arena.release(*a));
   EXPECT_TRUE(arena.owns(*b));
+}
+
+// R22: a slot whose generation would overflow is refused, never wrapped to 0
+// (or to a generation an old lease carries); it still counts against the grant.
+TEST(Grant, R22GenerationOverflowRefusesInsteadOfWrapping) {
+  RunResourceArena arena = std::move(RunResourceArena::create(2)).value();
+  arena.set_generation_for_test(0, RunResourceArena::kLastGeneration - 1);
+  auto last = arena.try_acquire();
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->slot, 0u);
+  EXPECT_EQ(last->generation, RunResourceArena::kLastGeneration);
+  EXPECT_TRUE(arena.release(*last));
+  auto next = arena.try_acquire();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->slot, 1u) << "slot 0 was reissued with generation " << next->generation;
+  EXPECT_NE(next->generation, 0u);
+  EXPECT_FALSE(arena.try_acquire().has_value()) << "slot 0's generations are spent";
+  EXPECT_FALSE(arena.owns(*last));
+  const ArenaCounts c = arena.counts();
+  EXPECT_EQ(c.free, 0u);
+  EXPECT_EQ(c.live, 1u);
+  EXPECT_EQ(c.quarantined, 1u);
 }
 
 // R23: a quarantined set never returns and still counts.
@@ -765,6 +811,66 @@ TEST(Grant, R27R31GrantIsTheRequestAndReachesTheRuntime) {
   }
 }
 
+// R31: a runtime whose grant hook refuses. It is the reference runtime with
+// a hook that refuses any grant of 3 sets; registered by the test that uses
+// it, after the conformance suites took their list of runtimes.
+class RefusesThreeSets final : public ChipRuntime {
+ public:
+  explicit RefusesThreeSets(std::unique_ptr<ChipRuntime> inner) : inner_(std::move(inner)) {}
+  Result<std::unique_ptr<Pending>> build_grant(uint32_t grant) const override {
+    if (grant == 3) return failed_precondition("refuses_three_sets: a grant of 3 sets is refused");
+    return inner_->build_grant(grant);
+  }
+  void commit_grant(Pending& pending) noexcept override { inner_->commit_grant(pending); }
+  uint32_t width() const override { return inner_->width(); }
+  uint64_t arena_bytes() const override { return inner_->arena_bytes(); }
+  Status build(const HostApi& api, const ChipCallable& c, const TaskArgs& a) override {
+    return inner_->build(api, c, a);
+  }
+  void discard(uint32_t slot) override { inner_->discard(slot); }
+  void launch(uint32_t slot) override { inner_->launch(slot); }
+  bool binding_held(uint32_t slot) const override { return inner_->binding_held(slot); }
+  bool poll(uint32_t aicpu) override { return inner_->poll(aicpu); }
+
+  static Result<std::unique_ptr<ChipRuntime>> create(Device& device, const RuntimeOptions& options, RunDoneFn done) {
+    SIMPLER_ASSIGN_OR_RETURN(const RuntimeInfo* reference, runtime_named("reference"));
+    SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ChipRuntime> inner, reference->create(device, options, std::move(done)));
+    return std::unique_ptr<ChipRuntime>(new RefusesThreeSets(std::move(inner)));
+  }
+
+ private:
+  std::unique_ptr<ChipRuntime> inner_;
+};
+
+TEST(Grant, R31ARuntimeThatRefusesTheGrantFailsStartupAndRegrant) {
+  static const bool registered = register_runtime(
+      RuntimeInfo{"refuses_three_sets", "test runtime: refuses a grant of 3", false, &RefusesThreeSets::create});
+  ASSERT_TRUE(registered);
+  const testing::ChipTarget target{"refuses_three_sets", "small", "sim"};
+  {
+    WorkerConfig cfg;
+    cfg.runtime = target.runtime;
+    cfg.pipeline_depth = 3;
+    cfg.max_tasks_per_run = 64;
+    cfg.device_memory_bytes = 256ull << 20;
+    auto refused = ChipWorker::create(cfg, {});
+    ASSERT_FALSE(refused.ok()) << "startup must fail when the runtime refuses the grant";
+    EXPECT_NE(refused.status().message().find("a grant of 3 sets is refused"), std::string::npos)
+        << refused.status().message();
+  }
+  Fixture f(2, 0, target);
+  ASSERT_NE(f.worker, nullptr);
+  const Status st = f.worker->set_run_resource_grant(3);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("the runtime refused"), std::string::npos) << st.message();
+  EXPECT_EQ(f.worker->grant(), 2u);
+  for (const auto& [name, width] : f.worker->owner_widths()) EXPECT_EQ(width, 2u) << name;
+  EXPECT_EQ(f.worker->set_counts().free, 2u);
+  EXPECT_TRUE(f.worker->submit(0, f.inout_args()).wait_for(30s).ok()) << "the old grant still serves";
+  ASSERT_TRUE(f.worker->set_run_resource_grant(4).ok());
+  for (const auto& [name, width] : f.worker->owner_widths()) EXPECT_EQ(width, 4u) << name;
+}
+
 // R28: a descriptor naming slot or bank G is refused and touches no storage.
 TEST(Grant, R28DescriptorCheckedAgainstTheGrant) {
   Fixture f(3);
@@ -804,6 +910,49 @@ TEST(Grant, R29GenerationFilter) {
   EXPECT_TRUE(f.worker->release_lease(*fresh));
 }
 
+// R29: the refusal of a replayed generation is the filter's own, not the
+// arena's (which would refuse the stale lease too, naming it "not held").
+TEST(Grant, R29TheFilterRefusesTheReplay) {
+  Fixture f(2);
+  auto first = f.worker->try_acquire_lease();
+  ASSERT_TRUE(first.has_value());
+  Storage s;
+  auto e = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*first), 0, f.inout_args());
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(f.worker->finalize(s.get(), *e).code(), StatusCode::kAborted);
+  auto second = f.worker->try_acquire_lease();
+  ASSERT_TRUE(second.has_value());
+  ASSERT_EQ(second->slot, first->slot);
+  auto admitted = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*second), 0, f.inout_args());
+  ASSERT_TRUE(admitted.ok());
+  Storage replay;
+  NativeRunDescriptor d = desc_for(*first);
+  d.arena_bank = 1;  // a free bank: only the generation can refuse it
+  const Status st = f.worker->prepare(replay.get(), native_run_storage_size(), d, 0, f.inout_args()).status();
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("is a replay"), std::string::npos) << st.message();
+  EXPECT_EQ(replay.magic(), 0u);
+  EXPECT_EQ(f.worker->finalize(s.get(), *admitted).code(), StatusCode::kAborted);
+}
+
+// R29: the filter itself: G = 4 admits slot 3 and refuses slot 4 and older
+// generations; an empty filter (the documented fixture trap) refuses everything.
+TEST(Grant, R29GenerationFilterUnit) {
+  GenerationFilter filter(4);
+  EXPECT_EQ(filter.width(), 4u);
+  EXPECT_TRUE(filter.is_admissible(Lease{3, 1}));
+  EXPECT_FALSE(filter.is_admissible(Lease{4, 1}));
+  EXPECT_FALSE(filter.is_admissible(Lease{3, 0})) << "generation 0 is never issued";
+  filter.admit(Lease{3, 5});
+  EXPECT_FALSE(filter.is_admissible(Lease{3, 4}));
+  EXPECT_TRUE(filter.is_admissible(Lease{3, 5}));
+  EXPECT_TRUE(filter.is_admissible(Lease{3, 6}));
+  GenerationFilter empty;
+  for (uint32_t slot : {0u, 1u, 3u}) {
+    for (uint64_t gen : {1ull, 2ull, 1000ull}) EXPECT_FALSE(empty.is_admissible(Lease{slot, gen})) << slot;
+  }
+}
+
 // R30 (the part that applies to host_build_graph): repeated binds of one bank
 // reuse its arena by address, with no further device allocation or upload.
 // The graph itself is rebuilt into the arena on every bind in this runtime, so
@@ -839,17 +988,31 @@ TEST(NativeRun, R49CallsHoldTheRun) {
   auto e = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*l), 1, TaskArgs{});
   ASSERT_TRUE(e.ok());
   ASSERT_TRUE(f.worker->launch(s.get(), *e).ok());
-  Status waited = internal_error("not waited"), finalized = internal_error("not finalized");
-  std::thread waiter([&] { waited = f.worker->wait(s.get(), *e, deadline()); });
-  std::thread finalizer([&] { finalized = f.worker->finalize(s.get(), *e); });
   ASSERT_TRUE(gate->wait_entered(1));
+  NativeRunContext* ctx = NativeRunContext::from_storage(s.get());
+  Status waited = internal_error("not waited"), finalized = internal_error("not finalized");
+  std::atomic<bool> waiter_back{false}, finalizer_back{false};
+  std::thread waiter([&] {
+    waited = f.worker->wait(s.get(), *e, deadline());
+    waiter_back.store(true);
+  });
+  // The waiter holds the run inside wait() (the kernel cannot end yet)
+  // before finalize is called at all.
+  ASSERT_TRUE(eventually([&] { return ctx->users() == 1; }));
+  std::thread finalizer([&] {
+    finalized = f.worker->finalize(s.get(), *e);
+    finalizer_back.store(true);
+  });
+  ASSERT_TRUE(eventually([&] { return ctx->users() == 2; }));
+  EXPECT_FALSE(waiter_back.load());
+  EXPECT_FALSE(finalizer_back.load());
   EXPECT_EQ(f.worker->set_run_resource_grant(4).code(), StatusCode::kFailedPrecondition);
   gate->release();
   waiter.join();
   finalizer.join();
-  // The waiter either got the terminal or, if finalize retired the run first,
-  // was refused cleanly; it never read a destroyed run.
-  EXPECT_TRUE(waited.ok() || waited.code() == StatusCode::kFailedPrecondition) << waited.to_string();
+  // Finalize waited for the parked waiter to leave: the waiter got the
+  // terminal from a live run, never a destroyed one.
+  EXPECT_TRUE(waited.ok()) << waited.to_string();
   EXPECT_TRUE(finalized.ok()) << finalized.to_string();
   EXPECT_EQ(s.magic(), 0u);
   EXPECT_TRUE(f.worker->set_run_resource_grant(4).ok());
@@ -863,6 +1026,7 @@ TEST(NativeRun, R54CloseDrainsWide) {
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
   ASSERT_TRUE(k.add_function(2, CoreType::AIV, "fail_kernel", fail_kernel).ok());
+  ASSERT_TRUE(k.add_function(1, CoreType::AIV, "gate_kernel", gate_kernel).ok());
   std::vector<ChipCallable> cs;
   cs.emplace_back(
       "add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
@@ -870,6 +1034,11 @@ TEST(NativeRun, R54CloseDrainsWide) {
   cs.emplace_back(
       "fails", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(2, TaskArgs{}).status(); }, k,
       std::vector<Param>{});
+  cs.emplace_back(
+      "gated", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(1, TaskArgs{}).status(); }, k,
+      std::vector<Param>{});
+  std::unique_ptr<Gate> gate(new Gate);
+  g_gate = gate.get();
   WorkerConfig cfg;
   cfg.pipeline_depth = 5;
   cfg.max_tasks_per_run = 16;
@@ -877,15 +1046,27 @@ TEST(NativeRun, R54CloseDrainsWide) {
   auto w = ChipWorker::create(cfg, std::move(cs));
   ASSERT_TRUE(w.ok());
   // Runs of one chip are independent of each other: each gets its own buffer.
+  // Run 4 waits on the gate, so it is still in flight when close() starts.
   std::vector<RunHandle> runs;
   for (int i = 0; i < 5; ++i) {
     TaskArgs a;
     auto buf = (*w)->malloc(64 * 4);
     ASSERT_TRUE(buf.ok());
-    if (i != 2) a.add_tensor(buf->view({64}, DType::F32), Tag::InOut);
-    runs.push_back((*w)->submit(i == 2 ? 1 : 0, a));
+    if (i != 2 && i != 4) a.add_tensor(buf->view({64}, DType::F32), Tag::InOut);
+    runs.push_back((*w)->submit(i == 2 ? 1 : (i == 4 ? 2 : 0), a));
   }
-  ASSERT_TRUE((*w)->close(std::chrono::milliseconds(30'000)).ok());
+  ASSERT_TRUE(gate->wait_entered(1));
+  Status closed = internal_error("close() never returned");
+  std::atomic<pid_t> closer_tid{0};
+  std::thread closer([&] {
+    closer_tid = gettid();
+    closed = (*w)->close(std::chrono::milliseconds(30'000));
+  });
+  ASSERT_TRUE(eventually([&] { return closer_tid.load() != 0 && testing::thread_state(closer_tid.load()) == 'S'; }));
+  EXPECT_FALSE(runs[4].done()) << "the gated run ended before its gate opened";
+  gate->release();
+  closer.join();
+  ASSERT_TRUE(closed.ok()) << closed.to_string();
   EXPECT_EQ((*w)->registered_runs(), 0u);
   EXPECT_EQ((*w)->set_counts().free, 5u);
   EXPECT_EQ((*w)->launched_now(), 0u);
@@ -922,6 +1103,7 @@ TEST(NativeRun, R87LaunchWaitBurnsNoCpu) {
   auto e = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*l), 0, f.inout_args());
   ASSERT_TRUE(e.ok());
   std::atomic<bool> launched{false};
+  Doorbell launched_bell;
   clockid_t cpu_clock{};
   std::atomic<bool> have_clock{false};
   std::thread launcher([&] {
@@ -929,6 +1111,7 @@ TEST(NativeRun, R87LaunchWaitBurnsNoCpu) {
     have_clock.store(true);
     EXPECT_TRUE(f.worker->launch(s.get(), *e).ok());
     launched.store(true);
+    launched_bell.ring();
   });
   ASSERT_TRUE(eventually(
       [&] { return have_clock.load() && NativeRunContext::from_storage(s.get())->phase() == RunPhase::Launching; }));
@@ -943,6 +1126,10 @@ TEST(NativeRun, R87LaunchWaitBurnsNoCpu) {
   EXPECT_FALSE(launched.load());
   EXPECT_LT(burned, 20.0) << "ms of CPU burned by a parked launcher over 200 ms";
   gate->release();
+  // R87's bound: the notification releases the parked launcher within 1 s.
+  EXPECT_TRUE(spin_then_park(
+      launched_bell, [&] { return launched.load(); }, SpinPolicy{}, now_ns() + 1'000'000'000ull))
+      << "the launcher was not released within 1 s of the notification";
   launcher.join();
   EXPECT_TRUE(launched.load());
   EXPECT_TRUE(blocker.wait_for(30s).ok());
@@ -1019,6 +1206,7 @@ TEST_P(Lifecycle, CloseIsBoundedAndGivesEveryRunATerminal) {
   RunHandle launched = f.worker->submit(1, TaskArgs{});
   ASSERT_TRUE(gate->wait_entered(1));
   RunHandle queued = f.worker->submit(1, TaskArgs{});
+  ChipWorker::CompletionGate* late = f.worker->completion_gate_for_test();  // abandoned by close(), kept alive
   const Status closed = f.worker->close(200ms);
   EXPECT_EQ(closed.code(), StatusCode::kDeadlineExceeded) << closed.to_string();
   ASSERT_TRUE(launched.done());
@@ -1028,9 +1216,41 @@ TEST_P(Lifecycle, CloseIsBoundedAndGivesEveryRunATerminal) {
   EXPECT_NE(queued.result().message().find("never launched"), std::string::npos) << queued.result().message();
   const Status first = launched.result();
   gate->release();
-  EXPECT_TRUE(eventually([&] { return f.worker->launched_now() == 0; })) << "the late end of the run never came";
+  // The abandoned device ends the run at last; the worker no longer hears it.
+  EXPECT_TRUE(spin_then_park(
+      late->dropped_bell(), [&] { return late->dropped() == 1; }, SpinPolicy{}, deadline()))
+      << "the late end of the run never came";
   EXPECT_EQ(launched.result(), first);
   abandon(f.worker.release());
+}
+
+// Bug (issue 10): after an abandoning close(), a kernel that ends once the
+// owner has destroyed the ChipWorker must touch only the abandoned storage
+// kept alive for it, never the freed worker. The freed memory is refilled
+// with garbage so that the use after free faults without ASan too.
+TEST_P(Lifecycle, LateCompletionAfterTheWorkerIsDestroyedTouchesNoFreedMemory) {
+  testing::Watchdog dog;
+  auto f = std::make_unique<Fixture>(2, 0, GetParam(), 0ms);
+  Gate* gate = abandon(new Gate);
+  g_gate = gate;
+  RunHandle r = f->worker->submit(1, TaskArgs{});
+  ASSERT_TRUE(gate->wait_entered(1));
+  ChipWorker::CompletionGate* late = f->worker->completion_gate_for_test();
+  EXPECT_EQ(f->worker->close(50ms).code(), StatusCode::kDeadlineExceeded);
+  f.reset();  // the owner destroys the worker while its kernel still runs
+  std::vector<std::unique_ptr<unsigned char[]>> litter;
+  for (size_t bytes : {sizeof(ChipWorker), sizeof(Fixture), size_t{64}, size_t{128}}) {
+    for (int i = 0; i < 8; ++i) {
+      litter.emplace_back(new unsigned char[bytes]);
+      std::memset(litter.back().get(), 0xA5, bytes);
+    }
+  }
+  gate->release();  // the kernel returns now, after the worker is gone
+  ASSERT_TRUE(spin_then_park(
+      late->dropped_bell(), [&] { return late->dropped() == 1; }, SpinPolicy{}, deadline()))
+      << "the late completion never reached the abandoned gate";
+  ASSERT_TRUE(r.done());
+  EXPECT_EQ(r.result().code(), StatusCode::kDeadlineExceeded) << "close() gave the run its one terminal";
 }
 
 // R89: every runtime on every geometry of the sim backend passes the same lifecycle.

@@ -738,5 +738,34 @@ TEST(Observer, R75SamplerFailuresReachTheCaller) {
   release->store(true);
 }
 
+// Bug (issue 10), R75: once start() gave up waiting for the first sample, the
+// sampler stops instead of sampling on. The first sample is held in the hook
+// until start() has returned its refusal (or the sampler sees the stop first).
+TEST(Observer, R75SamplerStopsWhenStartGivesUp) {
+  Watchdog dog;
+  auto m = SharedMapping::create_anonymous(*mailbox_size(2));
+  ASSERT_TRUE(m.ok());
+  auto mapping = std::make_shared<SharedMapping>(std::move(m).value());
+  auto ep = MailboxEndpoint::create(mapping->data(), mapping->size(), 2);
+  ASSERT_TRUE(ep.ok());
+  Observer o;
+  std::atomic<int> calls{0};
+  std::atomic<bool> release{false};
+  Doorbell bell;
+  o.set_sample_hook([&] {
+    calls.fetch_add(1);
+    bell.ring();
+    spin_then_park(
+        bell, [&] { return release.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs);
+  });
+  // A deadline already past: start() gives up while the first sample is held.
+  const Status st = o.start({{mapping, (*ep)->view()}}, now_ns());
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  release.store(true);
+  bell.ring();
+  ASSERT_TRUE(eventually([&] { return o.sampler_finished(); })) << "the sampler kept sampling after start() gave up";
+  EXPECT_LE(calls.load(), 1) << "no sample after the one start() gave up on (if it had begun)";
+}
+
 }  // namespace
 }  // namespace simpler::testing

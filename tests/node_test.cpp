@@ -146,9 +146,10 @@ TEST(NodeWorker, R46ArgumentForTheWrongWorkerIsRefused) {
   });
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(contains(refused.message(), "not a live allocation on target worker 1")) << refused.to_string();
-  EXPECT_EQ(wait_run(r), refused.ok() ? Status() : r.result());
-  EXPECT_FALSE(r.result().ok());
-  EXPECT_EQ(w->admitted_runs(), 0u);
+  EXPECT_EQ(wait_run(r), refused) << "the refusal is the run's first error";
+  // Nothing reached native: no entry of worker 1's mailbox was ever occupied.
+  const MailboxView v1 = w->next_child(1).endpoint().view();
+  for (size_t e = 0; e < v1.entry_count(); ++e) EXPECT_EQ(load_acquire(v1.entry(e).entry_generation), 0u) << e;
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
 }
 
@@ -344,6 +345,7 @@ TEST_P(NodeWidthOnEveryTarget, R43FiveLaunchedAtOnce) {
   ASSERT_NE(w, nullptr);
   Observer obs;
   ASSERT_TRUE(obs.start(targets_of(*w), now_ns() + kTestWaitNs).ok());
+  const uint64_t observing_since = obs.evidence(0).first_sample_ns;
   const int n = 32;
   GatedSubmitter sub(*w, 10, n, 1);
   ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest == 5; })) << obs.evidence(0).widest;
@@ -351,6 +353,9 @@ TEST_P(NodeWidthOnEveryTarget, R43FiveLaunchedAtOnce) {
   sub.verify(n, 1);
   ASSERT_TRUE(obs.stop(now_ns() + kTestWaitNs).ok());
   EXPECT_EQ(obs.evidence(0).widest, 5u);
+  // R43: the observer's first sample completed before the first submit.
+  EXPECT_NE(observing_since, 0u);
+  EXPECT_LE(observing_since, sub.first_submit_ns);
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
 }
 
@@ -390,6 +395,8 @@ TEST(NodeAdmission, R41BeginRunIsFifoBoundedAndTakesNoLease) {
   GatedSubmitter sub(*w, 2, n, 1);
   sub.thread.join();
   ASSERT_TRUE(eventually([&] { return obs.evidence(0).widest_held == 2; }));
+  const ArenaCounts before = w->run_set_counts();
+  EXPECT_EQ(before.live, 2u);
   RunHandle third;
   std::thread blocked([&] {
     tid = gettid();
@@ -400,6 +407,11 @@ TEST(NodeAdmission, R41BeginRunIsFifoBoundedAndTakesNoLease) {
   EXPECT_FALSE(third_returned.load());
   EXPECT_EQ(w->admitted_runs(), 2u);
   EXPECT_EQ(obs.evidence(0).widest_held, 2u);
+  // The node scheduler's arena, read while the third caller is parked: it
+  // took no set.
+  const ArenaCounts during = w->run_set_counts();
+  EXPECT_EQ(during.live, before.live);
+  EXPECT_EQ(during.free, before.free);
   gates->open_gate(0);
   blocked.join();
   EXPECT_TRUE(wait_run(third).ok());
@@ -426,8 +438,18 @@ TEST(NodeClose, R54CloseDrainsWide) {
     a.add_tensor(heap_in->view({16}, DType::F32), Tag::Input);
     return o.submit_sub(FunctionHandle{0, sub_function_digest(0)}, a).status();
   });
+  // The gated runs are still in flight when close() starts: it drains them.
+  Status closed = internal_error("close() never returned");
+  std::atomic<pid_t> closer_tid{0};
+  std::thread closer([&] {
+    closer_tid = gettid();
+    closed = w->close(std::chrono::seconds(30));
+  });
+  ASSERT_TRUE(eventually([&] { return closer_tid.load() != 0 && thread_state(closer_tid.load()) == 'S'; }));
+  for (auto& h : sub.handles) EXPECT_FALSE(h.done()) << "a gated run ended before its gate opened";
   gates->open_gate(0);
-  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+  closer.join();
+  EXPECT_TRUE(closed.ok()) << closed.to_string();
   EXPECT_EQ(w->admitted_runs(), 0u);
   for (auto& h : sub.handles) {
     ASSERT_TRUE(h.done());
@@ -1415,6 +1437,26 @@ TEST(NodeConfig, R68UnderGrantFailsStartup) {
       require_grant(ForkedChild::spawn([] { return std::make_unique<UnderGrantingHandler>(); }, o), 4, "chip worker 0");
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(contains(c.status().message(), "granted 1 run-resource sets of the pipeline_depth = 4"))
+      << c.status().to_string();
+}
+
+// A child handler that reports no sets at all.
+class ZeroGrantingHandler final : public RunHandler {
+ public:
+  uint64_t granted_sets() const override { return 0; }
+  void start(RunRequest, RunTicket ticket) override { ticket.complete(Status()); }
+};
+
+// Bug (issue 10), R68: a next-level child that reports 0 granted sets is an
+// under-grant like any other, not a child exempt from the check.
+TEST(NodeConfig, R68ZeroGrantFailsStartup) {
+  Watchdog dog;
+  SpawnOptions o;
+  o.granted_sets = 4;
+  auto c =
+      require_grant(ForkedChild::spawn([] { return std::make_unique<ZeroGrantingHandler>(); }, o), 4, "chip worker 0");
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(contains(c.status().message(), "granted 0 run-resource sets of the pipeline_depth = 4"))
       << c.status().to_string();
 }
 

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "simpler/status.h"
+
 namespace simpler {
 
 class GrantOwner {
@@ -19,8 +21,9 @@ class GrantOwner {
   };
 
   virtual ~GrantOwner() = default;
-  // May throw std::bad_alloc; changes nothing of this owner.
-  virtual std::unique_ptr<Pending> build_grant(uint32_t grant) const = 0;
+  // The grant hook (R31): an owner that cannot serve `grant` refuses it with
+  // an error naming why. May throw std::bad_alloc. Changes nothing of this owner.
+  virtual Result<std::unique_ptr<Pending>> build_grant(uint32_t grant) const = 0;
   // Swaps in `pending`, which this owner's build_grant made; hands back what
   // the previous grant held.
   virtual void commit_grant(Pending& pending) noexcept = 0;

@@ -37,9 +37,11 @@ Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& confi
       w->device_, backend->create(DeviceOptions{config.geometry, config.device_memory_bytes,
                                                 config.guard_device_memory.value_or(kGuardDeviceMemoryByDefault)}));
   ChipWorker* self = w.get();
+  w->gate_ = std::make_unique<CompletionGate>(self);
+  CompletionGate* gate = w->gate_.get();
   SIMPLER_ASSIGN_OR_RETURN(
       w->runtime_, runtime->create(*w->device_, RuntimeOptions{config.max_tasks_per_run},
-                                   [self](uint32_t slot, RunOutcome out) { self->on_run_done(slot, std::move(out)); }));
+                                   [gate](uint32_t slot, RunOutcome out) { gate->deliver(slot, std::move(out)); }));
   const uint64_t arena = w->runtime_->arena_bytes();
   if (arena * config.pipeline_depth > w->device_->memory().total_bytes()) {
     return resource_exhausted(
@@ -111,7 +113,7 @@ bool ChipWorker::release_lease(const Lease& lease) {
 
 std::vector<std::pair<std::string, uint32_t>> ChipWorker::owner_widths() const {
   return {{"run_resource_arena", arena_->grant()},
-          {"generation_filter", static_cast<uint32_t>(newest_generation_.size())},
+          {"generation_filter", filter_.width()},
           {"arena_bank_owners", static_cast<uint32_t>(bank_epoch_.size())},
           {"native_run_storage", static_cast<uint32_t>(storage_.size())},
           {"launched_run_table", static_cast<uint32_t>(running_.size())},
@@ -137,7 +139,7 @@ Status ChipWorker::set_run_resource_grant(uint32_t g) {
   const uint32_t old = grant();
   try {
     auto arena = std::make_unique<RunResourceArena>(std::move(RunResourceArena::create(g)).value());
-    std::vector<uint64_t> generations(g, 0);
+    GenerationFilter filter(g);
     std::vector<uint64_t> banks(g, 0);
     std::vector<std::unique_ptr<StorageBlock>> storage;
     storage.reserve(g);
@@ -145,11 +147,14 @@ Status ChipWorker::set_run_resource_grant(uint32_t g) {
     std::vector<NativeRunContext*> running(g, nullptr);
     std::unique_ptr<PaddedBell[]> bells(new PaddedBell[g]);
     std::unique_ptr<WatchedRun[]> watched(new WatchedRun[g]);
-    std::unique_ptr<GrantOwner::Pending> runner_sets = runner_->build_grant(g);
-    std::unique_ptr<GrantOwner::Pending> runtime_sets = runtime_->build_grant(g);
+    // The grant hooks: a backend or runtime that cannot serve g refuses it here.
+    SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<GrantOwner::Pending> runner_sets, runner_->build_grant(g),
+                             "regrant to {}: the backend refused; the grant of {} is unchanged", g, old);
+    SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<GrantOwner::Pending> runtime_sets, runtime_->build_grant(g),
+                             "regrant to {}: the runtime refused; the grant of {} is unchanged", g, old);
     // Commit: nothing below can fail. The grant is published last.
     arena_.swap(arena);
-    newest_generation_.swap(generations);
+    filter_.swap(filter);
     bank_epoch_.swap(banks);
     storage_.swap(storage);
     running_.swap(running);
@@ -247,7 +252,13 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   }
   // Admission: the lease generation is checked here, once; the epoch is the
   // run's identity from now on.
-  if (lease.generation < newest_generation_[lease.slot] || !arena_->owns(lease)) {
+  if (!filter_.is_admissible(lease)) {
+    return failed_precondition(
+        "prepare: lease {{slot {}, generation {}}} is a replay: slot {} already admitted "
+        "generation {}",
+        lease.slot, lease.generation, lease.slot, filter_.newest(lease.slot));
+  }
+  if (!arena_->owns(lease)) {
     return failed_precondition("prepare: lease {{slot {}, generation {}}} is not held (stale or released)", lease.slot,
                                lease.generation);
   }
@@ -292,7 +303,7 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
     return st;
   }
   ctx->stats_.build_us = static_cast<double>(now_ns() - t0) / 1e3;
-  newest_generation_[lease.slot] = lease.generation;
+  filter_.admit(lease);
   bank_epoch_[desc.arena_bank] = epoch;
   return epoch;
 }
@@ -546,6 +557,28 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
   admission_bell_.ring();
 }
 
+// The flag and the count are a Dekker pair (both seq_cst): a completion that
+// read the gate open is counted inside before shut() reads the count.
+void ChipWorker::CompletionGate::deliver(uint32_t slot, RunOutcome outcome) {
+  inside_.fetch_add(1, std::memory_order_seq_cst);
+  if (shut_.load(std::memory_order_seq_cst)) {
+    dropped_.fetch_add(1, std::memory_order_acq_rel);
+    dropped_bell_.ring();
+  } else {
+    worker_->on_run_done(slot, std::move(outcome));
+  }
+  if (inside_.fetch_sub(1, std::memory_order_seq_cst) == 1 && shut_.load(std::memory_order_seq_cst)) {
+    left_bell_.ring();
+  }
+}
+
+void ChipWorker::CompletionGate::shut() {
+  shut_.store(true, std::memory_order_seq_cst);
+  // on_run_done never blocks for long: a submitted run has no phase call to wait out.
+  spin_then_park(
+      left_bell_, [&] { return inside_.load(std::memory_order_seq_cst) == 0; }, SpinPolicy{});
+}
+
 // --- asynchronous runs ---------------------------------------------------
 
 Result<Lease> ChipWorker::acquire_set() {
@@ -693,6 +726,9 @@ Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
           admission_bell_, [&] { return in_flight_.load(std::memory_order_acquire) == 0; }, SpinPolicy{}, deadline);
   stop_watchdog();
   if (!drained) {
+    // From here on a run that ends touches nothing of this worker, which its
+    // owner may destroy while kernels still run; the gate is abandoned below.
+    gate_->shut();
     // Every submitted run still without a terminal gets one now: a waiter on
     // its handle must not wait for a device that is about to be abandoned.
     const uint32_t left = in_flight_.load();
@@ -721,6 +757,7 @@ Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
     abandon(runtime_.release());
     abandon(runner_.release());
     abandon(device_.release());
+    abandon(gate_.release());
     return make_error(StatusCode::kDeadlineExceeded,
                       "close: {} runs still on the device after {} ms; the device and its run storage were "
                       "abandoned (leaked on purpose)",

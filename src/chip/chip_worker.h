@@ -100,6 +100,31 @@ class ChipWorker {
   size_t run_table_buckets() const;
   void* native_storage_for_test(uint32_t slot) { return storage_[slot].get(); }
 
+  // What the runtime's done callback reaches instead of the worker: it
+  // forwards each completion until an abandoning close() shuts it, and is
+  // abandoned with the runtime, so a kernel that ends after the owner
+  // destroyed the worker touches only this gate, which is kept alive.
+  class CompletionGate {
+   public:
+    explicit CompletionGate(ChipWorker* worker) : worker_(worker) {}
+    void deliver(uint32_t slot, RunOutcome outcome);
+    // Once this returns, no completion is inside the worker and none enters it.
+    void shut();
+    // Completions that arrived after shut() and were dropped.
+    uint64_t dropped() const { return dropped_.load(std::memory_order_acquire); }
+    Doorbell& dropped_bell() { return dropped_bell_; }
+
+   private:
+    ChipWorker* const worker_;
+    std::atomic<uint32_t> inside_{0};
+    std::atomic<bool> shut_{false};
+    std::atomic<uint64_t> dropped_{0};
+    Doorbell left_bell_;
+    Doorbell dropped_bell_;
+  };
+  // Stays valid after an abandoning close() and the worker's destruction.
+  CompletionGate* completion_gate_for_test() { return gate_.get(); }
+
  private:
   struct alignas(NativeRunContext) StorageBlock {
     unsigned char bytes[sizeof(NativeRunContext)];
@@ -176,6 +201,7 @@ class ChipWorker {
   const std::vector<ChipCallable> callables_;
   uint32_t launch_depth_;
   ExecutionContext context_;
+  std::unique_ptr<CompletionGate> gate_;  // outlives the runtime that calls it
   std::unique_ptr<Device> device_;
   std::unique_ptr<DeviceRunner> runner_;
   std::unique_ptr<ChipRuntime> runtime_;
@@ -183,7 +209,7 @@ class ChipWorker {
   std::atomic<uint32_t> grant_{0};
 
   // Per-set owners, each exactly grant() wide.
-  std::vector<uint64_t> newest_generation_;             // the generation filter
+  GenerationFilter filter_;                             // the newest generation admitted per slot
   std::vector<uint64_t> bank_epoch_;                    // which run holds each arena bank
   std::vector<std::unique_ptr<StorageBlock>> storage_;  // native-run storage of submitted runs
   std::vector<NativeRunContext*> running_;              // launched run per set

@@ -69,6 +69,8 @@ class NativeRunContext {
   uint32_t callable_id() const { return callable_id_; }
   RunPhase phase() const { return static_cast<RunPhase>(phase_.load(std::memory_order_acquire)); }
   bool done() const { return done_.load(std::memory_order_acquire) != 0; }
+  // Phase calls holding the run right now (a waiter parked in wait() is one).
+  uint32_t users() const { return users_.load(std::memory_order_acquire); }
 
  private:
   friend class ChipWorker;

@@ -34,8 +34,16 @@ std::optional<Lease> RunResourceArena::try_acquire() {
   for (uint32_t i = 0; i < sets_.size(); ++i) {
     Set& s = sets_[i];
     if (s.state != SetState::Free) continue;
+    if (s.generation == kLastGeneration) {
+      // Its generations are spent: retired like a quarantined set, so it
+      // still counts against the grant and is never reissued.
+      s.state = SetState::Quarantined;
+      --counts_.free;
+      ++counts_.quarantined;
+      continue;
+    }
     s.state = SetState::Live;
-    ++s.generation;  // 64 bits: at one acquire per nanosecond, 584 years to wrap
+    ++s.generation;
     --counts_.free;
     ++counts_.live;
     return Lease{i, s.generation};
@@ -71,6 +79,11 @@ bool RunResourceArena::quarantine(const Lease& lease) {
   --counts_.live;
   ++counts_.quarantined;
   return true;
+}
+
+void RunResourceArena::set_generation_for_test(uint32_t slot, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sets_[slot].generation = generation;
 }
 
 uint32_t RunResourceArena::grant() const {

@@ -28,6 +28,10 @@ struct ArenaCounts {
 
 class RunResourceArena {
  public:
+  // A slot whose generation reached this is never issued again (R22): wrapping
+  // would hand out 0, or a generation an old lease still carries.
+  static constexpr uint64_t kLastGeneration = UINT64_MAX;
+
   // Refuses what the pipeline contract refuses (a grant of 0), naming pipeline_depth.
   static Result<RunResourceArena> create(uint32_t grant);
 
@@ -46,6 +50,9 @@ class RunResourceArena {
   uint32_t grant() const;
   ArenaCounts counts() const;
 
+  // Test seam for R22: the next acquire of free set `slot` issues `generation + 1`.
+  void set_generation_for_test(uint32_t slot, uint64_t generation);
+
   RunResourceArena(RunResourceArena&& other) noexcept;
   RunResourceArena& operator=(RunResourceArena&& other) noexcept;
 
@@ -60,6 +67,25 @@ class RunResourceArena {
   mutable std::mutex mu_;
   std::vector<Set> sets_;
   ArenaCounts counts_;
+};
+
+// ChipWorker's replay filter: the newest lease generation admitted per slot.
+// It refuses an older generation, and a slot outside its width, so a filter
+// left empty refuses everything (R29). Built exactly as wide as the grant.
+class GenerationFilter {
+ public:
+  explicit GenerationFilter(uint32_t grant = 0) : newest_(grant, 0) {}
+  bool is_admissible(const Lease& lease) const {
+    return lease.generation != 0 && lease.slot < newest_.size() && lease.generation >= newest_[lease.slot];
+  }
+  // Only after is_admissible(lease).
+  void admit(const Lease& lease) { newest_[lease.slot] = lease.generation; }
+  uint64_t newest(uint32_t slot) const { return slot < newest_.size() ? newest_[slot] : 0; }
+  uint32_t width() const { return static_cast<uint32_t>(newest_.size()); }
+  void swap(GenerationFilter& other) noexcept { newest_.swap(other.newest_); }
+
+ private:
+  std::vector<uint64_t> newest_;
 };
 
 }  // namespace simpler

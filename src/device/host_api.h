@@ -30,8 +30,12 @@ struct HostApiOps {
   uint32_t (*swimlane_level)(const HostApi& api);
 };
 
-// Number of callbacks in HostApiOps, for completeness checks (R78).
+// Number of callbacks in HostApiOps, for completeness checks (R78). Tied to
+// the struct: a callback added to it without a name in check_host_api_ops
+// fails to build.
 inline constexpr int kHostApiCallbacks = 9;
+static_assert(sizeof(HostApiOps) == sizeof(const char*) + kHostApiCallbacks * sizeof(void (*)()),
+              "HostApiOps changed: update kHostApiCallbacks and check_host_api_ops");
 
 struct HostApi {
   void* runner = nullptr;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "base/errors.h"
 #include "chip/pipeline_contract.h"
@@ -23,7 +24,7 @@ Result<std::unique_ptr<ForkedChild>> require_grant(Result<std::unique_ptr<Forked
                                                    const std::string& what) {
   SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> child, std::move(started), "{}", what);
   const uint64_t granted = child->child_grant();
-  if (granted != 0 && granted < requested) {
+  if (granted < requested) {
     std::vector<EndpointEvent> none;
     (void)child->close(now_ns() + kControlDeadlineNs, none);
     return failed_precondition(
@@ -55,6 +56,14 @@ class NodeOrchestrator final : public Orchestrator {
     TensorView probe = TensorView::unbound(shape, dtype);
     if (Status st = probe.validate(); !st.ok()) return record_status(st);
     const uint64_t bytes = std::max<uint64_t>(probe.end_byte(), 1);
+    // Room for the record before the block is taken (R26): a std::bad_alloc
+    // after the heap allocation would lose the block.
+    try {
+      reserve_one(run_.allocs);
+      if (!scopes_.empty()) reserve_one(scopes_.back());
+    } catch (const std::bad_alloc&) {
+      return record_status(resource_exhausted("alloc: host memory exhausted recording a {}-byte intermediate", bytes));
+    }
     auto addr = w_.heap_->alloc(bytes);
     if (!addr.ok()) return record_status(addr.status());
     run_.allocs.push_back(HeapAlloc{*addr});
@@ -73,6 +82,11 @@ class NodeOrchestrator final : public Orchestrator {
   const Status& first_error() const { return first_error_; }
 
  private:
+  // Capacity for one more element, grown geometrically; may throw std::bad_alloc.
+  template <typename T>
+  static void reserve_one(std::vector<T>& v) {
+    if (v.size() == v.capacity()) v.reserve(std::max<size_t>(8, v.capacity() * 2));
+  }
   Status record_status(Status st) {
     if (!st.ok() && first_error_.ok()) first_error_ = st;
     return st;
@@ -415,7 +429,7 @@ Status NodeWorker::spawn_children() {
     SIMPLER_ASSIGN_OR_RETURN(
         std::unique_ptr<ForkedChild> c,
         require_grant(ForkedChild::start(*server_, k, mailboxes[k], chips && k < next_count ? chip_so : so),
-                      config_.pipeline_depth, names[k]));
+                      k < next_count ? config_.pipeline_depth : 0, names[k]));
     (k < next_count ? next_ : subs_).push_back(std::move(c));
   }
   return Status();
@@ -427,6 +441,8 @@ uint32_t NodeWorker::admitted_runs() const {
   std::lock_guard<std::mutex> lock(admit_mu_);
   return admitted_;
 }
+
+ArenaCounts NodeWorker::run_set_counts() const { return scheduler_->run_resources().counts(); }
 
 NodeWorker::Admission NodeWorker::try_admit() {
   std::lock_guard<std::mutex> lock(admit_mu_);

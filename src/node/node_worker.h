@@ -64,7 +64,9 @@ struct NodeSpec {
 };
 
 // A started child whose handler granted at least `requested` sets (R68):
-// fewer fails, and the child is closed. `what` names it in errors.
+// fewer fails, and the child is closed. `what` names it in errors. A
+// next-level child is asked for the pipeline_depth, so one reporting 0 is
+// refused too; a sub worker holds no sets and is asked for 0.
 Result<std::unique_ptr<ForkedChild>> require_grant(Result<std::unique_ptr<ForkedChild>> started, uint64_t requested,
                                                    const std::string& what);
 
@@ -108,6 +110,8 @@ class NodeWorker {
 
   // Introspection for tests and the observer.
   uint32_t admitted_runs() const;
+  // The node scheduler's run-resource sets (R41): free, live, quarantined.
+  ArenaCounts run_set_counts() const;
   size_t next_level_workers() const { return next_.size(); }
   size_t sub_workers() const { return subs_.size(); }
   ForkedChild& next_child(size_t i) { return *next_[i]; }

@@ -58,6 +58,9 @@ Status Observer::start(std::vector<Target> targets, uint64_t deadline_ns) {
   thread_ = std::thread([state] { state->main(); });
   if (!spin_then_park(
           s.ready_bell, [&] { return s.ready.load() != 0 || s.finished.load() != 0; }, SpinPolicy{}, deadline_ns)) {
+    // The caller gives up on this observer: its sampler must not go on reading.
+    s.stop.store(true);
+    s.stop_bell.ring();
     return make_error(StatusCode::kDeadlineExceeded, "the observer's first sample did not complete in time");
   }
   std::lock_guard<std::mutex> lock(s.mu);
@@ -82,6 +85,8 @@ Status Observer::stop(uint64_t deadline_ns) {
   std::lock_guard<std::mutex> lock(s.mu);
   return s.failure;
 }
+
+bool Observer::sampler_finished() const { return s_->finished.load() != 0; }
 
 Evidence Observer::evidence(size_t target) const {
   std::lock_guard<std::mutex> lock(s_->mu);
@@ -113,22 +118,32 @@ void Observer::State::sample() {
 
 void Observer::State::main() {
   try {
-    // The first pass must be coherent for every target before the handshake.
+    // Sleeps on every path, this first loop's included: a sampler must not
+    // take a core from the run it watches.
+    const auto nap = [&] {
+      spin_then_park(
+          stop_bell, [&] { return stop.load(); }, SpinPolicy{64, 0}, now_ns() + kSamplePeriodNs);
+    };
+    // The first pass must be coherent for every target before the handshake;
+    // a stop (start() gave up, or stop()) ends the search.
     for (;;) {
+      if (stop.load()) break;
       sample();
       bool all = true;
       {
         std::lock_guard<std::mutex> lock(mu);
         for (const Evidence& e : evidence) all = all && e.instants != 0;
       }
-      if (all || stop.load()) break;
+      if (all) {
+        ready.store(1);
+        ready_bell.ring();
+        break;
+      }
+      nap();
     }
-    ready.store(1);
-    ready_bell.ring();
     while (!stop.load()) {
-      // Sleeps on every path: a sampler must not take a core from the run it watches.
-      spin_then_park(
-          stop_bell, [&] { return stop.load(); }, SpinPolicy{64, 0}, now_ns() + kSamplePeriodNs);
+      nap();
+      if (stop.load()) break;
       sample();
     }
   } catch (const std::exception& e) {

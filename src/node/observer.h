@@ -73,6 +73,8 @@ class Observer {
   // the live reader: it is then left running, holding its own mappings.
   Status stop(uint64_t deadline_ns);
   Evidence evidence(size_t target) const;
+  // The sampler thread has left its loops (stopped, failed, or start() gave up).
+  bool sampler_finished() const;
 
  private:
   // Everything the sampler touches, shared with it, so a sampler that would

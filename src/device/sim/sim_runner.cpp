@@ -75,12 +75,12 @@ SimRunner::~SimRunner() {
   swap_in(empty);
 }
 
-std::unique_ptr<GrantOwner::Pending> SimRunner::build_grant(uint32_t grant) const {
+Result<std::unique_ptr<GrantOwner::Pending>> SimRunner::build_grant(uint32_t grant) const {
   auto t = std::make_unique<Tables>();
   t->retained_addr.assign(grant, 0);
   t->retained_bytes.assign(grant, 0);
   t->arena_addr.assign(grant, 0);
-  return t;
+  return std::unique_ptr<Pending>(std::move(t));
 }
 
 void SimRunner::commit_grant(Pending& pending) noexcept { swap_in(static_cast<Tables&>(pending)); }

@@ -27,7 +27,7 @@ class SimRunner final : public DeviceRunner {
   static const HostApiOps& sim_ops();
 
   const HostApiOps& ops() const override { return sim_ops(); }
-  std::unique_ptr<Pending> build_grant(uint32_t grant) const override;
+  Result<std::unique_ptr<Pending>> build_grant(uint32_t grant) const override;
   void commit_grant(Pending& pending) noexcept override;
   uint32_t width() const override { return static_cast<uint32_t>(retained_addr_.size()); }
   Result<HostApi> bind(uint32_t slot, uint32_t bank) override;

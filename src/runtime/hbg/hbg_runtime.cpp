@@ -39,7 +39,7 @@ Result<std::unique_ptr<ChipRuntime>> HbgRuntime::create(Device& device, const Ru
       new HbgRuntime(device, capacity_for(options.max_tasks_per_run), std::move(on_done)));
 }
 
-std::unique_ptr<GrantOwner::Pending> HbgRuntime::build_grant(uint32_t grant) const {
+Result<std::unique_ptr<GrantOwner::Pending>> HbgRuntime::build_grant(uint32_t grant) const {
   auto g = std::make_unique<GrantState>();
   g->slots.reserve(grant);
   for (uint32_t i = 0; i < grant; ++i) {
@@ -47,7 +47,7 @@ std::unique_ptr<GrantOwner::Pending> HbgRuntime::build_grant(uint32_t grant) con
     g->slots.back()->index = i;
   }
   for (auto& ring : g->rings) ring.resize(size_t{grant} * capacity_.tasks);
-  return g;
+  return std::unique_ptr<Pending>(std::move(g));
 }
 
 void HbgRuntime::commit_grant(Pending& pending) noexcept {

@@ -62,7 +62,7 @@ class HbgRuntime final : public ChipRuntime {
   static Result<std::unique_ptr<ChipRuntime>> create(Device& device, const RuntimeOptions& options, RunDoneFn on_done);
   ~HbgRuntime() override;
 
-  std::unique_ptr<Pending> build_grant(uint32_t grant) const override;
+  Result<std::unique_ptr<Pending>> build_grant(uint32_t grant) const override;
   void commit_grant(Pending& pending) noexcept override;
   uint32_t width() const override { return static_cast<uint32_t>(slots_.size()); }
   uint64_t arena_bytes() const override;

@@ -119,13 +119,13 @@ class ReferenceRuntime final : public ChipRuntime {
     return std::unique_ptr<ChipRuntime>(new ReferenceRuntime(device, options.max_tasks_per_run, std::move(on_done)));
   }
 
-  std::unique_ptr<Pending> build_grant(uint32_t grant) const override {
+  Result<std::unique_ptr<Pending>> build_grant(uint32_t grant) const override {
     auto g = std::make_unique<GrantState>();
     for (uint32_t i = 0; i < grant; ++i) {
       g->slots.push_back(std::make_unique<RefSlot>(max_tasks_, memory_));
       g->slots.back()->index = i;
     }
-    return g;
+    return std::unique_ptr<Pending>(std::move(g));
   }
 
   void commit_grant(Pending& pending) noexcept override { slots_.swap(static_cast<GrantState&>(pending).slots); }
