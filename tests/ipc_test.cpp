@@ -842,6 +842,43 @@ TEST_P(MailboxProtocol, R16LaunchAcceptanceIsStickyOnTheEntry) {
   EXPECT_EQ(count_events(fx.events_, 3, EndpointEvent::Kind::kAccepted), 1u);
 }
 
+// R16: the free-entry stack hands back the lowest free entry, so a run
+// published into an empty table always lands in entry 0 and an accept()
+// hard-wired to index 0 would pass the test above. Entries 0..3 are held by
+// runs parked before their launch marker; a staged run then occupies entry
+// 4: its acceptance must land in entry 4 alone and be reported for it.
+TEST_P(MailboxProtocol, R16AcceptanceLandsInTheEntryTheStagedRunOccupies) {
+  MailboxFixture fx(GetParam(), 4);
+  fx.start_ready();
+  const MailboxView v = fx.view();
+  constexpr uint32_t kHeld = 4;
+  for (uint32_t r = 0; r < kHeld; ++r) {
+    const Publication p = fx.publish_when_free(r + 1, "pre=1;text=held");
+    ASSERT_EQ(p.entry, r);
+  }
+  const Publication staged = fx.publish_when_free(9, "text=staged", 0, true);
+  ASSERT_EQ(staged.entry, kHeld) << "entries 0..3 are held";
+  poll_until(
+      *fx.ep_, fx.events_, [&] { return load_acquire(v.entry(staged.entry).state) == kMailboxFrameStaged; }, "staging");
+  ASSERT_TRUE(fx.ep_->activate(staged, true).ok());
+  ASSERT_TRUE(fx.wait_terminal(9));
+  EXPECT_TRUE(fx.terminal(9)->status.ok()) << fx.terminal(9)->status.to_string();
+  EXPECT_TRUE(fx.terminal(9)->accepted);
+  const EndpointEvent* accepted = find_event(fx.events_, 9, EndpointEvent::Kind::kAccepted);
+  ASSERT_NE(accepted, nullptr);
+  EXPECT_EQ(accepted->entry, staged.entry);
+  for (uint32_t i = 0; i < kHeld; ++i) {
+    EXPECT_EQ(load_acquire(v.entry(i).accepted), 0u) << "entry " << i << " got another run's acceptance";
+    EXPECT_EQ(find_event(fx.events_, i + 1, EndpointEvent::Kind::kAccepted), nullptr) << "run " << i + 1;
+  }
+  fx.open_gate(1);
+  for (uint32_t r = 1; r <= kHeld; ++r) {
+    ASSERT_TRUE(fx.wait_terminal(r));
+    EXPECT_TRUE(fx.terminal(r)->accepted) << r;
+    EXPECT_EQ(count_events(fx.events_, r, EndpointEvent::Kind::kAccepted), 1u) << r;
+  }
+}
+
 // R19: control commands work while every entry is held and the request
 // side is saturated, and after the request side is poisoned.
 TEST_P(MailboxProtocol, R19ControlFrameIsIndependentOfTheGrant) {

@@ -21,7 +21,10 @@
 #include "chip/pipeline_contract.h"
 #include "conformance.h"
 #include "device/backend_registry.h"
+#include "runtime/common/run_builder.h"
+#include "runtime/common/task_graph.h"
 #include "simpler/simpler.h"
+#include "task/args_blob.h"
 #include "test_util.h"
 
 namespace simpler {
@@ -302,6 +305,58 @@ TEST(HostApi, R79R90RetainedTempIsPerSlot) {
   EXPECT_EQ(*a->retained_temp(1024), *ra) << "retained across calls of one slot";
   EXPECT_EQ(f.worker->runner().retained_addr(3), *rb);
   EXPECT_EQ(f.worker->runner().bind(4, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
+// R90: a real run path uses the retained temp buffer per slot. prepare()
+// stages each run's args blob in its slot's retained buffer: two runs
+// prepared at once in slots 0 and 1 each find their own blob at their own
+// slot's retained address, and a later run of slot 0 reuses that buffer
+// without allocating device memory.
+TEST(HostApi, R90PreparedRunsStageTheirArgsInTheirSlotsRetainedBuffer) {
+  Fixture f(2);
+  auto second = f.worker->malloc(64 * 4);
+  ASSERT_TRUE(second.ok());
+  TaskArgs other;
+  other.add_tensor(second->view({64}, DType::F32), Tag::InOut);
+  Storage s0, s1;
+  auto l0 = f.worker->try_acquire_lease();
+  auto l1 = f.worker->try_acquire_lease();
+  ASSERT_TRUE(l0 && l1);
+  auto e0 = f.worker->prepare(s0.get(), native_run_storage_size(), desc_for(*l0), 0, f.inout_args());
+  auto e1 = f.worker->prepare(s1.get(), native_run_storage_size(), desc_for(*l1), 0, other);
+  ASSERT_TRUE(e0.ok() && e1.ok());
+  const uint64_t r0 = f.worker->runner().retained_addr(l0->slot);
+  const uint64_t r1 = f.worker->runner().retained_addr(l1->slot);
+  ASSERT_NE(r0, 0u) << "the first run staged nothing in its slot's retained buffer";
+  ASSERT_NE(r1, 0u) << "the second run staged nothing in its slot's retained buffer";
+  EXPECT_NE(r0, r1) << "two slots share a staging buffer";
+  auto staged = [](uint64_t addr) {
+    auto a = decode_args_blob(reinterpret_cast<const uint8_t*>(addr), args_blob_size(1));
+    EXPECT_TRUE(a.ok()) << a.status().to_string();
+    return a.ok() ? (*a)[0].tensor.buffer().addr : 0;
+  };
+  EXPECT_EQ(staged(r0), f.buf.addr) << "the first slot's buffer holds another run's arguments";
+  EXPECT_EQ(staged(r1), second->addr) << "the second slot's buffer holds another run's arguments";
+  for (auto [s, e] : {std::pair{&s0, *e0}, std::pair{&s1, *e1}}) {
+    ASSERT_TRUE(f.worker->launch(s->get(), e).ok());
+    ASSERT_TRUE(f.worker->wait(s->get(), e, deadline()).ok());
+    ASSERT_TRUE(f.worker->finalize(s->get(), e).ok());
+  }
+  const uint64_t free_before = f.worker->memory_info().free_bytes;
+  Storage again;
+  auto l = f.worker->try_acquire_lease();
+  ASSERT_TRUE(l.has_value());
+  const uint64_t retained = l->slot == l0->slot ? r0 : r1;
+  const uint64_t previous = l->slot == l0->slot ? f.buf.addr : second->addr;
+  auto e = f.worker->prepare(again.get(), native_run_storage_size(), desc_for(*l), 0,
+                             previous == f.buf.addr ? other : f.inout_args());
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(f.worker->runner().retained_addr(l->slot), retained) << "the slot's buffer is retained across its runs";
+  EXPECT_NE(staged(retained), previous) << "the later run staged its own arguments";
+  EXPECT_EQ(f.worker->memory_info().free_bytes, free_before) << "a retained buffer is not allocated again";
+  ASSERT_TRUE(f.worker->launch(again.get(), *e).ok());
+  ASSERT_TRUE(f.worker->wait(again.get(), *e, deadline()).ok());
+  ASSERT_TRUE(f.worker->finalize(again.get(), *e).ok());
 }
 
 // R81: a context whose construction throws leaves the storage empty and reusable.
@@ -953,10 +1008,15 @@ TEST(Grant, R29GenerationFilterUnit) {
   }
 }
 
-// R30 (the part that applies to host_build_graph): repeated binds of one bank
-// reuse its arena by address, with no further device allocation or upload.
-// The graph itself is rebuilt into the arena on every bind in this runtime, so
-// the seed's "sentinel unchanged" clause does not apply.
+// R30 (the part that applies to host_build_graph): after one warm bind,
+// compatible binds of the same bank are wired to the recorded arena by
+// address and do not set it up again. This runtime rebuilds a run's graph
+// into the arena on every bind, so the seed's sentinel goes over every byte
+// the one-task run below does not write: all task records but the first and
+// all descriptors but the first task's (the layout is HbgRuntime's: tasks,
+// then descriptors at the next 64-byte boundary). A second static-arena setup
+// (constructing the task records again) overwrites it; so does any bind that
+// writes the arena beyond what its graph needs. No bind allocates device memory.
 TEST(Grant, R30RepeatedBindsReuseTheArena) {
   Fixture f(1);
   auto bind_once = [&] {
@@ -965,6 +1025,7 @@ TEST(Grant, R30RepeatedBindsReuseTheArena) {
     auto e = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*l), 0, f.inout_args());
     ASSERT_TRUE(e.ok());
     ASSERT_TRUE(f.worker->launch(s.get(), *e).ok());
+    ASSERT_TRUE(f.worker->wait(s.get(), *e, deadline()).ok());
     ASSERT_TRUE(f.worker->finalize(s.get(), *e).ok());
   };
   bind_once();
@@ -972,9 +1033,24 @@ TEST(Grant, R30RepeatedBindsReuseTheArena) {
   const uint64_t free_after_warm = f.worker->memory_info().free_bytes;
   ASSERT_NE(arena, 0u);
   EXPECT_TRUE(f.worker->runner().callable_uploaded(0));
+  const uint64_t bytes = f.worker->runtime().arena_bytes();
+  const uint64_t tasks_end = (sizeof(GraphTask) * 64 + 63) / 64 * 64;  // Fixture: max_tasks_per_run = 64
+  const uint64_t first_task_descriptors = tasks_end + kDescriptorsPerTask * sizeof(DeviceTensor);
+  ASSERT_LT(first_task_descriptors, bytes);
+  auto* p = reinterpret_cast<uint8_t*>(arena);
+  constexpr uint8_t kSentinel = 0xC5;
+  std::memset(p + sizeof(GraphTask), kSentinel, tasks_end - sizeof(GraphTask));
+  std::memset(p + first_task_descriptors, kSentinel, bytes - first_task_descriptors);
   for (int i = 0; i < 8; ++i) bind_once();
   EXPECT_EQ(f.worker->runner().arena_addr(0), arena);
   EXPECT_EQ(f.worker->memory_info().free_bytes, free_after_warm);
+  uint64_t changed = 0;
+  for (uint64_t b = sizeof(GraphTask); b < tasks_end; ++b) changed += p[b] != kSentinel;
+  for (uint64_t b = first_task_descriptors; b < bytes; ++b) changed += p[b] != kSentinel;
+  EXPECT_EQ(changed, 0u) << "a compatible bind wrote the arena beyond its graph (set it up again)";
+  float x = 0;
+  ASSERT_TRUE(f.worker->copy_from(&x, f.buf, 4, 0).ok());
+  EXPECT_EQ(x, 9.0f) << "every bind ran its graph";
 }
 
 // R49: a phase call parked in wait() holds the run: a concurrent finalize waits
@@ -1253,7 +1329,12 @@ TEST_P(Lifecycle, LateCompletionAfterTheWorkerIsDestroyedTouchesNoFreedMemory) {
   EXPECT_EQ(r.result().code(), StatusCode::kDeadlineExceeded) << "close() gave the run its one terminal";
 }
 
-// R89: every runtime on every geometry of the sim backend passes the same lifecycle.
+// R89: every runtime on every geometry of the sim backend passes the same
+// lifecycle, and reaches its device only through the callback contract: with
+// two runs in flight at once, each set's graph went into its own bank's arena
+// (arena_setup), each run's arguments into its own slot's retained buffer
+// (retained_temp), the callable was uploaded, and every callback of a bound
+// HostApi does what the contract says.
 TEST_P(Lifecycle, R89SameLifecycleContract) {
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
@@ -1265,27 +1346,69 @@ TEST_P(Lifecycle, R89SameLifecycleContract) {
   cfg.geometry = *Geometry::by_name(GetParam().geometry);
   cfg.runtime = GetParam().runtime;
   cfg.backend = GetParam().backend;
+  cfg.pipeline_depth = 2;
   cfg.max_tasks_per_run = 16;
   cfg.device_memory_bytes = 64ull << 20;
   auto w = ChipWorker::create(cfg, std::move(cs));
   ASSERT_TRUE(w.ok());
   EXPECT_TRUE(check_host_api_ops((*w)->runner().ops()).ok());
-  auto buf = (*w)->malloc(64 * 4);
-  TaskArgs a;
-  a.add_tensor(buf->view({64}, DType::F32), Tag::InOut);
-  for (int round = 0; round < 3; ++round) {
-    Storage s;
-    auto l = (*w)->try_acquire_lease();
-    auto e = (*w)->prepare(s.get(), native_run_storage_size(), desc_for(*l), 0, a);
-    ASSERT_TRUE(e.ok());
-    EXPECT_EQ((*w)->poll(s.get(), *e).status().code(), StatusCode::kFailedPrecondition);
-    ASSERT_TRUE((*w)->launch(s.get(), *e).ok());
-    EXPECT_TRUE((*w)->wait(s.get(), *e, deadline()).ok());
-    EXPECT_TRUE((*w)->finalize(s.get(), *e).ok());
+  DeviceBuffer bufs[2];
+  TaskArgs args[2];
+  for (int i = 0; i < 2; ++i) {
+    auto b = (*w)->malloc(64 * 4);
+    ASSERT_TRUE(b.ok());
+    bufs[i] = *b;
+    std::vector<float> zeros(64, 0.f);
+    ASSERT_TRUE((*w)->copy_to(bufs[i], zeros.data(), 64 * 4, 0).ok());
+    args[i].add_tensor(bufs[i].view({64}, DType::F32), Tag::InOut);
   }
-  float x = 0;
-  ASSERT_TRUE((*w)->copy_from(&x, *buf, 4, 0).ok());
-  EXPECT_EQ(x, 3.0f);
+  for (int round = 0; round < 3; ++round) {
+    Storage s[2];
+    uint64_t epochs[2] = {};
+    for (int i = 0; i < 2; ++i) {
+      auto l = (*w)->try_acquire_lease();
+      ASSERT_TRUE(l.has_value());
+      auto e = (*w)->prepare(s[i].get(), native_run_storage_size(), desc_for(*l), 0, args[i]);
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      epochs[i] = *e;
+      EXPECT_EQ((*w)->poll(s[i].get(), *e).status().code(), StatusCode::kFailedPrecondition);
+    }
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE((*w)->launch(s[i].get(), epochs[i]).ok());
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE((*w)->wait(s[i].get(), epochs[i], deadline()).ok());
+      EXPECT_TRUE((*w)->finalize(s[i].get(), epochs[i]).ok());
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    float x = 0;
+    ASSERT_TRUE((*w)->copy_from(&x, bufs[i], 4, 0).ok());
+    EXPECT_EQ(x, 3.0f);
+  }
+  DeviceRunner& runner = (*w)->runner();
+  EXPECT_TRUE(runner.callable_uploaded(0));
+  EXPECT_NE(runner.arena_addr(0), 0u);
+  EXPECT_NE(runner.arena_addr(1), 0u);
+  EXPECT_NE(runner.arena_addr(0), runner.arena_addr(1)) << "two banks share an arena";
+  EXPECT_NE(runner.retained_addr(0), 0u);
+  EXPECT_NE(runner.retained_addr(1), 0u);
+  EXPECT_NE(runner.retained_addr(0), runner.retained_addr(1)) << "two slots share a retained buffer";
+  // The callbacks themselves, through a binding of slot 1, bank 1.
+  auto api = runner.bind(1, 1);
+  ASSERT_TRUE(api.ok());
+  EXPECT_EQ(*api->retained_temp(16), runner.retained_addr(1));
+  EXPECT_EQ(*api->arena_setup(nullptr), runner.arena_addr(1));
+  EXPECT_EQ(api->swimlane_level(), 0u);
+  auto scratch = api->device_malloc(256);
+  ASSERT_TRUE(scratch.ok());
+  const uint8_t pattern[4] = {1, 2, 3, 4};
+  ASSERT_TRUE(api->memset_device(*scratch, 0x5a, 256).ok());
+  ASSERT_TRUE(api->copy_to_device(*scratch + 8, pattern, sizeof pattern).ok());
+  uint8_t back[16] = {};
+  ASSERT_TRUE(api->copy_from_device(back, *scratch, sizeof back).ok());
+  const uint8_t expected[16] = {0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 1, 2, 3, 4, 0x5a, 0x5a, 0x5a, 0x5a};
+  EXPECT_EQ(std::memcmp(back, expected, sizeof back), 0);
+  EXPECT_TRUE(api->device_free(*scratch).ok());
+  EXPECT_FALSE(api->device_free(*scratch).ok()) << "a freed address is not freed twice";
 }
 SIMPLER_ON_EVERY_TARGET(Lifecycle);
 

@@ -10,8 +10,10 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ipc/sub_worker_handler.h"
@@ -343,6 +345,79 @@ TEST(NetworkWorker, AKilledNodeEndsItsRunsAndTakesItsChildrenWithIt) {
   EXPECT_EQ(floats(*z1)[3], 3.0f * 4 + 3.0f);
   gates->open_gate(0);
   EXPECT_TRUE(net.close(std::chrono::seconds(30)).ok()) << "the killed node's replacement closes cleanly";
+}
+
+// R54 at the network level: close() with 5 unwaited runs in flight (4 held
+// behind gate 0 on the node's chip, one that fails once the gate opens).
+// The signal that close() is under way is deterministic, not a thread
+// state: with all pipeline_depth runs admitted, try_submit() finds no room
+// (nothing created) until close() sets the closing flag, and from then on it
+// is refused. The 5 runs are still in flight then; once the gate opens,
+// close() drains them: every handle is terminal, no run is admitted, and the
+// failed run returns the same error on every read.
+TEST(NetworkClose, R54CloseDrainsRunsHeldInFlight) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  constexpr int kRuns = 5;
+  NodeSpec spec;
+  spec.level = Level::Network;
+  spec.config = network_config(0, kRuns);
+  NodeSpec node;
+  node.config = node_config(1, 1, kRuns);
+  node.chip_callables = {axpb_callable()};
+  node.functions = {add_sub};
+  spec.nodes.push_back(node);
+  const NodeHandles h{CallableHandle{0, axpb_callable().digest()}, FunctionHandle{0, sub_function_digest(0)}};
+  spec.node_callables = {step_callable(h)};
+  const CallableHandle step{0, spec.node_callables[0].digest()};
+  auto created = NodeWorker::create(spec);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  NodeWorker& net = **created;
+  auto x = net.malloc_shared(kN * sizeof(float));
+  ASSERT_TRUE(x.ok());
+  for (int i = 0; i < kN; ++i) reinterpret_cast<float*>(x->addr)[i] = static_cast<float>(i);
+  std::vector<DeviceBuffer> z;
+  std::vector<RunHandle> runs;
+  for (int r = 0; r < kRuns; ++r) {
+    auto b = net.malloc_shared(kN * sizeof(float));
+    ASSERT_TRUE(b.ok());
+    z.push_back(*b);
+    const int64_t mul = r == kRuns - 1 ? kAxpbFail : 2;
+    runs.push_back(net.submit(
+        [&, r, mul](Orchestrator& o) { return o.submit_next_level(step, step_args(*x, z[r], mul, 0), 0).status(); }));
+  }
+  ASSERT_EQ(net.admitted_runs(), static_cast<uint32_t>(kRuns));
+  Status closed = internal_error("close() never returned");
+  std::thread closer([&] { closed = net.close(std::chrono::seconds(30)); });
+  std::optional<RunHandle> probe;
+  const bool refused = eventually([&] {
+    probe = net.try_submit([](Orchestrator&) { return internal_error("a refused run is never built"); });
+    return probe.has_value();
+  });
+  if (!refused) {
+    gates->open_gate(0);
+    closer.join();
+    FAIL() << "try_submit never saw the closing network";
+  }
+  ASSERT_TRUE(probe->done());
+  EXPECT_REFUSED(probe->result(), StatusCode::kFailedPrecondition, "closed");
+  for (int r = 0; r < kRuns; ++r) EXPECT_FALSE(runs[r].done()) << "run " << r << " ended before its gate opened";
+  gates->open_gate(0);
+  closer.join();
+  EXPECT_TRUE(closed.ok()) << closed.to_string();
+  EXPECT_EQ(net.admitted_runs(), 0u);
+  for (int r = 0; r + 1 < kRuns; ++r) {
+    ASSERT_TRUE(runs[r].done());
+    EXPECT_TRUE(runs[r].result().ok()) << runs[r].result().to_string();
+    EXPECT_EQ(floats(z[r])[3], 3.0f * 2 + 3.0f);
+  }
+  RunHandle& failing = runs[kRuns - 1];
+  ASSERT_TRUE(failing.done());
+  const Status first = failing.result();
+  EXPECT_FALSE(first.ok());
+  EXPECT_TRUE(contains(first.message(), "asked to fail")) << first.to_string();
+  EXPECT_EQ(failing.result(), first);
+  EXPECT_EQ(failing.wait(), first);
 }
 
 // Issue 9 item 5, one level up: a killed node is replaced by a node

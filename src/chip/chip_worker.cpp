@@ -270,11 +270,19 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   SIMPLER_RETURN_IF_ERROR(args.validate());
   SIMPLER_RETURN_IF_ERROR(check_signature(c, args));
   // The runtime sees the arguments only through their encoded form, the same
-  // bytes that cross a mailbox at the node level.
+  // bytes that cross a mailbox at the node level, staged in the device memory
+  // of the run's own set: the slot's retained temp buffer (R90), sized once
+  // for the largest blob, so two runs in different slots never share it and
+  // a slot's later runs reuse it without allocating.
   std::vector<uint8_t> blob;
   SIMPLER_RETURN_IF_ERROR(encode_args_blob(args, blob));
-  SIMPLER_ASSIGN_OR_RETURN(TaskArgs decoded, decode_args_blob(blob.data(), blob.size()));
   SIMPLER_ASSIGN_OR_RETURN(const HostApi api, runner_->bind(lease.slot, desc.arena_bank));
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t staging, api.retained_temp(kArgsBlobMaxBytes),
+                           "prepare: the retained args buffer of slot {}", lease.slot);
+  SIMPLER_RETURN_IF_ERROR(api.copy_to_device(staging, blob.data(), blob.size()));
+  // Device memory is host-addressable on every backend built (the runtimes
+  // build their graphs through it the same way).
+  SIMPLER_ASSIGN_OR_RETURN(TaskArgs decoded, decode_args_blob(reinterpret_cast<const uint8_t*>(staging), blob.size()));
 
   const uint64_t t0 = now_ns();
   const uint64_t epoch = next_run_epoch();

@@ -194,9 +194,6 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   RequestFrame& fr = view_.frame(f);
   RequestHeader& h = fr.header;
   const uint64_t publication = load_acquire(h.publication);
-  // 0 means the parent is rewriting the frame; only a frame that was never
-  // legitimately ours can read TASK_READY then, so skip it this scan.
-  if (publication == 0) return true;
   const uint64_t index = load_relaxed(h.entry_index);
   const uint64_t generation = load_relaxed(h.entry_generation);
   if (index >= view_.entry_count() || generation % 2 == 0) {
@@ -206,9 +203,18 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
     return false;
   }
   MailboxRunEntry& e = view_.entry(index);
-  if (load_acquire(e.entry_generation) != generation) {
-    // Stale: the parent resolves it from its own record; this entry belongs
-    // to someone else, so the frame word is the only store.
+  // Returned unserved, with the frame word as the only store (the entry
+  // belongs to someone else, or already got its request), and the parent
+  // resolves it from its own record (R8):
+  // - stale: the entry has another generation now;
+  // - publication 0: the parent stores the publication before the ready
+  //   word, so a ready frame without one is corrupt, and skipping it would
+  //   keep it ready and this loop spinning on it;
+  // - a replay: the parent resets the state to IDLE when it occupies an
+  //   entry and this child leaves IDLE at the one hand-off per occupant, so a
+  //   second frame for the same occupant (a replayed or torn header) would run
+  //   a request twice, or another run's request under this occupant's identity.
+  if (load_acquire(e.entry_generation) != generation || publication == 0 || load_acquire(e.state) != kMailboxIdle) {
     stores_->store32(h.ready, kMailboxFrameRefused);
     ring_parent();
     return true;

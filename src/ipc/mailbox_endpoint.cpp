@@ -55,6 +55,7 @@ Result<std::unique_ptr<MailboxEndpoint>> MailboxEndpoint::create(void* base, siz
   ep->entries_.reserve(m);
   ep->free_entries_.reserve(m);
   ep->held_.reserve(m);
+  ep->pending_.reserve(2 * m + kMailboxRequestFrames);
   ep->register_region();
   return ep;
 }
@@ -346,10 +347,8 @@ void MailboxEndpoint::poll(std::vector<EndpointEvent>& out) {
       }
     }
   }
-  while (!pending_.empty()) {
-    out.push_back(std::move(pending_.front()));
-    pending_.pop_front();
-  }
+  for (EndpointEvent& ev : pending_) out.push_back(std::move(ev));
+  pending_.clear();
 }
 
 bool MailboxEndpoint::wait(uint64_t deadline_ns) {

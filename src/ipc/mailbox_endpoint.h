@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -206,7 +205,10 @@ class MailboxEndpoint {
   uint64_t next_liveness_ns_ = 0;
   std::optional<Status> poisoned_;
   bool shutdown_ = false;
-  std::deque<EndpointEvent> pending_;
+  // Events not yet handed to poll(): a vector reserved at create() for every
+  // held entry's acceptance and terminal, and cleared (capacity kept) by each
+  // poll, so a poll that delivers allocates nothing (R44).
+  std::vector<EndpointEvent> pending_;
 
   std::mutex control_mu_;  // a control command, or a registration
   uint64_t cmd_seq_ = 0;
