@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 PACKAGES := build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev \
-            libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev clang-format
+            libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev clang-format spin
 SIMPLER := build/default/src/cli/simpler
 
 .PHONY: deps configure build demo test test-asan test-tsan bench install clean api-snapshot format

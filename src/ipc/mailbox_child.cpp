@@ -6,6 +6,9 @@
 
 #include "base/errors.h"
 
+// `// model: <step>` marks each store or load of the hand-off that
+// tests/model/mailbox.pml checks as that step; change both together.
+
 namespace simpler {
 
 void RunTicket::accepted() const { child_->accept(entry_, generation_); }
@@ -76,7 +79,7 @@ int MailboxChild::serve() {
   // Read before INIT_READY: a command the parent posts the instant it sees
   // INIT_READY must not be mistaken for one already answered.
   handled_cmd_ = load_acquire(c.reply_seq);
-  stores_->store32(c.endpoint_state, kEndpointServing);
+  stores_->store32(c.endpoint_state, kEndpointServing);  // model: init_ready
   stores_->store32(c.init_state, kInitReady);
   ring_parent();
 
@@ -84,10 +87,10 @@ int MailboxChild::serve() {
   for (;;) {
     spin_then_park(
         c.child_bell, [&] { return work_pending(); }, options_.spin);
-    if (load_acquire(c.shutdown) != 0) break;
+    if (load_acquire(c.shutdown) != 0) break;  // model: see_shutdown
     if (const uint64_t seq = load_acquire(c.cmd_seq); seq != handled_cmd_) handled_cmd_ = serve_command(seq);
     for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
-      const uint32_t ready = load_acquire(view_.frame(f).header.ready);
+      const uint32_t ready = load_acquire(view_.frame(f).header.ready);  // model: take_ready
       if (ready != kMailboxTaskReady && ready != kMailboxPrepareReady) continue;
       if (!take(f, ready == kMailboxPrepareReady, stop_reason)) return stop(stop_reason);
     }
@@ -142,7 +145,7 @@ void MailboxChild::end_staged(size_t k, bool launch, const Status& why) {
 void MailboxChild::serve_activations() {
   for (size_t k = 0; k < awaiting_.size();) {
     const MailboxRunEntry& e = view_.entry(awaiting_[k].entry);
-    const uint32_t word = load_acquire(e.activation);
+    const uint32_t word = load_acquire(e.activation);  // model: serve_activation
     if (load_acquire(e.entry_generation) != awaiting_[k].generation) {
       // The parent released the entry without a terminal (it gave the run
       // one of its own): nothing will activate it.
@@ -193,8 +196,8 @@ uint64_t MailboxChild::serve_command(uint64_t seq) {
 bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   RequestFrame& fr = view_.frame(f);
   RequestHeader& h = fr.header;
-  const uint64_t publication = load_acquire(h.publication);
-  const uint64_t index = load_relaxed(h.entry_index);
+  const uint64_t publication = load_acquire(h.publication);  // model: take_publication
+  const uint64_t index = load_relaxed(h.entry_index);        // model: take_header
   const uint64_t generation = load_relaxed(h.entry_generation);
   if (index >= view_.entry_count() || generation % 2 == 0) {
     stop_reason =
@@ -214,8 +217,9 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   //   entry and this child leaves IDLE at the one hand-off per occupant, so a
   //   second frame for the same occupant (a replayed or torn header) would run
   //   a request twice, or another run's request under this occupant's identity.
-  if (load_acquire(e.entry_generation) != generation || publication == 0 || load_acquire(e.state) != kMailboxIdle) {
-    stores_->store32(h.ready, kMailboxFrameRefused);
+  if (load_acquire(e.entry_generation) != generation || publication == 0 ||
+      load_acquire(e.state) != kMailboxIdle) {        // model: check_generation
+    stores_->store32(h.ready, kMailboxFrameRefused);  // model: refuse_stale
     ring_parent();
     return true;
   }
@@ -237,11 +241,12 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
     malformed = invalid_argument("request sizes config {} args {} exceed the frame ({} / {})", config_bytes, args_bytes,
                                  kRequestConfigCapacity, kRequestArgsCapacity);
   } else {
-    std::memcpy(req.callable.data(), fr.callable_digest, req.callable.size());
+    std::memcpy(req.callable.data(), fr.callable_digest, req.callable.size());  // model: copy
     req.config.assign(fr.config, fr.config + config_bytes);
     req.args_blob.assign(fr.args, fr.args + args_bytes);
   }
   std::atomic_thread_fence(std::memory_order_acquire);
+  // model: recheck
   if (load_relaxed(h.publication) != publication) return true;  // rewritten under the copy: not ours to ACK
 
   req.run_epoch = next_epoch_++;
@@ -249,10 +254,10 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
     std::lock_guard<std::mutex> lock(mu_);
     owed_[req.entry_index] = Owed{generation, false, false};
   }
-  stores_->store64(e.run_epoch, req.run_epoch);
+  stores_->store64(e.run_epoch, req.run_epoch);  // model: stage
   stores_->store32(e.state, kMailboxFrameStaged);
-  stores_->store32(h.ready, kMailboxIdle);
-  stores_->store64(e.consumed_ack, publication);  // the ACK: last store of this frame's hand-off
+  stores_->store32(h.ready, kMailboxIdle);        // model: frame_idle
+  stores_->store64(e.consumed_ack, publication);  // model: ack. The last store of this frame's hand-off
   ring_parent();
 
   RunTicket ticket(this, req.entry_index, generation);
@@ -299,13 +304,13 @@ void MailboxChild::complete(uint32_t entry, uint64_t generation, const Status& r
   MailboxRunEntry& e = view_.entry(entry);
   // The parent released the entry without waiting (it poisoned the endpoint
   // and gave the run a terminal of its own): the entry is no longer this run's.
-  if (load_acquire(e.entry_generation) != generation) return;
+  if (load_acquire(e.entry_generation) != generation) return;  // model: complete_generation
   char text[kMailboxErrorTextSize];
   copy_text(text, sizeof text, result.message());
-  stores_->store32(reinterpret_cast<uint32_t&>(e.rc), static_cast<uint32_t>(result.code()));
+  stores_->store32(reinterpret_cast<uint32_t&>(e.rc), static_cast<uint32_t>(result.code()));  // model: complete_rc
   stores_->store_bytes(e.error_text, text, sizeof text);
   stores_->store32(e.disposition, disposition);
-  stores_->store32(e.state, result.ok() ? kMailboxTaskDone : kMailboxTaskFailed);  // terminal: last store
+  stores_->store32(e.state, result.ok() ? kMailboxTaskDone : kMailboxTaskFailed);  // model: terminal, the last store
   ring_parent();
 }
 
@@ -318,7 +323,7 @@ int MailboxChild::stop(const std::string& reason) {
   char text[kMailboxErrorTextSize];
   copy_text(text, sizeof text, reason);
   stores_->store_bytes(c.stop_reason, text, sizeof text);
-  stores_->store32(c.endpoint_state, kEndpointStopped);
+  stores_->store32(c.endpoint_state, kEndpointStopped);  // model: stop
   ring_parent();
   return kChildExitEndpointStopped;
 }
@@ -334,6 +339,7 @@ int MailboxChild::exit_sweep() {
     // and is owed a terminal all the same (R11).
     for (uint64_t i = 0; i < view_.entry_count(); ++i) {
       MailboxRunEntry& e = view_.entry(i);
+      // model: sweep
       if (load_acquire(e.entry_generation) % 2 == 0 || mailbox_state_is_terminal(load_acquire(e.state))) continue;
       stores_->store32(reinterpret_cast<uint32_t&>(e.rc), static_cast<uint32_t>(StatusCode::kAborted));
       stores_->store_bytes(e.error_text, text, sizeof text);
@@ -341,7 +347,7 @@ int MailboxChild::exit_sweep() {
     }
     owed_.clear();
   }
-  stores_->store32(view_.control().endpoint_state, kEndpointExited);
+  stores_->store32(view_.control().endpoint_state, kEndpointExited);  // model: exited
   ring_parent();
   return kChildExitClean;
 }

@@ -8,6 +8,9 @@
 
 #include "base/errors.h"
 
+// `// model: <step>` marks each store or load of the hand-off that
+// tests/model/mailbox.pml checks as that step; change both together.
+
 namespace simpler {
 
 namespace {
@@ -60,7 +63,7 @@ Result<std::unique_ptr<MailboxEndpoint>> MailboxEndpoint::create(void* base, siz
   return ep;
 }
 
-void MailboxEndpoint::register_region() {
+void MailboxEndpoint::register_region() {  // model: reregister
   const uint64_t m = view_.entry_count();
   ControlFrame& c = view_.control();
   clear_words(&c, kControlDataOffset);
@@ -187,14 +190,14 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
   store_relaxed(e.consumed_ack, uint64_t{0});
   store_relaxed(e.activation, 0u);
   std::memset(e.error_text, 0, sizeof e.error_text);  // a recycled entry never shows the last occupant's text
-  store_release(e.entry_generation, r.generation);
+  store_release(e.entry_generation, r.generation);    // model: occupy
 
   RequestFrame& fr = view_.frame(f);
   RequestHeader& h = fr.header;
   const uint64_t p = ++next_publication_;
-  store_relaxed(h.publication, uint64_t{0});
+  store_relaxed(h.publication, uint64_t{0});  // model: unpublish
   std::atomic_thread_fence(std::memory_order_release);
-  store_relaxed(h.protocol_version, kMailboxProtocolVersion);
+  store_relaxed(h.protocol_version, kMailboxProtocolVersion);  // model: fill_header
   store_relaxed(h.entry_index, uint64_t{i});
   store_relaxed(h.entry_generation, r.generation);
   store_relaxed(h.run_id, spec.run_id);
@@ -202,9 +205,11 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
   store_relaxed(h.task_slot, spec.task_slot);
   store_relaxed(h.config_bytes, static_cast<uint32_t>(spec.config.size()));
   store_relaxed(h.args_bytes, static_cast<uint32_t>(spec.args_blob.size()));
-  std::memcpy(fr.callable_digest, spec.callable.data(), spec.callable.size());
+  std::memcpy(fr.callable_digest, spec.callable.data(), spec.callable.size());  // model: fill_payload
   if (!spec.config.empty()) std::memcpy(fr.config, spec.config.data(), spec.config.size());
   if (!spec.args_blob.empty()) std::memcpy(fr.args, spec.args_blob.data(), spec.args_blob.size());
+  // model: publish, ready. Both after the fill: the child reads nothing of a
+  // frame before its ready word.
   store_relaxed(h.publication, p);
   store_release(h.ready, static_cast<uint32_t>(spec.staged ? kMailboxPrepareReady : kMailboxTaskReady));
   frames_[f] = FrameRecord{true, i, r.generation, p};
@@ -223,6 +228,7 @@ Status MailboxEndpoint::activate(const Publication& p, bool launch) {
   if (!r.staged) return failed_precondition("activate: run {} in entry {} is not staged", r.run_id, p.entry);
   r.staged = false;
   r.published_ns = now_ns();
+  // model: activate
   store_release(view_.entry(p.entry).activation, static_cast<uint32_t>(launch ? kMailboxActivate : kMailboxCancel));
   view_.control().child_bell.ring();
   return Status();
@@ -232,12 +238,12 @@ void MailboxEndpoint::reclaim_frames() {
   for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
     FrameRecord& fr = frames_[f];
     if (!fr.busy) continue;
-    if (load_acquire(view_.entry(fr.entry).consumed_ack) == fr.publication) {
+    if (load_acquire(view_.entry(fr.entry).consumed_ack) == fr.publication) {  // model: reclaim_ack
       fr.busy = false;
       ++frames_reclaimed_;
       continue;
     }
-    if (load_acquire(view_.frame(f).header.ready) != kMailboxFrameRefused) continue;
+    if (load_acquire(view_.frame(f).header.ready) != kMailboxFrameRefused) continue;  // model: reclaim_refused
     fr.busy = false;
     ++frames_reclaimed_;
     EntryRecord& r = entries_[fr.entry];
@@ -271,7 +277,7 @@ void MailboxEndpoint::release(uint32_t entry) {
   r.held = false;
   r.accepted_reported = false;
   ++r.generation;
-  store_release(view_.entry(entry).entry_generation, r.generation);
+  store_release(view_.entry(entry).entry_generation, r.generation);  // model: release
   free_entries_.push_back(entry);
 }
 
@@ -280,7 +286,7 @@ void MailboxEndpoint::scan_entries() {
   for (uint32_t i : held_) {
     EntryRecord& r = entries_[i];
     MailboxRunEntry& e = view_.entry(i);
-    const uint32_t state = load_acquire(e.state);
+    const uint32_t state = load_acquire(e.state);  // model: scan_terminal
     const bool accepted = load_acquire(e.accepted) != 0;
     EndpointEvent ev;
     ev.run_id = r.run_id;
@@ -316,7 +322,7 @@ void MailboxEndpoint::poll(std::vector<EndpointEvent>& out) {
   if (!poisoned_) {
     // Read before the entries: every terminal the child stored before it
     // stopped is then reported as that run's own outcome.
-    const uint32_t endpoint_state = load_acquire(c.endpoint_state);
+    const uint32_t endpoint_state = load_acquire(c.endpoint_state);  // model: poll_endpoint_state
     reclaim_frames();
     scan_entries();
     if (endpoint_state == kEndpointStopped) {
@@ -327,7 +333,7 @@ void MailboxEndpoint::poll(std::vector<EndpointEvent>& out) {
       const uint64_t t = now_ns();
       if (t >= next_liveness_ns_) {
         next_liveness_ns_ = t + options_.liveness_period_ns;
-        if (Status st = liveness_->check(); !st.ok()) {
+        if (Status st = liveness_->check(); !st.ok()) {  // model: liveness
           scan_entries();  // a reaped child stores nothing more: what it finished is final
           poison(st);
         }
@@ -339,7 +345,7 @@ void MailboxEndpoint::poll(std::vector<EndpointEvent>& out) {
           const std::string why =
               fmt::format("child hung: run {} had no terminal {} ms after publication; child killed", r.run_id,
                           options_.run_deadline_ns / 1'000'000);
-          liveness_->kill(why);
+          liveness_->kill(why);  // model: liveness (killed and reaped: from here on, a death)
           scan_entries();
           poison(make_error(StatusCode::kDeadlineExceeded, "{}", why));
           break;
@@ -402,7 +408,7 @@ void MailboxEndpoint::poison(const Status& cause) {
 
 void MailboxEndpoint::request_shutdown() {
   shutdown_ = true;
-  store_release(view_.control().shutdown, 1u);
+  store_release(view_.control().shutdown, 1u);  // model: request_shutdown
   view_.control().child_bell.ring();
 }
 
