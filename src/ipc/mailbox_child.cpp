@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "base/errors.h"
+#include "ipc/request_header.h"
 
 namespace simpler {
 
@@ -193,47 +194,39 @@ uint64_t MailboxChild::serve_command(uint64_t seq) {
 bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   RequestFrame& fr = view_.frame(f);
   RequestHeader& h = fr.header;
-  const uint64_t publication = load_acquire(h.publication);
-  // 0 means the parent is rewriting the frame; only a frame that was never
-  // legitimately ours can read TASK_READY then, so skip it this scan.
-  if (publication == 0) return true;
-  const uint64_t index = load_relaxed(h.entry_index);
-  const uint64_t generation = load_relaxed(h.entry_generation);
-  if (index >= view_.entry_count() || generation % 2 == 0) {
-    stop_reason =
-        fmt::format("unattributable request header in frame {}: entry {} generation {} (table has {} entries)", f,
-                    index, generation, view_.entry_count());
-    return false;
+  const DecodedHeader d = decode_request_header(load_request_header(h), view_);
+  switch (d.verdict) {
+    case HeaderVerdict::kRewriting:
+      return true;  // not ours to read this scan
+    case HeaderVerdict::kUnattributable:
+      stop_reason = fmt::format("unattributable request header in frame {}: {}", f, d.why.message());
+      return false;
+    case HeaderVerdict::kStale:
+      // The parent resolves it from its own record; this entry belongs to
+      // someone else, so the frame word is the only store.
+      stores_->store32(h.ready, kMailboxFrameRefused);
+      ring_parent();
+      return true;
+    case HeaderVerdict::kMalformed:
+    case HeaderVerdict::kAccepted:
+      break;
   }
-  MailboxRunEntry& e = view_.entry(index);
-  if (load_acquire(e.entry_generation) != generation) {
-    // Stale: the parent resolves it from its own record; this entry belongs
-    // to someone else, so the frame word is the only store.
-    stores_->store32(h.ready, kMailboxFrameRefused);
-    ring_parent();
-    return true;
-  }
+  const uint64_t publication = d.publication;
+  const uint64_t generation = d.fields.entry_generation;
+  MailboxRunEntry& e = view_.entry(d.fields.entry_index);
   RunRequest req;
-  req.entry_index = static_cast<uint32_t>(index);
+  req.entry_index = static_cast<uint32_t>(d.fields.entry_index);
   req.entry_generation = generation;
   req.publication = publication;
-  req.run_id = load_relaxed(h.run_id);
-  req.dispatch_id = load_relaxed(h.dispatch_id);
-  req.task_slot = load_relaxed(h.task_slot);
+  req.run_id = d.fields.run_id;
+  req.dispatch_id = d.fields.dispatch_id;
+  req.task_slot = d.fields.task_slot;
   req.staged = staged;
-  const uint32_t version = load_relaxed(h.protocol_version);
-  const uint32_t config_bytes = load_relaxed(h.config_bytes);
-  const uint32_t args_bytes = load_relaxed(h.args_bytes);
-  Status malformed;
-  if (version != kMailboxProtocolVersion) {
-    malformed = invalid_argument("request protocol version {} is not {}", version, kMailboxProtocolVersion);
-  } else if (config_bytes > kRequestConfigCapacity || args_bytes > kRequestArgsCapacity) {
-    malformed = invalid_argument("request sizes config {} args {} exceed the frame ({} / {})", config_bytes, args_bytes,
-                                 kRequestConfigCapacity, kRequestArgsCapacity);
-  } else {
+  const Status& malformed = d.why;
+  if (d.verdict == HeaderVerdict::kAccepted) {
     std::memcpy(req.callable.data(), fr.callable_digest, req.callable.size());
-    req.config.assign(fr.config, fr.config + config_bytes);
-    req.args_blob.assign(fr.args, fr.args + args_bytes);
+    req.config.assign(fr.config, fr.config + d.fields.config_bytes);
+    req.args_blob.assign(fr.args, fr.args + d.fields.args_bytes);
   }
   std::atomic_thread_fence(std::memory_order_acquire);
   if (load_relaxed(h.publication) != publication) return true;  // rewritten under the copy: not ours to ACK
