@@ -3,10 +3,13 @@
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 PACKAGES := build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev \
-            libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev clang-format spin
+            libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev clang-format spin \
+            clang-14 libclang-rt-14-dev libfuzzer-14-dev
 SIMPLER := build/default/src/cli/simpler
 
-.PHONY: deps configure build demo test test-asan test-tsan bench install clean api-snapshot format
+FUZZ_SECONDS ?= 60
+
+.PHONY: deps configure build demo test test-asan test-tsan fuzz bench install clean api-snapshot format
 
 deps:
 	@missing=""; for p in $(PACKAGES); do \
@@ -43,7 +46,7 @@ api-snapshot: configure
 
 # Rewrites every C++ source in place with .clang-format (Format.SourcesFollowClangFormat checks it).
 format:
-	git ls-files '*.cpp' '*.h' | grep -E '^(src|include|tests|bench|examples)/' | xargs clang-format --style=file -i
+	git ls-files '*.cpp' '*.h' | grep -E '^(src|include|tests|bench|examples|fuzz)/' | xargs clang-format --style=file -i
 
 test-asan: deps
 	cmake --preset asan >/dev/null
@@ -54,6 +57,14 @@ test-tsan: deps
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
 	ctest --preset tsan -j $(JOBS)
+
+# T7 (docs/reliability.md): the libFuzzer targets under fuzz/, built with
+# clang 14 + ASan + UBSan, each run for FUZZ_SECONDS from its committed seeds;
+# one RELIABILITY line per target, non-zero on any crash.
+fuzz: deps
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz -j $(JOBS)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
 
 bench: configure
 	cmake --build --preset default -j $(JOBS) --target simpler-cli

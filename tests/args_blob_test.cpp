@@ -257,6 +257,57 @@ TEST(ArgsBlob, RecordWhoseElementCountOverflowsIsRefused) {
   EXPECT_FALSE(d.ok()) << "library bug: decode_args_blob accepts a 2^64-element tensor over a 64-byte buffer";
 }
 
+// Found by fuzz_args_blob (T7). A zero-element view never applies its
+// strides, so validate() bounded none of their reaches, yet first_byte()
+// multiplied them out: (2^40 - 1) x -2^40 overflowed int64 (UB) and the
+// "empty" range landed anywhere in the address space.
+TEST(ArgsBlob, ZeroElementViewTouchesNoByteWhateverItsStrides) {
+  std::vector<uint8_t> bytes = encode(sample_args());
+  ArgsBlobRecord r = record_of(bytes, 0);  // f32 over 4096 bytes
+  r.ndim = 2;
+  r.offset = 8;
+  r.shape[0] = 0;
+  r.shape[1] = int64_t{1} << 40;
+  r.stride[0] = 1;
+  r.stride[1] = -(int64_t{1} << 40);
+  set_record(bytes, 0, r);
+  auto d = decode_exact(bytes, bytes.size());
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  const TensorView& t = (*d)[0].tensor;
+  EXPECT_EQ(t.first_byte(), 32u);
+  EXPECT_EQ(t.end_byte(), 32u);
+}
+
+// Found by fuzz_args_blob (T7): an empty view's range sits at its offset,
+// and the chip child merges it into the span it stages, so an empty view
+// past its buffer's end stretched that span past the buffer.
+TEST(ArgsBlob, EmptyViewPastItsBufferIsRefused) {
+  std::vector<uint8_t> bytes = encode(sample_args());
+  ArgsBlobRecord r = record_of(bytes, 0);  // f32 over 4096 bytes
+  r.ndim = 2;
+  r.shape[0] = 0;
+  r.shape[1] = 2;
+  r.offset = 1025;
+  set_record(bytes, 0, r);
+  EXPECT_REFUSED(decode_exact(bytes, bytes.size()).status(), StatusCode::kOutOfRange, "args[0]");
+  r.offset = 1024;  // at the end: still inside
+  set_record(bytes, 0, r);
+  EXPECT_TRUE(decode_exact(bytes, bytes.size()).ok());
+}
+
+// Found by fuzz_args_blob (T7): every consumer adds byte offsets to the
+// buffer address, so a buffer past the top of the address space must not decode.
+TEST(ArgsBlob, BufferThatWrapsTheAddressSpaceIsRefused) {
+  std::vector<uint8_t> bytes = encode(sample_args());
+  ArgsBlobRecord r = record_of(bytes, 0);  // 16x16 f32 over 4096 bytes
+  r.buffer_addr = ~uint64_t{0} - 4096;     // ends at 2^64 - 1, the highest end an address can name
+  set_record(bytes, 0, r);
+  EXPECT_TRUE(decode_exact(bytes, bytes.size()).ok());
+  r.buffer_addr += 1;
+  set_record(bytes, 0, r);
+  EXPECT_REFUSED(decode_exact(bytes, bytes.size()).status(), StatusCode::kOutOfRange, "wraps the address space");
+}
+
 TEST(ArgsBlob, UnboundTensorThatIsNotAnOutputIsRefused) {
   std::vector<uint8_t> bytes = encode(sample_args());
   ArgsBlobRecord r = record_of(bytes, 0);

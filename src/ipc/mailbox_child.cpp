@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "base/errors.h"
+#include "ipc/request_header.h"
 
 // `// model: <step>` marks each store or load of the hand-off that
 // tests/model/mailbox.pml checks as that step; change both together.
@@ -196,54 +197,38 @@ uint64_t MailboxChild::serve_command(uint64_t seq) {
 bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   RequestFrame& fr = view_.frame(f);
   RequestHeader& h = fr.header;
-  const uint64_t publication = load_acquire(h.publication);  // model: take_publication
-  const uint64_t index = load_relaxed(h.entry_index);        // model: take_header
-  const uint64_t generation = load_relaxed(h.entry_generation);
-  if (index >= view_.entry_count() || generation % 2 == 0) {
-    stop_reason =
-        fmt::format("unattributable request header in frame {}: entry {} generation {} (table has {} entries)", f,
-                    index, generation, view_.entry_count());
-    return false;
+  // model: take_publication, take_header, check_generation (decode_request_header).
+  const DecodedHeader d = decode_request_header(load_request_header(h), view_);
+  switch (d.verdict) {
+    case HeaderVerdict::kUnattributable:
+      stop_reason = fmt::format("unattributable request header in frame {}: {}", f, d.why.message());
+      return false;
+    case HeaderVerdict::kRefused:
+      // The entry belongs to someone else, or already got its request: the
+      // frame word is the only store, and the parent resolves the run.
+      stores_->store32(h.ready, kMailboxFrameRefused);  // model: refuse_stale
+      ring_parent();
+      return true;
+    case HeaderVerdict::kMalformed:
+    case HeaderVerdict::kAccepted:
+      break;
   }
-  MailboxRunEntry& e = view_.entry(index);
-  // Returned unserved, with the frame word as the only store (the entry
-  // belongs to someone else, or already got its request), and the parent
-  // resolves it from its own record (R8):
-  // - stale: the entry has another generation now;
-  // - publication 0: the parent stores the publication before the ready
-  //   word, so a ready frame without one is corrupt, and skipping it would
-  //   keep it ready and this loop spinning on it;
-  // - a replay: the parent resets the state to IDLE when it occupies an
-  //   entry and this child leaves IDLE at the one hand-off per occupant, so a
-  //   second frame for the same occupant (a replayed or torn header) would run
-  //   a request twice, or another run's request under this occupant's identity.
-  if (load_acquire(e.entry_generation) != generation || publication == 0 ||
-      load_acquire(e.state) != kMailboxIdle) {        // model: check_generation
-    stores_->store32(h.ready, kMailboxFrameRefused);  // model: refuse_stale
-    ring_parent();
-    return true;
-  }
+  const uint64_t publication = d.publication;
+  const uint64_t generation = d.fields.entry_generation;
+  MailboxRunEntry& e = view_.entry(d.fields.entry_index);
   RunRequest req;
-  req.entry_index = static_cast<uint32_t>(index);
+  req.entry_index = static_cast<uint32_t>(d.fields.entry_index);
   req.entry_generation = generation;
   req.publication = publication;
-  req.run_id = load_relaxed(h.run_id);
-  req.dispatch_id = load_relaxed(h.dispatch_id);
-  req.task_slot = load_relaxed(h.task_slot);
+  req.run_id = d.fields.run_id;
+  req.dispatch_id = d.fields.dispatch_id;
+  req.task_slot = d.fields.task_slot;
   req.staged = staged;
-  const uint32_t version = load_relaxed(h.protocol_version);
-  const uint32_t config_bytes = load_relaxed(h.config_bytes);
-  const uint32_t args_bytes = load_relaxed(h.args_bytes);
-  Status malformed;
-  if (version != kMailboxProtocolVersion) {
-    malformed = invalid_argument("request protocol version {} is not {}", version, kMailboxProtocolVersion);
-  } else if (config_bytes > kRequestConfigCapacity || args_bytes > kRequestArgsCapacity) {
-    malformed = invalid_argument("request sizes config {} args {} exceed the frame ({} / {})", config_bytes, args_bytes,
-                                 kRequestConfigCapacity, kRequestArgsCapacity);
-  } else {
+  const Status& malformed = d.why;
+  if (d.verdict == HeaderVerdict::kAccepted) {
     std::memcpy(req.callable.data(), fr.callable_digest, req.callable.size());  // model: copy
-    req.config.assign(fr.config, fr.config + config_bytes);
-    req.args_blob.assign(fr.args, fr.args + args_bytes);
+    req.config.assign(fr.config, fr.config + d.fields.config_bytes);
+    req.args_blob.assign(fr.args, fr.args + d.fields.args_bytes);
   }
   std::atomic_thread_fence(std::memory_order_acquire);
   // model: recheck

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "base/errors.h"
+#include "ipc/request_header.h"
 
 // `// model: <step>` marks each store or load of the hand-off that
 // tests/model/mailbox.pml checks as that step; change both together.
@@ -197,14 +198,9 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
   const uint64_t p = ++next_publication_;
   store_relaxed(h.publication, uint64_t{0});  // model: unpublish
   std::atomic_thread_fence(std::memory_order_release);
-  store_relaxed(h.protocol_version, kMailboxProtocolVersion);  // model: fill_header
-  store_relaxed(h.entry_index, uint64_t{i});
-  store_relaxed(h.entry_generation, r.generation);
-  store_relaxed(h.run_id, spec.run_id);
-  store_relaxed(h.dispatch_id, spec.dispatch_id);
-  store_relaxed(h.task_slot, spec.task_slot);
-  store_relaxed(h.config_bytes, static_cast<uint32_t>(spec.config.size()));
-  store_relaxed(h.args_bytes, static_cast<uint32_t>(spec.args_blob.size()));
+  store_request_fields(  // model: fill_header
+      h, RequestFields{kMailboxProtocolVersion, i, r.generation, spec.run_id, spec.dispatch_id, spec.task_slot,
+                       static_cast<uint32_t>(spec.config.size()), static_cast<uint32_t>(spec.args_blob.size())});
   std::memcpy(fr.callable_digest, spec.callable.data(), spec.callable.size());  // model: fill_payload
   if (!spec.config.empty()) std::memcpy(fr.config, spec.config.data(), spec.config.size());
   if (!spec.args_blob.empty()) std::memcpy(fr.args, spec.args_blob.data(), spec.args_blob.size());

@@ -1,6 +1,7 @@
 #include "simpler/tensor.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "base/errors.h"
 
@@ -66,6 +67,9 @@ int64_t TensorView::numel() const {
 }
 
 uint64_t TensorView::first_byte() const {
+  // An empty view touches no byte: its range is empty at its offset. Its
+  // strides are never applied, so validate() bounds none of their reaches.
+  if (numel() == 0) return static_cast<uint64_t>(offset_) * dtype_size(dtype_);
   int64_t lo = offset_;
   for (int d = 0; d < ndim_; ++d) {
     if (stride_[d] < 0) lo += (shape_[d] - 1) * stride_[d];
@@ -101,17 +105,23 @@ Status TensorView::validate() const {
     }
   }
   if (offset_ < 0 || offset_ > kLimit) return invalid_argument("offset {} is outside [0, 2^40]", offset_);
-  if (elements == 0) return Status();
-  int64_t lo = offset_, hi = offset_;
-  for (int d = 0; d < ndim_; ++d) {
+  // Consumers compute addr + byte offsets; a buffer that wraps the address
+  // space has no such range.
+  if (buffer_.bound() && buffer_.bytes > std::numeric_limits<uint64_t>::max() - buffer_.addr) {
+    return out_of_range("buffer {:#x} of {} bytes wraps the address space", buffer_.addr, buffer_.bytes);
+  }
+  int64_t lo = offset_;
+  for (int d = 0; d < ndim_ && elements != 0; ++d) {
     int64_t reach;
     if (__builtin_mul_overflow(shape_[d] - 1, stride_[d], &reach) || reach > kLimit * 4 || reach < -kLimit * 4) {
       return invalid_argument("dimension {}: shape {} x stride {} reaches beyond 2^42 elements", d, shape_[d],
                               stride_[d]);
     }
-    (reach < 0 ? lo : hi) += reach;
+    if (reach < 0) lo += reach;
   }
   if (lo < 0) return out_of_range("view starts {} elements before its buffer", -lo);
+  // An empty view too: its (empty) range sits at its offset, which consumers
+  // merge into the spans they stage.
   if (buffer_.bound() && end_byte() > buffer_.bytes) {
     return out_of_range("view touches bytes [{}, {}) but its buffer has {} bytes", first_byte(), end_byte(),
                         buffer_.bytes);

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the T7 fuzz targets into fuzz/corpus/<target>/.
+
+Valid inputs first, then one edge case per refusal the decoders make. The
+layouts mirror the static_asserts of src/task/args_blob.h and
+src/ipc/mailbox_layout.h; a seed that drifts from them only seeds worse, the
+fuzzer still runs. Rerun after a wire change and commit the diff:
+    python3 fuzz/make_seeds.py
+The files named by a hash are inputs a fuzzing run found, merged back with
+    build/fuzz/fuzz/<target> -merge=1 fuzz/corpus/<target> build/fuzz/corpus/<target>
+"""
+import os
+import struct
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+# --- args blob (src/task/args_blob.h) ---
+ARGS_MAGIC, ARGS_VERSION, MAX_ARGS, MAX_DIMS = 0x47524153, 1, 32, 5
+TENSOR, SCALAR = 0, 1
+INPUT, OUTPUT, INOUT, OUTPUT_EXISTING, NODEP = range(5)
+F32, F16, BF16, I8, I16, I32, I64, U8, U32, U64, F64 = range(11)
+
+
+def header(count, total=None, magic=ARGS_MAGIC, version=ARGS_VERSION):
+    return struct.pack("<IHHII", magic, version, count, 16 + 120 * count if total is None else total, 0)
+
+
+def record(kind=TENSOR, tag=INPUT, dtype=F32, shape=(), stride=None, addr=0x10000, nbytes=4096, offset=0,
+           scalar=0):
+    if stride is None:  # dense row-major
+        stride, s = [], 1
+        for n in reversed(shape):
+            stride.insert(0, s)
+            s *= max(n, 1)
+    sh = list(shape) + [0] * (MAX_DIMS - len(shape))
+    st = list(stride) + [0] * (MAX_DIMS - len(stride))
+    return struct.pack("<BBBBIQQq5q5qQ", kind, tag, dtype, len(shape), 0, addr, nbytes, offset, *sh, *st, scalar)
+
+
+def scalar(v):
+    return record(kind=SCALAR, scalar=v & 0xFFFFFFFFFFFFFFFF)
+
+
+def blob(*records):
+    return header(len(records)) + b"".join(records)
+
+
+ARGS = {
+    "empty": blob(),
+    "one_scalar": blob(scalar(-42)),
+    "dense_2d": blob(record(shape=(16, 16))),
+    "mixed": blob(record(shape=(16, 16)), record(tag=INOUT, dtype=I64, shape=(4, 32), stride=(64, 1), offset=528,
+                                                 addr=0x20000, nbytes=1 << 20),
+                  scalar(7), record(tag=OUTPUT, dtype=BF16, shape=(7, 9), addr=0, nbytes=0),
+                  record(tag=OUTPUT_EXISTING, dtype=F16, shape=(3, 2, 5), offset=7),
+                  record(tag=NODEP, dtype=U8, shape=(1, 1, 1, 1, 8)), scalar(0xFEDCBA9876543210)),
+    "max_args": blob(*[record(shape=(4,), offset=4 * i) if i % 2 else scalar(i) for i in range(MAX_ARGS)]),
+    "rank0": blob(record(shape=(), dtype=F64)),
+    "exact_fit": blob(record(dtype=U8, shape=(4096,))),
+    "negative_stride": blob(record(shape=(4, 4), stride=(-4, 1), offset=12)),
+    "zero_extent": blob(record(shape=(0, 16))),
+    "zero_extent_negative_stride": blob(record(shape=(0, 1 << 40), stride=(1, -(1 << 40)))),
+    "broadcast_stride0": blob(record(shape=(8, 8), stride=(0, 1))),
+    "limit_2e40": blob(record(dtype=U8, shape=(1 << 40,), nbytes=1 << 40)),
+    "top_of_address_space": blob(record(addr=0xFFFFFFFFFFFFF000, nbytes=4096, shape=(1024,))),
+    # refusals
+    "truncated_header": header(1)[:10],
+    "bad_magic": header(0, magic=0x12345678),
+    "bad_version": header(0, version=2),
+    "count_over": header(MAX_ARGS + 1),
+    "total_disagrees": header(1, total=100) + scalar(1),
+    "short_by_one": blob(scalar(1))[:-1],
+    "extra_byte": blob(scalar(1)) + b"\0",
+    "bad_kind": blob(record(kind=2)),
+    "bad_tag": blob(record(tag=5, shape=(4,))),
+    "bad_dtype": blob(record(dtype=11, shape=(4,))),
+    "bad_ndim": header(1) + record(shape=(1,) * 5)[:3] + b"\x06" + record(shape=(1,) * 5)[4:],
+    "negative_shape": blob(record(shape=(-1, 4))),
+    "shape_overflow": blob(record(shape=(1 << 32, 1 << 32))),
+    "stride_overflow": blob(record(shape=(2, 2), stride=(1 << 62, 1))),
+    "past_buffer": blob(record(shape=(1025,))),
+    "before_buffer": blob(record(shape=(4,), stride=(-1,))),
+    "unbound_input": blob(record(addr=0, nbytes=0, shape=(4,))),
+    "negative_offset": blob(record(shape=(4,), offset=-1)),
+}
+
+# --- request header (src/ipc/mailbox_layout.h) ---
+PROTOCOL, K = 2, 2
+CONFIG_CAP = 1024
+ARGS_CAP = 65536 - 64 - 32 - CONFIG_CAP
+TASK_READY, PREPARE_READY = 1, 8
+IDLE, FRAME_STAGED = 0, 3
+
+
+def frame(grant, index, generation, generations, publication=1, version=PROTOCOL, config=16, args=136,
+          ready=TASK_READY, run_id=7, dispatch_id=3, task_slot=0, states=None):
+    hdr = struct.pack("<IIQQQQQIIII", ready, version, publication, index, generation, run_id, dispatch_id, task_slot,
+                      config, args, 0)
+    # Each entry: its generation, then its state (IDLE unless `states` says otherwise).
+    states = states or [IDLE] * len(generations)
+    return bytes([grant - 1]) + hdr + b"".join(struct.pack("<QI", g, s) for g, s in zip(generations, states))
+
+
+G = 2
+M = G + K
+LIVE = [1, 3, 0, 5]  # entries 0, 1, 3 occupied; 2 free
+HEADERS = {
+    "accepted": frame(G, 1, 3, LIVE),
+    "accepted_staged": frame(G, 3, 5, LIVE, ready=PREPARE_READY),
+    "accepted_full_frame": frame(G, 0, 1, LIVE, config=CONFIG_CAP, args=ARGS_CAP),
+    "accepted_grant8": frame(8, 9, 1, [1] * 10),
+    "no_publication": frame(G, 1, 3, LIVE, publication=0),
+    "replayed_to_a_served_entry": frame(G, 1, 3, LIVE, states=[IDLE, FRAME_STAGED, IDLE, IDLE]),
+    "stale_older": frame(G, 1, 1, LIVE),
+    "stale_future": frame(G, 1, 5, LIVE),
+    "stale_free_entry": frame(G, 2, 1, LIVE),
+    "index_m": frame(G, M, 1, LIVE),
+    "index_m_plus_1": frame(G, M + 1, 1, LIVE),
+    "index_uint32_max": frame(G, 0xFFFFFFFF, 1, LIVE),
+    "index_uint64_max": frame(G, 0xFFFFFFFFFFFFFFFF, 1, LIVE),
+    "even_generation": frame(G, 1, 2, LIVE),
+    "zero_generation": frame(G, 2, 0, LIVE),
+    "bad_version": frame(G, 1, 3, LIVE, version=1),
+    "config_over": frame(G, 1, 3, LIVE, config=CONFIG_CAP + 1),
+    "args_over": frame(G, 1, 3, LIVE, args=ARGS_CAP + 1),
+    "args_uint32_max": frame(G, 1, 3, LIVE, args=0xFFFFFFFF),
+    "no_table": frame(G, 0, 1, []),
+}
+
+
+def write(target, seeds):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    for name, data in seeds.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+
+
+write("fuzz_args_blob", ARGS)
+write("fuzz_frame_header", HEADERS)
