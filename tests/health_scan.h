@@ -163,19 +163,27 @@ class HealthScan {
 };
 
 // Every submitted run id gets exactly one terminal. submitted() before the
-// run can end; record() from whichever thread sees the terminal.
+// run can end; record() from whichever thread sees the terminal. An id is
+// dropped once it has exactly one of each, so a soak of 10^6 runs holds only
+// the runs in flight; a terminal that comes after that reopens the id, which
+// check() then reports.
 class TerminalLedger {
  public:
   void submitted(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
-    Entry& e = entries_[id];
-    ++e.submissions;
+    ++submitted_;
+    settle(id, open_[id], 1, 0);
   }
   void record(uint64_t id, const Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
-    Entry& e = entries_[id];
-    ++e.terminals;
-    if (e.terminals == 1) e.code = status.code();
+    ++terminals_;
+    if (status.ok()) {
+      ++ok_;
+    } else {
+      ++failed_;
+      ++by_code_[status.code()];
+    }
+    settle(id, open_[id], 0, 1);
   }
 
   struct Summary {
@@ -184,33 +192,20 @@ class TerminalLedger {
     uint64_t ok = 0;
     uint64_t failed = 0;
     std::map<StatusCode, uint64_t> by_code;  // the failed ones
-    std::vector<std::string> problems;       // missing, duplicate or unsubmitted terminals
+    std::vector<std::string> problems;       // ids without exactly one submission and one terminal
   };
   // At most `max_problems` ids are named; the counts cover all.
   Summary check(size_t max_problems = 20) const {
     std::lock_guard<std::mutex> lock(mu_);
-    Summary s;
-    uint64_t bad = 0;
-    for (const auto& [id, e] : entries_) {
-      s.submitted += e.submissions;
-      s.terminals += e.terminals;
-      if (e.terminals != 0) {
-        if (e.code == StatusCode::kOk) {
-          ++s.ok;
-        } else {
-          ++s.failed;
-          ++s.by_code[e.code];
-        }
+    Summary s{submitted_, terminals_, ok_, failed_, by_code_, {}};
+    for (const auto& [id, e] : open_) {
+      if (s.problems.size() == max_problems) {
+        s.problems.push_back(fmt::format("... {} bad ids in all", open_.size()));
+        break;
       }
-      if (e.submissions == 1 && e.terminals == 1) continue;
-      if (++bad > max_problems) continue;
-      if (e.submissions != 1) {
-        s.problems.push_back(fmt::format("run {} was submitted {} times", id, e.submissions));
-      } else {
-        s.problems.push_back(fmt::format("run {} has {} terminals", id, e.terminals));
-      }
+      s.problems.push_back(
+          fmt::format("run {}: {} submissions and {} terminals, want one of each", id, e.submissions, e.terminals));
     }
-    if (bad > max_problems) s.problems.push_back(fmt::format("... {} bad ids in all", bad));
     return s;
   }
 
@@ -218,10 +213,17 @@ class TerminalLedger {
   struct Entry {
     uint32_t submissions = 0;
     uint32_t terminals = 0;
-    StatusCode code = StatusCode::kOk;
   };
+  void settle(uint64_t id, Entry& e, uint32_t submissions, uint32_t terminals) {
+    e.submissions += submissions;
+    e.terminals += terminals;
+    if (e.submissions == 1 && e.terminals == 1) open_.erase(id);
+  }
+
   mutable std::mutex mu_;
-  std::map<uint64_t, Entry> entries_;
+  std::map<uint64_t, Entry> open_;
+  uint64_t submitted_ = 0, terminals_ = 0, ok_ = 0, failed_ = 0;
+  std::map<StatusCode, uint64_t> by_code_;
 };
 
 }  // namespace simpler::testing
