@@ -136,6 +136,11 @@ Status ChipWorker::set_run_resource_grant(uint32_t g) {
   if (in_flight_.load(std::memory_order_acquire) != 0) {
     return failed_precondition("regrant to {} refused: runs are still in flight", g);
   }
+  // Nothing holds a run now, but the last phase call or completion may still
+  // be ringing its set's bell, which the commit below frees (R49). It is a
+  // few instructions from done, and no run exists that could add another.
+  spin_then_park(
+      left_bell_, [&] { return leaving_.load(std::memory_order_acquire) == 0; }, SpinPolicy{});
   const uint32_t old = grant();
   try {
     auto arena = std::make_unique<RunResourceArena>(std::move(RunResourceArena::create(g)).value());
@@ -343,8 +348,11 @@ ChipWorker::RunRef::~RunRef() {
   if (ctx_ == nullptr) return;
   // Read before letting go: once users_ drops, finalize may destroy the context.
   const uint32_t slot = ctx_->desc_.lease.slot;
+  w_->leaving_.fetch_add(1, std::memory_order_acq_rel);
   ctx_->users_.fetch_sub(1, std::memory_order_acq_rel);
   w_->set_bells_[slot].bell.ring();
+  w_->leaving_.fetch_sub(1, std::memory_order_acq_rel);
+  w_->left_bell_.ring();
 }
 
 Result<ChipWorker::RunRef> ChipWorker::lookup(void* storage, uint64_t epoch, const char* call) {
@@ -557,9 +565,12 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
     (void)retire(ctx, ctx->result_, 0);
   } else {
     // The caller may finalize the instant it sees done_: nothing of the
-    // context is touched after this store.
+    // context is touched after this store, and the bell is rung as a leaver.
+    leaving_.fetch_add(1, std::memory_order_acq_rel);
     ctx->done_.store(1, std::memory_order_release);
     set_bells_[slot].bell.ring();
+    leaving_.fetch_sub(1, std::memory_order_acq_rel);
+    left_bell_.ring();
   }
   if (next != nullptr) do_launch(next);
   admission_bell_.ring();

@@ -224,6 +224,11 @@ class ChipWorker {
   uint32_t launched_ = 0;
   uint32_t launched_peak_ = 0;
 
+  // Phase calls (~RunRef) and completions (on_run_done) that let go of a run
+  // and then ring its set's bell: once they let go, finalize may retire the
+  // run and a regrant may free the bells, so a regrant waits them out first.
+  std::atomic<uint32_t> leaving_{0};
+  Doorbell left_bell_;
   Doorbell admission_bell_;             // rung when a set is released, a run drains, or the worker closes
   std::atomic<uint32_t> in_flight_{0};  // runs queued for launch or launched
   std::atomic<bool> closing_{false};

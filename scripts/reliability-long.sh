@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The long tier of the reliability plan (docs: /work/shared/design/reliability-plan.md),
+# run on demand, not per commit: each item prints its RELIABILITY figures and
+# one line "<item>: N passed, N failed", so logs read the same everywhere.
+#   T11-soak   the soak at 10^6 runs, a chip killed every 10^4 (SIMPLER_SOAK_RUNS,
+#              SIMPLER_SOAK_KILL_EVERY override them)
+#   T9-stress  the T9 stress binary 20 times over, each with a fresh seed
+# Usage: scripts/reliability-long.sh [item...]   (default: every item)
+# Exit status: 0 when every item passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=build/default
+
+[ -f "$BUILD/build.ninja" ] || cmake --preset default >/dev/null
+cmake --build --preset default -j "${JOBS:-2}" --target simpler_soak_tests simpler_stress_tests >/dev/null || {
+  echo "build failed"
+  exit 2
+}
+
+status=0
+# run_gtest <item> <binary> [VAR=value...] [-- gtest args...]
+run_gtest() {
+  local item=$1 binary=$2
+  shift 2
+  local envs=() args=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  [ "${1:-}" = "--" ] && shift
+  args=("$@")
+  local log
+  log=$(mktemp)
+  env "${envs[@]}" "$BUILD/tests/$binary" "${args[@]}" >"$log" 2>&1
+  local rc=$?
+  grep -E '^RELIABILITY ' "$log"
+  local passed failed
+  passed=$(grep -cE '^\[       OK \] ' "$log")
+  failed=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$log")
+  # A crash or a watchdog kill ends the binary before gtest counts the test.
+  if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+  if [ "$failed" -ne 0 ]; then
+    status=1
+    echo "--- $item: the failing output ($log) ---"
+    grep -vE '^\[       OK \]|^\[ RUN      \]' "$log" | tail -40
+  else
+    rm -f "$log"
+  fi
+  echo "$item: $passed passed, $failed failed"
+}
+
+items=("$@")
+[ ${#items[@]} -eq 0 ] && items=(T11-soak T9-stress)
+for item in "${items[@]}"; do
+  case "$item" in
+    T11-soak)
+      run_gtest "$item" simpler_soak_tests "SIMPLER_SOAK_RUNS=${SIMPLER_SOAK_RUNS:-1000000}" \
+        "SIMPLER_SOAK_KILL_EVERY=${SIMPLER_SOAK_KILL_EVERY:-10000}" -- --gtest_filter='Soak.*'
+      ;;
+    T9-stress)
+      run_gtest "$item" simpler_stress_tests -- --gtest_repeat=20
+      ;;
+    *)
+      echo "$item: unknown item (known: T11-soak T9-stress)"
+      status=1
+      ;;
+  esac
+done
+exit $status
