@@ -155,13 +155,21 @@ struct SchedFixture {
     ADD_FAILURE() << "no published frame carries task_slot " << slot;
   }
   // The terminal a child stores for the run in the entry carrying `slot`
-  // (of run `run_id`, when not 0).
+  // (of run `run_id`, when not 0), after the hand-back of its frame when the
+  // test made none: the parent refuses a terminal before its ACK.
   void complete(uint32_t slot, StatusCode code = StatusCode::kOk, uint64_t run_id = 0) {
     const MailboxView v = ep->view();
     for (uint64_t i = 0; i < v.entry_count(); ++i) {
       MailboxRunEntry& e = v.entry(i);
       if (load_acquire(e.entry_generation) % 2 == 0 || e.task_slot != slot) continue;
       if (run_id != 0 && e.run_id != run_id) continue;
+      for (size_t f = 0; f < kMailboxRequestFrames && load_acquire(e.consumed_ack) == 0; ++f) {
+        RequestHeader& h = v.frame(f).header;
+        const uint32_t ready = load_acquire(h.ready);
+        if ((ready != kMailboxTaskReady && ready != kMailboxPrepareReady) || h.entry_index != i) continue;
+        store_release(h.ready, static_cast<uint32_t>(kMailboxIdle));
+        store_release(e.consumed_ack, load_acquire(h.publication));
+      }
       store_release(e.rc, static_cast<int32_t>(code));
       copy_text(e.error_text, sizeof e.error_text, code == StatusCode::kOk ? "" : "scripted failure");
       store_release(e.state, static_cast<uint32_t>(code == StatusCode::kOk ? kMailboxTaskDone : kMailboxTaskFailed));

@@ -21,6 +21,8 @@ uint64_t bounded(uint64_t deadline_ns, uint64_t period_ns) {
   return deadline_ns == 0 ? t : std::min(deadline_ns, t);
 }
 
+// A reply or terminal code from the child; scan_entries refuses a terminal
+// whose code is none before it gets here.
 Status status_from_wire(int32_t rc, const std::string& text) {
   if (rc == 0) return Status();
   if (!is_status_code(rc)) {
@@ -207,6 +209,7 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
   // model: publish, ready. Both after the fill: the child reads nothing of a
   // frame before its ready word.
   store_relaxed(h.publication, p);
+  r.publication = p;
   store_release(h.ready, static_cast<uint32_t>(spec.staged ? kMailboxPrepareReady : kMailboxTaskReady));
   frames_[f] = FrameRecord{true, i, r.generation, p};
   view_.control().child_bell.ring();
@@ -277,12 +280,50 @@ void MailboxEndpoint::release(uint32_t entry) {
   free_entries_.push_back(entry);
 }
 
+std::string MailboxEndpoint::entry_violation(uint32_t i, uint32_t state) const {
+  const EntryRecord& r = entries_[i];
+  const MailboxRunEntry& e = view_.entry(i);
+  // Every word below is read after `state` (acquired): what the child stored
+  // before its state word is visible with it.
+  if (const uint64_t g = load_acquire(e.entry_generation); g != r.generation) {
+    return fmt::format("entry {} holds generation {}, not run {}'s {}, and only the parent writes that word", i, g,
+                       r.run_id, r.generation);
+  }
+  // The parent cleared the ACK at occupation; the child may echo only the
+  // publication it was handed for this occupant.
+  const uint64_t ack = load_acquire(e.consumed_ack);
+  if (ack != 0 && ack != r.publication) {
+    return fmt::format("the ACK in entry {} echoes publication {}, not run {}'s {}", i, ack, r.run_id, r.publication);
+  }
+  if (state == kMailboxIdle || state == kMailboxFrameStaged || state == kMailboxTaskLaunched) return "";
+  if (!mailbox_state_is_terminal(state)) return fmt::format("entry {} holds state {}, which no entry takes", i, state);
+  // The exit sweep also ends runs it never staged, so its terminal alone may
+  // come without an ACK.
+  if (ack == 0 && state != kMailboxEndpointFailed) {
+    return fmt::format("run {}'s terminal in entry {} came before its ACK", r.run_id, i);
+  }
+  const int32_t rc = load_relaxed(e.rc);
+  if (rc != 0 && !is_status_code(rc)) {
+    return fmt::format("run {}'s terminal in entry {} carries rc {}, which is no status code", r.run_id, i, rc);
+  }
+  if ((rc == 0) != (state == kMailboxTaskDone)) {
+    return fmt::format("run {}'s terminal state {} in entry {} carries rc {}", r.run_id, state, i, rc);
+  }
+  if (const uint32_t d = load_relaxed(e.disposition); d > kDispositionNativePrepared) {
+    return fmt::format("run {}'s terminal in entry {} carries disposition {}", r.run_id, i, d);
+  }
+  return "";
+}
+
 void MailboxEndpoint::scan_entries() {
   bool released = false;
+  std::string violation;
   for (uint32_t i : held_) {
     EntryRecord& r = entries_[i];
     MailboxRunEntry& e = view_.entry(i);
     const uint32_t state = load_acquire(e.state);  // model: scan_terminal
+    violation = entry_violation(i, state);
+    if (!violation.empty()) break;  // nothing more this child wrote is believed
     const bool accepted = load_acquire(e.accepted) != 0;
     EndpointEvent ev;
     ev.run_id = r.run_id;
@@ -298,11 +339,7 @@ void MailboxEndpoint::scan_entries() {
     ev.kind = EndpointEvent::Kind::kTerminal;
     ev.accepted = accepted;
     ev.disposition = static_cast<MailboxDisposition>(load_relaxed(e.disposition));
-    const std::string text = read_text(e.error_text, sizeof e.error_text);
-    ev.status = status_from_wire(load_relaxed(e.rc), text);
-    if (state == kMailboxTaskFailed && ev.status.ok()) ev.status = internal_error("child reported failure with rc 0");
-    if (state == kMailboxTaskDone && !ev.status.ok())
-      ev.status = internal_error("child reported success with {}", ev.status.to_string());
+    ev.status = status_from_wire(load_relaxed(e.rc), read_text(e.error_text, sizeof e.error_text));
     ev.endpoint_failure = state == kMailboxEndpointFailed;
     pending_.push_back(ev);
     release(i);
@@ -310,6 +347,13 @@ void MailboxEndpoint::scan_entries() {
   }
   if (released) {
     held_.erase(std::remove_if(held_.begin(), held_.end(), [&](uint32_t i) { return !entries_[i].held; }), held_.end());
+  }
+  if (!violation.empty()) {
+    // After the loop: poison() rewrites held_. The child is killed first, so
+    // it stores nothing more into entries this side is about to release.
+    const Status cause = make_error(StatusCode::kAborted, "child protocol violation: {}", violation);
+    if (liveness_ != nullptr) liveness_->kill(cause.message());
+    poison(cause);
   }
 }
 

@@ -3,6 +3,8 @@
 // or PREPARE_READY for a staged run it later activates through the entry), reclaims
 // frames on ACKs and entries on terminals, and poisons itself when the child
 // is gone or stopped, giving every held run one terminal with one cause.
+// Nothing the child writes is trusted: a terminal reaches only the occupant
+// its entry proves, and a write the protocol does not allow kills the child.
 // reregister() readies the same region for a child that replaces a dead one.
 // Threads: one publisher thread (the Scheduler) calls publish, poll,
 // available_request_transport and close-path methods; control commands may
@@ -176,7 +178,8 @@ class MailboxEndpoint {
     uint64_t dispatch_id = 0;
     uint32_t task_slot = 0;
     uint64_t published_ns = 0;
-    bool staged = false;  // published PREPARE_READY, not yet activated or cancelled
+    bool staged = false;       // published PREPARE_READY, not yet activated or cancelled
+    uint64_t publication = 0;  // the only publication the child may echo into this occupant's ACK
   };
 
   MailboxEndpoint(MailboxView view, size_t extent, EndpointOptions options);
@@ -184,6 +187,9 @@ class MailboxEndpoint {
   void register_region();
   void reclaim_frames();
   void scan_entries();
+  // Why held entry `i`, whose state word read `state`, breaks the protocol;
+  // "" when every word the child wrote there is one it may write.
+  std::string entry_violation(uint32_t i, uint32_t state) const;
   void release(uint32_t entry);
   void deliver_poison();
   // `registration`: as for the control commands; *served, when set, gets the

@@ -48,10 +48,10 @@
 #include <gtest/gtest.h>
 
 #include "base/shared_memory.h"
+#include "health_scan.h"
 #include "ipc/forked_child.h"
 #include "ipc_test_util.h"
 #include "node_test_util.h"
-#include "reliability/health.h"
 #include "test_util.h"
 
 namespace simpler::testing {
@@ -165,7 +165,7 @@ uint32_t handler_calls(TestGates* g) { return std::atomic_ref<uint32_t>(g->handl
 class HeaderCorruption : public ::testing::Test {
  protected:
   void SetUp() override {
-    baseline_ = HealthBaseline::take();
+    health_ = std::make_unique<HealthScan>();
     gates_ = make_node_gates();  // before any fork: every child shares it
     auto b = ForkedChild::spawn([g = gates_] { return std::make_unique<TestHandler>(g); }, SpawnOptions{});
     ASSERT_TRUE(b.ok()) << b.status().to_string();
@@ -183,7 +183,7 @@ class HeaderCorruption : public ::testing::Test {
   // the entries stored into against the expectation to wrong_entry_stores_.
   bool run_case(const std::string& name, int gate);
 
-  HealthBaseline baseline_;
+  std::unique_ptr<HealthScan> health_;
   TestGates* gates_ = nullptr;
   std::unique_ptr<ForkedChild> b_;
   std::vector<EndpointEvent> b_events_;
@@ -400,7 +400,7 @@ TEST_F(HeaderCorruption, T5CorpusOfCorruptedHeaders) {
   std::vector<EndpointEvent> rest;
   EXPECT_TRUE(b_->close(now_ns() + kTestWaitNs, rest).ok());
   b_.reset();
-  EXPECT_EQ(baseline_.scan(), "") << "health scan";
+  health_->expect_clean();
   EXPECT_EQ(matched, static_cast<int>(names.size()));
   EXPECT_EQ(wrong_entry_stores_, 0u);
   std::printf("RELIABILITY T5 cases=%zu matched=%d wrong_entry_stores=%llu\n", names.size(), matched,
