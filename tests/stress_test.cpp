@@ -193,8 +193,9 @@ std::string unexpected_terminal(uint64_t seed, bool failing, const Status& got) 
   return fmt::format("a failing run (want KERNEL_FAILED with \"{}\") ended {}", want, got.to_string());
 }
 
-WorkerConfig stress_config(uint32_t depth) {
+WorkerConfig stress_config(uint32_t depth, uint32_t launch_depth) {
   WorkerConfig c = small_config(depth, 64);
+  c.launch_depth = launch_depth;
   c.device_memory_bytes = 64ull << 20;
   return c;
 }
@@ -226,9 +227,10 @@ ChipCallable gated_callable() {
 }
 
 // Callable 0: lanes; callable 1: gated.
-std::unique_ptr<ChipWorker> make_chip(uint32_t depth) {
+// launch_depth 0 launches up to the grant.
+std::unique_ptr<ChipWorker> make_chip(uint32_t depth, uint32_t launch_depth = 0) {
   std::vector<ChipCallable> cs{lanes_callable(), gated_callable()};
-  auto w = ChipWorker::create(stress_config(depth), std::move(cs));
+  auto w = ChipWorker::create(stress_config(depth, launch_depth), std::move(cs));
   EXPECT_TRUE(w.ok()) << w.status().to_string();
   return w.ok() ? std::move(w).value() : nullptr;
 }
@@ -306,7 +308,15 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 
 // ---- (a) Worker::submit from one thread, waiters on eight --------------------------------------
 
-TEST(Stress, T9ChipSubmitWithEightWaiters) {
+// Each stress runs with every launched run on the device at once (launch_depth
+// 0: the grant), and with a launch queue (3), whose runs completions launch.
+class StressAtLaunchDepth : public ::testing::TestWithParam<uint32_t> {};
+INSTANTIATE_TEST_SUITE_P(Stress, StressAtLaunchDepth, ::testing::Values(0u, 3u),
+                         [](const ::testing::TestParamInfo<uint32_t>& i) {
+                           return i.param == 0 ? std::string("LaunchDepthIsTheGrant") : "LaunchDepth3";
+                         });
+
+TEST_P(StressAtLaunchDepth, T9ChipSubmitWithEightWaiters) {
   Watchdog dog(std::chrono::seconds(280));
   HealthScan scan;
   const uint64_t seed = test_seed();
@@ -315,7 +325,7 @@ TEST(Stress, T9ChipSubmitWithEightWaiters) {
   constexpr int kBuffers = 24;  // more than the depth, so waiters hold finished runs while others fly
   std::printf("T9 chip: seed %llu (SIMPLER_STRESS_SEED=%llu repeats it), %d runs\n",
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed), runs);
-  auto chip = make_chip(8);
+  auto chip = make_chip(8, GetParam());
   ASSERT_NE(chip, nullptr);
 
   struct Job {
@@ -416,9 +426,10 @@ TEST(Stress, T9ChipSubmitWithEightWaiters) {
   chip.reset();
   scan.expect_clean();
   std::printf(
-      "RELIABILITY T9 part=chip_submit seed=%llu runs=%llu terminals=%llu ok=%llu failed=%llu verified=%llu "
+      "RELIABILITY T9 part=chip_submit launch_depth=%u seed=%llu runs=%llu terminals=%llu ok=%llu failed=%llu "
+      "verified=%llu "
       "waiters=%d wall_ms=%.0f\n",
-      static_cast<unsigned long long>(seed), static_cast<unsigned long long>(s.submitted),
+      GetParam(), static_cast<unsigned long long>(seed), static_cast<unsigned long long>(s.submitted),
       static_cast<unsigned long long>(s.terminals), static_cast<unsigned long long>(s.ok),
       static_cast<unsigned long long>(s.failed), static_cast<unsigned long long>(verified), kWaiters, wall_ms);
 }
@@ -444,7 +455,7 @@ class RunStorage {
 
 uint64_t deadline_ns() { return now_ns() + static_cast<uint64_t>(kWait.count()) * 1'000'000'000ull; }
 
-TEST(Stress, T9NativeLifecycleFromEightDriversWithRegrants) {
+TEST_P(StressAtLaunchDepth, T9NativeLifecycleFromEightDriversWithRegrants) {
   Watchdog dog(std::chrono::seconds(280));
   HealthScan scan;
   const uint64_t seed = test_seed();
@@ -456,7 +467,7 @@ TEST(Stress, T9NativeLifecycleFromEightDriversWithRegrants) {
   std::printf("T9 native: seed %llu (SIMPLER_STRESS_SEED=%llu repeats it), %d drivers x %d runs\n",
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed), kDrivers,
               rounds * per_round);
-  auto chip = make_chip(grants[0]);
+  auto chip = make_chip(grants[0], GetParam());
   ASSERT_NE(chip, nullptr);
 
   // Two buffers per driver, written once here by the controlling thread; from
@@ -622,9 +633,10 @@ TEST(Stress, T9NativeLifecycleFromEightDriversWithRegrants) {
   chip.reset();
   scan.expect_clean();
   std::printf(
-      "RELIABILITY T9 part=native seed=%llu runs=%llu terminals=%llu ok=%llu failed=%llu cancelled=%llu "
+      "RELIABILITY T9 part=native launch_depth=%u seed=%llu runs=%llu terminals=%llu ok=%llu failed=%llu "
+      "cancelled=%llu "
       "regrants=%u drivers=%d wall_ms=%.0f\n",
-      static_cast<unsigned long long>(seed), static_cast<unsigned long long>(s.submitted),
+      GetParam(), static_cast<unsigned long long>(seed), static_cast<unsigned long long>(s.submitted),
       static_cast<unsigned long long>(s.terminals), static_cast<unsigned long long>(s.ok),
       static_cast<unsigned long long>(s.failed), static_cast<unsigned long long>(cancelled.load()), regrants, kDrivers,
       wall_ms);
