@@ -461,7 +461,7 @@ TEST_P(StressAtLaunchDepth, T9NativeLifecycleFromEightDriversWithRegrants) {
   const uint64_t seed = test_seed();
   constexpr int kDrivers = 8;
   const int rounds = kSanitized ? 10 : 20;
-  const int per_round = kSanitized ? 60 : 100;  // runs per driver per round
+  const int per_round = 100;  // runs per driver per round
   // Each driver holds at most two runs at once, so every grant here leaves it a set.
   const std::array<uint32_t, 3> grants{2 * kDrivers, 2 * kDrivers + 5, 2 * kDrivers + 1};
   std::printf("T9 native: seed %llu (SIMPLER_STRESS_SEED=%llu repeats it), %d drivers x %d runs\n",
@@ -736,6 +736,78 @@ TEST(Stress, T9R49FinalizeAndRegrantRaceAParkedWait) {
       static_cast<unsigned long long>(s.submitted), static_cast<unsigned long long>(s.terminals),
       static_cast<unsigned long long>(s.ok), static_cast<unsigned long long>(refused_regrants),
       static_cast<unsigned long long>(regrants), static_cast<unsigned long long>(refused_polls), wall_ms);
+}
+
+// R49/R48 from the other side: a thread polls a run without a pause while
+// another finalizes it. Every poll is answered from a live run (Complete or
+// NotReady) or refused once the run is retired; a refused poll reads the
+// caller's storage while finalize empties it, which must not race (TSan).
+TEST(Stress, T9PollsRaceFinalize) {
+  Watchdog dog(std::chrono::seconds(280));
+  HealthScan scan;
+  const int iterations = kSanitized ? 1000 : 2000;
+  auto chip = make_chip(2);
+  ASSERT_NE(chip, nullptr);
+  auto buf = chip->malloc(kBufferBytes);
+  ASSERT_TRUE(buf.ok());
+  TerminalLedger ledger;
+  Failures failures;
+  RunStorage storage;
+  uint64_t polls = 0;
+  const auto t0 = Clock::now();
+  for (int it = 0; it < iterations; ++it) {
+    auto lease = chip->try_acquire_lease();
+    ASSERT_TRUE(lease.has_value()) << "iteration " << it;
+    NativeRunDescriptor desc;
+    desc.lease = *lease;
+    desc.arena_bank = lease->slot;
+    // Fills every lane first, so no lane reads what the last run left.
+    auto epoch = chip->prepare(storage.get(), native_run_storage_size(), desc, 0,
+                               lanes_args(*buf, static_cast<uint64_t>(it), false));
+    ASSERT_TRUE(epoch.ok()) << epoch.status().to_string();
+    ledger.submitted(*epoch);
+    ASSERT_TRUE(chip->launch(storage.get(), *epoch).ok());
+    std::atomic<bool> polling{false};
+    std::atomic<uint64_t> answered{0};
+    std::thread poller([&, e = *epoch] {
+      const uint64_t end = deadline_ns();
+      for (;;) {
+        auto p = chip->poll(storage.get(), e);
+        polling.store(true);
+        if (!p.ok()) {
+          if (p.status().code() != StatusCode::kFailedPrecondition) {
+            failures.add(fmt::format("iteration {}: poll ended {}", it, p.status().to_string()));
+          }
+          return;
+        }
+        answered.fetch_add(1);
+        std::this_thread::yield();  // the run's own threads share these 2 cores
+        if (now_ns() > end) {
+          failures.add(fmt::format("iteration {}: the run was still registered after 30 s", it));
+          return;
+        }
+      }
+    });
+    ASSERT_TRUE(eventually([&] { return polling.load(); }));
+    const Status finalized = chip->finalize(storage.get(), *epoch);
+    ledger.record(*epoch, finalized);
+    EXPECT_TRUE(finalized.ok()) << "iteration " << it << ": " << finalized.to_string();
+    poller.join();
+    polls += answered.load();
+    if (::testing::Test::HasFailure()) break;
+  }
+  const double wall_ms = ms_since(t0);
+  const TerminalLedger::Summary s = ledger.check();
+  for (const std::string& p : s.problems) ADD_FAILURE() << "ledger: " << p;
+  failures.report();
+  if (auto bad = check_partition("chip", chip->set_counts(), chip->grant())) ADD_FAILURE() << *bad;
+  EXPECT_TRUE(chip->free(*buf).ok());
+  EXPECT_TRUE(chip->close(std::chrono::milliseconds(30'000)).ok());
+  chip.reset();
+  scan.expect_clean();
+  std::printf("RELIABILITY T9 part=polls_race_finalize runs=%llu terminals=%llu ok=%llu polls=%llu wall_ms=%.0f\n",
+              static_cast<unsigned long long>(s.submitted), static_cast<unsigned long long>(s.terminals),
+              static_cast<unsigned long long>(s.ok), static_cast<unsigned long long>(polls), wall_ms);
 }
 
 }  // namespace
