@@ -349,15 +349,15 @@ ChipWorker::RunRef::~RunRef() {
 
 Result<ChipWorker::RunRef> ChipWorker::lookup(void* storage, uint64_t epoch, const char* call) {
   if (storage == nullptr) return invalid_argument("{}: storage is null", call);
-  {
-    std::lock_guard<std::mutex> lock(runs_mu_);
-    auto it = runs_.find(epoch);
-    if (it != runs_.end() && it->second == storage) {
-      it->second->users_.fetch_add(1, std::memory_order_acq_rel);
-      return RunRef(this, it->second);
-    }
+  std::lock_guard<std::mutex> lock(runs_mu_);
+  auto it = runs_.find(epoch);
+  if (it != runs_.end() && it->second == storage) {
+    it->second->users_.fetch_add(1, std::memory_order_acq_rel);
+    return RunRef(this, it->second);
   }
-  // Refused; say why as precisely as the storage allows.
+  // Refused; say why as precisely as the storage allows. Still under the
+  // lock: retire() empties a storage under it, so a run retiring under this
+  // call is read whole or as an empty storage, never half destroyed.
   NativeRunContext* ctx = NativeRunContext::from_storage(storage);
   if (ctx == nullptr) return failed_precondition("{}: the storage holds no prepared run", call);
   if (ctx->owner() != this) return failed_precondition("{}: the run belongs to another ChipWorker", call);
@@ -500,11 +500,15 @@ Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_hol
   unpin_arguments(*ctx);
   std::shared_ptr<detail::RunState> handle = std::move(ctx->handle_);
   const RunStats stats = ctx->stats_;
-  ctx->~NativeRunContext();
-  // The magic word goes last and atomically: a refused caller may be reading it.
-  auto* bytes = reinterpret_cast<unsigned char*>(ctx);
-  std::memset(bytes + sizeof(uint64_t), 0, native_run_storage_size() - sizeof(uint64_t));
-  reinterpret_cast<std::atomic<uint64_t>*>(bytes)->store(0, std::memory_order_release);
+  {
+    // A refused phase call on this storage reads it under this lock (lookup).
+    std::lock_guard<std::mutex> lock(runs_mu_);
+    ctx->~NativeRunContext();
+    // The magic word goes last and atomically: a caller may read it lock-free (from_storage).
+    auto* bytes = reinterpret_cast<unsigned char*>(ctx);
+    std::memset(bytes + sizeof(uint64_t), 0, native_run_storage_size() - sizeof(uint64_t));
+    reinterpret_cast<std::atomic<uint64_t>*>(bytes)->store(0, std::memory_order_release);
+  }
   release_lease(lease);
   if (handle != nullptr) handle->complete(result, stats);
   return result;
