@@ -817,5 +817,71 @@ TEST(Stress, T9PollsRaceFinalize) {
               static_cast<unsigned long long>(s.ok), static_cast<unsigned long long>(polls), wall_ms);
 }
 
+// R49 for launch: launch and finalize of one prepared run, started together
+// from two threads. Finalize either aborts the run before launch (and launch
+// is then refused) or waits for the launch and returns the run's terminal;
+// it never aborts a run that launch put on the device.
+TEST(Stress, T9LaunchRacesFinalize) {
+  Watchdog dog(std::chrono::seconds(280));
+  HealthScan scan;
+  const int iterations = kSanitized ? 1000 : 4000;
+  auto chip = make_chip(2);
+  ASSERT_NE(chip, nullptr);
+  auto buf = chip->malloc(kBufferBytes);
+  ASSERT_TRUE(buf.ok());
+  TerminalLedger ledger;
+  RunStorage storage;
+  uint64_t aborted = 0, ran = 0;
+  const auto t0 = Clock::now();
+  for (int it = 0; it < iterations; ++it) {
+    auto lease = chip->try_acquire_lease();
+    ASSERT_TRUE(lease.has_value()) << "iteration " << it;
+    NativeRunDescriptor desc;
+    desc.lease = *lease;
+    desc.arena_bank = lease->slot;
+    auto epoch = chip->prepare(storage.get(), native_run_storage_size(), desc, 0,
+                               lanes_args(*buf, static_cast<uint64_t>(it), false));
+    ASSERT_TRUE(epoch.ok()) << epoch.status().to_string();
+    ledger.submitted(*epoch);
+    std::barrier start(2);
+    Status launched = internal_error("launch never returned");
+    std::thread launcher([&, e = *epoch] {
+      start.arrive_and_wait();
+      launched = chip->launch(storage.get(), e);
+    });
+    start.arrive_and_wait();
+    Status finalized = chip->finalize(storage.get(), *epoch);
+    launcher.join();
+    if (finalized.code() == StatusCode::kFailedPrecondition && contains(finalized.message(), "is launching")) {
+      // Caught mid-launch: refused, as R86 says; finalize again once launch returned.
+      finalized = chip->finalize(storage.get(), *epoch);
+    }
+    ledger.record(*epoch, finalized);
+    if (finalized.ok()) {
+      ++ran;
+      EXPECT_TRUE(launched.ok()) << "iteration " << it << ": the run ran but launch says " << launched.to_string();
+    } else {
+      ++aborted;
+      EXPECT_TRUE(finalized.code() == StatusCode::kAborted && contains(finalized.message(), "before launch"))
+          << "iteration " << it << ": " << finalized.to_string();
+      EXPECT_FALSE(launched.ok()) << "iteration " << it << ": launch put the run on the device, then finalize "
+                                  << "aborted it as never launched";
+    }
+    if (::testing::Test::HasFailure()) break;
+  }
+  const double wall_ms = ms_since(t0);
+  const TerminalLedger::Summary s = ledger.check();
+  for (const std::string& p : s.problems) ADD_FAILURE() << "ledger: " << p;
+  if (auto bad = check_partition("chip", chip->set_counts(), chip->grant())) ADD_FAILURE() << *bad;
+  EXPECT_EQ(chip->registered_runs(), 0u);
+  EXPECT_TRUE(chip->free(*buf).ok());
+  EXPECT_TRUE(chip->close(std::chrono::milliseconds(30'000)).ok());
+  chip.reset();
+  scan.expect_clean();
+  std::printf("RELIABILITY T9 part=launch_race_finalize runs=%llu terminals=%llu ran=%llu aborted=%llu wall_ms=%.0f\n",
+              static_cast<unsigned long long>(s.submitted), static_cast<unsigned long long>(s.terminals),
+              static_cast<unsigned long long>(ran), static_cast<unsigned long long>(aborted), wall_ms);
+}
+
 }  // namespace
 }  // namespace simpler::testing

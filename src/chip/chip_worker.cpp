@@ -416,8 +416,16 @@ Status ChipWorker::launch(void* storage, uint64_t epoch) {
   SIMPLER_ASSIGN_OR_RETURN(RunRef ref, lookup(storage, epoch, "launch"));
   SIMPLER_RETURN_IF_ERROR(context_.validate("launch"));
   NativeRunContext* c = ref.get();
-  if (c->phase() != RunPhase::Prepared) {
-    return failed_precondition("launch: run {} is {}, not prepared", epoch, run_phase_name(c->phase()));
+  // A finalize() racing this call aborts the run only by moving it out of
+  // Prepared first (R49): whichever of the two does decides whether it runs.
+  auto prepared = static_cast<uint32_t>(RunPhase::Prepared);
+  if (!c->phase_.compare_exchange_strong(prepared, static_cast<uint32_t>(RunPhase::Launching),
+                                         std::memory_order_acq_rel)) {
+    if (static_cast<RunPhase>(prepared) == RunPhase::Empty) {
+      return failed_precondition("launch: run {} is being finalized before launch", epoch);
+    }
+    return failed_precondition("launch: run {} is {}, not prepared", epoch,
+                               run_phase_name(static_cast<RunPhase>(prepared)));
   }
   enqueue_launch(c);
   spin_then_park(
@@ -457,13 +465,20 @@ Status ChipWorker::finalize(void* storage, uint64_t epoch) {
   SIMPLER_ASSIGN_OR_RETURN(RunRef ref, lookup(storage, epoch, "finalize"));
   SIMPLER_RETURN_IF_ERROR(context_.validate("finalize"));
   NativeRunContext* c = ref.get();
-  switch (c->phase()) {
+  auto phase = static_cast<uint32_t>(c->phase());
+  // Aborting a prepared run takes it out of Prepared first, so a launch()
+  // racing this call either refuses it or has put it on the device (R49).
+  if (phase == static_cast<uint32_t>(RunPhase::Prepared) &&
+      c->phase_.compare_exchange_strong(phase, static_cast<uint32_t>(RunPhase::Empty), std::memory_order_acq_rel)) {
+    runtime_->discard(c->desc_.lease.slot);
+    ref.disown();
+    return retire(c, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", epoch), 1);
+  }
+  switch (static_cast<RunPhase>(phase)) {
     case RunPhase::Launching:
       return failed_precondition("finalize: run {} is launching; wait for launch to return", epoch);
-    case RunPhase::Prepared:
-      runtime_->discard(c->desc_.lease.slot);
-      ref.disown();
-      return retire(c, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", epoch), 1);
+    case RunPhase::Empty:
+      return failed_precondition("finalize: run {} is being finalized by another call", epoch);
     default:
       break;
   }
