@@ -883,5 +883,70 @@ TEST(Stress, T9LaunchRacesFinalize) {
               static_cast<unsigned long long>(ran), static_cast<unsigned long long>(aborted), wall_ms);
 }
 
+// R49 for two finalizes of one launched run, both inside before it ends: one
+// returns the run's terminal, the other is refused; neither waits for the
+// other for ever.
+TEST(Stress, T9TwoFinalizesOfOneRun) {
+  Watchdog dog(std::chrono::seconds(280));
+  HealthScan scan;
+  const int iterations = kSanitized ? 200 : 500;
+  auto chip = make_chip(2);
+  ASSERT_NE(chip, nullptr);
+  TerminalLedger ledger;
+  RunStorage storage;
+  const auto t0 = Clock::now();
+  for (int it = 0; it < iterations; ++it) {
+    g_gate.open.store(0);
+    g_gate.entered.store(0);
+    auto lease = chip->try_acquire_lease();
+    ASSERT_TRUE(lease.has_value()) << "iteration " << it;
+    NativeRunDescriptor desc;
+    desc.lease = *lease;
+    desc.arena_bank = lease->slot;
+    auto epoch = chip->prepare(storage.get(), native_run_storage_size(), desc, 1, TaskArgs{});
+    ASSERT_TRUE(epoch.ok()) << epoch.status().to_string();
+    ledger.submitted(*epoch);
+    ASSERT_TRUE(chip->launch(storage.get(), *epoch).ok());
+    NativeRunContext* ctx = NativeRunContext::from_storage(storage.get());
+    std::array<Status, 2> finalized;
+    std::atomic<int> back{0};
+    std::array<std::thread, 2> finalizers;
+    for (int k = 0; k < 2; ++k) {
+      finalizers[k] = std::thread([&, k, e = *epoch] {
+        finalized[k] = chip->finalize(storage.get(), e);
+        back.fetch_add(1);
+      });
+    }
+    // Both reached finalize before the run can end: each is inside, holding
+    // the run, or was refused already.
+    ASSERT_TRUE(eventually([&] { return ctx->users() + static_cast<uint32_t>(back.load()) == 2; }))
+        << "iteration " << it;
+    g_gate.open.store(1);
+    g_gate.bell.ring();
+    if (!eventually([&] { return back.load() == 2; })) {
+      // Deadlocked: the threads cannot be joined; end the process with the reason.
+      std::fprintf(stderr, "iteration %d: two finalizes of one run waited for each other for 30 s\n", it);
+      std::_Exit(1);
+    }
+    for (std::thread& t : finalizers) t.join();
+    const int winner = finalized[0].ok() ? 0 : 1;
+    EXPECT_TRUE(finalized[winner].ok()) << "iteration " << it << ": " << finalized[winner].to_string();
+    EXPECT_TRUE(retired_refusal(finalized[1 - winner]) || contains(finalized[1 - winner].message(), "another call"))
+        << "iteration " << it << ": " << finalized[1 - winner].to_string();
+    ledger.record(*epoch, finalized[winner]);
+    if (::testing::Test::HasFailure()) break;
+  }
+  const double wall_ms = ms_since(t0);
+  const TerminalLedger::Summary s = ledger.check();
+  for (const std::string& p : s.problems) ADD_FAILURE() << "ledger: " << p;
+  if (auto bad = check_partition("chip", chip->set_counts(), chip->grant())) ADD_FAILURE() << *bad;
+  EXPECT_TRUE(chip->close(std::chrono::milliseconds(30'000)).ok());
+  chip.reset();
+  scan.expect_clean();
+  std::printf("RELIABILITY T9 part=two_finalizes runs=%llu terminals=%llu ok=%llu wall_ms=%.0f\n",
+              static_cast<unsigned long long>(s.submitted), static_cast<unsigned long long>(s.terminals),
+              static_cast<unsigned long long>(s.ok), wall_ms);
+}
+
 }  // namespace
 }  // namespace simpler::testing

@@ -465,6 +465,9 @@ Status ChipWorker::finalize(void* storage, uint64_t epoch) {
   SIMPLER_ASSIGN_OR_RETURN(RunRef ref, lookup(storage, epoch, "finalize"));
   SIMPLER_RETURN_IF_ERROR(context_.validate("finalize"));
   NativeRunContext* c = ref.get();
+  if (c->finalizing_.exchange(true, std::memory_order_acq_rel)) {
+    return failed_precondition("finalize: run {} is being finalized by another call", epoch);
+  }
   auto phase = static_cast<uint32_t>(c->phase());
   // Aborting a prepared run takes it out of Prepared first, so a launch()
   // racing this call either refuses it or has put it on the device (R49).
@@ -474,13 +477,9 @@ Status ChipWorker::finalize(void* storage, uint64_t epoch) {
     ref.disown();
     return retire(c, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", epoch), 1);
   }
-  switch (static_cast<RunPhase>(phase)) {
-    case RunPhase::Launching:
-      return failed_precondition("finalize: run {} is launching; wait for launch to return", epoch);
-    case RunPhase::Empty:
-      return failed_precondition("finalize: run {} is being finalized by another call", epoch);
-    default:
-      break;
+  if (static_cast<RunPhase>(phase) == RunPhase::Launching) {
+    c->finalizing_.store(false, std::memory_order_release);  // a later finalize may retire it
+    return failed_precondition("finalize: run {} is launching; wait for launch to return", epoch);
   }
   spin_then_park(
       set_bells_[c->desc_.lease.slot].bell, [&] { return c->done(); }, SpinPolicy{});
