@@ -7,7 +7,9 @@
 //       runs (prepare, launch, poll, wait, finalize; some finalized without
 //       launch), with regrants between rounds while every driver is idle.
 //   (c) R49: finalize and regrant raced against a phase call parked in
-//       wait() and polling on, many times over.
+//       wait() and polling on; polls without a pause against finalize;
+//       launch against finalize; two finalizes of one run; many times over.
+// (a) and (b) run at launch_depth = grant and with a launch queue.
 // Every run's outputs are checked bit for bit against a host model, every run
 // gets exactly one terminal (TerminalLedger), every blocking wait has a
 // deadline, and each test ends with the health scan.
