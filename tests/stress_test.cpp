@@ -7,7 +7,9 @@
 //       runs (prepare, launch, poll, wait, finalize; some finalized without
 //       launch), with regrants between rounds while every driver is idle.
 //   (c) R49: finalize and regrant raced against a phase call parked in
-//       wait() and polling on, many times over.
+//       wait() and polling on; polls without a pause against finalize;
+//       launch against finalize; two finalizes of one run; many times over.
+// (a) and (b) run at launch_depth = grant and with a launch queue.
 // Every run's outputs are checked bit for bit against a host model, every run
 // gets exactly one terminal (TerminalLedger), every blocking wait has a
 // deadline, and each test ends with the health scan.
@@ -193,8 +195,9 @@ std::string unexpected_terminal(uint64_t seed, bool failing, const Status& got) 
   return fmt::format("a failing run (want KERNEL_FAILED with \"{}\") ended {}", want, got.to_string());
 }
 
-WorkerConfig stress_config(uint32_t depth) {
+WorkerConfig stress_config(uint32_t depth, uint32_t launch_depth) {
   WorkerConfig c = small_config(depth, 64);
+  c.launch_depth = launch_depth;
   c.device_memory_bytes = 64ull << 20;
   return c;
 }
@@ -226,9 +229,10 @@ ChipCallable gated_callable() {
 }
 
 // Callable 0: lanes; callable 1: gated.
-std::unique_ptr<ChipWorker> make_chip(uint32_t depth) {
+// launch_depth 0 launches up to the grant.
+std::unique_ptr<ChipWorker> make_chip(uint32_t depth, uint32_t launch_depth = 0) {
   std::vector<ChipCallable> cs{lanes_callable(), gated_callable()};
-  auto w = ChipWorker::create(stress_config(depth), std::move(cs));
+  auto w = ChipWorker::create(stress_config(depth, launch_depth), std::move(cs));
   EXPECT_TRUE(w.ok()) << w.status().to_string();
   return w.ok() ? std::move(w).value() : nullptr;
 }
@@ -306,7 +310,15 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 
 // ---- (a) Worker::submit from one thread, waiters on eight --------------------------------------
 
-TEST(Stress, T9ChipSubmitWithEightWaiters) {
+// Each stress runs with every launched run on the device at once (launch_depth
+// 0: the grant), and with a launch queue (3), whose runs completions launch.
+class StressAtLaunchDepth : public ::testing::TestWithParam<uint32_t> {};
+INSTANTIATE_TEST_SUITE_P(Stress, StressAtLaunchDepth, ::testing::Values(0u, 3u),
+                         [](const ::testing::TestParamInfo<uint32_t>& i) {
+                           return i.param == 0 ? std::string("LaunchDepthIsTheGrant") : "LaunchDepth3";
+                         });
+
+TEST_P(StressAtLaunchDepth, T9ChipSubmitWithEightWaiters) {
   Watchdog dog(std::chrono::seconds(280));
   HealthScan scan;
   const uint64_t seed = test_seed();
@@ -315,7 +327,7 @@ TEST(Stress, T9ChipSubmitWithEightWaiters) {
   constexpr int kBuffers = 24;  // more than the depth, so waiters hold finished runs while others fly
   std::printf("T9 chip: seed %llu (SIMPLER_STRESS_SEED=%llu repeats it), %d runs\n",
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed), runs);
-  auto chip = make_chip(8);
+  auto chip = make_chip(8, GetParam());
   ASSERT_NE(chip, nullptr);
 
   struct Job {
@@ -416,9 +428,10 @@ TEST(Stress, T9ChipSubmitWithEightWaiters) {
   chip.reset();
   scan.expect_clean();
   std::printf(
-      "RELIABILITY T9 part=chip_submit seed=%llu runs=%llu terminals=%llu ok=%llu failed=%llu verified=%llu "
+      "RELIABILITY T9 part=chip_submit launch_depth=%u seed=%llu runs=%llu terminals=%llu ok=%llu failed=%llu "
+      "verified=%llu "
       "waiters=%d wall_ms=%.0f\n",
-      static_cast<unsigned long long>(seed), static_cast<unsigned long long>(s.submitted),
+      GetParam(), static_cast<unsigned long long>(seed), static_cast<unsigned long long>(s.submitted),
       static_cast<unsigned long long>(s.terminals), static_cast<unsigned long long>(s.ok),
       static_cast<unsigned long long>(s.failed), static_cast<unsigned long long>(verified), kWaiters, wall_ms);
 }
@@ -444,19 +457,19 @@ class RunStorage {
 
 uint64_t deadline_ns() { return now_ns() + static_cast<uint64_t>(kWait.count()) * 1'000'000'000ull; }
 
-TEST(Stress, T9NativeLifecycleFromEightDriversWithRegrants) {
+TEST_P(StressAtLaunchDepth, T9NativeLifecycleFromEightDriversWithRegrants) {
   Watchdog dog(std::chrono::seconds(280));
   HealthScan scan;
   const uint64_t seed = test_seed();
   constexpr int kDrivers = 8;
   const int rounds = kSanitized ? 10 : 20;
-  const int per_round = kSanitized ? 60 : 100;  // runs per driver per round
+  const int per_round = 100;  // runs per driver per round
   // Each driver holds at most two runs at once, so every grant here leaves it a set.
   const std::array<uint32_t, 3> grants{2 * kDrivers, 2 * kDrivers + 5, 2 * kDrivers + 1};
   std::printf("T9 native: seed %llu (SIMPLER_STRESS_SEED=%llu repeats it), %d drivers x %d runs\n",
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed), kDrivers,
               rounds * per_round);
-  auto chip = make_chip(grants[0]);
+  auto chip = make_chip(grants[0], GetParam());
   ASSERT_NE(chip, nullptr);
 
   // Two buffers per driver, written once here by the controlling thread; from
@@ -622,12 +635,20 @@ TEST(Stress, T9NativeLifecycleFromEightDriversWithRegrants) {
   chip.reset();
   scan.expect_clean();
   std::printf(
-      "RELIABILITY T9 part=native seed=%llu runs=%llu terminals=%llu ok=%llu failed=%llu cancelled=%llu "
+      "RELIABILITY T9 part=native launch_depth=%u seed=%llu runs=%llu terminals=%llu ok=%llu failed=%llu "
+      "cancelled=%llu "
       "regrants=%u drivers=%d wall_ms=%.0f\n",
-      static_cast<unsigned long long>(seed), static_cast<unsigned long long>(s.submitted),
+      GetParam(), static_cast<unsigned long long>(seed), static_cast<unsigned long long>(s.submitted),
       static_cast<unsigned long long>(s.terminals), static_cast<unsigned long long>(s.ok),
       static_cast<unsigned long long>(s.failed), static_cast<unsigned long long>(cancelled.load()), regrants, kDrivers,
       wall_ms);
+}
+
+// A phase call on a run that finalize retired (or is retiring) is refused for
+// that reason, whatever instant of the retirement it reads the storage at.
+bool retired_refusal(const Status& why) {
+  return why.code() == StatusCode::kFailedPrecondition &&
+         (contains(why.message(), "is not live here") || contains(why.message(), "holds no prepared run"));
 }
 
 // ---- (c) R49: finalize and regrant raced against a parked phase call ---------------------------
@@ -676,7 +697,7 @@ TEST(Stress, T9R49FinalizeAndRegrantRaceAParkedWait) {
       for (;;) {
         auto p = chip->poll(storage.get(), e);
         if (!p.ok()) {
-          if (p.status().code() != StatusCode::kFailedPrecondition) {
+          if (!retired_refusal(p.status())) {
             failures.add(fmt::format("iteration {}: poll ended {}", it, p.status().to_string()));
           }
           polls_refused.fetch_add(1);
@@ -724,6 +745,209 @@ TEST(Stress, T9R49FinalizeAndRegrantRaceAParkedWait) {
       static_cast<unsigned long long>(s.submitted), static_cast<unsigned long long>(s.terminals),
       static_cast<unsigned long long>(s.ok), static_cast<unsigned long long>(refused_regrants),
       static_cast<unsigned long long>(regrants), static_cast<unsigned long long>(refused_polls), wall_ms);
+}
+
+// R49/R48 from the other side: a thread polls a run without a pause while
+// another finalizes it. Every poll is answered from a live run (Complete or
+// NotReady) or refused once the run is retired; a refused poll reads the
+// caller's storage while finalize empties it, which must not race (TSan).
+TEST(Stress, T9PollsRaceFinalize) {
+  Watchdog dog(std::chrono::seconds(280));
+  HealthScan scan;
+  const int iterations = kSanitized ? 1000 : 2000;
+  auto chip = make_chip(2);
+  ASSERT_NE(chip, nullptr);
+  auto buf = chip->malloc(kBufferBytes);
+  ASSERT_TRUE(buf.ok());
+  TerminalLedger ledger;
+  Failures failures;
+  RunStorage storage;
+  uint64_t polls = 0;
+  const auto t0 = Clock::now();
+  for (int it = 0; it < iterations; ++it) {
+    auto lease = chip->try_acquire_lease();
+    ASSERT_TRUE(lease.has_value()) << "iteration " << it;
+    NativeRunDescriptor desc;
+    desc.lease = *lease;
+    desc.arena_bank = lease->slot;
+    // Fills every lane first, so no lane reads what the last run left.
+    auto epoch = chip->prepare(storage.get(), native_run_storage_size(), desc, 0,
+                               lanes_args(*buf, static_cast<uint64_t>(it), false));
+    ASSERT_TRUE(epoch.ok()) << epoch.status().to_string();
+    ledger.submitted(*epoch);
+    ASSERT_TRUE(chip->launch(storage.get(), *epoch).ok());
+    std::atomic<bool> polling{false};
+    std::atomic<uint64_t> answered{0};
+    std::thread poller([&, e = *epoch] {
+      const uint64_t end = deadline_ns();
+      for (;;) {
+        auto p = chip->poll(storage.get(), e);
+        polling.store(true);
+        if (!p.ok()) {
+          if (!retired_refusal(p.status())) {
+            failures.add(fmt::format("iteration {}: poll ended {}", it, p.status().to_string()));
+          }
+          return;
+        }
+        answered.fetch_add(1);
+        std::this_thread::yield();  // the run's own threads share these 2 cores
+        if (now_ns() > end) {
+          failures.add(fmt::format("iteration {}: the run was still registered after 30 s", it));
+          return;
+        }
+      }
+    });
+    ASSERT_TRUE(eventually([&] { return polling.load(); }));
+    const Status finalized = chip->finalize(storage.get(), *epoch);
+    ledger.record(*epoch, finalized);
+    EXPECT_TRUE(finalized.ok()) << "iteration " << it << ": " << finalized.to_string();
+    poller.join();
+    polls += answered.load();
+    if (::testing::Test::HasFailure()) break;
+  }
+  const double wall_ms = ms_since(t0);
+  const TerminalLedger::Summary s = ledger.check();
+  for (const std::string& p : s.problems) ADD_FAILURE() << "ledger: " << p;
+  failures.report();
+  if (auto bad = check_partition("chip", chip->set_counts(), chip->grant())) ADD_FAILURE() << *bad;
+  EXPECT_TRUE(chip->free(*buf).ok());
+  EXPECT_TRUE(chip->close(std::chrono::milliseconds(30'000)).ok());
+  chip.reset();
+  scan.expect_clean();
+  std::printf("RELIABILITY T9 part=polls_race_finalize runs=%llu terminals=%llu ok=%llu polls=%llu wall_ms=%.0f\n",
+              static_cast<unsigned long long>(s.submitted), static_cast<unsigned long long>(s.terminals),
+              static_cast<unsigned long long>(s.ok), static_cast<unsigned long long>(polls), wall_ms);
+}
+
+// R49 for launch: launch and finalize of one prepared run, started together
+// from two threads. Finalize either aborts the run before launch (and launch
+// is then refused) or waits for the launch and returns the run's terminal;
+// it never aborts a run that launch put on the device.
+TEST(Stress, T9LaunchRacesFinalize) {
+  Watchdog dog(std::chrono::seconds(280));
+  HealthScan scan;
+  const int iterations = kSanitized ? 1000 : 4000;
+  auto chip = make_chip(2);
+  ASSERT_NE(chip, nullptr);
+  auto buf = chip->malloc(kBufferBytes);
+  ASSERT_TRUE(buf.ok());
+  TerminalLedger ledger;
+  RunStorage storage;
+  uint64_t aborted = 0, ran = 0;
+  const auto t0 = Clock::now();
+  for (int it = 0; it < iterations; ++it) {
+    auto lease = chip->try_acquire_lease();
+    ASSERT_TRUE(lease.has_value()) << "iteration " << it;
+    NativeRunDescriptor desc;
+    desc.lease = *lease;
+    desc.arena_bank = lease->slot;
+    auto epoch = chip->prepare(storage.get(), native_run_storage_size(), desc, 0,
+                               lanes_args(*buf, static_cast<uint64_t>(it), false));
+    ASSERT_TRUE(epoch.ok()) << epoch.status().to_string();
+    ledger.submitted(*epoch);
+    std::barrier start(2);
+    Status launched = internal_error("launch never returned");
+    std::thread launcher([&, e = *epoch] {
+      start.arrive_and_wait();
+      launched = chip->launch(storage.get(), e);
+    });
+    start.arrive_and_wait();
+    Status finalized = chip->finalize(storage.get(), *epoch);
+    launcher.join();
+    if (finalized.code() == StatusCode::kFailedPrecondition && contains(finalized.message(), "is launching")) {
+      // Caught mid-launch: refused, as R86 says; finalize again once launch returned.
+      finalized = chip->finalize(storage.get(), *epoch);
+    }
+    ledger.record(*epoch, finalized);
+    if (finalized.ok()) {
+      ++ran;
+      EXPECT_TRUE(launched.ok()) << "iteration " << it << ": the run ran but launch says " << launched.to_string();
+    } else {
+      ++aborted;
+      EXPECT_TRUE(finalized.code() == StatusCode::kAborted && contains(finalized.message(), "before launch"))
+          << "iteration " << it << ": " << finalized.to_string();
+      EXPECT_FALSE(launched.ok()) << "iteration " << it << ": launch put the run on the device, then finalize "
+                                  << "aborted it as never launched";
+    }
+    if (::testing::Test::HasFailure()) break;
+  }
+  const double wall_ms = ms_since(t0);
+  const TerminalLedger::Summary s = ledger.check();
+  for (const std::string& p : s.problems) ADD_FAILURE() << "ledger: " << p;
+  if (auto bad = check_partition("chip", chip->set_counts(), chip->grant())) ADD_FAILURE() << *bad;
+  EXPECT_EQ(chip->registered_runs(), 0u);
+  EXPECT_TRUE(chip->free(*buf).ok());
+  EXPECT_TRUE(chip->close(std::chrono::milliseconds(30'000)).ok());
+  chip.reset();
+  scan.expect_clean();
+  std::printf("RELIABILITY T9 part=launch_race_finalize runs=%llu terminals=%llu ran=%llu aborted=%llu wall_ms=%.0f\n",
+              static_cast<unsigned long long>(s.submitted), static_cast<unsigned long long>(s.terminals),
+              static_cast<unsigned long long>(ran), static_cast<unsigned long long>(aborted), wall_ms);
+}
+
+// R49 for two finalizes of one launched run, both inside before it ends: one
+// returns the run's terminal, the other is refused; neither waits for the
+// other for ever.
+TEST(Stress, T9TwoFinalizesOfOneRun) {
+  Watchdog dog(std::chrono::seconds(280));
+  HealthScan scan;
+  const int iterations = kSanitized ? 200 : 500;
+  auto chip = make_chip(2);
+  ASSERT_NE(chip, nullptr);
+  TerminalLedger ledger;
+  RunStorage storage;
+  const auto t0 = Clock::now();
+  for (int it = 0; it < iterations; ++it) {
+    g_gate.open.store(0);
+    g_gate.entered.store(0);
+    auto lease = chip->try_acquire_lease();
+    ASSERT_TRUE(lease.has_value()) << "iteration " << it;
+    NativeRunDescriptor desc;
+    desc.lease = *lease;
+    desc.arena_bank = lease->slot;
+    auto epoch = chip->prepare(storage.get(), native_run_storage_size(), desc, 1, TaskArgs{});
+    ASSERT_TRUE(epoch.ok()) << epoch.status().to_string();
+    ledger.submitted(*epoch);
+    ASSERT_TRUE(chip->launch(storage.get(), *epoch).ok());
+    NativeRunContext* ctx = NativeRunContext::from_storage(storage.get());
+    std::array<Status, 2> finalized;
+    std::atomic<int> back{0};
+    std::array<std::thread, 2> finalizers;
+    for (int k = 0; k < 2; ++k) {
+      finalizers[k] = std::thread([&, k, e = *epoch] {
+        finalized[k] = chip->finalize(storage.get(), e);
+        back.fetch_add(1);
+      });
+    }
+    // Both reached finalize before the run can end: each is inside, holding
+    // the run, or was refused already.
+    ASSERT_TRUE(eventually([&] { return ctx->users() + static_cast<uint32_t>(back.load()) == 2; }))
+        << "iteration " << it;
+    g_gate.open.store(1);
+    g_gate.bell.ring();
+    if (!eventually([&] { return back.load() == 2; })) {
+      // Deadlocked: the threads cannot be joined; end the process with the reason.
+      std::fprintf(stderr, "iteration %d: two finalizes of one run waited for each other for 30 s\n", it);
+      std::_Exit(1);
+    }
+    for (std::thread& t : finalizers) t.join();
+    const int winner = finalized[0].ok() ? 0 : 1;
+    EXPECT_TRUE(finalized[winner].ok()) << "iteration " << it << ": " << finalized[winner].to_string();
+    EXPECT_TRUE(retired_refusal(finalized[1 - winner]) || contains(finalized[1 - winner].message(), "another call"))
+        << "iteration " << it << ": " << finalized[1 - winner].to_string();
+    ledger.record(*epoch, finalized[winner]);
+    if (::testing::Test::HasFailure()) break;
+  }
+  const double wall_ms = ms_since(t0);
+  const TerminalLedger::Summary s = ledger.check();
+  for (const std::string& p : s.problems) ADD_FAILURE() << "ledger: " << p;
+  if (auto bad = check_partition("chip", chip->set_counts(), chip->grant())) ADD_FAILURE() << *bad;
+  EXPECT_TRUE(chip->close(std::chrono::milliseconds(30'000)).ok());
+  chip.reset();
+  scan.expect_clean();
+  std::printf("RELIABILITY T9 part=two_finalizes runs=%llu terminals=%llu ok=%llu wall_ms=%.0f\n",
+              static_cast<unsigned long long>(s.submitted), static_cast<unsigned long long>(s.terminals),
+              static_cast<unsigned long long>(s.ok), wall_ms);
 }
 
 }  // namespace

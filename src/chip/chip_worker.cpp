@@ -357,15 +357,15 @@ ChipWorker::RunRef::~RunRef() {
 
 Result<ChipWorker::RunRef> ChipWorker::lookup(void* storage, uint64_t epoch, const char* call) {
   if (storage == nullptr) return invalid_argument("{}: storage is null", call);
-  {
-    std::lock_guard<std::mutex> lock(runs_mu_);
-    auto it = runs_.find(epoch);
-    if (it != runs_.end() && it->second == storage) {
-      it->second->users_.fetch_add(1, std::memory_order_acq_rel);
-      return RunRef(this, it->second);
-    }
+  std::lock_guard<std::mutex> lock(runs_mu_);
+  auto it = runs_.find(epoch);
+  if (it != runs_.end() && it->second == storage) {
+    it->second->users_.fetch_add(1, std::memory_order_acq_rel);
+    return RunRef(this, it->second);
   }
-  // Refused; say why as precisely as the storage allows.
+  // Refused; say why as precisely as the storage allows. Still under the
+  // lock: retire() empties a storage under it, so a run retiring under this
+  // call is read whole or as an empty storage, never half destroyed.
   NativeRunContext* ctx = NativeRunContext::from_storage(storage);
   if (ctx == nullptr) return failed_precondition("{}: the storage holds no prepared run", call);
   if (ctx->owner() != this) return failed_precondition("{}: the run belongs to another ChipWorker", call);
@@ -424,8 +424,16 @@ Status ChipWorker::launch(void* storage, uint64_t epoch) {
   SIMPLER_ASSIGN_OR_RETURN(RunRef ref, lookup(storage, epoch, "launch"));
   SIMPLER_RETURN_IF_ERROR(context_.validate("launch"));
   NativeRunContext* c = ref.get();
-  if (c->phase() != RunPhase::Prepared) {
-    return failed_precondition("launch: run {} is {}, not prepared", epoch, run_phase_name(c->phase()));
+  // A finalize() racing this call aborts the run only by moving it out of
+  // Prepared first (R49): whichever of the two does decides whether it runs.
+  auto prepared = static_cast<uint32_t>(RunPhase::Prepared);
+  if (!c->phase_.compare_exchange_strong(prepared, static_cast<uint32_t>(RunPhase::Launching),
+                                         std::memory_order_acq_rel)) {
+    if (static_cast<RunPhase>(prepared) == RunPhase::Empty) {
+      return failed_precondition("launch: run {} is being finalized before launch", epoch);
+    }
+    return failed_precondition("launch: run {} is {}, not prepared", epoch,
+                               run_phase_name(static_cast<RunPhase>(prepared)));
   }
   enqueue_launch(c);
   spin_then_park(
@@ -465,15 +473,21 @@ Status ChipWorker::finalize(void* storage, uint64_t epoch) {
   SIMPLER_ASSIGN_OR_RETURN(RunRef ref, lookup(storage, epoch, "finalize"));
   SIMPLER_RETURN_IF_ERROR(context_.validate("finalize"));
   NativeRunContext* c = ref.get();
-  switch (c->phase()) {
-    case RunPhase::Launching:
-      return failed_precondition("finalize: run {} is launching; wait for launch to return", epoch);
-    case RunPhase::Prepared:
-      runtime_->discard(c->desc_.lease.slot);
-      ref.disown();
-      return retire(c, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", epoch), 1);
-    default:
-      break;
+  if (c->finalizing_.exchange(true, std::memory_order_acq_rel)) {
+    return failed_precondition("finalize: run {} is being finalized by another call", epoch);
+  }
+  auto phase = static_cast<uint32_t>(c->phase());
+  // Aborting a prepared run takes it out of Prepared first, so a launch()
+  // racing this call either refuses it or has put it on the device (R49).
+  if (phase == static_cast<uint32_t>(RunPhase::Prepared) &&
+      c->phase_.compare_exchange_strong(phase, static_cast<uint32_t>(RunPhase::Empty), std::memory_order_acq_rel)) {
+    runtime_->discard(c->desc_.lease.slot);
+    ref.disown();
+    return retire(c, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", epoch), 1);
+  }
+  if (static_cast<RunPhase>(phase) == RunPhase::Launching) {
+    c->finalizing_.store(false, std::memory_order_release);  // a later finalize may retire it
+    return failed_precondition("finalize: run {} is launching; wait for launch to return", epoch);
   }
   spin_then_park(
       set_bells_[c->desc_.lease.slot].bell, [&] { return c->done(); }, SpinPolicy{});
@@ -508,11 +522,15 @@ Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_hol
   unpin_arguments(*ctx);
   std::shared_ptr<detail::RunState> handle = std::move(ctx->handle_);
   const RunStats stats = ctx->stats_;
-  ctx->~NativeRunContext();
-  // The magic word goes last and atomically: a refused caller may be reading it.
-  auto* bytes = reinterpret_cast<unsigned char*>(ctx);
-  std::memset(bytes + sizeof(uint64_t), 0, native_run_storage_size() - sizeof(uint64_t));
-  reinterpret_cast<std::atomic<uint64_t>*>(bytes)->store(0, std::memory_order_release);
+  {
+    // A refused phase call on this storage reads it under this lock (lookup).
+    std::lock_guard<std::mutex> lock(runs_mu_);
+    ctx->~NativeRunContext();
+    // The magic word goes last and atomically: a caller may read it lock-free (from_storage).
+    auto* bytes = reinterpret_cast<unsigned char*>(ctx);
+    std::memset(bytes + sizeof(uint64_t), 0, native_run_storage_size() - sizeof(uint64_t));
+    reinterpret_cast<std::atomic<uint64_t>*>(bytes)->store(0, std::memory_order_release);
+  }
   release_lease(lease);
   if (handle != nullptr) handle->complete(result, stats);
   return result;

@@ -7,7 +7,9 @@
 // prepare + launch with finalize on completion.
 //
 // Threads: one controlling thread calls everything except the phase calls;
-// phase calls for one run come from one thread at a time (any thread); the
+// phase calls come from any thread and may race on one run (R49): each holds
+// the run for its whole call, finalize waits for the others to leave, and of
+// a launch and a finalize (or two finalizes) racing, the loser is refused; the
 // completion path runs on AICPU threads and touches only the run table, the
 // launch queue and each run's terminal fields. A watchdog thread of its own
 // (with run_timeout) ends submitted runs that outlive their deadline.

@@ -97,6 +97,9 @@ class NativeRunContext {
   std::vector<uint64_t> pinned_;
   // Runs submitted through Worker::submit finalize themselves on completion.
   bool auto_finalize_ = false;
+  // Claimed by the one finalize() that retires the run: a second one inside
+  // at once would wait for the first to leave while the first waits for it.
+  std::atomic<bool> finalizing_{false};
   std::shared_ptr<detail::RunState> handle_;
 };
 
