@@ -383,7 +383,7 @@ bool HeaderCorruption::run_case(const std::string& name, int gate) {
   } else {
     EXPECT_TRUE(closed.ok()) << closed.to_string();
   }
-  EXPECT_EQ(ep.held_runs(), 0u);
+  // close() destroyed the endpoint; what it held came back as terminals in `rest`.
   count_terminals(events);
   return observed == expected;
 }
