@@ -38,29 +38,6 @@ uint32_t handler_calls(Fixture& fx) {
   return std::atomic_ref<uint32_t>(fx.gates_->handler_calls).load();
 }
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
-
-// Polls until `done()` holds, parking between polls; fails the test at the deadline.
-bool poll_until(MailboxEndpoint& ep, std::vector<EndpointEvent>& events, const std::function<bool()>& done,
-                const std::string& what) {
-  const uint64_t deadline = now_ns() + kTestWaitNs;
-  for (;;) {
-    ep.poll(events);
-    if (done()) return true;
-    if (now_ns() >= deadline) {
-      ADD_FAILURE() << "timed out waiting for " << what;
-      return false;
-    }
-    ep.wait(deadline);
-  }
-}
-
-const EndpointEvent* find_event(const std::vector<EndpointEvent>& events, uint64_t run, EndpointEvent::Kind kind) {
-  for (const auto& e : events) {
-    if (e.run_id == run && e.kind == kind) return &e;
-  }
-  return nullptr;
-}
 size_t count_events(const std::vector<EndpointEvent>& events, uint64_t run, EndpointEvent::Kind kind) {
   return static_cast<size_t>(std::count_if(events.begin(), events.end(),
                                            [&](const EndpointEvent& e) { return e.run_id == run && e.kind == kind; }));

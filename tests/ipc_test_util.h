@@ -404,4 +404,43 @@ class MockMailboxWorker {
   std::vector<Job> jobs_;
 };
 
+// Shared by the mailbox tests (ipc_test, the reliability tests): bytes of a
+// script, a publication of a run whose config is that script, the event of a
+// run, and a bounded poll that fails the test at its deadline.
+inline std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+inline Publication publish_run(MailboxEndpoint& ep, uint64_t run, const std::string& script) {
+  const std::vector<uint8_t> cfg = bytes_of(script);
+  PublishSpec s;
+  s.run_id = run;
+  s.dispatch_id = run;
+  s.config = cfg;
+  auto p = ep.publish(s);
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return p.ok() ? *p : Publication{};
+}
+
+inline const EndpointEvent* find_event(const std::vector<EndpointEvent>& events, uint64_t run,
+                                       EndpointEvent::Kind kind) {
+  for (const auto& e : events) {
+    if (e.run_id == run && e.kind == kind) return &e;
+  }
+  return nullptr;
+}
+
+// Polls until `done()` holds, parking between polls; fails the test at the deadline.
+inline bool poll_until(MailboxEndpoint& ep, std::vector<EndpointEvent>& events, const std::function<bool()>& done,
+                       const std::string& what) {
+  const uint64_t deadline = now_ns() + kTestWaitNs;
+  for (;;) {
+    ep.poll(events);
+    if (done()) return true;
+    if (now_ns() >= deadline) {
+      ADD_FAILURE() << "timed out waiting for " << what;
+      return false;
+    }
+    ep.wait(deadline);
+  }
+}
+
 }  // namespace simpler::testing

@@ -110,44 +110,10 @@ char process_state(pid_t pid) {
   return p != std::string::npos && p + 2 < line.size() ? line[p + 2] : '?';
 }
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
-
-Publication publish_run(MailboxEndpoint& ep, uint64_t run, const std::string& script) {
-  const std::vector<uint8_t> cfg = bytes_of(script);
-  PublishSpec s;
-  s.run_id = run;
-  s.dispatch_id = run;
-  s.config = cfg;
-  auto p = ep.publish(s);
-  EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return p.ok() ? *p : Publication{};
-}
-
-const EndpointEvent* find_event(const std::vector<EndpointEvent>& events, uint64_t run, EndpointEvent::Kind kind) {
-  for (const auto& e : events) {
-    if (e.run_id == run && e.kind == kind) return &e;
-  }
-  return nullptr;
-}
-
 // A run's terminal status; INTERNAL "no terminal" when it has none.
 Status terminal_status(const std::vector<EndpointEvent>& events, uint64_t run) {
   const EndpointEvent* t = find_event(events, run, EndpointEvent::Kind::kTerminal);
   return t != nullptr ? t->status : internal_error("run {} has no terminal", run);
-}
-
-bool poll_until(MailboxEndpoint& ep, std::vector<EndpointEvent>& events, const std::function<bool()>& done,
-                const std::string& what) {
-  const uint64_t deadline = now_ns() + kTestWaitNs;
-  for (;;) {
-    ep.poll(events);
-    if (done()) return true;
-    if (now_ns() >= deadline) {
-      ADD_FAILURE() << "timed out waiting for " << what;
-      return false;
-    }
-    ep.wait(deadline);
-  }
 }
 
 using EntrySnapshot = std::vector<std::vector<uint8_t>>;

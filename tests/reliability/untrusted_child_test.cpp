@@ -124,40 +124,6 @@ class UntrustedStores final : public StorePrimitive {
   std::atomic<bool> fired_{false};  // each case misbehaves once
 };
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
-
-Publication publish_run(MailboxEndpoint& ep, uint64_t run, const std::string& script) {
-  const std::vector<uint8_t> cfg = bytes_of(script);
-  PublishSpec s;
-  s.run_id = run;
-  s.dispatch_id = run;
-  s.config = cfg;
-  auto p = ep.publish(s);
-  EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return p.ok() ? *p : Publication{};
-}
-
-const EndpointEvent* find_terminal(const std::vector<EndpointEvent>& events, uint64_t run) {
-  for (const auto& e : events) {
-    if (e.run_id == run && e.kind == EndpointEvent::Kind::kTerminal) return &e;
-  }
-  return nullptr;
-}
-
-bool poll_until(MailboxEndpoint& ep, std::vector<EndpointEvent>& events, const std::function<bool()>& done,
-                const std::string& what) {
-  const uint64_t deadline = now_ns() + kTestWaitNs;
-  for (;;) {
-    ep.poll(events);
-    if (done()) return true;
-    if (now_ns() >= deadline) {
-      ADD_FAILURE() << "timed out waiting for " << what;
-      return false;
-    }
-    ep.wait(deadline);
-  }
-}
-
 // One case against a fresh child; its failures end only this case, so one
 // run reports every case that is red.
 void run_case(const CaseSpec& c, TestGates* gates, int case_gate, int hold_gate, uint64_t& misdeliveries) {
@@ -196,9 +162,13 @@ void run_case(const CaseSpec& c, TestGates* gates, int case_gate, int hold_gate,
     gates->open_gate(case_gate);
   }
   poll_until(
-      ep, events, [&] { return find_terminal(events, 2) != nullptr && (!c.stops || find_terminal(events, 1)); },
+      ep, events,
+      [&] {
+        return find_event(events, 2, EndpointEvent::Kind::kTerminal) != nullptr &&
+               (!c.stops || find_event(events, 1, EndpointEvent::Kind::kTerminal));
+      },
       "the run's terminal");
-  const EndpointEvent* xt = find_terminal(events, 2);
+  const EndpointEvent* xt = find_event(events, 2, EndpointEvent::Kind::kTerminal);
   ASSERT_NE(xt, nullptr);
   EXPECT_EQ(xt->entry, x.entry);
   EXPECT_EQ(load_acquire(view->entry(view->entry_count() - 1).entry_generation), idle_generation)
@@ -212,7 +182,7 @@ void run_case(const CaseSpec& c, TestGates* gates, int case_gate, int hold_gate,
       ++misdeliveries;
       ADD_FAILURE() << "run 2 got " << xt->status.to_string();
     }
-    const EndpointEvent* bt = find_terminal(events, 1);
+    const EndpointEvent* bt = find_event(events, 1, EndpointEvent::Kind::kTerminal);
     if (bt == nullptr || bt->entry != by.entry || !bt->endpoint_failure || bt->status != *ep.poisoned()) {
       ++misdeliveries;
       ADD_FAILURE() << "the bystander got " << (bt ? bt->status.to_string() : "no terminal");
@@ -233,8 +203,9 @@ void run_case(const CaseSpec& c, TestGates* gates, int case_gate, int hold_gate,
     }
     gates->open_gate(hold_gate);
     poll_until(
-        ep, events, [&] { return find_terminal(events, 1) != nullptr; }, "the bystander's terminal");
-    const EndpointEvent* bt = find_terminal(events, 1);
+        ep, events, [&] { return find_event(events, 1, EndpointEvent::Kind::kTerminal) != nullptr; },
+        "the bystander's terminal");
+    const EndpointEvent* bt = find_event(events, 1, EndpointEvent::Kind::kTerminal);
     if (bt == nullptr || bt->entry != by.entry || bt->status != Status()) {
       ++misdeliveries;
       ADD_FAILURE() << "the bystander got " << (bt ? bt->status.to_string() : "no terminal");
