@@ -82,7 +82,7 @@ struct TestGates {
   Doorbell bell;
   uint32_t open[64];
   uint32_t handler_calls;
-  uint32_t pad;
+  uint32_t kernels_at_gate;  // node_axpb_kernel calls that reached their gate
   void open_gate(int n) {
     store_release(open[n], 1u);
     bell.ring();

@@ -193,6 +193,76 @@ TEST(NodeWorker, R47DeviceResultFeedsLaterRuns) {
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
 }
 
+// Two tasks beside each other on one chip write disjoint parts of one shared
+// buffer, and read a third part of it. The chip child stages the buffer on its
+// device for each; the first to finish must not have its output overwritten
+// by the second's copy back of bytes the second never wrote (the chaos test
+// T3 found it: outputs of a run that ended OK were never written).
+TEST(NodeWorker, TasksWritingDisjointPartsOfOneSharedBufferKeepEachOthersOutput) {
+  Watchdog dog;
+  TestGates* gates = make_node_gates();
+  auto w = make_node(node_config(1, 0, 8));
+  ASSERT_NE(w, nullptr);
+  constexpr int n = 16;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto b = w->malloc_shared(3 * n * 4);
+  ASSERT_TRUE(b.ok());
+  auto* f = reinterpret_cast<float*>(b->addr);
+  for (int i = 0; i < n; ++i) f[i] = static_cast<float>(i + 1);
+  std::fill(f + n, f + 3 * n, -1.0f);
+  const TensorView seg0(*b, {n}, DType::F32, 0), seg1(*b, {n}, DType::F32, n), seg2(*b, {n}, DType::F32, 2 * n);
+  RunHandle run = w->submit([&](Orchestrator& o) {
+    SIMPLER_RETURN_IF_ERROR(o.submit_next_level(h, axpb_args(seg0, seg1, 2, 0, 0), 0).status());
+    return o.submit_next_level(h, axpb_args(seg0, seg2, 3, 0, 1), 0).status();
+  });
+  // Both on the device, each with its copy of the buffer, before either ends.
+  ASSERT_TRUE(eventually([&] { return std::atomic_ref<uint32_t>(gates->kernels_at_gate).load() == 2; }))
+      << "the two tasks never ran side by side";
+  gates->open_gate(0);
+  ASSERT_TRUE(eventually([&] { return std::atomic_ref<float>(f[n + n - 1]).load() == 2.0f * n; }))
+      << "the first task's output never reached the shared buffer";
+  gates->open_gate(1);
+  ASSERT_TRUE(wait_run(run).ok()) << run.result().to_string();
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(f[n + i], 2.0f * (i + 1)) << "element " << i << " of the first task's output";
+    ASSERT_EQ(f[2 * n + i], 3.0f * (i + 1)) << "element " << i << " of the second task's output";
+  }
+  EXPECT_TRUE(w->free(*b).ok());
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
+// A strided output staged on a chip's device goes back element by element
+// (as rows of a 2-D view, and as single elements of a 1-D one): the bytes
+// between its elements keep what the host had there.
+TEST(NodeWorker, StridedOutputsOfAChipTaskLeaveTheBytesBetweenThemAlone) {
+  Watchdog dog;
+  make_node_gates();
+  auto w = make_node(node_config(1, 0, 2));
+  ASSERT_NE(w, nullptr);
+  constexpr int n = 8;
+  const CallableHandle h{0, axpb_callable().digest()};
+  auto b = w->malloc_shared(5 * n * 4);
+  ASSERT_TRUE(b.ok());
+  auto* f = reinterpret_cast<float*>(b->addr);
+  for (int i = 0; i < n; ++i) f[i] = static_cast<float>(i + 1);
+  std::fill(f + n, f + 5 * n, -1.0f);
+  const TensorView in(*b, {n}, DType::F32, 0);
+  const int64_t rows_shape[] = {n, 1}, rows_stride[] = {2, 1}, elems_shape[] = {n}, elems_stride[] = {2};
+  const TensorView rows = TensorView::from_parts(*b, DType::F32, 2, rows_shape, rows_stride, n);
+  const TensorView elems = TensorView::from_parts(*b, DType::F32, 1, elems_shape, elems_stride, 3 * n);
+  RunHandle run = w->submit([&](Orchestrator& o) {
+    SIMPLER_RETURN_IF_ERROR(o.submit_next_level(h, axpb_args(in, rows, 2, 0, -1), 0).status());
+    return o.submit_next_level(h, axpb_args(in, elems, 3, 0, -1), 0).status();
+  });
+  ASSERT_TRUE(wait_run(run).ok()) << run.result().to_string();
+  for (int i = 0; i < 2 * n; ++i) {
+    EXPECT_EQ(f[n + i], i % 2 == 0 ? 2.0f * (i / 2 + 1) : -1.0f) << "element " << i << " of the 2-D strided view";
+    EXPECT_EQ(f[3 * n + i], i % 2 == 0 ? 3.0f * (i / 2 + 1) : -1.0f) << "element " << i << " of the 1-D strided view";
+  }
+  EXPECT_TRUE(w->free(*b).ok());
+  EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok());
+}
+
 // Intermediates allocated in a scope return to the shared heap once the scope
 // ended and their last user finished; the rest when the run is terminal.
 TEST(NodeWorker, IntermediatesReturnToTheHeap) {

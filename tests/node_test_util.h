@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +39,7 @@ inline TestGates* g_node_gates = nullptr;
 // multiplier of kAxpbFail fails it once the gate opened.
 extern "C" inline void node_axpb_kernel(int64_t* args) {
   const int gate = static_cast<int>(args[4]);
+  if (gate >= 0) std::atomic_ref<uint32_t>(g_node_gates->kernels_at_gate).fetch_add(1);
   if (gate >= 0 &&
       !spin_then_park(
           g_node_gates->bell, [&] { return g_node_gates->is_open(gate); }, SpinPolicy{}, now_ns() + kTestWaitNs)) {

@@ -1,6 +1,7 @@
 #include "ipc/chip_child_handler.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <new>
 
@@ -123,13 +124,13 @@ Status ChipChildHandler::map_in(TaskArgs& args, std::vector<Staged>& staged) {
     auto it = std::find_if(staged.begin(), staged.end(), [&](const Staged& s) { return s.host_addr == host.addr; });
     if (it == staged.end()) {
       SIMPLER_ASSIGN_OR_RETURN(const DeviceBuffer dev, worker_->malloc(host.bytes));
-      staged.push_back(Staged{dev, host.addr, a.tensor.first_byte(), a.tensor.end_byte(), false});
+      staged.push_back(Staged{dev, host.addr, a.tensor.first_byte(), a.tensor.end_byte(), {}});
       it = staged.end() - 1;
     } else {
       it->first = std::min(it->first, a.tensor.first_byte());
       it->end = std::max(it->end, a.tensor.end_byte());
     }
-    it->writes = it->writes || tag_writes(a.tag);
+    if (tag_writes(a.tag)) it->writes.push_back(a.tensor);
     int64_t shape[kMaxDims], stride[kMaxDims];
     for (int d = 0; d < a.tensor.ndim(); ++d) {
       shape[d] = a.tensor.shape(d);
@@ -150,11 +151,44 @@ Status ChipChildHandler::copy_in(const std::vector<Staged>& staged) {
   return Status();
 }
 
+namespace {
+// Calls `copy(byte_offset, bytes)` for each run of contiguous bytes `v`
+// covers, relative to its buffer start: the whole span when the view is
+// dense, else its innermost rows (or single elements when those are strided).
+template <typename F>
+Status for_each_byte_run(const TensorView& v, F&& copy) {
+  const int64_t n = v.numel();
+  if (n == 0) return Status();
+  const uint64_t esize = dtype_size(v.dtype());
+  if (v.end_byte() - v.first_byte() == static_cast<uint64_t>(n) * esize) {
+    return copy(v.first_byte(), v.end_byte() - v.first_byte());
+  }
+  const int nd = v.ndim();
+  const bool dense_rows = v.stride(nd - 1) == 1;
+  const int outer = dense_rows ? nd - 1 : nd;
+  const uint64_t run_bytes = dense_rows ? static_cast<uint64_t>(v.shape(nd - 1)) * esize : esize;
+  std::array<int64_t, kMaxDims> idx{};
+  for (;;) {
+    int64_t e = v.offset();
+    for (int d = 0; d < outer; ++d) e += idx[d] * v.stride(d);
+    SIMPLER_RETURN_IF_ERROR(copy(static_cast<uint64_t>(e) * esize, run_bytes));
+    int d = outer - 1;
+    while (d >= 0 && ++idx[d] == v.shape(d)) idx[d--] = 0;
+    if (d < 0) return Status();
+  }
+}
+}  // namespace
+
 Status ChipChildHandler::stage_out(const std::vector<Staged>& staged) {
+  // Exactly the written elements: copying the span back would put this run's
+  // stale copy of bytes between its outputs over what a task beside it, writing
+  // a disjoint part of the same buffer, has written meanwhile.
   for (const Staged& s : staged) {
-    if (!s.writes || s.end <= s.first) continue;
-    SIMPLER_RETURN_IF_ERROR(
-        worker_->copy_from(reinterpret_cast<void*>(s.host_addr + s.first), s.device, s.end - s.first, s.first));
+    for (const TensorView& w : s.writes) {
+      SIMPLER_RETURN_IF_ERROR(for_each_byte_run(w, [&](uint64_t at, uint64_t bytes) {
+        return worker_->copy_from(reinterpret_cast<void*>(s.host_addr + at), s.device, bytes, at);
+      }));
+    }
   }
   return Status();
 }

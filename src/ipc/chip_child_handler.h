@@ -46,9 +46,11 @@ class ChipChildHandler final : public RunHandler {
   struct Staged {
     DeviceBuffer device;
     uint64_t host_addr = 0;
-    uint64_t first = 0;  // byte span the view touches, relative to the buffer start
+    uint64_t first = 0;  // byte span the run's views touch, relative to the buffer start
     uint64_t end = 0;
-    bool writes = false;
+    // The views the run writes, in host terms: only their elements go back.
+    // The span between them may belong to a task running beside this one.
+    std::vector<TensorView> writes;
   };
   struct Prepared {
     void* storage;
