@@ -136,12 +136,12 @@ bool ForkedChild::maintain() {
 
 bool ForkedChild::replace(const Status& cause) {
   const uint64_t now = now_ns();
-  while (!replaced_ns_.empty() && now - replaced_ns_.front() >= kRespawnWindowNs) replaced_ns_.pop_front();
-  if (replaced_ns_.size() >= kRespawnBudget) {
+  while (!replaced_ns_.empty() && now - replaced_ns_.front() >= options_.respawn_window_ns) replaced_ns_.pop_front();
+  if (replaced_ns_.size() >= options_.respawn_budget) {
     fail(make_error(StatusCode::kAborted,
                     "it died again after {} replacements within {} s and is not replaced any more; it last died "
                     "with: {}",
-                    replaced_ns_.size(), kRespawnWindowNs / 1'000'000'000ull, cause.to_string()));
+                    replaced_ns_.size(), options_.respawn_window_ns / 1'000'000'000ull, cause.to_string()));
     return true;
   }
   if (incarnation() > options_.max_replacements) {

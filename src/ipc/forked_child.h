@@ -35,6 +35,11 @@
 
 namespace simpler {
 
+// The default respawn budget: a child that dies a fourth time within a minute
+// is broken, not unlucky.
+inline constexpr size_t kRespawnBudget = 3;
+inline constexpr uint64_t kRespawnWindowNs = 60'000'000'000ull;
+
 struct SpawnOptions {
   uint64_t granted_sets = 2;
   EndpointOptions endpoint;
@@ -42,12 +47,11 @@ struct SpawnOptions {
   uint64_t ready_timeout_ns = 30'000'000'000ull;
   // How many times over its life the child may be replaced, whatever the window.
   uint64_t max_replacements = UINT64_MAX;
+  // A child that keeps dying is replaced at most respawn_budget times within
+  // any respawn_window_ns; the next death fails its worker for good.
+  size_t respawn_budget = kRespawnBudget;
+  uint64_t respawn_window_ns = kRespawnWindowNs;
 };
-
-// A child that keeps dying is replaced at most kRespawnBudget times within
-// any kRespawnWindowNs; the next death fails its worker for good.
-inline constexpr size_t kRespawnBudget = 3;
-inline constexpr uint64_t kRespawnWindowNs = 60'000'000'000ull;
 
 class ForkedChild final : public ChildLiveness {
  public:
@@ -79,7 +83,7 @@ class ForkedChild final : public ChildLiveness {
   // Publisher thread, after each poll of the endpoint. A child that died
   // (the endpoint gave each run it held a terminal) is replaced: its mailbox
   // is registered again and the server forks a new child from the recipe,
-  // whose INIT_READY later polls see; within kRespawnBudget per window, else
+  // whose INIT_READY later polls see; within the respawn budget, else
   // the worker is failed. True when the state changed.
   bool maintain();
   // The current child answered INIT_READY and the endpoint takes work.

@@ -377,6 +377,8 @@ Status NodeWorker::spawn_children() {
   so.granted_sets = config_.pipeline_depth;
   so.child.shared_parent_bell = &heap_->bell();
   so.child.spin = kNodeSpin;
+  so.respawn_budget = spec_.respawn_budget;
+  so.respawn_window_ns = spec_.respawn_window_ns;
   // Every child's runs carry the deadline, a sub worker's too: a sub function
   // that never returns hangs its run exactly as a kernel would.
   const uint64_t timeout_ms = static_cast<uint64_t>(config_.run_timeout.count());

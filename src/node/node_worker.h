@@ -61,6 +61,10 @@ struct NodeSpec {
   // The shared heaps of the levels above, mapped before this process was
   // forked: tensors there are taken as they are (their owner checked them).
   std::vector<HostRange> inherited;
+  // How often each child may be replaced (SpawnOptions::respawn_budget per
+  // respawn_window_ns); tests that kill children on purpose widen it.
+  size_t respawn_budget = kRespawnBudget;
+  uint64_t respawn_window_ns = kRespawnWindowNs;
 };
 
 // A started child whose handler granted at least `requested` sets (R68):
