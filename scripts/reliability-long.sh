@@ -5,6 +5,9 @@
 #   T11-soak   the soak at 10^6 runs, a chip killed every 10^4 (SIMPLER_SOAK_RUNS,
 #              SIMPLER_SOAK_KILL_EVERY override them)
 #   T9-stress  the T9 stress binary 20 times over, each with a fresh seed
+#   T3-chaos   30 min of random chip kills under load: the 60 s chaos test 30
+#              times over, each with a fresh node and seed (a chip's
+#              incarnation bits allow 63 replacements, about a minute of kills)
 # Usage: scripts/reliability-long.sh [item...]   (default: every item)
 # Exit status: 0 when every item passed.
 set -uo pipefail
@@ -12,7 +15,7 @@ cd "$(dirname "$0")/.."
 BUILD=build/default
 
 [ -f "$BUILD/build.ninja" ] || cmake --preset default >/dev/null
-cmake --build --preset default -j "${JOBS:-2}" --target simpler_soak_tests simpler_stress_tests >/dev/null || {
+cmake --build --preset default -j "${JOBS:-2}" --target simpler_soak_tests simpler_stress_tests simpler_reliability_chaos_tests >/dev/null || {
   echo "build failed"
   exit 2
 }
@@ -47,7 +50,7 @@ run_gtest() {
 }
 
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(T11-soak T9-stress)
+[ ${#items[@]} -eq 0 ] && items=(T11-soak T9-stress T3-chaos)
 for item in "${items[@]}"; do
   case "$item" in
     T11-soak)
@@ -57,8 +60,11 @@ for item in "${items[@]}"; do
     T9-stress)
       run_gtest "$item" simpler_stress_tests -- --gtest_repeat=20
       ;;
+    T3-chaos)
+      run_gtest "$item" simpler_reliability_chaos_tests SIMPLER_CHAOS_SECONDS=60 -- --gtest_repeat=30
+      ;;
     *)
-      echo "$item: unknown item (known: T11-soak T9-stress)"
+      echo "$item: unknown item (known: T11-soak T9-stress T3-chaos)"
       status=1
       ;;
   esac
