@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# T7: runs every fuzz target that has a seed corpus (fuzz/corpus/<target>/)
-# for FUZZ_SECONDS and prints its figure as one RELIABILITY line. New inputs
+# T7 and T8: runs every fuzz target that has a seed corpus
+# (fuzz/corpus/<target>/) for FUZZ_SECONDS (the stateful action fuzzer, T8,
+# for twice that) and prints its figure as one RELIABILITY line. New inputs
 # go to build/fuzz/corpus/<target>/; the committed seeds are only read. Exits
 # non-zero when a target crashed, leaving the reproducer in
 # build/fuzz/artifacts/<target>/ (rerun it: build/fuzz/fuzz/<target> <file>).
@@ -24,9 +25,11 @@ for seeds in "$root"/fuzz/corpus/*/; do
     failed=1
     continue
   fi
+  test_id=T7 run_seconds=$seconds
+  if [ "$target" = fuzz_endpoint_actions ]; then test_id=T8 run_seconds=$((2 * seconds)); fi
   mkdir -p "$work" "$(dirname "$log")"
   rm -rf "$artifacts" && mkdir -p "$artifacts"  # crashes= counts this run's only
-  "$bin" -max_total_time="$seconds" -print_final_stats=1 -timeout=25 -artifact_prefix="$artifacts" \
+  "$bin" -max_total_time="$run_seconds" -print_final_stats=1 -timeout=25 -artifact_prefix="$artifacts" \
     "$work" "$seeds" >"$log" 2>&1
   rc=$?
   crashes=$(find "$artifacts" -type f | wc -l)
@@ -35,7 +38,7 @@ for seeds in "$root"/fuzz/corpus/*/; do
   rate=$(stat average_exec_per_sec "$log")
   edges=$(last cov "$log")
   corpus=$(last corp "$log")
-  echo "RELIABILITY T7 target=$target execs=${execs:-0} exec_per_s=${rate:-0} edges=${edges:-0}" \
+  echo "RELIABILITY $test_id target=$target execs=${execs:-0} exec_per_s=${rate:-0} edges=${edges:-0}" \
     "corpus=${corpus:-0} crashes=$crashes"
   if [ "$crashes" -ne 0 ]; then
     failed=1

@@ -8,6 +8,9 @@
 #   T3-chaos   30 min of random chip kills under load: the 60 s chaos test 30
 #              times over, each with a fresh node and seed (a chip's
 #              incarnation bits allow 63 replacements, about a minute of kills)
+#   T7T8-fuzz  the decoder fuzzers (T7) for 30 min each and the action fuzzer
+#              (T8) for 1 h, then their new inputs merged into fuzz/corpus/
+#              (commit them: CI clones fresh)
 # Usage: scripts/reliability-long.sh [item...]   (default: every item)
 # Exit status: 0 when every item passed.
 set -uo pipefail
@@ -50,7 +53,7 @@ run_gtest() {
 }
 
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(T11-soak T9-stress T3-chaos)
+[ ${#items[@]} -eq 0 ] && items=(T11-soak T9-stress T3-chaos T7T8-fuzz)
 for item in "${items[@]}"; do
   case "$item" in
     T11-soak)
@@ -63,8 +66,17 @@ for item in "${items[@]}"; do
     T3-chaos)
       run_gtest "$item" simpler_reliability_chaos_tests SIMPLER_CHAOS_SECONDS=60 -- --gtest_repeat=30
       ;;
+    T7T8-fuzz)
+      if make -s fuzz FUZZ_SECONDS=1800 >/tmp/simpler-fuzz-long.log 2>&1; then fz_failed=0; else fz_failed=1; status=1; fi
+      grep -E '^RELIABILITY ' /tmp/simpler-fuzz-long.log
+      for seeds in fuzz/corpus/*/; do
+        t=$(basename "$seeds")
+        build/fuzz/fuzz/$t -merge=1 "$seeds" "build/fuzz/corpus/$t" >/dev/null 2>&1
+      done
+      echo "$item: $((1 - fz_failed)) passed, $fz_failed failed"
+      ;;
     *)
-      echo "$item: unknown item (known: T11-soak T9-stress T3-chaos)"
+      echo "$item: unknown item (known: T11-soak T9-stress T3-chaos T7T8-fuzz)"
       status=1
       ;;
   esac
