@@ -680,12 +680,14 @@ TEST(NodeFailure, HungChildIsKilledAtItsRunDeadline) {
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok()) << "the hung chip's replacement closes cleanly";
 }
 
-// A sub function that waits for gate 7, which these tests never open (its
-// own bound, kTestWaitNs, is far past any run_timeout here).
+// A sub function that waits for gate kGate (its own bound: kTestWaitNs).
+// The hang tests use gate 7, which they never open: kTestWaitNs is far past
+// any run_timeout there.
+template <int kGate>
 Status gated_sub(const TaskArgsView&) {
   if (!spin_then_park(
-          g_node_gates->bell, [] { return g_node_gates->is_open(7); }, SpinPolicy{}, now_ns() + kTestWaitNs)) {
-    return Status(StatusCode::kKernelFailed, "gated_sub: gate 7 never opened");
+          g_node_gates->bell, [] { return g_node_gates->is_open(kGate); }, SpinPolicy{}, now_ns() + kTestWaitNs)) {
+    return Status(StatusCode::kKernelFailed, fmt::format("gated_sub: gate {} never opened", kGate));
   }
   return Status();
 }
@@ -699,7 +701,7 @@ TEST(NodeFailure, Issue9HungSubFunctionIsKilledAtItsRunDeadline) {
   make_node_gates();
   WorkerConfig c = node_config(0, 2, 2);
   c.run_timeout = std::chrono::milliseconds(2000);  // as HungChildIsKilledAtItsRunDeadline
-  auto w = make_node(c, {gated_sub, bump_sub});
+  auto w = make_node(c, {gated_sub<7>, bump_sub});
   ASSERT_NE(w, nullptr);
   auto x = w->malloc_shared(sizeof(float)), y = w->malloc_shared(sizeof(float));
   ASSERT_TRUE(x.ok() && y.ok());
@@ -952,22 +954,13 @@ TEST(NodeRecovery, Issue9AKilledChipIsReplacedWithEmptyMemory) {
   EXPECT_TRUE(w->close(std::chrono::seconds(30)).ok()) << "the replacement closes cleanly";
 }
 
-// A sub function that waits for gate 3 (its own bound: kTestWaitNs).
-Status gate3_sub(const TaskArgsView&) {
-  if (!spin_then_park(
-          g_node_gates->bell, [] { return g_node_gates->is_open(3); }, SpinPolicy{}, now_ns() + kTestWaitNs)) {
-    return Status(StatusCode::kKernelFailed, "gate3_sub: gate 3 never opened");
-  }
-  return Status();
-}
-
 // Issue 9 item 5: a chip task built before its chip died, naming a device
 // buffer of the dead child, is not sent to the replacement (where that
 // address means nothing, or another buffer): it ends ABORTED saying so.
 TEST(NodeRecovery, Issue9ATaskBuiltBeforeItsChipDiedDoesNotRunOnTheReplacement) {
   Watchdog dog;
   TestGates* gates = make_node_gates();
-  auto w = make_node(node_config(1, 1, 2), {gate3_sub});
+  auto w = make_node(node_config(1, 1, 2), {gated_sub<3>});
   ASSERT_NE(w, nullptr);
   const int n = 16;
   const CallableHandle h{0, axpb_callable().digest()};
@@ -1042,7 +1035,7 @@ TEST(NodeRecovery, Issue9AChipThatKeepsDyingIsFailedAndNamed) {
 TEST(NodeRecovery, Issue9AKilledSubWorkerIsReplacedUntilItsBudgetIsSpent) {
   Watchdog dog;
   make_node_gates();
-  auto w = make_node(node_config(0, 1, 2), {bump_sub, gated_sub});
+  auto w = make_node(node_config(0, 1, 2), {bump_sub, gated_sub<7>});
   ASSERT_NE(w, nullptr);
   auto x = w->malloc_shared(sizeof(float));
   ASSERT_TRUE(x.ok());

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "base/doorbell.h"
+#include "base/errors.h"
 #include "chip/chip_worker.h"
 #include "health_scan.h"
 #include "kernels.h"
@@ -457,6 +458,23 @@ class RunStorage {
 
 uint64_t deadline_ns() { return now_ns() + static_cast<uint64_t>(kWait.count()) * 1'000'000'000ull; }
 
+// Takes a free set and prepares and launches callable `callable` on it into
+// `storage`; the run's epoch, or why not (the set goes back on a refusal).
+Result<uint64_t> prepare_and_launch(ChipWorker& chip, RunStorage& storage, uint32_t callable, const TaskArgs& args) {
+  auto lease = chip.try_acquire_lease();
+  if (!lease) return failed_precondition("no free set");
+  NativeRunDescriptor desc;
+  desc.lease = *lease;
+  desc.arena_bank = lease->slot;
+  auto epoch = chip.prepare(storage.get(), native_run_storage_size(), desc, callable, args);
+  if (!epoch.ok()) {
+    (void)chip.release_lease(*lease);
+    return epoch.status();
+  }
+  SIMPLER_RETURN_IF_ERROR(chip.launch(storage.get(), *epoch), "launch");
+  return *epoch;
+}
+
 TEST_P(StressAtLaunchDepth, T9NativeLifecycleFromEightDriversWithRegrants) {
   Watchdog dog(std::chrono::seconds(280));
   HealthScan scan;
@@ -674,15 +692,9 @@ TEST(Stress, T9R49FinalizeAndRegrantRaceAParkedWait) {
   for (int it = 0; it < iterations; ++it) {
     g_gate.open.store(0);
     g_gate.entered.store(0);
-    auto lease = chip->try_acquire_lease();
-    ASSERT_TRUE(lease.has_value()) << "iteration " << it;
-    NativeRunDescriptor desc;
-    desc.lease = *lease;
-    desc.arena_bank = lease->slot;
-    auto epoch = chip->prepare(storage.get(), native_run_storage_size(), desc, 1, TaskArgs{});
-    ASSERT_TRUE(epoch.ok()) << epoch.status().to_string();
+    auto epoch = prepare_and_launch(*chip, storage, 1, TaskArgs{});
+    ASSERT_TRUE(epoch.ok()) << "iteration " << it << ": " << epoch.status().to_string();
     ledger.submitted(*epoch);
-    ASSERT_TRUE(chip->launch(storage.get(), *epoch).ok());
     ASSERT_TRUE(spin_then_park(
         g_gate.bell, [] { return g_gate.entered.load() == 1; }, SpinPolicy{}, deadline_ns()))
         << "the gated kernel never started";
@@ -765,17 +777,10 @@ TEST(Stress, T9PollsRaceFinalize) {
   uint64_t polls = 0;
   const auto t0 = Clock::now();
   for (int it = 0; it < iterations; ++it) {
-    auto lease = chip->try_acquire_lease();
-    ASSERT_TRUE(lease.has_value()) << "iteration " << it;
-    NativeRunDescriptor desc;
-    desc.lease = *lease;
-    desc.arena_bank = lease->slot;
     // Fills every lane first, so no lane reads what the last run left.
-    auto epoch = chip->prepare(storage.get(), native_run_storage_size(), desc, 0,
-                               lanes_args(*buf, static_cast<uint64_t>(it), false));
-    ASSERT_TRUE(epoch.ok()) << epoch.status().to_string();
+    auto epoch = prepare_and_launch(*chip, storage, 0, lanes_args(*buf, static_cast<uint64_t>(it), false));
+    ASSERT_TRUE(epoch.ok()) << "iteration " << it << ": " << epoch.status().to_string();
     ledger.submitted(*epoch);
-    ASSERT_TRUE(chip->launch(storage.get(), *epoch).ok());
     std::atomic<bool> polling{false};
     std::atomic<uint64_t> answered{0};
     std::thread poller([&, e = *epoch] {
@@ -900,15 +905,9 @@ TEST(Stress, T9TwoFinalizesOfOneRun) {
   for (int it = 0; it < iterations; ++it) {
     g_gate.open.store(0);
     g_gate.entered.store(0);
-    auto lease = chip->try_acquire_lease();
-    ASSERT_TRUE(lease.has_value()) << "iteration " << it;
-    NativeRunDescriptor desc;
-    desc.lease = *lease;
-    desc.arena_bank = lease->slot;
-    auto epoch = chip->prepare(storage.get(), native_run_storage_size(), desc, 1, TaskArgs{});
-    ASSERT_TRUE(epoch.ok()) << epoch.status().to_string();
+    auto epoch = prepare_and_launch(*chip, storage, 1, TaskArgs{});
+    ASSERT_TRUE(epoch.ok()) << "iteration " << it << ": " << epoch.status().to_string();
     ledger.submitted(*epoch);
-    ASSERT_TRUE(chip->launch(storage.get(), *epoch).ok());
     NativeRunContext* ctx = NativeRunContext::from_storage(storage.get());
     std::array<Status, 2> finalized;
     std::atomic<int> back{0};
