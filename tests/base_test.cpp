@@ -45,7 +45,8 @@ TEST(Status, EveryCodeHasADistinctName) {
                               StatusCode::kOutOfRange,   StatusCode::kResourceExhausted,
                               StatusCode::kKernelFailed, StatusCode::kDeadlineExceeded,
                               StatusCode::kAborted,      StatusCode::kUnimplemented,
-                              StatusCode::kInternal,     StatusCode::kUserCodeFailed};
+                              StatusCode::kInternal,     StatusCode::kUserCodeFailed,
+                              StatusCode::kDeviceFault};
   std::set<std::string> names;
   for (StatusCode c : codes) {
     const std::string n = status_code_name(c);
@@ -54,6 +55,7 @@ TEST(Status, EveryCodeHasADistinctName) {
   }
   EXPECT_EQ(names.size(), std::size(codes));
   EXPECT_STREQ(status_code_name(StatusCode::kResourceExhausted), "RESOURCE_EXHAUSTED");
+  EXPECT_STREQ(status_code_name(StatusCode::kDeviceFault), "DEVICE_FAULT");
   EXPECT_STREQ(status_code_name(static_cast<StatusCode>(200)), "UNKNOWN");
 }
 

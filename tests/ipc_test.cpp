@@ -1379,7 +1379,7 @@ TEST(MailboxWire, Issue9InitFailureCarriesItsCode) {
 // value that is no failure code (0, or past the last StatusCode) is reported
 // as INTERNAL naming the value, with the text.
 TEST(MailboxWire, Issue9InitFailureCodeIsValidated) {
-  for (const uint32_t code : {0u, static_cast<uint32_t>(StatusCode::kUserCodeFailed) + 1, 0xffffffffu}) {
+  for (const uint32_t code : {0u, static_cast<uint32_t>(StatusCode::kDeviceFault) + 1, 0xffffffffu}) {
     auto m = SharedMapping::create_anonymous(*mailbox_size(2));
     ASSERT_TRUE(m.ok());
     auto ep = MailboxEndpoint::create(m->data(), m->size(), 2);

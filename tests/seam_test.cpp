@@ -56,6 +56,7 @@ class UnmappedDevice final : public Device {
   Result<std::unique_ptr<DeviceRunner>> create_runner(uint64_t) override {
     return Status(StatusCode::kUnimplemented, "no runner");
   }
+  Status fault() const override { return Status(); }
 
  private:
   Geometry geometry_ = Geometry::small();

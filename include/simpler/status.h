@@ -25,6 +25,7 @@ enum class StatusCode : uint8_t {
   kUnimplemented,       // a capability that is not built yet
   kInternal,            // a broken invariant inside simpler
   kUserCodeFailed,      // user code (an orchestration, a host function) threw; the message has its text
+  kDeviceFault,         // the device reported a sticky fault: everything on it ended; it refuses work until reset
 };
 
 const char* status_code_name(StatusCode code);

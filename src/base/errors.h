@@ -40,10 +40,8 @@ Status internal_error(fmt::format_string<A...> f, A&&... a) {
 }
 
 // Whether `code` is the number of a StatusCode (for decoders of codes that
-// crossed a process boundary).
-inline bool is_status_code(int64_t code) {
-  return code >= 0 && code <= static_cast<int64_t>(StatusCode::kUserCodeFailed);
-}
+// crossed a process boundary). kDeviceFault is the last code.
+inline bool is_status_code(int64_t code) { return code >= 0 && code <= static_cast<int64_t>(StatusCode::kDeviceFault); }
 
 template <typename... A>
 Status user_code_failed(fmt::format_string<A...> f, A&&... a) {

@@ -28,6 +28,8 @@ const char* status_code_name(StatusCode code) {
       return "INTERNAL";
     case StatusCode::kUserCodeFailed:
       return "USER_CODE_FAILED";
+    case StatusCode::kDeviceFault:
+      return "DEVICE_FAULT";
   }
   return "UNKNOWN";
 }

@@ -77,7 +77,37 @@ Status ChipWorker::check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t
   return Status();
 }
 
+Status ChipWorker::health() const {
+  // An abandoning close() gave the device up: nothing reads it any more.
+  if (device_ != nullptr) {
+    if (Status fault = device_->fault(); !fault.ok()) return fault;
+  }
+  if (wedged()) {
+    std::lock_guard<std::mutex> lock(wedged_mu_);
+    return wedged_why_;
+  }
+  return Status();
+}
+
+Status ChipWorker::refuse_unhealthy(const char* call) const {
+  const Status h = health();
+  if (h.ok()) return h;
+  if (h.code() == StatusCode::kDeviceFault) {
+    return make_error(StatusCode::kDeviceFault,
+                      "{}: refused: the device has a sticky fault ({}); it takes no work until it is reset: close this "
+                      "Worker and create it again",
+                      call, h.message());
+  }
+  return failed_precondition("{}: the chip is wedged ({}); close this Worker", call, h.message());
+}
+
+Status ChipWorker::refuse_if_faulted(const char* call) const {
+  if (device_ == nullptr || device_->fault().ok()) return Status();
+  return refuse_unhealthy(call);
+}
+
 Result<DeviceBuffer> ChipWorker::malloc(uint64_t bytes) {
+  SIMPLER_RETURN_IF_ERROR(refuse_if_faulted("malloc"));
   SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, device_->memory().allocate(bytes));
   return DeviceBuffer{addr, bytes};
 }
@@ -88,12 +118,14 @@ Status ChipWorker::free(DeviceBuffer buffer) {
 }
 
 Status ChipWorker::copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset) {
+  SIMPLER_RETURN_IF_ERROR(refuse_if_faulted("copy_to"));
   if (src == nullptr && bytes != 0) return invalid_argument("copy_to: src is null");
   SIMPLER_RETURN_IF_ERROR(check_buffer(dst, dst_offset, bytes, "copy_to dst"));
   return device_->memory().copy_to_device(dst.addr + dst_offset, src, bytes);
 }
 
 Status ChipWorker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset) {
+  SIMPLER_RETURN_IF_ERROR(refuse_if_faulted("copy_from"));
   if (dst == nullptr && bytes != 0) return invalid_argument("copy_from: dst is null");
   SIMPLER_RETURN_IF_ERROR(check_buffer(src, src_offset, bytes, "copy_from src"));
   return device_->memory().copy_from_device(dst, src.addr + src_offset, bytes);
@@ -234,6 +266,7 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
                                                uint32_t callable, const TaskArgs& args, RunConfig config) {
   SIMPLER_RETURN_IF_ERROR(context_.validate("prepare"));
   if (closing_.load(std::memory_order_acquire)) return failed_precondition("prepare: the worker is closed");
+  SIMPLER_RETURN_IF_ERROR(refuse_if_faulted("prepare"));
   if (storage == nullptr) return invalid_argument("prepare: storage is null");
   if (storage_bytes < native_run_storage_size()) {
     return invalid_argument("prepare: storage_bytes = {}, a native run needs {}", storage_bytes,
@@ -544,6 +577,14 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
   ctx->stats_.released_early = out.released_early;
   ctx->stats_.device_us = static_cast<double>(out.end_ns - out.launch_ns) / 1e3;
   ctx->result_ = std::move(out.status);
+  // CUDA's sticky-error rule: a run that ends after the fault ends with it,
+  // whatever its tasks reported (a task may have finished before the fault,
+  // but the device's memory is no longer trusted), so no run reads OK from
+  // a faulted device.
+  if (Status fault = device_->fault(); !fault.ok()) {
+    ctx->result_ = make_error(StatusCode::kDeviceFault, "run {} ended by the device's sticky fault: {}", ctx->epoch_,
+                              fault.message());
+  }
   NativeRunContext* next = nullptr;
   {
     std::lock_guard<std::mutex> lock(launch_mu_);
@@ -630,11 +671,7 @@ Result<Lease> ChipWorker::acquire_set() {
 
 RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) {
   if (closing_.load(std::memory_order_acquire)) return detail::refused_run(0, failed_precondition("worker is closed"));
-  if (wedged()) {
-    std::lock_guard<std::mutex> lock(wedged_mu_);
-    return detail::refused_run(
-        0, failed_precondition("submit: the chip is wedged ({}); close this Worker", wedged_why_.message()));
-  }
+  if (Status st = refuse_unhealthy("submit"); !st.ok()) return detail::refused_run(0, st);
   if (callable >= callables_.size()) {
     return detail::refused_run(0, not_found("callable id {} is not registered", callable));
   }

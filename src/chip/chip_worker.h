@@ -92,6 +92,11 @@ class ChipWorker {
   // Set once a submitted run outlived run_timeout: its kernel does not
   // return, and a kernel thread cannot be stopped. Later submits are refused.
   bool wedged() const { return wedged_.load(std::memory_order_acquire); }
+  // OK while the chip takes work; else why not, and for good: the device's
+  // sticky fault (DEVICE_FAULT; every run that ends after it ends with it,
+  // and submit, prepare, malloc and the copies are refused naming it until
+  // the Worker is closed and created again), or the wedge. Any thread.
+  Status health() const;
 
   ExecutionContext& execution_context() { return context_; }
   DeviceRunner& runner() { return *runner_; }
@@ -173,6 +178,10 @@ class ChipWorker {
   ChipWorker(const WorkerConfig& config, std::vector<ChipCallable> callables);
   Result<uint64_t> prepare_unchecked(void* storage, size_t storage_bytes, const NativeRunDescriptor& desc,
                                      uint32_t callable, const TaskArgs& args, RunConfig config);
+  // OK, or `call`'s refusal naming what health() reports.
+  Status refuse_unhealthy(const char* call) const;
+  // The same for a device fault only: a wedged chip still serves memory calls.
+  Status refuse_if_faulted(const char* call) const;
   Status check_signature(const ChipCallable& c, const TaskArgs& args) const;
   Status check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
   // A run's argument tensors stay pinned from prepare until it retires (R52):

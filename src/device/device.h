@@ -111,6 +111,10 @@ class Device {
   virtual void ring_aicpu(uint32_t aicpu) = 0;
   // The runner whose bank arenas are `arena_bytes` each.
   virtual Result<std::unique_ptr<DeviceRunner>> create_runner(uint64_t arena_bytes) = 0;
+  // OK, or the sticky fault the device reported (DEVICE_FAULT, naming it):
+  // from then on it starts no kernel, and only destroying it clears the
+  // fault (cudaDeviceReset; a chip child's exit). Any thread.
+  virtual Status fault() const = 0;
 
   uint32_t core_count() const { return geometry().cores(); }
   static CoreType core_type(uint32_t core) { return core % 3 == 0 ? CoreType::AIC : CoreType::AIV; }

@@ -1,5 +1,7 @@
 #include "ipc/chip_child_handler.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -78,6 +80,15 @@ void ChipChildHandler::fail(const RunTicket& ticket, const Status& st, MailboxDi
   }
   ticket.complete(st, d);
   preparer_.finished();
+  exit_if_faulted();
+}
+
+void ChipChildHandler::exit_if_faulted() {
+  if (worker_->health().code() != StatusCode::kDeviceFault || !preparer_.idle()) return;
+  // Every terminal is stored; requests the serve loop has not started yet are
+  // ended by the parent with the cause this code names. Nothing is destroyed:
+  // the device is gone with the process.
+  _exit(kChildExitDeviceFault);
 }
 
 void ChipChildHandler::cancel(Prepared& run, const Status& why) {
@@ -336,6 +347,7 @@ void ChipChildHandler::completer_main() {
     }
     preparer_.finished();
     launch_bell_.ring();
+    exit_if_faulted();
   }
 }
 

@@ -6,7 +6,10 @@
 // acceptance at the launch marker) and a completer (finalize, copy-back,
 // terminal). A staged run waits, prepared, between the preparer and the
 // launcher for activate(). The serve loop calls start/activate/control/drain;
-// the threads own the device calls.
+// the threads own the device calls. A sticky device fault ends every run on
+// the device DEVICE_FAULT and refuses later ones (ChipWorker::health); once
+// every started run has its terminal the child exits (kChildExitDeviceFault),
+// as only a new process resets the device, and the parent replaces it.
 #pragma once
 
 #include <deque>
@@ -85,6 +88,9 @@ class ChipChildHandler final : public RunHandler {
   void unstage(std::vector<Staged>& staged);
   Result<uint32_t> callable_for(const Digest& digest) const;
   Result<DeviceBuffer> buffer_at(uint64_t addr) const;
+  // After a terminal: exits the process when the device is faulted and no
+  // started run is left without its terminal.
+  void exit_if_faulted();
 
   const WorkerConfig config_;
   std::vector<ChipCallable> callables_;

@@ -135,6 +135,10 @@ bool ForkedChild::maintain() {
 }
 
 bool ForkedChild::replace(const Status& cause) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_death_ = cause;
+  }
   const uint64_t now = now_ns();
   while (!replaced_ns_.empty() && now - replaced_ns_.front() >= options_.respawn_window_ns) replaced_ns_.pop_front();
   if (replaced_ns_.size() >= options_.respawn_budget) {
@@ -177,6 +181,11 @@ std::optional<Status> ForkedChild::failure() const {
   return failure_;
 }
 
+std::optional<Status> ForkedChild::last_death() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_death_;
+}
+
 void ForkedChild::stop_replacing(const Status& cause) {
   if (state_.load(std::memory_order_acquire) != State::kFailed) fail(cause);
 }
@@ -198,8 +207,13 @@ void ForkedChild::record_exit(int wait_status) {
   if (WIFEXITED(wait_status)) {
     const int code = WEXITSTATUS(wait_status);
     clean_exit_ = code == kChildExitClean;
-    ended_ = clean_exit_ ? Status(StatusCode::kAborted, "the child exited")
-                         : make_error(StatusCode::kAborted, "the child exited with code {}", code);
+    if (code == kChildExitDeviceFault) {
+      ended_ = Status(StatusCode::kDeviceFault,
+                      "the child exited: its device reported a sticky fault, which only a new child resets");
+    } else {
+      ended_ = clean_exit_ ? Status(StatusCode::kAborted, "the child exited")
+                           : make_error(StatusCode::kAborted, "the child exited with code {}", code);
+    }
   } else if (WIFSIGNALED(wait_status)) {
     ended_ = make_error(StatusCode::kAborted, "the child was killed by signal {}", WTERMSIG(wait_status));
   } else {

@@ -92,6 +92,10 @@ class ForkedChild final : public ChildLiveness {
   // replacement that could not be forked, stop_replacing()); nullopt while
   // it serves or a replacement is on its way.
   std::optional<Status> failure() const;
+  // Why the last child that was replaced died (its liveness check's cause:
+  // DEVICE_FAULT for a chip child that exited over a sticky device fault);
+  // nullopt before any replacement. Any thread.
+  std::optional<Status> last_death() const;
   // Fails the worker with `cause` (the node is closing): nothing more is replaced.
   void stop_replacing(const Status& cause);
   // Which child this is: the endpoint's registration, one more per replacement.
@@ -142,6 +146,7 @@ class ForkedChild final : public ChildLiveness {
   std::optional<Status> ended_;  // set once reaped
   bool clean_exit_ = false;
   std::optional<Status> failure_;  // with kFailed
+  std::optional<Status> last_death_;
   bool closed_ = false;
 };
 

@@ -90,6 +90,10 @@ struct ControlReply {
 inline constexpr int kChildExitClean = 0;
 inline constexpr int kChildExitInitFailed = 3;
 inline constexpr int kChildExitEndpointStopped = 4;
+// A chip child whose device reported a sticky fault: it exits once every run
+// it started has its terminal, since only a new process resets the device;
+// the parent gives whatever it still held DEVICE_FAULT and replaces it.
+inline constexpr int kChildExitDeviceFault = 5;
 
 struct WireConstant {
   char name[40];

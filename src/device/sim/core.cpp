@@ -1,9 +1,13 @@
 #include "device/sim/core.h"
 
+#include <cstring>
+
+#include <fmt/format.h>
+
 namespace simpler {
 
-Core::Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell)
-    : id_(id), type_(type), cluster_(cluster), owner_bell_(owner_bell) {}
+Core::Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, StickyFault* fault)
+    : id_(id), type_(type), cluster_(cluster), owner_bell_(owner_bell), fault_(fault) {}
 
 Core::~Core() { stop(); }
 
@@ -33,12 +37,32 @@ void Core::loop(SpinPolicy policy) {
     last = token;
     const uint64_t tok = token & CoreRegisters::kTokenMask;
     regs_.status.store(CoreRegisters::kAck | tok, std::memory_order_release);
-    const bool ok = call_kernel(regs_.fn, regs_.args, regs_.failure, regs_.label);
+    const bool ok = execute();
     executed_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t fin = CoreRegisters::kFin | (ok ? 0 : CoreRegisters::kFailedBit) | tok;
     regs_.status.store(fin, std::memory_order_release);
     owner_bell_->ring();
   }
+}
+
+bool Core::execute() {
+  if (fault_ == nullptr) return call_kernel(regs_.fn, regs_.args, regs_.failure, regs_.label);
+#ifdef SIMPLER_TEST_HOOKS
+  if (device_fault_hook_hits(regs_.label.func_id)) {
+    fault_->raise(Status(
+        StatusCode::kDeviceFault,
+        fmt::format("sticky device fault (H3 test hook) when task {} (kernel '{}', func_id {}) "
+                    "started on core {}",
+                    regs_.label.task, regs_.label.name != nullptr ? regs_.label.name : "?", regs_.label.func_id, id_)));
+  }
+#endif
+  if (!fault_->raised()) return call_kernel(regs_.fn, regs_.args, regs_.failure, regs_.label);
+  // Not started: the task fails with the fault, which the chip reports as the run's cause.
+  const std::string why = "not run: the device has a sticky fault: " + fault_->status().message();
+  regs_.failure.failed = true;
+  std::strncpy(regs_.failure.message, why.c_str(), kKernelErrorBytes - 1);
+  regs_.failure.message[kKernelErrorBytes - 1] = '\0';
+  return false;
 }
 
 }  // namespace simpler

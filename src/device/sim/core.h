@@ -1,7 +1,9 @@
 // The simulated AICore: one host thread per core, fed through its handshake
 // registers (device/core_registers.h). The owning AICPU thread writes the
 // task register; the core answers ACK, then FIN with the dispatch token, and
-// rings its owner. start/stop are for the device's owning thread.
+// rings its owner. A core of a device with a sticky fault raised starts no
+// kernel: it answers FIN with the fault as the task's failure. start/stop are
+// for the device's owning thread.
 #pragma once
 
 #include <atomic>
@@ -10,13 +12,15 @@
 
 #include "base/doorbell.h"
 #include "device/core_registers.h"
+#include "device/sim/sticky_fault.h"
 #include "simpler/types.h"
 
 namespace simpler {
 
 class Core {
  public:
-  Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell);
+  // `fault`: the device's sticky fault, or null for a core of no device.
+  Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, StickyFault* fault = nullptr);
   ~Core();
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
@@ -33,11 +37,14 @@ class Core {
 
  private:
   void loop(SpinPolicy policy);
+  // Runs the task's kernel, unless the device is faulted (or H3 faults it now).
+  bool execute();
 
   const uint32_t id_;
   const CoreType type_;
   const uint32_t cluster_;
   Doorbell* const owner_bell_;
+  StickyFault* const fault_;
   CoreRegisters regs_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> executed_{0};

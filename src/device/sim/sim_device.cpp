@@ -17,7 +17,8 @@ SimDevice::SimDevice(Geometry geometry, std::unique_ptr<GlobalMemory> memory)
     : geometry_(std::move(geometry)), memory_(std::move(memory)), bells_(new PaddedBell[geometry_.aicpu_threads]) {
   for (uint32_t i = 0; i < geometry_.cores(); ++i) {
     const uint32_t cluster = i / 3;
-    cores_.push_back(std::make_unique<Core>(i, core_type(i), cluster, &bells_[owner_of_cluster(cluster)].bell));
+    cores_.push_back(
+        std::make_unique<Core>(i, core_type(i), cluster, &bells_[owner_of_cluster(cluster)].bell, &fault_));
   }
 }
 

@@ -13,6 +13,7 @@
 #include "device/device.h"
 #include "device/sim/core.h"
 #include "device/sim/global_memory.h"
+#include "device/sim/sticky_fault.h"
 
 namespace simpler {
 
@@ -30,9 +31,11 @@ class SimDevice final : public Device {
   void stop() override;
   void ring_aicpu(uint32_t aicpu) override { bells_[aicpu].bell.ring(); }
   Result<std::unique_ptr<DeviceRunner>> create_runner(uint64_t arena_bytes) override;
+  Status fault() const override { return fault_.status(); }
 
   Core& core(uint32_t i) { return *cores_[i]; }
   uint64_t aicpu_parks() const { return parks_.load(std::memory_order_relaxed); }
+  StickyFault& sticky_fault() { return fault_; }
 
  private:
   SimDevice(Geometry geometry, std::unique_ptr<GlobalMemory> memory);
@@ -43,6 +46,7 @@ class SimDevice final : public Device {
   };
 
   const Geometry geometry_;
+  StickyFault fault_;  // before the cores, which point at it
   std::unique_ptr<GlobalMemory> memory_;
   std::unique_ptr<PaddedBell[]> bells_;
   std::vector<std::unique_ptr<Core>> cores_;
