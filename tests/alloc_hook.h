@@ -1,11 +1,14 @@
 // A replacement of global operator new for the binaries that count or fail
-// host allocations (R25, R44, the allocator's free): include it from exactly
-// one source file of such a binary. Everything is per thread, so only the
-// thread under test is counted or failed.
+// host allocations (R25, R44, the allocator's free, T12): include it from
+// exactly one source file of such a binary. Everything is per thread, so only
+// the thread under test is counted or failed. Each host allocation is also
+// one point of the library's H2 count (base/fault_hooks.h), inert unless armed.
 #pragma once
 
 #include <cstdlib>
 #include <new>
+
+#include "base/fault_hooks.h"
 
 namespace simpler::testing {
 
@@ -31,6 +34,7 @@ void* operator new(std::size_t n) {
     throw std::bad_alloc();
   }
   if (H::fail_after > 0) --H::fail_after;
+  if (simpler::hooks::alloc_fault_hit("host")) throw std::bad_alloc();
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "base/errors.h"
+#include "base/fault_hooks.h"
 
 namespace simpler {
 
@@ -29,6 +30,9 @@ FirstFitAllocator::FirstFitAllocator(uint64_t base, uint64_t bytes, uint64_t ali
 
 Result<uint64_t> FirstFitAllocator::allocate(uint64_t bytes) {
   if (bytes == 0) return invalid_argument("bytes = 0: a {} must have a size", block_);
+  if (hooks::alloc_fault_hit(block_.c_str())) {
+    return resource_exhausted("a {} of {} bytes failed: allocation fault injected (H2)", block_, bytes);
+  }
   uint64_t free_total = 0;
   bool fragmented = false;
   {

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/errors.h"
+#include "base/fault_hooks.h"
 
 namespace simpler {
 
@@ -16,7 +17,9 @@ Result<SharedMapping> SharedMapping::create_anonymous(size_t bytes) {
   if (bytes > SIZE_MAX - (page - 1))
     return invalid_argument("shared mapping of {} bytes cannot be page-rounded", bytes);
   const size_t rounded = (bytes + page - 1) / page * page;
-  void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* p = hooks::alloc_fault_hit("shared mapping")
+                ? (errno = ENOMEM, MAP_FAILED)
+                : mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     return resource_exhausted("mmap of {} shared bytes failed: {}", rounded, std::strerror(errno));
   }

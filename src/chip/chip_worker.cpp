@@ -42,14 +42,8 @@ Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& confi
   SIMPLER_ASSIGN_OR_RETURN(
       w->runtime_, runtime->create(*w->device_, RuntimeOptions{config.max_tasks_per_run},
                                    [gate](uint32_t slot, RunOutcome out) { gate->deliver(slot, std::move(out)); }));
-  const uint64_t arena = w->runtime_->arena_bytes();
-  if (arena * config.pipeline_depth > w->device_->memory().total_bytes()) {
-    return resource_exhausted(
-        "pipeline_depth = {} x max_tasks_per_run = {} needs {} bytes of graph arenas; device_memory_bytes is {}",
-        config.pipeline_depth, config.max_tasks_per_run, arena * config.pipeline_depth,
-        w->device_->memory().total_bytes());
-  }
-  SIMPLER_ASSIGN_OR_RETURN(w->runner_, w->device_->create_runner(arena));
+  SIMPLER_RETURN_IF_ERROR(w->check_graph_arenas(config.pipeline_depth));
+  SIMPLER_ASSIGN_OR_RETURN(w->runner_, w->device_->create_runner(w->runtime_->arena_bytes()));
   SIMPLER_RETURN_IF_ERROR(check_host_api_ops(w->runner_->ops()));
   auto arena_or = RunResourceArena::create(1);
   w->arena_ = std::make_unique<RunResourceArena>(std::move(arena_or).value());
@@ -137,6 +131,18 @@ MemoryInfo ChipWorker::memory_info() const {
 
 // --- grant --------------------------------------------------------------
 
+Status ChipWorker::check_graph_arenas(uint32_t g) const {
+  const uint64_t arena = runtime_->arena_bytes();
+  const uint64_t total = device_->memory().total_bytes();
+  uint64_t need = 0;
+  if (__builtin_mul_overflow(arena, uint64_t{g}, &need) || need > total) {
+    return resource_exhausted(
+        "pipeline_depth = {} x max_tasks_per_run = {} needs {} x {} bytes of graph arenas; device_memory_bytes is {}",
+        g, config_.max_tasks_per_run, g, arena, total);
+  }
+  return Status();
+}
+
 bool ChipWorker::release_lease(const Lease& lease) {
   const bool ok = arena_->release(lease);
   admission_bell_.ring();
@@ -157,6 +163,9 @@ std::vector<std::pair<std::string, uint32_t>> ChipWorker::owner_widths() const {
 Status ChipWorker::set_run_resource_grant(uint32_t g) {
   SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(PipelineContract{g, config_.launch_depth}), "regrant to {}", g);
   if (closing_.load(std::memory_order_acquire)) return failed_precondition("regrant: the worker is closed");
+  // Before anything is built: every owner below is g wide, so a grant the
+  // device cannot hold must not reach a host allocation of that width.
+  SIMPLER_RETURN_IF_ERROR(check_graph_arenas(g), "regrant to {}", g);
   // Every owner is asked first; any "no" refuses before anything is built.
   const ArenaCounts c = arena_->counts();
   if (c.live != 0 || c.quarantined != 0) {
@@ -330,16 +339,20 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   } catch (const std::exception& e) {
     return internal_error("prepare: constructing the run context failed ({}); the storage is still empty", e.what());
   }
-  Status st = runtime_->build(ctx->api_, c, ctx->args_);
-  if (st.ok()) st = ctx->api_.upload_callable(callable);
-  if (st.ok()) st = pin_arguments(*ctx);
-  if (st.ok()) {
-    try {
+  // From here on the context holds the set's graph and pins: a throw is
+  // turned into an error here, so the undo below runs (prepare()'s catch
+  // would leave the storage holding a half-prepared run).
+  Status st;
+  try {
+    st = runtime_->build(ctx->api_, c, ctx->args_);
+    if (st.ok()) st = ctx->api_.upload_callable(callable);
+    if (st.ok()) st = pin_arguments(*ctx);
+    if (st.ok()) {
       std::lock_guard<std::mutex> lock(runs_mu_);
       runs_.emplace(epoch, ctx);
-    } catch (const std::bad_alloc&) {
-      st = resource_exhausted("prepare: host memory exhausted registering run {}", epoch);
     }
+  } catch (const std::bad_alloc&) {
+    st = resource_exhausted("prepare: host memory exhausted preparing run {}; nothing was prepared", epoch);
   }
   if (!st.ok()) {
     unpin_arguments(*ctx);
@@ -690,7 +703,13 @@ RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) {
     return detail::refused_run(0, epoch.status());
   }
   NativeRunContext* ctx = NativeRunContext::from_storage(storage);
-  auto state = std::make_shared<detail::RunState>(*epoch);
+  std::shared_ptr<detail::RunState> state;
+  try {
+    state = std::make_shared<detail::RunState>(*epoch);
+  } catch (const std::bad_alloc&) {
+    (void)finalize(storage, *epoch);  // aborts the prepared run and releases its set
+    return detail::refused_run(0, resource_exhausted("submit: host memory exhausted; run {} was not launched", *epoch));
+  }
   ctx->auto_finalize_ = true;
   ctx->handle_ = state;
   {

@@ -183,6 +183,9 @@ class ChipWorker {
   // The same for a device fault only: a wedged chip still serves memory calls.
   Status refuse_if_faulted(const char* call) const;
   Status check_signature(const ChipCallable& c, const TaskArgs& args) const;
+  // RESOURCE_EXHAUSTED (naming pipeline_depth) when g graph arenas do not fit
+  // device memory, the product checked in 64 bits.
+  Status check_graph_arenas(uint32_t g) const;
   Status check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
   // A run's argument tensors stay pinned from prepare until it retires (R52):
   // free() of one of them is refused meanwhile (issue 9 item 1).

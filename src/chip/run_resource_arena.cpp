@@ -1,6 +1,7 @@
 #include "chip/run_resource_arena.h"
 
 #include "base/errors.h"
+#include "base/fault_hooks.h"
 #include "chip/pipeline_contract.h"
 
 namespace simpler {
@@ -31,6 +32,8 @@ RunResourceArena& RunResourceArena::operator=(RunResourceArena&& other) noexcept
 std::optional<Lease> RunResourceArena::try_acquire() {
   std::lock_guard<std::mutex> lock(mu_);
   if (counts_.free == 0) return std::nullopt;
+  // H2: as if every set were taken.
+  if (hooks::alloc_fault_hit("run-resource set")) return std::nullopt;
   for (uint32_t i = 0; i < sets_.size(); ++i) {
     Set& s = sets_[i];
     if (s.state != SetState::Free) continue;

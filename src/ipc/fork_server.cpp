@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "base/errors.h"
+#include "base/fault_hooks.h"
 
 namespace simpler {
 
@@ -77,6 +78,9 @@ void ForkServer::serve(int sock, pid_t parent, const std::vector<ChildRecipe>& r
   // Children stay unreaped until the parent asks, whatever SIGCHLD the user's
   // process had set.
   signal(SIGCHLD, SIG_DFL);
+#ifdef SIMPLER_TEST_HOOKS
+  (void)hooks::disarm_alloc_fault();  // the forking thread's H2 count is the test's, not this process's
+#endif
   prctl(PR_SET_NAME, "simpler-fork");
   const int parent_fd = static_cast<int>(syscall(SYS_pidfd_open, parent, 0));
   Reply hello{};
@@ -106,7 +110,7 @@ void ForkServer::serve(int sock, pid_t parent, const std::vector<ChildRecipe>& r
     } else if (rq.op == kOpExit) {
       end_children(children);
     } else if (rq.op == kOpSpawn && rq.recipe < recipes.size()) {
-      const pid_t pid = fork();
+      const pid_t pid = hooks::fork_fault_hit() ? (errno = EAGAIN, -1) : fork();
       if (pid == 0) run_child(recipes[rq.recipe], sock, parent_fd, self);
       if (pid < 0) {
         reply.error = errno;
@@ -141,7 +145,7 @@ Result<std::unique_ptr<ForkServer>> ForkServer::start(std::vector<ChildRecipe> r
     return resource_exhausted("fork server: socketpair failed: {}", std::strerror(errno));
   }
   const pid_t parent = getpid();
-  const pid_t pid = fork();
+  const pid_t pid = hooks::fork_fault_hit() ? (errno = EAGAIN, -1) : fork();
   if (pid < 0) {
     const int e = errno;
     close(sv[0]);

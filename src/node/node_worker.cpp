@@ -1,5 +1,7 @@
 #include "node/node_worker.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -324,7 +326,22 @@ Status NodeWorker::validate(const NodeSpec& spec) {
     SIMPLER_RETURN_IF_ERROR(backend_named(c.backend).status());
   }
   SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(c)));
-  SIMPLER_RETURN_IF_ERROR(mailbox_size(c.pipeline_depth).status(), "pipeline_depth = {}", c.pipeline_depth);
+  SIMPLER_ASSIGN_OR_RETURN(const size_t mailbox, mailbox_size(c.pipeline_depth), "pipeline_depth = {}",
+                           c.pipeline_depth);
+  // Every child's mailbox is mapped and its entry table written before the
+  // child exists: a depth whose mailboxes exceed this machine's memory is
+  // refused here, before anything is mapped, rather than by the mmap (or the
+  // OOM killer, where memory is overcommitted) half way through init.
+  const uint64_t children =
+      (spec.level == Level::Network ? spec.nodes.size() : uint64_t{c.chips}) + uint64_t{c.sub_workers};
+  const uint64_t memory = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  uint64_t mailboxes = 0;
+  if (__builtin_mul_overflow(uint64_t{mailbox}, children, &mailboxes) || mailboxes > memory) {
+    return resource_exhausted(
+        "pipeline_depth = {}: the mailboxes of {} children need {} x {} bytes, more than this machine's {} bytes of "
+        "memory",
+        c.pipeline_depth, children, children, mailbox, memory);
+  }
   if (c.run_timeout.count() < 0)
     return invalid_argument("run_timeout = {} ms: must be >= 0 (0: no deadline)", c.run_timeout.count());
   return Status();
@@ -486,17 +503,28 @@ void NodeWorker::on_retire(NodeRun& run) {
   end_run();
 }
 
-std::unique_ptr<NodeRun> NodeWorker::new_run(std::function<void(const Status&)> on_terminal) {
-  auto run = std::make_unique<NodeRun>();
-  run->id = next_run_id_.fetch_add(1);
-  run->handle = std::make_shared<detail::RunState>(run->id, kNodeSpin);
-  run->handle->on_terminal = std::move(on_terminal);
-  return run;
+Result<std::unique_ptr<NodeRun>> NodeWorker::new_run(std::function<void(const Status&)>& on_terminal) {
+  try {
+    auto run = std::make_unique<NodeRun>();
+    run->id = next_run_id_.fetch_add(1);
+    run->handle = std::make_shared<detail::RunState>(run->id, kNodeSpin);
+    run->handle->on_terminal = std::move(on_terminal);
+    return run;
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("submit: host memory exhausted creating the run; nothing was admitted");
+  }
+}
+
+RunHandle NodeWorker::refused(const Status& why, const std::function<void(const Status&)>& on_terminal) {
+  if (on_terminal) on_terminal(why);
+  return detail::refused_run(0, why);
 }
 
 RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchestration,
                              std::function<void(const Status&)> on_terminal) {
-  std::unique_ptr<NodeRun> run = new_run(std::move(on_terminal));
+  Result<std::unique_ptr<NodeRun>> made = new_run(on_terminal);
+  if (!made.ok()) return refused(made.status(), on_terminal);
+  std::unique_ptr<NodeRun> run = std::move(made).value();
   RunHandle handle(run->handle);
   if (!orchestration) {
     run->handle->complete(invalid_argument("submit: the orchestration is empty"), RunStats{});
@@ -513,7 +541,12 @@ std::optional<RunHandle> NodeWorker::try_submit(const std::function<Status(Orche
   if (!orchestration) return submit(orchestration, std::move(on_terminal));
   const Admission a = try_admit();
   if (a == Admission::kFull) return std::nullopt;
-  std::unique_ptr<NodeRun> run = new_run(std::move(on_terminal));
+  Result<std::unique_ptr<NodeRun>> made = new_run(on_terminal);
+  if (!made.ok()) {
+    if (a == Admission::kAdmitted) end_run();
+    return refused(made.status(), on_terminal);
+  }
+  std::unique_ptr<NodeRun> run = std::move(made).value();
   RunHandle handle(run->handle);
   if (a == Admission::kClosing) {
     run->handle->complete(failed_precondition("submit: the worker is closed"), RunStats{});
@@ -532,6 +565,10 @@ void NodeWorker::build_and_schedule(std::unique_ptr<NodeRun> run,
   // level), not a defect inside simpler (INTERNAL).
   try {
     st = orchestration(o);
+  } catch (const std::bad_alloc&) {
+    // Host memory ran out under the orchestration (in simpler's calls or the
+    // user's own code): exhaustion, as anywhere else, not a user-code defect.
+    st = resource_exhausted("the orchestration ran out of host memory (std::bad_alloc); nothing was scheduled");
   } catch (const std::exception& e) {
     st = user_code_failed("the orchestration threw: {}", e.what());
   } catch (...) {
@@ -539,6 +576,7 @@ void NodeWorker::build_and_schedule(std::unique_ptr<NodeRun> run,
   }
   run->build_us = static_cast<double>(now_ns() - build_start) / 1000.0;
   if (st.ok()) st = o.first_error();
+  if (st.ok()) st = schedule(run);
   if (!st.ok()) {
     // Nothing was scheduled: the run ends here with its own error.
     for (HeapAlloc& a : run->allocs) (void)heap_->free(a.addr);
@@ -546,11 +584,30 @@ void NodeWorker::build_and_schedule(std::unique_ptr<NodeRun> run,
     run->handle->complete(st, RunStats{});
     return;
   }
-  {
+}
+
+Status NodeWorker::schedule(std::unique_ptr<NodeRun>& run) {
+  size_t counted = 0;
+  auto unborrow = [&] {
     std::lock_guard<std::mutex> lock(mem_mu_);
-    for (uint64_t addr : run->borrowed) ++borrows_[addr];
+    for (size_t i = 0; i < counted; ++i) {
+      auto it = borrows_.find(run->borrowed[i]);
+      if (it != borrows_.end() && --it->second == 0) borrows_.erase(it);
+    }
+  };
+  try {
+    std::lock_guard<std::mutex> lock(mem_mu_);
+    for (; counted < run->borrowed.size(); ++counted) ++borrows_[run->borrowed[counted]];
+  } catch (const std::bad_alloc&) {
+    unborrow();
+    return resource_exhausted(
+        "submit: host memory exhausted recording the run's borrowed buffers; nothing was scheduled");
   }
-  scheduler_->enqueue(std::move(run));
+  if (!scheduler_->enqueue(std::move(run))) {
+    unborrow();
+    return resource_exhausted("submit: host memory exhausted handing the run to the scheduler; nothing was scheduled");
+  }
+  return Status();
 }
 
 Status NodeWorker::check_alive(uint32_t worker) const {

@@ -140,7 +140,14 @@ class NodeWorker {
   enum class Admission { kAdmitted, kFull, kClosing };
   Admission try_admit();
   bool begin_run();  // false when closing
-  std::unique_ptr<NodeRun> new_run(std::function<void(const Status&)> on_terminal);
+  // A run and its handle, which takes `on_terminal`; under host memory
+  // exhaustion RESOURCE_EXHAUSTED, and `on_terminal` is still the caller's.
+  Result<std::unique_ptr<NodeRun>> new_run(std::function<void(const Status&)>& on_terminal);
+  // A refused submission: `on_terminal` is called with `why`, the handle is done.
+  static RunHandle refused(const Status& why, const std::function<void(const Status&)>& on_terminal);
+  // Counts the run's borrows and hands it to the scheduler; under host memory
+  // exhaustion undoes the counts and leaves `run` with the caller.
+  Status schedule(std::unique_ptr<NodeRun>& run);
   // Builds an admitted run on this thread and hands it to the scheduler.
   void build_and_schedule(std::unique_ptr<NodeRun> run, const std::function<Status(Orchestrator&)>& orchestration);
   void end_run();

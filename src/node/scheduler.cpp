@@ -36,12 +36,15 @@ Scheduler::~Scheduler() {
   if (thread_.joinable()) stop(now_ns());
 }
 
-void Scheduler::enqueue(std::unique_ptr<NodeRun> run) {
-  {
+bool Scheduler::enqueue(std::unique_ptr<NodeRun>&& run) {
+  try {
     std::lock_guard<std::mutex> lock(inbox_mu_);
-    inbox_.push_back(std::move(run));
+    inbox_.push_back(std::move(run));  // strong guarantee: a throw leaves `run` as it was
+  } catch (const std::bad_alloc&) {
+    return false;
   }
   bell_->ring();
+  return true;
 }
 
 void Scheduler::start() {

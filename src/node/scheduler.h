@@ -128,7 +128,8 @@ class Scheduler {
   static constexpr uint32_t kDefaultRunSets = 4096;
   ~Scheduler();
 
-  void enqueue(std::unique_ptr<NodeRun> run);
+  // False under host memory exhaustion; `run` is then still the caller's.
+  bool enqueue(std::unique_ptr<NodeRun>&& run);
   // One round: inbox, endpoint progress, dispatch. True when anything moved.
   bool step();
   void start();

@@ -136,6 +136,11 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
     if (!b.bound()) continue;
     auto alloc = allocation_of(b.addr, b.bytes);
     if (!alloc.ok()) {
+      // Host memory running out while pinning is exhaustion, not a bad buffer.
+      if (alloc.status().code() == StatusCode::kResourceExhausted) {
+        return refuse(Status(StatusCode::kResourceExhausted,
+                             fmt::format("task {}: args[{}]: {}", t.id, i, alloc.status().message())));
+      }
       return refuse(
           out_of_range("task {}: args[{}]: buffer is not live device memory: {}", t.id, i, alloc.status().message()));
     }

@@ -182,13 +182,23 @@ void HbgRuntime::launch(uint32_t slot) {
     return;
   }
   s.remaining.store(s.task_count, std::memory_order_release);
-  std::vector<ReadyItem> roots[3];
-  for (uint32_t t = 0; t < s.task_count; ++t) {
-    if (s.tasks[t].fanin == 0) roots[static_cast<int>(s.tasks[t].kind)].push_back({slot, t});
-  }
+  // The roots go out in batches from the stack: a launch cannot fail, so it
+  // must not allocate (T12's H2 loop found the vectors that were here).
+  constexpr size_t kBatch = 64;
+  ReadyItem roots[3][kBatch];
+  size_t held[3] = {};
   ReadyQueue* queues[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
+  for (uint32_t t = 0; t < s.task_count; ++t) {
+    if (s.tasks[t].fanin != 0) continue;
+    const int k = static_cast<int>(s.tasks[t].kind);
+    roots[k][held[k]++] = {slot, t};
+    if (held[k] == kBatch) {
+      queues[k]->push_many(roots[k], kBatch);
+      held[k] = 0;
+    }
+  }
   for (int k = 0; k < 3; ++k) {
-    if (!roots[k].empty()) queues[k]->push_many(roots[k].data(), roots[k].size());
+    if (held[k] != 0) queues[k]->push_many(roots[k], held[k]);
   }
   device_.ring_all_aicpu();
 }
