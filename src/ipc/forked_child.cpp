@@ -162,6 +162,7 @@ bool ForkedChild::replace(const Status& cause) {
     return true;
   }
   ready_deadline_ns_ = now_ns() + options_.ready_timeout_ns;
+  launched_incarnation_.store(incarnation(), std::memory_order_release);
   changed_.ring();
   return true;
 }
@@ -193,7 +194,10 @@ void ForkedChild::stop_replacing(const Status& cause) {
 Status ForkedChild::await_replacement(uint64_t incarnation, uint64_t deadline_ns) {
   for (;;) {
     const uint32_t armed = changed_.arm();
-    if (this->incarnation() != incarnation || state_.load(std::memory_order_acquire) == State::kFailed) {
+    // Not incarnation(): the registration moves on before the replacement is
+    // forked, and until then pid() still names the dead child.
+    if (launched_incarnation_.load(std::memory_order_acquire) != incarnation ||
+        state_.load(std::memory_order_acquire) == State::kFailed) {
       return Status();
     }
     if (now_ns() >= deadline_ns) {

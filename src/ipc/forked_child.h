@@ -100,8 +100,8 @@ class ForkedChild final : public ChildLiveness {
   void stop_replacing(const Status& cause);
   // Which child this is: the endpoint's registration, one more per replacement.
   uint64_t incarnation() const { return endpoint_->registration(); }
-  // Waits until the worker's incarnation is no longer `incarnation` (a
-  // replacement was forked) or it failed, or until deadline_ns.
+  // Waits until a replacement of incarnation `incarnation` was forked (pid()
+  // names it from then on) or the worker failed, or until deadline_ns.
   Status await_replacement(uint64_t incarnation, uint64_t deadline_ns);
 
   // Sticky shutdown, then collects the sweep's terminals until the child
@@ -135,6 +135,8 @@ class ForkedChild final : public ChildLiveness {
   std::unique_ptr<MailboxEndpoint> endpoint_;
   std::atomic<State> state_{State::kStarting};
   Doorbell changed_;  // rung at every state change, for await_replacement()
+  // The incarnation whose child was forked last (pid() names it).
+  std::atomic<uint64_t> launched_incarnation_{1};
   // Publisher thread: when each replacement in the window was forked, and
   // by when the one starting must answer INIT_READY.
   std::deque<uint64_t> replaced_ns_;
