@@ -37,8 +37,14 @@ MailboxChild::MailboxChild(MailboxView view, RunHandler& handler, ChildOptions o
     : view_(view),
       handler_(handler),
       options_(std::move(options)),
+#ifdef SIMPLER_TEST_HOOKS
+      checked_(view, /*fatal=*/true),
+      stores_(options_.stores != nullptr ? options_.stores : &checked_),
+#else
       stores_(options_.stores != nullptr ? options_.stores : &plain_),
-      command_data_(new uint8_t[kControlDataCapacity]) {}
+#endif
+      command_data_(new uint8_t[kControlDataCapacity]) {
+}
 
 int MailboxChild::fail_init(const Status& why) {
   ControlFrame& c = view_.control();

@@ -18,6 +18,7 @@
 #include "base/doorbell.h"
 #include "ipc/mailbox_layout.h"
 #include "ipc/store_primitive.h"
+#include "ipc/test_hooks.h"
 #include "simpler/callable.h"
 
 namespace simpler {
@@ -110,7 +111,8 @@ class RunHandler {
 
 struct ChildOptions {
   SpinPolicy spin;
-  StorePrimitive* stores = nullptr;  // null: PlainStores
+  // null: PlainStores; in test builds a CheckingStores over them (T15, H1).
+  StorePrimitive* stores = nullptr;
   // A process-shared bell rung with the mailbox's own parent bell, so one
   // parent thread can park on behalf of several children.
   Doorbell* shared_parent_bell = nullptr;
@@ -164,6 +166,9 @@ class MailboxChild {
   RunHandler& handler_;
   ChildOptions options_;
   PlainStores plain_;
+#ifdef SIMPLER_TEST_HOOKS
+  CheckingStores checked_;
+#endif
   StorePrimitive* stores_;
   uint64_t next_epoch_ = 1;
   uint64_t handled_cmd_ = 0;  // the last command sequence answered
