@@ -50,18 +50,6 @@ constexpr uint32_t kDepth = 8;       // the node's pipeline_depth
 constexpr int kSlots = 2 * kDepth;   // output slots: run i uses slot i % kSlots
 constexpr int kSlotFloats = 3 * kN;  // y0, y1, z
 
-uint64_t env_u64(const char* name, uint64_t fallback) {
-  const char* s = std::getenv(name);
-  return s != nullptr && *s != '\0' ? std::strtoull(s, nullptr, 0) : fallback;
-}
-
-uint64_t splitmix(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // z = x + y over 1-D f32 tensors, on the sub worker.
 Status add_sub(const TaskArgsView& a) {
   const int64_t n = a[0].tensor.shape(0);
@@ -355,7 +343,9 @@ TEST(Soak, T11MixedDagsWithChipKills) {
   // strict criteria are the accounting and the terminals. Not at all under a
   // sanitizer, whose allocator keeps freed memory in quarantine.
   const double growth = rss_warm == 0 ? 0 : 100.0 * (static_cast<double>(rss_end) - rss_warm) / rss_warm;
-  if (!kSanitized) EXPECT_LT(growth, 50.0) << "RSS grew from " << rss_warm << " KiB to " << rss_end << " KiB";
+  if (!kSanitized) {
+    EXPECT_LT(growth, 50.0) << "RSS grew from " << rss_warm << " KiB to " << rss_end << " KiB";
+  }
   std::printf(
       "RELIABILITY T11 runs=%llu ok=%llu failed=%llu kills=%llu deferred_kills=%llu quarantined=%u "
       "samples=%llu runs_per_s=%.0f rss_start_kb=%llu rss_end_kb=%llu rss_growth_pct=%.1f seed=%llu\n",

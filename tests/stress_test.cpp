@@ -55,13 +55,6 @@ constexpr int64_t kModulus = 1000003;  // affine_kernel's
 constexpr uint64_t kBufferBytes = kLanes * kLaneLen * sizeof(int64_t);
 enum FuncId : uint32_t { kAffineAiv = 0, kAffineAic = 1, kCopyFn = 2, kCheckFn = 3 };
 
-uint64_t splitmix(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 struct LaneOp {
   enum Kind : uint8_t { kFill, kAffine, kCopy, kFail } kind = kFill;
   bool aic = false;
@@ -237,48 +230,6 @@ std::unique_ptr<ChipWorker> make_chip(uint32_t depth, uint32_t launch_depth = 0)
   EXPECT_TRUE(w.ok()) << w.status().to_string();
   return w.ok() ? std::move(w).value() : nullptr;
 }
-
-// A mutex-and-condition-variable queue whose pop has a deadline.
-template <typename T>
-class Channel {
- public:
-  void push(T v) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      q_.push_back(std::move(v));
-    }
-    cv_.notify_one();
-  }
-  void close() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closed_ = true;
-    }
-    cv_.notify_all();
-  }
-  // The next item; nullopt once closed and drained, or at the deadline (then *timed_out).
-  std::optional<T> pop(Clock::time_point deadline, bool* timed_out) {
-    std::unique_lock<std::mutex> lock(mu_);
-    *timed_out = !cv_.wait_until(lock, deadline, [&] { return !q_.empty() || closed_; });
-    if (q_.empty()) return std::nullopt;
-    T v = std::move(q_.front());
-    q_.pop_front();
-    return v;
-  }
-  std::optional<T> try_pop() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (q_.empty()) return std::nullopt;
-    T v = std::move(q_.front());
-    q_.pop_front();
-    return v;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<T> q_;
-  bool closed_ = false;
-};
 
 // Failures seen on helper threads, reported on the test thread (gtest
 // assertions are thread-safe, but a bounded list keeps a broken run readable).

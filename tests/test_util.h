@@ -9,11 +9,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -31,6 +34,63 @@ inline void PrintTo(const Status& s, std::ostream* os) { *os << s.to_string(); }
 namespace simpler::testing {
 
 using namespace std::chrono_literals;
+
+// A seeded 64-bit generator step (splitmix64): random test inputs that a
+// printed seed repeats.
+inline uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// An unsigned environment variable (any base strtoull reads), or `fallback`.
+inline uint64_t env_u64(const char* name, uint64_t fallback) {
+  const char* s = std::getenv(name);
+  return s != nullptr && *s != '\0' ? std::strtoull(s, nullptr, 0) : fallback;
+}
+
+// A mutex-and-condition-variable queue whose pop has a deadline.
+template <typename T>
+class Channel {
+ public:
+  void push(T v) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      q_.push_back(std::move(v));
+    }
+    cv_.notify_one();
+  }
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+  // The next item; nullopt once closed and drained, or at the deadline (then *timed_out).
+  std::optional<T> pop(std::chrono::steady_clock::time_point deadline, bool* timed_out) {
+    std::unique_lock<std::mutex> lock(mu_);
+    *timed_out = !cv_.wait_until(lock, deadline, [&] { return !q_.empty() || closed_; });
+    if (q_.empty()) return std::nullopt;
+    T v = std::move(q_.front());
+    q_.pop_front();
+    return v;
+  }
+  std::optional<T> try_pop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (q_.empty()) return std::nullopt;
+    T v = std::move(q_.front());
+    q_.pop_front();
+    return v;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<T> q_;
+  bool closed_ = false;
+};
 
 // Every blocking wait of a test is bounded by this.
 inline constexpr std::chrono::seconds kWait{30};

@@ -59,18 +59,6 @@ constexpr int kWaiters = 8;
 // replaced at most kNodeMaxIncarnations - 1 times; the chaos stops one short.
 constexpr uint64_t kKillsPerChip = kNodeMaxIncarnations - 2;
 
-uint64_t env_u64(const char* name, uint64_t fallback) {
-  const char* s = std::getenv(name);
-  return s != nullptr && *s != '\0' ? std::strtoull(s, nullptr, 0) : fallback;
-}
-
-uint64_t splitmix(uint64_t& s) {
-  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // One run's DAG: task i reads x (src < 0) or task src's output (src < i),
 // computes in * m + a on chip `chip` and writes segment i. Multipliers of 1
 // or 2 and addends below 4 keep every value an integer below 2^24 through a
@@ -163,40 +151,6 @@ class CpuHog {
   pid_t pid_ = -1;
 };
 
-// A queue whose pop waits with a deadline; any thread.
-template <typename T>
-class Channel {
- public:
-  void push(T v) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      q_.push_back(std::move(v));
-    }
-    cv_.notify_one();
-  }
-  void close() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closed_ = true;
-    }
-    cv_.notify_all();
-  }
-  // The next item; nullopt once closed and empty, or at the deadline.
-  std::optional<T> pop(std::chrono::seconds limit) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, limit, [&] { return !q_.empty() || closed_; }) || q_.empty()) return std::nullopt;
-    T v = std::move(q_.front());
-    q_.pop_front();
-    return v;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<T> q_;
-  bool closed_ = false;
-};
-
 // Stop flag with an interruptible wait, for the chaos and sampler threads.
 class StopLatch {
  public:
@@ -280,7 +234,8 @@ TEST(Chaos, T3RandomChipKillsUnderLoad) {
   std::vector<std::thread> waiters;
   for (int t = 0; t < kWaiters; ++t) {
     waiters.emplace_back([&] {
-      while (std::optional<Job> j = jobs.pop(std::chrono::seconds(seconds + 120))) {
+      bool timed_out = false;
+      while (std::optional<Job> j = jobs.pop(Clock::now() + std::chrono::seconds(seconds + 120), &timed_out)) {
         const Status st = j->handle.wait_for(kWait);
         const uint64_t end = now_ns();
         if (!j->handle.done()) {
@@ -375,7 +330,8 @@ TEST(Chaos, T3RandomChipKillsUnderLoad) {
   const auto t0 = Clock::now();
   const auto end = t0 + std::chrono::seconds(seconds);
   while (Clock::now() < end) {
-    std::optional<int> slot = free_slots.pop(kWait);
+    bool timed_out = false;
+    std::optional<int> slot = free_slots.pop(Clock::now() + kWait, &timed_out);
     if (!slot) {
       note(fmt::format("no output slot came back within {} s", kWait.count()));
       break;
