@@ -23,6 +23,7 @@
 #include "ipc/mailbox_layout.h"
 #include "ipc/serial_run_queue.h"
 #include "ipc/sub_worker_handler.h"
+#include "ipc/test_hooks.h"
 #include "ipc_test_util.h"
 #include "simpler/kernel.h"
 #include "simpler/simpler.h"
@@ -156,6 +157,25 @@ void forge_frame(const MailboxView& v, size_t f, uint64_t index, uint64_t genera
 // Layout
 
 // R1: the size formula; only the entry table grows with the grant.
+// H5: each request carries an identity trailer past its args blob; the
+// child counts one whose bytes are not the ones its publication wrote (here
+// one byte flipped before the child reads the frame), and not a good one.
+TEST(MailboxIdentity, H5AForeignPayloadIsCountedAndAnOwnOneIsNot) {
+  Watchdog dog;
+  MailboxFixture f(ChildKind::kRealLoop);
+  const IdentityCounts before = identity_counts();
+  f.publish(1, "");
+  const Publication bad = f.publish(2, "");
+  uint8_t* trailer = f.view().frame(bad.frame).args;  // run 2's args blob is empty
+  trailer[5] ^= 0x5a;
+  f.start_ready();
+  ASSERT_TRUE(f.wait_terminal(1));
+  ASSERT_TRUE(f.wait_terminal(2));
+  const IdentityCounts after = identity_counts();
+  EXPECT_EQ(after.checked - before.checked, 2u);
+  EXPECT_EQ(after.mismatches - before.mismatches, 1u) << "run 2's foreign trailer was not counted";
+}
+
 TEST(MailboxLayout, R1SizeScalesOnlyByEntries) {
   for (size_t g : {1, 2, 3, 8, 1024}) {
     auto s = mailbox_size(g);

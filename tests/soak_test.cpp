@@ -36,6 +36,7 @@
 #include "base/errors.h"
 #include "health_scan.h"
 #include "ipc/sub_worker_handler.h"
+#include "ipc/test_hooks.h"
 #include "node/node_worker.h"
 #include "node_test_util.h"
 #include "test_util.h"
@@ -226,6 +227,7 @@ TEST(Soak, T11MixedDagsWithChipKills) {
   const uint64_t heap_blocks = w->heap().live_blocks();
 
   TerminalLedger ledger;
+  const IdentityCounts identity_before = identity_counts();
   AccountingSampler sampler(*w);
   struct InFlight {
     RunHandle handle;
@@ -338,6 +340,11 @@ TEST(Soak, T11MixedDagsWithChipKills) {
   EXPECT_EQ(s.terminals, s.submitted);
   EXPECT_EQ(s.failed, aborted) << "on_terminal and the handles disagree";
   scan.expect_clean();
+  // H5: every task a child took carried its own payload.
+  const uint64_t identity_checked = identity_counts().checked - identity_before.checked;
+  const uint64_t identity_mismatch = identity_counts().mismatches - identity_before.mismatches;
+  EXPECT_GT(identity_checked, 0u);
+  EXPECT_EQ(identity_mismatch, 0u) << "a child took another publication's payload";
   // RSS is reported against the plan's 5 % but asserted only loosely: a
   // few-second run on a shared machine moves it by allocator noise, and the
   // strict criteria are the accounting and the terminals. Not at all under a
@@ -348,12 +355,14 @@ TEST(Soak, T11MixedDagsWithChipKills) {
   }
   std::printf(
       "RELIABILITY T11 runs=%llu ok=%llu failed=%llu kills=%llu deferred_kills=%llu quarantined=%u "
-      "samples=%llu runs_per_s=%.0f rss_start_kb=%llu rss_end_kb=%llu rss_growth_pct=%.1f seed=%llu\n",
+      "samples=%llu runs_per_s=%.0f rss_start_kb=%llu rss_end_kb=%llu rss_growth_pct=%.1f identity_checked=%llu "
+      "identity_mismatch=%llu seed=%llu\n",
       static_cast<unsigned long long>(runs), static_cast<unsigned long long>(ok),
       static_cast<unsigned long long>(aborted), static_cast<unsigned long long>(kills),
       static_cast<unsigned long long>(deferred_kills), end.quarantined,
       static_cast<unsigned long long>(sampler.samples()), static_cast<double>(measured) / wall_s,
       static_cast<unsigned long long>(rss_warm), static_cast<unsigned long long>(rss_end), growth,
+      static_cast<unsigned long long>(identity_checked), static_cast<unsigned long long>(identity_mismatch),
       static_cast<unsigned long long>(seed));
 }
 

@@ -236,9 +236,19 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
     req.config.assign(fr.config, fr.config + d.fields.config_bytes);
     req.args_blob.assign(fr.args, fr.args + d.fields.args_bytes);
   }
+#ifdef SIMPLER_TEST_HOOKS
+  // H5: read with the copy, counted only once the recheck proves the copy ours.
+  const bool identity_checked = d.verdict == HeaderVerdict::kAccepted && identity_fits(d.fields.args_bytes);
+  const bool identity_ok = identity_checked && identity_matches(fr.args + d.fields.args_bytes, req.run_id,
+                                                                req.dispatch_id, req.config.data(), req.config.size(),
+                                                                req.args_blob.data(), req.args_blob.size());
+#endif
   std::atomic_thread_fence(std::memory_order_acquire);
   // model: recheck
   if (load_relaxed(h.publication) != publication) return true;  // rewritten under the copy: not ours to ACK
+#ifdef SIMPLER_TEST_HOOKS
+  if (identity_checked) count_identity(identity_ok);
+#endif
 
   req.run_epoch = next_epoch_++;
   {

@@ -8,6 +8,9 @@
 
 #include "base/errors.h"
 #include "ipc/request_header.h"
+#ifdef SIMPLER_TEST_HOOKS
+#include "ipc/test_hooks.h"
+#endif
 
 // `// model: <step>` marks each store or load of the hand-off that
 // tests/model/mailbox.pml checks as that step; change both together.
@@ -206,6 +209,12 @@ Result<Publication> MailboxEndpoint::publish(const PublishSpec& spec) {
   std::memcpy(fr.callable_digest, spec.callable.data(), spec.callable.size());  // model: fill_payload
   if (!spec.config.empty()) std::memcpy(fr.config, spec.config.data(), spec.config.size());
   if (!spec.args_blob.empty()) std::memcpy(fr.args, spec.args_blob.data(), spec.args_blob.size());
+#ifdef SIMPLER_TEST_HOOKS
+  if (identity_fits(spec.args_blob.size())) {  // H5
+    write_identity(fr.args + spec.args_blob.size(), spec.run_id, spec.dispatch_id, spec.config.data(),
+                   spec.config.size(), spec.args_blob.data(), spec.args_blob.size());
+  }
+#endif
   // model: publish, ready. Both after the fill: the child reads nothing of a
   // frame before its ready word.
   store_relaxed(h.publication, p);

@@ -59,6 +59,9 @@ struct HookPage {
   uint64_t stores;
   FaultRecord record;
   TerminalRecord terminals[kLoggedTerminals];
+  // H5 (the children).
+  uint64_t identity_checked;
+  uint64_t identity_mismatches;
 };
 
 HookPage* map_page() {
@@ -140,6 +143,56 @@ void arm_fault_store(std::string_view child, uint64_t nth, FaultWhen when) {
 }
 
 void disarm_fault_store() { shared(g_page->armed).store(0); }
+
+namespace {
+// FNV-1a over the request's payload, then splitmix64 steps seeded by its
+// identity: cheap, and a byte from another publication changes the trailer.
+uint64_t payload_digest(const uint8_t* config, size_t config_bytes, const uint8_t* args, size_t args_bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < config_bytes; ++i) h = (h ^ config[i]) * 0x100000001b3ull;
+  for (size_t i = 0; i < args_bytes; ++i) h = (h ^ args[i]) * 0x100000001b3ull;
+  return h;
+}
+
+void identity_trailer(uint8_t (&out)[kIdentityBytes], uint64_t run_id, uint64_t dispatch_id, const uint8_t* config,
+                      size_t config_bytes, const uint8_t* args, size_t args_bytes) {
+  const uint64_t digest = payload_digest(config, config_bytes, args, args_bytes);
+  std::memcpy(out, &digest, sizeof digest);
+  uint64_t s = run_id * 0x9e3779b97f4a7c15ull ^ (dispatch_id << 1 | dispatch_id >> 63);
+  for (size_t i = sizeof digest; i < kIdentityBytes; ++i) {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull + i);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    out[i] = static_cast<uint8_t>(z ^ (z >> 31));
+  }
+}
+}  // namespace
+
+void write_identity(uint8_t* at, uint64_t run_id, uint64_t dispatch_id, const uint8_t* config, size_t config_bytes,
+                    const uint8_t* args, size_t args_bytes) {
+  uint8_t t[kIdentityBytes];
+  identity_trailer(t, run_id, dispatch_id, config, config_bytes, args, args_bytes);
+  std::memcpy(at, t, sizeof t);
+}
+
+bool identity_matches(const uint8_t* at, uint64_t run_id, uint64_t dispatch_id, const uint8_t* config,
+                      size_t config_bytes, const uint8_t* args, size_t args_bytes) {
+  uint8_t t[kIdentityBytes];
+  identity_trailer(t, run_id, dispatch_id, config, config_bytes, args, args_bytes);
+  return std::memcmp(at, t, sizeof t) == 0;
+}
+
+void count_identity(bool matched) {
+  shared(g_page->identity_checked).fetch_add(1);
+  if (!matched) shared(g_page->identity_mismatches).fetch_add(1);
+}
+
+IdentityCounts identity_counts() {
+  IdentityCounts c;
+  c.checked = shared(g_page->identity_checked).load();
+  c.mismatches = shared(g_page->identity_mismatches).load();
+  return c;
+}
 
 FaultStoreLog fault_store_log() {
   FaultStoreLog log;

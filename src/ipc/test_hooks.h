@@ -91,6 +91,28 @@ struct FaultStoreLog {
 };
 FaultStoreLog fault_store_log();
 
+// H5, payload identity. The parent writes kIdentityBytes after a request's
+// args blob, in the frame's spare capacity (not counted in args_bytes: the
+// wire is the production one): a digest of the config and args bytes, then
+// a pattern of (run id, dispatch id, byte index). The child checks them
+// against the header it accepted and the payload it copied, before its ACK.
+// A mismatch means it took another publication's payload, or a torn one,
+// for this header. Only requests with room for the trailer carry one.
+inline constexpr size_t kIdentityBytes = 32;
+inline bool identity_fits(size_t args_bytes) { return args_bytes + kIdentityBytes <= kRequestArgsCapacity; }
+void write_identity(uint8_t* at, uint64_t run_id, uint64_t dispatch_id, const uint8_t* config, size_t config_bytes,
+                    const uint8_t* args, size_t args_bytes);
+bool identity_matches(const uint8_t* at, uint64_t run_id, uint64_t dispatch_id, const uint8_t* config,
+                      size_t config_bytes, const uint8_t* args, size_t args_bytes);
+// One request the child checked; summed over every child of this process
+// tree since the library loaded.
+void count_identity(bool matched);
+struct IdentityCounts {
+  uint64_t checked = 0;
+  uint64_t mismatches = 0;
+};
+IdentityCounts identity_counts();
+
 // The checking store primitive. `fatal`: a violation prints the marker and
 // aborts the process (the child loop's use); otherwise it is only counted
 // here (the checker's own test drives it with bad sequences).

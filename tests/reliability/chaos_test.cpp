@@ -39,6 +39,7 @@
 
 #include "base/errors.h"
 #include "health_scan.h"
+#include "ipc/test_hooks.h"
 #include "node/node_worker.h"
 #include "node_test_util.h"
 #include "test_util.h"
@@ -210,6 +211,7 @@ TEST(Chaos, T3RandomChipKillsUnderLoad) {
   ASSERT_TRUE(hog.started()) << "fork of the CPU hog failed";
 
   TerminalLedger ledger;
+  const IdentityCounts identity_before = identity_counts();
   std::atomic<uint64_t> ok{0}, aborted{0};
   std::mutex mu;  // guards everything below it
   std::vector<std::string> wrong;
@@ -386,10 +388,15 @@ TEST(Chaos, T3RandomChipKillsUnderLoad) {
   const std::string load = hog.what();
   hog.stop();
   scan.expect_clean();
+  // H5: every task a chip child took carried its own payload.
+  const uint64_t identity_checked = identity_counts().checked - identity_before.checked;
+  const uint64_t identity_mismatch = identity_counts().mismatches - identity_before.mismatches;
+  EXPECT_GT(identity_checked, 0u);
+  EXPECT_EQ(identity_mismatch, 0u) << "a chip child took another publication's payload";
   std::printf(
       "RELIABILITY T3 seconds=%.0f load=%s runs=%llu ok=%llu aborted=%llu unknown=%llu kills=%llu kills_skipped=%llu "
       "max_kill_to_terminal_ms=%llu ok_p50_us=%llu ok_p99_us=%llu stalled_1s_windows=%llu longest_stall_ms=%llu "
-      "samples=%llu seed=%llu\n",
+      "samples=%llu identity_checked=%llu identity_mismatch=%llu seed=%llu\n",
       wall_s, load.c_str(), static_cast<unsigned long long>(submitted), static_cast<unsigned long long>(ok.load()),
       static_cast<unsigned long long>(aborted.load()),
       static_cast<unsigned long long>(submitted - ok.load() - aborted.load()),
@@ -398,7 +405,8 @@ TEST(Chaos, T3RandomChipKillsUnderLoad) {
       static_cast<unsigned long long>(percentile(ok_latency_us, 0.5)),
       static_cast<unsigned long long>(percentile(ok_latency_us, 0.99)),
       static_cast<unsigned long long>(stalled_windows), static_cast<unsigned long long>(longest_stall_ms),
-      static_cast<unsigned long long>(samples), static_cast<unsigned long long>(seed));
+      static_cast<unsigned long long>(samples), static_cast<unsigned long long>(identity_checked),
+      static_cast<unsigned long long>(identity_mismatch), static_cast<unsigned long long>(seed));
 }
 
 }  // namespace

@@ -228,6 +228,7 @@ TEST(CrashPoints, T2EveryChildStoreIsASurvivableCrashPoint) {
   const char* v = std::getenv("SIMPLER_T2_VERBOSE");
   const bool verbose = v != nullptr && *v != '\0' && *v != '0';
   Totals t;
+  const IdentityCounts identity_before = identity_counts();
   const auto t0 = std::chrono::steady_clock::now();
   for (const FaultWhen when : {FaultWhen::kBefore, FaultWhen::kAfter}) {
     uint64_t n = kSanitized && when == FaultWhen::kAfter ? 2 : 1;
@@ -255,16 +256,24 @@ TEST(CrashPoints, T2EveryChildStoreIsASurvivableCrashPoint) {
   }
   disarm_fault_store();
   health.expect_clean();
+  // H5: every request a child took carried its own payload.
+  const uint64_t identity_checked = identity_counts().checked - identity_before.checked;
+  const uint64_t identity_mismatch = identity_counts().mismatches - identity_before.mismatches;
+  EXPECT_GT(identity_checked, 0u);
+  EXPECT_EQ(identity_mismatch, 0u) << "a child took another publication's payload";
   EXPECT_GT(t.points, 2u * 20u / (kSanitized ? 2 : 1)) << "chip 0 makes more stores than this in a pass";
   std::string kinds;
   for (const auto& [k, v] : t.kinds) kinds += fmt::format("{}{}={}", kinds.empty() ? "" : ",", k, v);
   std::printf("T2: kills by store kind: %s; %llu kills before INIT_READY; %.1f s\n", kinds.c_str(),
               static_cast<unsigned long long>(t.init_kills),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  std::printf("RELIABILITY T2 crash_points=%llu ok=%llu endpoint_failed=%llu quarantined=%llu max_recovery_ms=%.1f\n",
-              static_cast<unsigned long long>(t.points), static_cast<unsigned long long>(t.ok),
-              static_cast<unsigned long long>(t.failed), static_cast<unsigned long long>(t.quarantined),
-              static_cast<double>(t.max_recovery_ns) / 1e6);
+  std::printf(
+      "RELIABILITY T2 crash_points=%llu ok=%llu endpoint_failed=%llu quarantined=%llu max_recovery_ms=%.1f "
+      "identity_checked=%llu identity_mismatch=%llu\n",
+      static_cast<unsigned long long>(t.points), static_cast<unsigned long long>(t.ok),
+      static_cast<unsigned long long>(t.failed), static_cast<unsigned long long>(t.quarantined),
+      static_cast<double>(t.max_recovery_ns) / 1e6, static_cast<unsigned long long>(identity_checked),
+      static_cast<unsigned long long>(identity_mismatch));
 }
 
 }  // namespace
