@@ -1,5 +1,7 @@
 #include "simpler/worker.h"
 
+#include <new>
+
 #include "base/errors.h"
 #include "base/leak.h"
 #include "chip/chip_worker.h"
@@ -28,6 +30,10 @@ struct Worker::Impl {
     if (phase == Phase::Created) return Status();
     return failed_precondition("{}: only before init() (children fork at init)", what);
   }
+
+  // init()'s work: checks, then builds the chip or the node (may throw
+  // std::bad_alloc, which init() turns into its refusal).
+  Status start();
 
   const Level level;
   const WorkerConfig config;
@@ -186,23 +192,34 @@ Status check_fields_of_level(Level level, const WorkerConfig& c) {
 }  // namespace
 
 Status Worker::init() {
-  if (impl_->phase == Impl::Phase::Ready) return failed_precondition("init: already initialised");
-  if (impl_->phase == Impl::Phase::Closed) return failed_precondition("init: the worker is closed");
-  SIMPLER_RETURN_IF_ERROR(check_fields_of_level(impl_->level, impl_->config));
-  if (impl_->level != Level::Chip) {
+  // Out of host memory anywhere in the start is a refusal like any other:
+  // what was built is unwound (children closed, mappings dropped) on the
+  // way here, and the worker can be initialised again.
+  try {
+    return impl_->start();
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("init: host memory exhausted while starting the worker; nothing was started");
+  }
+}
+
+Status Worker::Impl::start() {
+  if (phase == Phase::Ready) return failed_precondition("init: already initialised");
+  if (phase == Phase::Closed) return failed_precondition("init: the worker is closed");
+  SIMPLER_RETURN_IF_ERROR(check_fields_of_level(level, config));
+  if (level != Level::Chip) {
     NodeSpec spec;
-    spec.level = impl_->level;
-    spec.config = impl_->config;
-    spec.chip_callables = impl_->callables;
-    spec.node_callables = impl_->node_callables;
-    spec.nodes = impl_->nodes;
-    spec.functions = impl_->functions;
-    SIMPLER_ASSIGN_OR_RETURN(impl_->node, NodeWorker::create(std::move(spec)));
-    impl_->phase = Impl::Phase::Ready;
+    spec.level = level;
+    spec.config = config;
+    spec.chip_callables = callables;
+    spec.node_callables = node_callables;
+    spec.nodes = nodes;
+    spec.functions = functions;
+    SIMPLER_ASSIGN_OR_RETURN(node, NodeWorker::create(std::move(spec)));
+    phase = Phase::Ready;
     return Status();
   }
-  SIMPLER_ASSIGN_OR_RETURN(impl_->chip, ChipWorker::create(impl_->config, impl_->callables));
-  impl_->phase = Impl::Phase::Ready;
+  SIMPLER_ASSIGN_OR_RETURN(chip, ChipWorker::create(config, callables));
+  phase = Phase::Ready;
   return Status();
 }
 

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <new>
 
 #include "base/errors.h"
 #include "base/fault_hooks.h"
@@ -144,20 +145,29 @@ Result<std::unique_ptr<ForkServer>> ForkServer::start(std::vector<ChildRecipe> r
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
     return resource_exhausted("fork server: socketpair failed: {}", std::strerror(errno));
   }
+  // Allocated before the fork: once the server runs, nothing may fail before
+  // this object owns it (its destructor ends and reaps it).
+  std::unique_ptr<ForkServer> s;
+  try {
+    s.reset(new ForkServer(sv[0], -1));
+  } catch (const std::bad_alloc&) {
+    close(sv[0]);
+    close(sv[1]);
+    return resource_exhausted("fork server: host memory exhausted before the fork");
+  }
   const pid_t parent = getpid();
   const pid_t pid = hooks::fork_fault_hit() ? (errno = EAGAIN, -1) : fork();
   if (pid < 0) {
     const int e = errno;
-    close(sv[0]);
     close(sv[1]);
-    return resource_exhausted("fork server: fork failed: {}", std::strerror(e));
+    return resource_exhausted("fork server: fork failed: {}", std::strerror(e));  // s closes sv[0]
   }
   if (pid == 0) {
     close(sv[0]);
     serve(sv[1], parent, recipes);
   }
   close(sv[1]);
-  std::unique_ptr<ForkServer> s(new ForkServer(sv[0], pid));
+  s->pid_ = pid;
   std::lock_guard<std::mutex> lock(s->mu_);
   SIMPLER_ASSIGN_OR_RETURN(const Reply hello, s->receive(0, now_ns() + kGreetingNs), "fork server");
   if (hello.error != 0) {
@@ -168,6 +178,10 @@ Result<std::unique_ptr<ForkServer>> ForkServer::start(std::vector<ChildRecipe> r
 }
 
 ForkServer::~ForkServer() {
+  if (pid_ < 0) {  // the fork failed: only the socket is ours
+    close(fd_);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Request rq{++seq_, kOpExit, 0, 0, 0};

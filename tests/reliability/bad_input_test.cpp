@@ -550,6 +550,43 @@ TEST(BadInput, T12AllocationFaults) {
   scan.expect_clean();
 }
 
+// H2 over a whole init, through the public Worker: a chip, and a node of two
+// chips (shared heap, mailboxes, fork server, children). Every point must
+// refuse with RESOURCE_EXHAUSTED, never throw; dropping the refused Worker
+// must leave no process behind; the last pass, meeting no fault, starts it.
+TEST(BadInput, T12InitAllocationFaults) {
+  Watchdog dog(std::chrono::seconds(240));
+  HealthScan scan;
+  Tally t;
+  for (const Level level : {Level::Chip, Level::Node}) {
+    std::unique_ptr<Worker> w;
+    // Built before the loop arms H2: only init() meets the fault.
+    auto fresh = [&] {
+      w = std::make_unique<Worker>(level, level == Level::Chip ? chip_config() : node_config(2, 0, 2));
+      (void)w->register_callable(copy_callable());
+    };
+    fresh();
+    const char* what = level == Level::Chip ? "chip init" : "node init";
+    const long points = sqlite_loop(
+        what, t, [&] { return w->init(); },
+        [&] {
+          w.reset();
+          std::string left;
+          if (!eventually([] { return descendants_of(getpid()).empty(); })) {
+            for (const pid_t pid : descendants_of(getpid())) left += fmt::format("{} ({}) ", comm_of(pid), pid);
+            left += "outlived the refused init";
+          }
+          fresh();
+          return left;
+        });
+    EXPECT_GT(points, 10) << what << " should meet several allocation points";
+    EXPECT_TRUE(w->close().ok());
+  }
+  t.print("init");
+  EXPECT_EQ(t.correct, t.cases);
+  scan.expect_clean();
+}
+
 // ---- part: spawn ------------------------------------------------------------------------------------
 
 // A node of two chips whose init meets a failing fork: the fork server's own
