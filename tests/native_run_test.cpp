@@ -879,9 +879,10 @@ class RefusesThreeSets final : public ChipRuntime {
   void commit_grant(Pending& pending) noexcept override { inner_->commit_grant(pending); }
   uint32_t width() const override { return inner_->width(); }
   uint64_t arena_bytes() const override { return inner_->arena_bytes(); }
-  Status build(const HostApi& api, const ChipCallable& c, const TaskArgs& a) override {
-    return inner_->build(api, c, a);
+  Status build(const HostApi& api, const ChipCallable& c, const TaskArgs& a, const RuntimeEnv& env) override {
+    return inner_->build(api, c, a, env);
   }
+  uint32_t orchestrator_threads() const override { return inner_->orchestrator_threads(); }
   void discard(uint32_t slot) override { inner_->discard(slot); }
   void launch(uint32_t slot) override { inner_->launch(slot); }
   bool binding_held(uint32_t slot) const override { return inner_->binding_held(slot); }
@@ -899,7 +900,7 @@ class RefusesThreeSets final : public ChipRuntime {
 
 TEST(Grant, R31ARuntimeThatRefusesTheGrantFailsStartupAndRegrant) {
   static const bool registered = register_runtime(
-      RuntimeInfo{"refuses_three_sets", "test runtime: refuses a grant of 3", false, &RefusesThreeSets::create});
+      RuntimeInfo{"refuses_three_sets", "test runtime: refuses a grant of 3", false, false, &RefusesThreeSets::create});
   ASSERT_TRUE(registered);
   const testing::ChipTarget target{"refuses_three_sets", "small", "sim"};
   {

@@ -13,6 +13,19 @@
 
 namespace simpler {
 
+// How the tensormap_and_ringbuffer runtime sizes one run: its task window,
+// the four heap rings its intermediates stream through (the scope depth
+// picks the ring, deeper scopes sharing the last) and its dependency pool.
+// Other runtimes ignore it. 0 = the default.
+struct RuntimeEnv {
+  uint32_t task_window = 0;       // tasks submitted and not yet retired; <= max_tasks_per_run, its default
+  uint64_t heap_ring_bytes = 0;   // each heap ring, allocated when the run first needs it; default 16 MiB
+  uint32_t dep_pool_entries = 0;  // dependency edges whose producer has not retired; default 8 x task_window
+  // The orchestration waiting on a full ring or pool this long with no task
+  // retiring fails the run, naming what is full. 0 = 10 s.
+  std::chrono::milliseconds stall_timeout{0};
+};
+
 struct WorkerConfig {
   Geometry geometry = Geometry::small();      // of every chip
   std::string runtime = "host_build_graph";   // chip runtime of every chip: one of available_runtimes()
@@ -40,6 +53,8 @@ struct WorkerConfig {
   // bytes past tensor argument i") and poisons its dependents. Unset: on in
   // Debug and sanitizer builds of simpler, off otherwise.
   std::optional<bool> guard_device_memory{};
+  // Every run's RuntimeEnv (a native run may carry its own).
+  RuntimeEnv runtime_env{};
 };
 
 // A chip runtime or device backend this build has, by the name its config

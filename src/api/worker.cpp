@@ -185,6 +185,11 @@ Status check_fields_of_level(Level level, const WorkerConfig& c) {
     if (c.backend != defaults.backend) return refuse("backend");
     if (c.device_memory_bytes != defaults.device_memory_bytes) return refuse("device_memory_bytes");
     if (c.max_tasks_per_run != defaults.max_tasks_per_run) return refuse("max_tasks_per_run");
+    const RuntimeEnv& env = c.runtime_env;
+    if (env.task_window != 0 || env.heap_ring_bytes != 0 || env.dep_pool_entries != 0 ||
+        env.stall_timeout.count() != 0) {
+      return refuse("runtime_env");
+    }
   }
   return Status();
 }

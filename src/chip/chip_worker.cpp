@@ -40,7 +40,7 @@ Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& confi
   w->gate_ = std::make_unique<CompletionGate>(self);
   CompletionGate* gate = w->gate_.get();
   SIMPLER_ASSIGN_OR_RETURN(
-      w->runtime_, runtime->create(*w->device_, RuntimeOptions{config.max_tasks_per_run},
+      w->runtime_, runtime->create(*w->device_, RuntimeOptions{config.max_tasks_per_run, config.runtime_env},
                                    [gate](uint32_t slot, RunOutcome out) { gate->deliver(slot, std::move(out)); }));
   SIMPLER_RETURN_IF_ERROR(w->check_graph_arenas(config.pipeline_depth));
   SIMPLER_ASSIGN_OR_RETURN(w->runner_, w->device_->create_runner(w->runtime_->arena_bytes()));
@@ -344,7 +344,8 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   // would leave the storage holding a half-prepared run).
   Status st;
   try {
-    st = runtime_->build(ctx->api_, c, ctx->args_);
+    st = runtime_->build(ctx->api_, c, ctx->args_,
+                         ctx->config_.runtime_env ? *ctx->config_.runtime_env : config_.runtime_env);
     if (st.ok()) st = ctx->api_.upload_callable(callable);
     if (st.ok()) st = pin_arguments(*ctx);
     if (st.ok()) {

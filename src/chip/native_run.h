@@ -10,12 +10,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "chip/run_resource_arena.h"
 #include "chip/run_state.h"
 #include "device/host_api.h"
 #include "simpler/task_args.h"
+#include "simpler/worker_config.h"
 
 namespace simpler {
 
@@ -41,6 +43,8 @@ struct HostCopy {
 
 struct RunConfig {
   std::vector<HostCopy> copy_back;
+  // This run's sizes for a ring-buffer runtime; unset: the worker's.
+  std::optional<RuntimeEnv> runtime_env;
 };
 
 enum class RunPhase : uint32_t { Empty = 0, Prepared = 1, Launching = 2, Launched = 3 };

@@ -72,6 +72,11 @@ class AicpuProgram {
  public:
   virtual ~AicpuProgram() = default;
   virtual bool poll(uint32_t aicpu) = 0;
+  // AICPU threads beyond the geometry's, owning no cluster, that a runtime
+  // executing orchestrations on the device asks for: poll(aicpu) with aicpu
+  // >= geometry().aicpu_threads runs on them. At most kMaxOrchestratorThreads.
+  virtual uint32_t orchestrator_threads() const { return 0; }
+  static constexpr uint32_t kMaxOrchestratorThreads = 1;
 };
 
 // The backend's per-set device resources behind every run's HostApi: one
@@ -107,7 +112,8 @@ class Device {
   virtual void start(AicpuProgram* program) = 0;
   // Joins every device thread; idempotent.
   virtual void stop() = 0;
-  // Wakes AICPU thread `aicpu` if it is parked.
+  // Wakes AICPU thread `aicpu` (a scheduler, or an orchestrator thread
+  // numbered after them) if it is parked.
   virtual void ring_aicpu(uint32_t aicpu) = 0;
   // The runner whose bank arenas are `arena_bytes` each.
   virtual Result<std::unique_ptr<DeviceRunner>> create_runner(uint64_t arena_bytes) = 0;

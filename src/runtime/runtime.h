@@ -18,6 +18,7 @@
 #include "runtime/common/run_outcome.h"
 #include "simpler/callable.h"
 #include "simpler/task_args.h"
+#include "simpler/worker_config.h"
 
 namespace simpler {
 
@@ -25,10 +26,15 @@ class ChipRuntime : public AicpuProgram, public GrantOwner {
  public:
   // Bytes of one bank's graph-definition arena (DeviceRunner::create_runner).
   virtual uint64_t arena_bytes() const = 0;
-  // Runs the callable's orchestration on this thread to build one run in set
-  // `api.slot`, using bank `api.bank`'s arena. On an error nothing is
-  // launched and the set holds nothing (its intermediates are freed).
-  virtual Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args) = 0;
+  // Prepares one run of the callable in set `api.slot`, using bank
+  // `api.bank`'s arena, sized by `env` (checked here, naming the field). A
+  // runtime that is not `streaming` runs the whole orchestration here, on this
+  // thread; a streaming one only checks and records, and runs it on the
+  // device after launch. On an error nothing is launched and the set holds
+  // nothing (its intermediates are freed). `callable` and `run_args` outlive
+  // the run's done callback.
+  virtual Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args,
+                       const RuntimeEnv& env) = 0;
   // Frees what a built, never-launched run holds: the abort of a prepared run.
   virtual void discard(uint32_t slot) = 0;
   // Hands the built run of `slot` to the device. Its outcome comes through
@@ -40,6 +46,7 @@ class ChipRuntime : public AicpuProgram, public GrantOwner {
 
 struct RuntimeOptions {
   uint32_t max_tasks_per_run = 0;
+  RuntimeEnv env;  // every run's, unless a native run brings its own
 };
 
 // What every runtime's create() refuses: options out of range, and a device
@@ -53,6 +60,12 @@ struct RuntimeInfo {
   // Tasks of one run may execute at the same moment on different cores;
   // tests of concurrency run only on such runtimes.
   bool concurrent;
+  // The orchestration runs on the device after launch, its first tasks
+  // executing while it still submits: a refused submit or a failing
+  // orchestration fails the run after the tasks already submitted finished
+  // (or were poisoned), not before any ran; a run may have more tasks than
+  // fit at once.
+  bool streaming;
   // Validates the options against the device (naming the field) and creates
   // a runtime with no set yet (width() == 0). The device is not started.
   Result<std::unique_ptr<ChipRuntime>> (*create)(Device& device, const RuntimeOptions& options, RunDoneFn on_done);

@@ -1,5 +1,7 @@
 #include "device/sim/sim_device.h"
 
+#include <algorithm>
+
 #include "base/errors.h"
 #include "device/backend_registry.h"
 #include "device/sim/sim_runner.h"
@@ -14,7 +16,9 @@ Result<std::unique_ptr<SimDevice>> SimDevice::create(const Geometry& geometry, u
 }
 
 SimDevice::SimDevice(Geometry geometry, std::unique_ptr<GlobalMemory> memory)
-    : geometry_(std::move(geometry)), memory_(std::move(memory)), bells_(new PaddedBell[geometry_.aicpu_threads]) {
+    : geometry_(std::move(geometry)),
+      memory_(std::move(memory)),
+      bells_(new PaddedBell[geometry_.aicpu_threads + AicpuProgram::kMaxOrchestratorThreads]) {
   for (uint32_t i = 0; i < geometry_.cores(); ++i) {
     const uint32_t cluster = i / 3;
     cores_.push_back(
@@ -28,7 +32,9 @@ void SimDevice::start(AicpuProgram* program) {
   program_ = program;
   stop_.store(false);
   for (auto& c : cores_) c->start(policy_);
-  for (uint32_t a = 0; a < geometry_.aicpu_threads; ++a) {
+  const uint32_t threads =
+      geometry_.aicpu_threads + std::min(program->orchestrator_threads(), AicpuProgram::kMaxOrchestratorThreads);
+  for (uint32_t a = 0; a < threads; ++a) {
     aicpu_.emplace_back([this, a] { aicpu_loop(a); });
   }
 }
@@ -36,7 +42,7 @@ void SimDevice::start(AicpuProgram* program) {
 void SimDevice::stop() {
   if (aicpu_.empty()) return;
   stop_.store(true, std::memory_order_seq_cst);
-  ring_all_aicpu();
+  for (size_t a = 0; a < aicpu_.size(); ++a) ring_aicpu(static_cast<uint32_t>(a));
   for (auto& t : aicpu_) t.join();
   aicpu_.clear();
   for (auto& c : cores_) c->stop();

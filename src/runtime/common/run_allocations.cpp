@@ -52,10 +52,15 @@ Status RunAllocations::scope_end() {
   return Status();
 }
 
-uint32_t RunAllocations::find(uint64_t addr) const {
-  if (count_ == 0) return kNone;
-  auto it = index_of_.find(addr);
-  return it == index_of_.end() ? kNone : it->second;
+Result<Intermediates::Held> RunAllocations::hold(uint64_t addr, uint64_t bytes) {
+  Held held;
+  SIMPLER_ASSIGN_OR_RETURN(held.allocation, memory_.containing_allocation(addr, bytes));
+  if (auto it = index_of_.find(held.allocation.addr); it != index_of_.end()) {
+    held.intermediate = it->second;
+  } else {
+    SIMPLER_RETURN_IF_ERROR(borrow(held.allocation.addr));
+  }
+  return held;
 }
 
 bool RunAllocations::release_user(uint32_t i) {
@@ -65,13 +70,11 @@ bool RunAllocations::release_user(uint32_t i) {
   return true;
 }
 
-void RunAllocations::roll_back(uint32_t count) {
-  for (uint32_t j = count; j < count_; ++j) {
-    index_of_.erase(table_[j].addr);
-    release(table_[j]);
-    if (!scopes_.empty()) scopes_.back().pop_back();
-  }
-  count_ = count;
+void RunAllocations::discard(uint32_t i) {
+  index_of_.erase(table_[i].addr);
+  release(table_[i]);
+  if (!scopes_.empty()) scopes_.back().pop_back();
+  count_ = i;
 }
 
 Status RunAllocations::borrow(uint64_t base) {

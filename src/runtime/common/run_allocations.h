@@ -1,11 +1,10 @@
-// RunAllocations: the device memory of one run-resource set's run: the
-// intermediates it owns (made by alloc() or for an unbound output, with the
-// scopes they were made in and who still uses them) and the caller
-// allocations its tasks borrow. Every one is pinned in DeviceMemory while the
-// run holds it, so a Worker::free of it is refused instead of letting the run
-// write into memory handed out again. Sized at grant; the building thread
-// fills it, AICPU threads release intermediates through their reference
-// counts, and the thread that ends the run releases the rest.
+// Intermediates: what a run's builder and its fanin walk need of the device
+// memory the run holds: the intermediates it owns (made by alloc() or for an
+// unbound output, with the scopes they were made in and who still uses them)
+// and the caller allocations its tasks borrow. RunAllocations gives each
+// intermediate its own device allocation; a streaming runtime carves them
+// from heap rings. The building thread creates and holds, AICPU threads
+// release intermediates through their reference counts.
 #pragma once
 
 #include <atomic>
@@ -27,46 +26,68 @@ struct Intermediate {
   std::atomic<int32_t> refs{0};
 };
 
-class RunAllocations {
+class Intermediates {
  public:
   static constexpr uint32_t kNone = UINT32_MAX;
 
+  // The device memory a task argument lies in: the allocation (for an
+  // intermediate, its own block) and the intermediate it is, or kNone.
+  struct Held {
+    DeviceMemory::Allocation allocation;
+    uint32_t intermediate = kNone;
+  };
+
+  virtual ~Intermediates() = default;
+  // A new intermediate of `bytes`, held by the current scope (or the run).
+  virtual Result<uint32_t> create(const HostApi& api, uint64_t bytes) = 0;
+  virtual void scope_begin() = 0;
+  // Drops the innermost scope's references: an intermediate no task uses is
+  // freed at once, the others when their last user finishes.
+  virtual Status scope_end() = 0;
+  // What holds [addr, addr + bytes): one of the run's intermediates, or a
+  // caller allocation, which the run then borrows (pinned until it ends).
+  virtual Result<Held> hold(uint64_t addr, uint64_t bytes) = 0;
+  // One more task references intermediate `i`.
+  virtual void add_user(uint32_t i) = 0;
+  // A task that referenced intermediate `i` ended; true when it was the last
+  // holder and the memory went back. Any AICPU thread; never allocates.
+  virtual bool release_user(uint32_t i) = 0;
+  // Frees intermediate `i`, the newest one, which no task uses yet: a
+  // refused submit hands back what it allocated, newest first.
+  virtual void discard(uint32_t i) = 0;
+  virtual uint64_t addr(uint32_t i) const = 0;
+};
+
+// Each intermediate is its own device allocation, and every one is pinned in
+// DeviceMemory while the run holds it, so a Worker::free of it is refused
+// instead of letting the run write into memory handed out again. Sized at
+// grant; the thread that ends the run releases what is left.
+class RunAllocations final : public Intermediates {
+ public:
   // Room for `capacity` intermediates per run.
   RunAllocations(DeviceMemory& memory, uint32_t capacity);
 
   // Forgets the previous run, whose memory is already released.
   void reset();
 
-  // A new intermediate of `bytes`, held by the current scope (or the run).
-  Result<uint32_t> create(const HostApi& api, uint64_t bytes);
-  void scope_begin() { scopes_.emplace_back(); }
-  // Drops the innermost scope's references: an intermediate no task uses is
-  // freed at once, the others when their last user finishes.
-  Status scope_end();
-  // The intermediate whose allocation starts at `addr`, or kNone.
-  uint32_t find(uint64_t addr) const;
-  // One more task references intermediate `i` (before launch).
-  void add_user(uint32_t i) { table_[i].refs.fetch_add(1, std::memory_order_relaxed); }
-  // A task that referenced intermediate `i` ended; true when it was the last
-  // holder and the memory went back. Any AICPU thread; never allocates.
-  bool release_user(uint32_t i);
-  // Frees every intermediate created after the first `count`: a refused
-  // submit hands back what it allocated.
-  void roll_back(uint32_t count);
-
-  // The run's tasks use the caller allocation starting at `base`: pinned on
-  // the first use in this run.
-  Status borrow(uint64_t base);
+  Result<uint32_t> create(const HostApi& api, uint64_t bytes) override;
+  void scope_begin() override { scopes_.emplace_back(); }
+  Status scope_end() override;
+  Result<Held> hold(uint64_t addr, uint64_t bytes) override;
+  void add_user(uint32_t i) override { table_[i].refs.fetch_add(1, std::memory_order_relaxed); }
+  bool release_user(uint32_t i) override;
+  void discard(uint32_t i) override;
+  uint64_t addr(uint32_t i) const override { return table_[i].addr; }
 
   // Frees every intermediate still held and unpins every borrowed allocation
   // (the run ended, was discarded, or its build failed).
   void release_all();
 
-  uint32_t count() const { return count_; }
-  uint64_t addr(uint32_t i) const { return table_[i].addr; }
-
  private:
   void release(Intermediate& im);
+  // The run's tasks use the caller allocation starting at `base`: pinned on
+  // the first use in this run.
+  Status borrow(uint64_t base);
 
   DeviceMemory& memory_;
   const uint32_t capacity_;

@@ -11,7 +11,7 @@ namespace simpler {
 // --- RunBuilder ------------------------------------------------------------
 
 RunBuilder::RunBuilder(const ChipCallable& callable, const HostApi& api, DeviceMemory& memory,
-                       RunAllocations& allocations, uint32_t max_tasks)
+                       Intermediates& allocations, uint32_t max_tasks)
     : callable_(callable), api_(api), memory_(memory), allocations_(allocations), max_tasks_(max_tasks) {}
 
 void collect_guard_checks(const CheckedTask& t, std::vector<GuardCheck>& out) {
@@ -24,25 +24,18 @@ void collect_guard_checks(const CheckedTask& t, std::vector<GuardCheck>& out) {
   }
 }
 
-Status check_task_guards(DeviceMemory& memory, const GuardCheck* checks, uint32_t count, uint32_t task, TaskKind kind,
-                         const uint32_t* func_ids, const ChipCallable& callable) {
-  Status first;
-  for (uint32_t k = 0; k < count; ++k) {
-    // Every allocation is checked, so each damage is restored and reported once.
-    const DeviceMemory::GuardDamage d = memory.check_guards(checks[k].addr, checks[k].bytes);
-    if (!d.any() || !first.ok()) continue;
-    const auto name = [&](uint32_t sub) {
-      const KernelInfo* info = callable.kernels().find(func_ids[sub]);
-      return info != nullptr ? info->name : std::string("?");
-    };
-    const std::string who =
-        kind == TaskKind::Mix
-            ? fmt::format("mix kernels '{}', '{}', '{}'", name(0), name(1), name(2))
-            : fmt::format("{} kernel '{}', func_id {}", core_type_name(subtask_core(kind, 0)), name(0), func_ids[0]);
-    first = make_error(StatusCode::kKernelFailed, "task {} ({}) wrote {} bytes {} tensor argument {}", task, who,
-                       d.past != 0 ? d.past : d.before, d.past != 0 ? "past" : "before", checks[k].arg);
-  }
-  return first;
+Status guard_failure(const DeviceMemory::GuardDamage& d, const GuardCheck& check, uint32_t task, TaskKind kind,
+                     const uint32_t* func_ids, const ChipCallable& callable) {
+  const auto name = [&](uint32_t sub) {
+    const KernelInfo* info = callable.kernels().find(func_ids[sub]);
+    return info != nullptr ? info->name : std::string("?");
+  };
+  const std::string who =
+      kind == TaskKind::Mix
+          ? fmt::format("mix kernels '{}', '{}', '{}'", name(0), name(1), name(2))
+          : fmt::format("{} kernel '{}', func_id {}", core_type_name(subtask_core(kind, 0)), name(0), func_ids[0]);
+  return make_error(StatusCode::kKernelFailed, "task {} ({}) wrote {} bytes {} tensor argument {}", task, who,
+                    d.past != 0 ? d.past : d.before, d.past != 0 ? "past" : "before", check.arg);
 }
 
 Status RunBuilder::orchestrate(const TaskArgs& run_args) {
@@ -89,16 +82,18 @@ Status RunBuilder::scope_end() {
   return Status();
 }
 
-Result<DeviceMemory::Allocation> RunBuilder::allocation_of(uint64_t addr, uint64_t bytes) {
+Result<Intermediates::Held> RunBuilder::allocation_of(uint64_t addr, uint64_t bytes) {
   for (const DeviceMemory::Allocation& a : known_) {
-    if (a.bytes != 0 && addr >= a.addr && bytes <= a.bytes && addr - a.addr <= a.bytes - bytes) return a;
+    if (a.bytes != 0 && addr >= a.addr && bytes <= a.bytes && addr - a.addr <= a.bytes - bytes) {
+      return Intermediates::Held{a, Intermediates::kNone};
+    }
   }
-  SIMPLER_ASSIGN_OR_RETURN(const DeviceMemory::Allocation found, memory_.containing_allocation(addr, bytes));
-  // A caller allocation is pinned while the run may use it; an intermediate
-  // is the run's own and pinned already. Only a cache miss can be new.
-  if (allocations_.find(found.addr) == RunAllocations::kNone) SIMPLER_RETURN_IF_ERROR(allocations_.borrow(found.addr));
-  known_[known_next_++ % known_.size()] = found;
-  return found;
+  // A caller allocation is borrowed on its first use and then cached; an
+  // intermediate is asked for each time, because a streaming runtime may
+  // have released it and reused its memory since.
+  SIMPLER_ASSIGN_OR_RETURN(const Intermediates::Held held, allocations_.hold(addr, bytes));
+  if (held.intermediate == Intermediates::kNone) known_[known_next_++ % known_.size()] = held.allocation;
+  return held;
 }
 
 Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args) {
@@ -106,6 +101,7 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
     return Status(StatusCode::kAborted, "an earlier submit of this run was refused: " + build_error_.message());
   }
   CheckedTask t;
+  t.intermediate.fill(Intermediates::kNone);
   t.id = task_count_;
   t.kind = kind;
   t.args = &args;
@@ -144,14 +140,16 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
       return refuse(
           out_of_range("task {}: args[{}]: buffer is not live device memory: {}", t.id, i, alloc.status().message()));
     }
-    t.bases[i] = alloc->addr;
-    t.base_bytes[i] = alloc->bytes;
+    t.bases[i] = alloc->allocation.addr;
+    t.base_bytes[i] = alloc->allocation.bytes;
+    t.intermediate[i] = alloc->intermediate;
   }
   if (Status st = reserve(t.id, tensors); !st.ok()) return refuse(st);
 
   TaskRef ref;
   ref.id = t.id;
-  const uint32_t first_new = allocations_.count();
+  std::array<uint32_t, kMaxTaskArgs> created{};
+  uint32_t created_count = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const TaskArg& a = args[i];
     if (a.kind != TaskArg::Kind::Tensor || a.tensor.buffer().bound()) continue;
@@ -159,9 +157,11 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
         std::max<uint64_t>(static_cast<uint64_t>(a.tensor.numel()) * dtype_size(a.tensor.dtype()), 1);
     auto idx = allocations_.create(api_, bytes);
     if (!idx.ok()) {
-      allocations_.roll_back(first_new);
+      while (created_count != 0) allocations_.discard(created[--created_count]);
       return refuse(Status(idx.status().code(), fmt::format("task {}: args[{}]: {}", t.id, i, idx.status().message())));
     }
+    created[created_count++] = *idx;
+    t.intermediate[i] = *idx;
     std::vector<int64_t> shape(a.tensor.ndim());
     for (int d = 0; d < a.tensor.ndim(); ++d) shape[d] = a.tensor.shape(d);
     t.views[i] = TensorView(DeviceBuffer{allocations_.addr(*idx), bytes}, shape, a.tensor.dtype());
@@ -171,8 +171,8 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
   }
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].kind != TaskArg::Kind::Tensor) continue;
-    const uint32_t im = allocations_.find(t.bases[i]);
-    if (im == RunAllocations::kNone) continue;
+    const uint32_t im = t.intermediate[i];
+    if (im == Intermediates::kNone) continue;
     if (std::find(t.uses.begin(), t.uses.begin() + t.use_count, im) != t.uses.begin() + t.use_count) continue;
     t.uses[t.use_count++] = im;
     allocations_.add_user(im);

@@ -40,6 +40,8 @@ struct CheckedTask {
   std::array<TensorView, kMaxTaskArgs> views;
   std::array<uint64_t, kMaxTaskArgs> bases{};
   std::array<uint64_t, kMaxTaskArgs> base_bytes{};
+  // Per tensor argument: the intermediate it lies in, or Intermediates::kNone.
+  std::array<uint32_t, kMaxTaskArgs> intermediate{};
   // Intermediates the task references, each once.
   std::array<uint32_t, kMaxTaskArgs> uses{};
   uint32_t use_count = 0;
@@ -56,10 +58,31 @@ struct GuardCheck {
 // Appends the distinct allocations of `t`'s tensor arguments to `out`.
 void collect_guard_checks(const CheckedTask& t, std::vector<GuardCheck>& out);
 
+// The error of task `task` whose kernels wrote `d` into the guards of the
+// allocation of `check`.
+Status guard_failure(const DeviceMemory::GuardDamage& d, const GuardCheck& check, uint32_t task, TaskKind kind,
+                     const uint32_t* func_ids, const ChipCallable& callable);
+
 // The task's error when a kernel of it wrote into the guards of one of
-// `checks` (the first damaged, in argument order), else OK. Any AICPU thread.
-Status check_task_guards(DeviceMemory& memory, const GuardCheck* checks, uint32_t count, uint32_t task, TaskKind kind,
-                         const uint32_t* func_ids, const ChipCallable& callable);
+// `checks` (the first damaged, in argument order), else OK; damage(addr,
+// bytes) reads and restores one allocation's guards. Any AICPU thread.
+template <typename Damage>
+Status check_task_guards(Damage&& damage, const GuardCheck* checks, uint32_t count, uint32_t task, TaskKind kind,
+                         const uint32_t* func_ids, const ChipCallable& callable) {
+  Status first;
+  for (uint32_t k = 0; k < count; ++k) {
+    // Every allocation is checked, so each damage is restored and reported once.
+    const DeviceMemory::GuardDamage d = damage(checks[k].addr, checks[k].bytes);
+    if (d.any() && first.ok()) first = guard_failure(d, checks[k], task, kind, func_ids, callable);
+  }
+  return first;
+}
+
+inline Status check_task_guards(DeviceMemory& memory, const GuardCheck* checks, uint32_t count, uint32_t task,
+                                TaskKind kind, const uint32_t* func_ids, const ChipCallable& callable) {
+  return check_task_guards([&](uint64_t addr, uint64_t bytes) { return memory.check_guards(addr, bytes); }, checks,
+                           count, task, kind, func_ids, callable);
+}
 
 // The descriptor a kernel receives for `v`; on every task's path, so inline.
 inline void write_descriptor(DeviceTensor& d, const TensorView& v) {
@@ -95,7 +118,7 @@ void write_kernel_args(const CheckedTask& t, int64_t* out, DeviceTensor* descrip
 
 class RunBuilder : public ChipOrchestrator {
  public:
-  RunBuilder(const ChipCallable& callable, const HostApi& api, DeviceMemory& memory, RunAllocations& allocations,
+  RunBuilder(const ChipCallable& callable, const HostApi& api, DeviceMemory& memory, Intermediates& allocations,
              uint32_t max_tasks);
 
   Result<TaskRef> submit_aiv(uint32_t func_id, const TaskArgs& args) final;
@@ -120,18 +143,19 @@ class RunBuilder : public ChipOrchestrator {
   virtual void place(const CheckedTask& task) = 0;
 
   DeviceMemory& memory() const { return memory_; }
+  const ChipCallable& callable() const { return callable_; }
 
  private:
   Result<TaskRef> submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args);
   Status refuse(Status st);
-  // The device allocation holding [addr, addr + bytes), from a small cache:
-  // most tasks name a few buffers over and over. Borrows it for the run.
-  Result<DeviceMemory::Allocation> allocation_of(uint64_t addr, uint64_t bytes);
+  // What holds [addr, addr + bytes), from a small cache of caller
+  // allocations: most tasks name a few buffers over and over.
+  Result<Intermediates::Held> allocation_of(uint64_t addr, uint64_t bytes);
 
   const ChipCallable& callable_;
   const HostApi& api_;
   DeviceMemory& memory_;
-  RunAllocations& allocations_;
+  Intermediates& allocations_;
   const uint32_t max_tasks_;
   uint32_t task_count_ = 0;
   Status build_error_;

@@ -30,6 +30,7 @@ struct alignas(64) GraphTask {
   std::atomic<uint32_t> subtasks_left;
   std::atomic<uint32_t> poisoned;
   uint32_t fanin;
+  uint32_t id;  // the task's id in its run, for kernel labels and errors
   TaskKind kind;
   uint8_t nargs;
   uint32_t func_id[3];
@@ -49,7 +50,7 @@ struct TaskGraphView {
   GraphTask* tasks;
   const uint32_t* fanout;
   const uint32_t* uses;  // indices of the run's intermediates
-  RunAllocations* allocations;
+  Intermediates* allocations;
 };
 
 // Ends `task`, whose kernels ran (`failed` if one reported failure): drops
@@ -89,6 +90,10 @@ uint32_t release_fanout(const TaskGraphView& g, uint32_t task, bool failed, std:
     failed = true;
   }
 }
+
+// Whether `w`, a write, makes the earlier access `a` redundant: every later
+// access that conflicts with `a` conflicts with `w`, which is ordered after it.
+bool write_covers(const TensorView& w, const TensorView& a);
 
 // The subtask a guard check's error is recorded under: after the task's
 // kernels, so a kernel's own failure report of the same task comes first.

@@ -4,25 +4,6 @@
 
 namespace simpler::hbg {
 
-namespace {
-bool same_region(const TensorView& a, const TensorView& b) {
-  if (a.offset() != b.offset() || a.ndim() != b.ndim() || dtype_size(a.dtype()) != dtype_size(b.dtype())) return false;
-  for (int d = 0; d < a.ndim(); ++d) {
-    if (a.shape(d) != b.shape(d) || a.stride(d) != b.stride(d)) return false;
-  }
-  return true;
-}
-
-bool is_contiguous(const TensorView& v) {
-  return v.end_byte() - v.first_byte() == static_cast<uint64_t>(v.numel()) * dtype_size(v.dtype());
-}
-}  // namespace
-
-bool write_covers(const TensorView& w, const TensorView& a) {
-  if (same_region(w, a)) return true;
-  return is_contiguous(w) && w.first_byte() <= a.first_byte() && a.end_byte() <= w.end_byte();
-}
-
 AccessIndex::AccessIndex(size_t expected_accesses) {
   size_t n = 64;
   while (n < expected_accesses * 2) n *= 2;

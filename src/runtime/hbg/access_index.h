@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/common/task_graph.h"
 #include "simpler/tensor.h"
 
 namespace simpler::hbg {
@@ -70,9 +71,6 @@ class AccessIndex {
   uint32_t adds_ = 0;
   std::unordered_map<uint64_t, Alloc> allocs_;
 };
-
-// Whether `w`, a write, makes the earlier access `a` redundant.
-bool write_covers(const TensorView& w, const TensorView& a);
 
 template <typename Conflict>
 bool AccessIndex::visit(uint32_t r, uint64_t alloc, const TensorView& view, uint64_t first, uint64_t end, bool write,

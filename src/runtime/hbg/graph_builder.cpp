@@ -29,6 +29,7 @@ void GraphBuilder::add_dependencies(uint32_t task, const TensorView& view, Tag t
 void GraphBuilder::place(const CheckedTask& t) {
   GraphTask& task = s_.tasks[t.id];
   task.kind = t.kind;
+  task.id = t.id;
   task.nargs = static_cast<uint8_t>(t.args->size());
   for (uint32_t i = 0; i < 3; ++i) {
     task.func_id[i] = t.func_id[i];

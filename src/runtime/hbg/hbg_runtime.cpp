@@ -26,7 +26,7 @@ Slot::Slot(const Capacity& c, DeviceMemory& memory)
 
 struct HbgRuntime::GrantState final : GrantOwner::Pending {
   std::vector<std::unique_ptr<Slot>> slots;
-  std::vector<ReadyItem> rings[3];
+  CoreDispatcher::Storage queues;
 };
 
 uint64_t HbgRuntime::arena_bytes() const { return slot_bytes(capacity_); }
@@ -46,16 +46,14 @@ Result<std::unique_ptr<GrantOwner::Pending>> HbgRuntime::build_grant(uint32_t gr
     g->slots.push_back(std::make_unique<Slot>(capacity_, memory_));
     g->slots.back()->index = i;
   }
-  for (auto& ring : g->rings) ring.resize(size_t{grant} * capacity_.tasks);
+  g->queues = CoreDispatcher::make_storage(size_t{grant} * capacity_.tasks);
   return std::unique_ptr<Pending>(std::move(g));
 }
 
 void HbgRuntime::commit_grant(Pending& pending) noexcept {
   auto& g = static_cast<GrantState&>(pending);
   slots_.swap(g.slots);
-  aic_queue_.swap_storage(g.rings[0]);
-  aiv_queue_.swap_storage(g.rings[1]);
-  mix_queue_.swap_storage(g.rings[2]);
+  dispatcher_.swap_storage(g.queues);
 }
 
 HbgRuntime::HbgRuntime(Device& device, Capacity capacity, RunDoneFn on_done)
@@ -63,15 +61,7 @@ HbgRuntime::HbgRuntime(Device& device, Capacity capacity, RunDoneFn on_done)
       memory_(device.memory()),
       capacity_(capacity),
       on_done_(std::move(on_done)),
-      aic_queue_(0),
-      aiv_queue_(0),
-      mix_queue_(0),
-      inflight_(device.core_count()),
-      next_token_(device.core_count(), 0),
-      aicpu_(new AicpuState[device.geometry().aicpu_threads]) {
-  for (uint32_t c = 0; c < device.core_count(); ++c) regs_.push_back(&device.core_registers(c));
-  for (uint32_t c = 0; c < device.geometry().clusters; ++c) aicpu_[device.owner_of_cluster(c)].clusters.push_back(c);
-}
+      dispatcher_(device) {}
 
 HbgRuntime::~HbgRuntime() = default;
 
@@ -97,7 +87,8 @@ Status HbgRuntime::bind_arena(Slot& s, const HostApi& api) {
 
 void HbgRuntime::discard(uint32_t slot) { slots_[slot]->allocations.release_all(); }
 
-Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args) {
+Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args,
+                         const RuntimeEnv&) {
   if (api.slot >= slots_.size()) {
     return invalid_argument("pipeline_slot = {} is outside the grant of {}", api.slot, slots_.size());
   }
@@ -187,46 +178,28 @@ void HbgRuntime::launch(uint32_t slot) {
   constexpr size_t kBatch = 64;
   ReadyItem roots[3][kBatch];
   size_t held[3] = {};
-  ReadyQueue* queues[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
   for (uint32_t t = 0; t < s.task_count; ++t) {
     if (s.tasks[t].fanin != 0) continue;
-    const int k = static_cast<int>(s.tasks[t].kind);
+    const TaskKind kind = s.tasks[t].kind;
+    const int k = static_cast<int>(kind);
     roots[k][held[k]++] = {slot, t};
     if (held[k] == kBatch) {
-      queues[k]->push_many(roots[k], kBatch);
+      dispatcher_.push_many(kind, roots[k], kBatch);
       held[k] = 0;
     }
   }
   for (int k = 0; k < 3; ++k) {
-    if (held[k] != 0) queues[k]->push_many(roots[k], held[k]);
+    if (held[k] != 0) dispatcher_.push_many(static_cast<TaskKind>(k), roots[k], held[k]);
   }
   device_.ring_all_aicpu();
 }
 
-void HbgRuntime::dispatch(uint32_t core, ReadyItem item, uint32_t sub) {
-  Slot& s = *slots_[item.slot];
-  GraphTask& task = s.tasks[item.task];
-  Inflight& f = inflight_[core];
-  f.slot = item.slot;
-  f.task = item.task;
-  f.token = ++next_token_[core];
-  f.busy = true;
-  CoreRegisters& r = *regs_[core];
-  r.fn = task.fn[sub];
-  r.args = task.args;
-  r.label = KernelLabel{task.name[sub], item.task, task.func_id[sub]};
-  r.task.store((uint64_t{sub} << 32) | f.token, std::memory_order_release);
-  r.bell.ring();
-}
-
-void HbgRuntime::complete_subtask(uint32_t core, bool kernel_failed, std::vector<ReadyItem>& ready) {
-  Inflight& f = inflight_[core];
-  f.busy = false;
+void HbgRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool kernel_failed,
+                                  std::vector<ReadyItem>& ready) {
   Slot& s = *slots_[f.slot];
   GraphTask& task = s.tasks[f.task];
   s.executed.fetch_add(1, std::memory_order_relaxed);
   if (kernel_failed) {
-    const CoreRegisters& r = *regs_[core];
     const auto sub = static_cast<uint32_t>(r.task.load(std::memory_order_relaxed) >> 32);
     s.error.record(f.task, sub, kernel_failure(f.task, task.kind, sub, task.func_id[sub], r.failure.message));
     task.poisoned.store(1, std::memory_order_relaxed);
@@ -249,27 +222,8 @@ void HbgRuntime::finish_task(Slot& s, uint32_t task, bool failed, std::vector<Re
     ready.push_back({s.index, succ});
   });
   // Successors must be queued before `remaining` can reach zero and hand the slot back.
-  publish_ready(ready);
+  dispatcher_.publish(ready, [this](ReadyItem it) -> GraphTask& { return task_of(it); });
   if (s.remaining.fetch_sub(finished, std::memory_order_acq_rel) == finished) finish_run(s);
-}
-
-void HbgRuntime::publish_ready(std::vector<ReadyItem>& ready) {
-  if (ready.empty()) return;
-  ReadyItem by_kind[3][64];
-  size_t n[3] = {0, 0, 0};
-  ReadyQueue* queues[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
-  for (const ReadyItem& it : ready) {
-    const int k = static_cast<int>(slots_[it.slot]->tasks[it.task].kind);
-    by_kind[k][n[k]++] = it;
-    if (n[k] == 64) {
-      queues[k]->push_many(by_kind[k], n[k]);
-      n[k] = 0;
-    }
-  }
-  for (int k = 0; k < 3; ++k) {
-    if (n[k] != 0) queues[k]->push_many(by_kind[k], n[k]);
-  }
-  ready.clear();
 }
 
 void HbgRuntime::finish_run(Slot& s) {
@@ -285,60 +239,16 @@ void HbgRuntime::finish_run(Slot& s) {
 }
 
 bool HbgRuntime::poll(uint32_t aicpu) {
-  AicpuState& st = aicpu_[aicpu];
-  std::vector<ReadyItem>& ready = st.scratch;
-  bool progress = false;
-  for (uint32_t c : st.clusters) {
-    for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
-      Inflight& f = inflight_[core];
-      if (!f.busy) continue;
-      const uint64_t status = regs_[core]->status.load(std::memory_order_acquire);
-      if ((status >> CoreRegisters::kStateShift) != 2 || (status & CoreRegisters::kTokenMask) != f.token) continue;
-      complete_subtask(core, (status & CoreRegisters::kFailedBit) != 0, ready);
-      progress = true;
-    }
-  }
-  // Completions published their successors already; anything this thread
-  // cannot place below is left for the others, woken at the end.
-  const bool published = progress;
-  // While mix tasks wait, one busy cluster per AICPU thread takes no single
-  // tasks, so it drains and a mix task cannot starve behind a stream of singles.
-  bool reserve_for_mix = !mix_queue_.empty_hint();
-  for (uint32_t c : st.clusters) {
-    const uint32_t aic = 3 * c;
-    const bool cluster_idle = !inflight_[aic].busy && !inflight_[aic + 1].busy && !inflight_[aic + 2].busy;
-    ReadyItem item;
-    if (cluster_idle && !mix_queue_.empty_hint() && mix_queue_.pop(item)) {
-      for (uint32_t sub = 0; sub < 3; ++sub) dispatch(aic + sub, item, sub);
-      progress = true;
-      continue;
-    }
-    if (reserve_for_mix && !cluster_idle) {
-      reserve_for_mix = false;
-      continue;
-    }
-    if (!inflight_[aic].busy && aic_queue_.pop(item)) {
-      dispatch(aic, item, 0);
-      progress = true;
-    }
-    for (uint32_t core = aic + 1; core < aic + 3; ++core) {
-      if (!inflight_[core].busy && aiv_queue_.pop(item)) {
-        dispatch(core, item, 0);
-        progress = true;
-      }
-    }
-  }
-  if (published && (!aic_queue_.empty_hint() || !aiv_queue_.empty_hint() || !mix_queue_.empty_hint())) {
-    for (uint32_t a = 0; a < device_.geometry().aicpu_threads; ++a) {
-      if (a != aicpu) device_.ring_aicpu(a);
-    }
-  }
-  return progress;
+  return dispatcher_.poll(
+      aicpu, [this](ReadyItem it) -> GraphTask& { return task_of(it); },
+      [this](const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool failed, std::vector<ReadyItem>& ready) {
+        complete_subtask(r, f, failed, ready);
+      });
 }
 
 SIMPLER_REGISTER_RUNTIME(host_build_graph,
                          RuntimeInfo{"host_build_graph",
                                      "the host builds each run's whole graph; AICPU threads dispatch it to the cores",
-                                     /*concurrent=*/true, &HbgRuntime::create});
+                                     /*concurrent=*/true, /*streaming=*/false, &HbgRuntime::create});
 
 }  // namespace simpler::hbg

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/common/ready_queue.h"
+#include "runtime/common/core_dispatcher.h"
 #include "runtime/common/run_builder.h"
 #include "runtime/common/task_graph.h"
 #include "runtime/hbg/access_index.h"
@@ -66,7 +66,8 @@ class HbgRuntime final : public ChipRuntime {
   void commit_grant(Pending& pending) noexcept override;
   uint32_t width() const override { return static_cast<uint32_t>(slots_.size()); }
   uint64_t arena_bytes() const override;
-  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args) override;
+  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args,
+               const RuntimeEnv& env) override;
   void discard(uint32_t slot) override;
   void launch(uint32_t slot) override;
   bool binding_held(uint32_t slot) const override { return slots_[slot]->api.bound(); }
@@ -75,38 +76,22 @@ class HbgRuntime final : public ChipRuntime {
  private:
   friend class GraphBuilder;
   struct GrantState;
-  struct Inflight {
-    uint32_t slot = 0;
-    uint32_t task = 0;
-    uint32_t token = 0;
-    bool busy = false;
-  };
-  struct alignas(64) AicpuState {
-    std::vector<uint32_t> clusters;
-    std::vector<ReadyItem> scratch;  // newly ready tasks, pushed in one batch
-  };
 
   HbgRuntime(Device& device, Capacity capacity, RunDoneFn on_done);
   Status bind_arena(Slot& s, const HostApi& api);
   void finalize_graph(Slot& s);
-  void dispatch(uint32_t core, ReadyItem item, uint32_t sub);
-  void complete_subtask(uint32_t core, bool kernel_failed, std::vector<ReadyItem>& ready);
+  GraphTask& task_of(ReadyItem item) const { return slots_[item.slot]->tasks[item.task]; }
+  void complete_subtask(const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool kernel_failed,
+                        std::vector<ReadyItem>& ready);
   void finish_task(Slot& s, uint32_t task, bool failed, std::vector<ReadyItem>& ready);
-  void publish_ready(std::vector<ReadyItem>& ready);
   void finish_run(Slot& s);
 
   Device& device_;
   DeviceMemory& memory_;
   const Capacity capacity_;
   RunDoneFn on_done_;
-  std::vector<CoreRegisters*> regs_;  // per core, fixed for the device's life
   std::vector<std::unique_ptr<Slot>> slots_;
-  ReadyQueue aic_queue_;
-  ReadyQueue aiv_queue_;
-  ReadyQueue mix_queue_;
-  std::vector<Inflight> inflight_;  // per core; only its owning AICPU thread touches it
-  std::vector<uint32_t> next_token_;
-  std::unique_ptr<AicpuState[]> aicpu_;
+  CoreDispatcher dispatcher_;
 };
 
 }  // namespace simpler::hbg

@@ -133,7 +133,7 @@ class ReferenceRuntime final : public ChipRuntime {
   uint64_t arena_bytes() const override { return uint64_t{max_tasks_} * kDescriptorsPerTask * sizeof(DeviceTensor); }
   bool binding_held(uint32_t slot) const override { return slots_[slot]->api.bound(); }
 
-  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args) override {
+  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args, const RuntimeEnv&) override {
     if (api.slot >= slots_.size()) {
       return invalid_argument("pipeline_slot = {} is outside the grant of {}", api.slot, slots_.size());
     }
@@ -259,6 +259,6 @@ class ReferenceRuntime final : public ChipRuntime {
 SIMPLER_REGISTER_RUNTIME(reference,
                          RuntimeInfo{"reference",
                                      "the serial oracle: one thread runs each run's tasks in submission order",
-                                     /*concurrent=*/false, &ReferenceRuntime::create});
+                                     /*concurrent=*/false, /*streaming=*/false, &ReferenceRuntime::create});
 
 }  // namespace simpler

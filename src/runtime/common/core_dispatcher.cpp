@@ -1,0 +1,41 @@
+#include "runtime/common/core_dispatcher.h"
+
+namespace simpler {
+
+CoreDispatcher::Storage CoreDispatcher::make_storage(size_t capacity_per_queue) {
+  Storage s;
+  for (auto& ring : s.rings) ring.resize(capacity_per_queue);
+  return s;
+}
+
+CoreDispatcher::CoreDispatcher(Device& device)
+    : device_(device),
+      aic_queue_(0),
+      aiv_queue_(0),
+      mix_queue_(0),
+      inflight_(device.core_count()),
+      next_token_(device.core_count(), 0),
+      aicpu_(new AicpuState[device.geometry().aicpu_threads]) {
+  for (uint32_t c = 0; c < device.core_count(); ++c) regs_.push_back(&device.core_registers(c));
+  for (uint32_t c = 0; c < device.geometry().clusters; ++c) aicpu_[device.owner_of_cluster(c)].clusters.push_back(c);
+}
+
+void CoreDispatcher::swap_storage(Storage& storage) noexcept {
+  for (int k = 0; k < 3; ++k) queues_[k]->swap_storage(storage.rings[k]);
+}
+
+void CoreDispatcher::dispatch(uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub) {
+  Inflight& f = inflight_[core];
+  f.slot = item.slot;
+  f.task = item.task;
+  f.token = ++next_token_[core];
+  f.busy = true;
+  CoreRegisters& r = *regs_[core];
+  r.fn = task.fn[sub];
+  r.args = task.args;
+  r.label = KernelLabel{task.name[sub], task.id, task.func_id[sub]};
+  r.task.store((uint64_t{sub} << 32) | f.token, std::memory_order_release);
+  r.bell.ring();
+}
+
+}  // namespace simpler

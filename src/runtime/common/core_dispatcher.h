@@ -1,0 +1,145 @@
+// CoreDispatcher: the AICPU side every graph-scheduling runtime shares: the
+// ready queues (AIC, AIV, mix), what each core runs, the handshake with the
+// cores and one round of polling per AICPU thread. The runtime says which
+// task a ReadyItem names and what a finished subtask does. poll() for an
+// AICPU thread runs only on it; push and publish on any thread; the queues'
+// storage is swapped only at a regrant, while every queue is empty.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "device/device.h"
+#include "runtime/common/ready_queue.h"
+#include "runtime/common/task_graph.h"
+
+namespace simpler {
+
+class CoreDispatcher {
+ public:
+  // The task a core runs: only the core's owning AICPU thread touches it.
+  struct Inflight {
+    uint32_t slot = 0;
+    uint32_t task = 0;
+    uint32_t token = 0;
+    bool busy = false;
+  };
+  // Storage for the three queues, built ahead of a regrant.
+  struct Storage {
+    std::vector<ReadyItem> rings[3];
+  };
+  static Storage make_storage(size_t capacity_per_queue);
+
+  explicit CoreDispatcher(Device& device);
+
+  void swap_storage(Storage& storage) noexcept;
+  void push(TaskKind kind, ReadyItem item) { queue(kind).push(item); }
+  void push_many(TaskKind kind, const ReadyItem* items, size_t n) { queue(kind).push_many(items, n); }
+  // Queues every item of `ready` by its task's kind and empties it.
+  template <typename TaskOf>
+  void publish(std::vector<ReadyItem>& ready, TaskOf&& task_of);
+
+  // One round for AICPU thread `aicpu`: completes the subtasks its cores
+  // finished (complete(core_registers, inflight, ready) pushes successors
+  // into `ready` and publishes them), then starts ready tasks on its idle
+  // cores. task_of(item) is the GraphTask to start. True on any progress.
+  template <typename TaskOf, typename Complete>
+  bool poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete);
+
+ private:
+  struct alignas(64) AicpuState {
+    std::vector<uint32_t> clusters;
+    std::vector<ReadyItem> scratch;  // newly ready tasks, pushed in one batch
+  };
+
+  ReadyQueue& queue(TaskKind kind) { return *queues_[static_cast<int>(kind)]; }
+  void dispatch(uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub);
+
+  Device& device_;
+  std::vector<CoreRegisters*> regs_;  // per core, fixed for the device's life
+  ReadyQueue aic_queue_;
+  ReadyQueue aiv_queue_;
+  ReadyQueue mix_queue_;
+  ReadyQueue* queues_[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
+  std::vector<Inflight> inflight_;
+  std::vector<uint32_t> next_token_;
+  std::unique_ptr<AicpuState[]> aicpu_;
+};
+
+template <typename TaskOf>
+void CoreDispatcher::publish(std::vector<ReadyItem>& ready, TaskOf&& task_of) {
+  if (ready.empty()) return;
+  ReadyItem by_kind[3][64];
+  size_t n[3] = {0, 0, 0};
+  for (const ReadyItem& it : ready) {
+    const int k = static_cast<int>(task_of(it).kind);
+    by_kind[k][n[k]++] = it;
+    if (n[k] == 64) {
+      queues_[k]->push_many(by_kind[k], n[k]);
+      n[k] = 0;
+    }
+  }
+  for (int k = 0; k < 3; ++k) {
+    if (n[k] != 0) queues_[k]->push_many(by_kind[k], n[k]);
+  }
+  ready.clear();
+}
+
+template <typename TaskOf, typename Complete>
+bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete) {
+  AicpuState& st = aicpu_[aicpu];
+  std::vector<ReadyItem>& ready = st.scratch;
+  bool progress = false;
+  for (uint32_t c : st.clusters) {
+    for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
+      Inflight& f = inflight_[core];
+      if (!f.busy) continue;
+      const CoreRegisters& r = *regs_[core];
+      const uint64_t status = r.status.load(std::memory_order_acquire);
+      if ((status >> CoreRegisters::kStateShift) != 2 || (status & CoreRegisters::kTokenMask) != f.token) continue;
+      f.busy = false;
+      complete(r, f, (status & CoreRegisters::kFailedBit) != 0, ready);
+      progress = true;
+    }
+  }
+  // Completions published their successors already; anything this thread
+  // cannot place below is left for the others, woken at the end.
+  const bool published = progress;
+  // While mix tasks wait, one busy cluster per AICPU thread takes no single
+  // tasks, so it drains and a mix task cannot starve behind a stream of singles.
+  bool reserve_for_mix = !mix_queue_.empty_hint();
+  for (uint32_t c : st.clusters) {
+    const uint32_t aic = 3 * c;
+    const bool cluster_idle = !inflight_[aic].busy && !inflight_[aic + 1].busy && !inflight_[aic + 2].busy;
+    ReadyItem item;
+    if (cluster_idle && !mix_queue_.empty_hint() && mix_queue_.pop(item)) {
+      GraphTask& task = task_of(item);
+      for (uint32_t sub = 0; sub < 3; ++sub) dispatch(aic + sub, item, task, sub);
+      progress = true;
+      continue;
+    }
+    if (reserve_for_mix && !cluster_idle) {
+      reserve_for_mix = false;
+      continue;
+    }
+    if (!inflight_[aic].busy && aic_queue_.pop(item)) {
+      dispatch(aic, item, task_of(item), 0);
+      progress = true;
+    }
+    for (uint32_t core = aic + 1; core < aic + 3; ++core) {
+      if (!inflight_[core].busy && aiv_queue_.pop(item)) {
+        dispatch(core, item, task_of(item), 0);
+        progress = true;
+      }
+    }
+  }
+  if (published && (!aic_queue_.empty_hint() || !aiv_queue_.empty_hint() || !mix_queue_.empty_hint())) {
+    for (uint32_t a = 0; a < device_.geometry().aicpu_threads; ++a) {
+      if (a != aicpu) device_.ring_aicpu(a);
+    }
+  }
+  return progress;
+}
+
+}  // namespace simpler
