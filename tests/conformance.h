@@ -21,6 +21,9 @@ struct ChipTarget {
   std::string geometry;
   std::string backend = "sim";
   bool concurrent = true;  // the runtime runs tasks of one run at once on several cores
+  // The orchestration runs on the device after launch (RuntimeInfo::streaming):
+  // tasks submitted before a refusal or an orchestration error run.
+  bool streaming = false;
 };
 
 inline void PrintTo(const ChipTarget& t, std::ostream* os) {
@@ -37,7 +40,8 @@ inline std::vector<ChipTarget> every_target() {
   std::vector<ChipTarget> out;
   for (const RuntimeInfo* r : registered_runtimes()) {
     for (const BackendInfo* b : registered_backends()) {
-      for (const Geometry& g : Geometry::presets()) out.push_back({r->name, g.name, b->name, r->concurrent});
+      for (const Geometry& g : Geometry::presets())
+        out.push_back({r->name, g.name, b->name, r->concurrent, r->streaming});
     }
   }
   return out;

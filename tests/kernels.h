@@ -158,7 +158,9 @@ inline void probe_kernel(int64_t*) {
 // Gate: blocks (bounded, 30 s) until g_gate_open, then counts itself.
 inline std::atomic<bool> g_gate_open{false};
 inline std::atomic<int> g_gate_passed{0};
+inline std::atomic<int> g_gate_entered{0};
 inline void gate_kernel(int64_t*) {
+  g_gate_entered.fetch_add(1);
   eventually([] { return g_gate_open.load(); });
   g_gate_passed.fetch_add(1);
 }

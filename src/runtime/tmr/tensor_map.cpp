@@ -1,0 +1,58 @@
+#include "runtime/tmr/tensor_map.h"
+
+namespace simpler::tmr {
+
+void TensorMap::reset(uint32_t window) {
+  recs_.clear();
+  free_.clear();
+  allocs_.clear();
+  task_head_.assign(window, 0);
+  recs_.reserve(size_t{window} * 4);
+}
+
+void TensorMap::unlink(uint32_t r) {
+  Rec& rec = recs_[r];
+  if (rec.task == kTombstone) return;  // a tombstone belongs to no task's list
+  if (rec.prev != 0) {
+    recs_[rec.prev - 1].next = rec.next;
+  } else {
+    task_head_[rec.slot] = rec.next;
+  }
+  if (rec.next != 0) recs_[rec.next - 1].prev = rec.prev;
+}
+
+void TensorMap::erase(uint32_t r) {
+  unlink(r);
+  remove(r);
+}
+
+void TensorMap::remove(uint32_t r) {
+  Rec& rec = recs_[r];
+  // The allocation's entry stays even when empty: add() may be walking it.
+  allocs_.find(rec.alloc)->second.by_first.erase(rec.pos);
+  rec.view = TensorView();
+  free_.push_back(r);
+}
+
+void TensorMap::retire(uint32_t slot, bool failed) {
+  uint32_t cur = task_head_[slot];
+  task_head_[slot] = 0;
+  while (cur != 0) {
+    const uint32_t r = cur - 1;
+    cur = recs_[r].next;
+    if (failed) {
+      recs_[r].task = kTombstone;
+    } else {
+      remove(r);
+    }
+  }
+}
+
+void TensorMap::forget_allocation(uint64_t alloc) {
+  auto al = allocs_.find(alloc);
+  if (al == allocs_.end()) return;
+  while (!al->second.by_first.empty()) erase(al->second.by_first.begin()->second);
+  allocs_.erase(al);
+}
+
+}  // namespace simpler::tmr

@@ -1,0 +1,220 @@
+// TmrRuntime: the tensormap_and_ringbuffer chip runtime. launch() hands a
+// run to the device's orchestrator AICPU thread, which executes its
+// orchestration there, placing each submitted task into the set's task
+// window as it comes, while the scheduler AICPU threads already dispatch the
+// ready ones. Dependencies come from the TensorMap; intermediates stream
+// through four heap rings; windows, rings and the dependency pool are
+// reclaimed in order as tasks retire, and a full one makes the orchestrator
+// wait (spin, then park). Threads as in runtime/runtime.h; a Set's stream
+// state belongs to the orchestrator thread while its run streams.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_set>
+#include <vector>
+
+#include "base/doorbell.h"
+#include "runtime/common/core_dispatcher.h"
+#include "runtime/common/run_builder.h"
+#include "runtime/common/task_graph.h"
+#include "runtime/runtime.h"
+#include "runtime/tmr/tensor_map.h"
+
+namespace simpler::tmr {
+
+inline constexpr uint32_t kHeapRings = 4;
+inline constexpr uint64_t kDefaultHeapRingBytes = 16ull << 20;
+inline constexpr uint64_t kDefaultStallMs = 10'000;
+
+// The sizes one run streams with, from its RuntimeEnv and the runtime's capacity.
+struct StreamSizes {
+  uint32_t window = 0;
+  uint32_t dep_pool = 0;
+  uint64_t heap_ring_bytes = 0;
+  uint64_t stall_ns = 0;
+};
+
+// One entry of a set's task window, in the bank arena.
+struct alignas(64) TaskSlot {
+  GraphTask task;  // fanin_left holds one extra count while the orchestrator places the task
+  // Successors: a list in the dependency pool (entry + 1; 0 = empty) that the
+  // orchestrator pushes onto and the task's finisher closes with kClosed.
+  std::atomic<uint32_t> fanout;
+  std::atomic<uint32_t> done;  // finished; the orchestrator may reclaim it
+  uint32_t taken;              // the list the finisher detached, freed at reclaim
+  uint64_t desc_end;           // descriptor ring position past this task's descriptors
+};
+
+// A dependency edge: `succ`, the window slot of a successor; `next` the entry + 1 after it.
+struct DepEntry {
+  uint32_t succ;
+  uint32_t next;
+};
+
+// An intermediate carved from a heap ring.
+struct RingIntermediate {
+  enum class Scope : uint8_t { kRun, kOpen, kEnded };
+  uint64_t addr = 0;
+  uint64_t bytes = 0;
+  uint32_t ring = 0;
+  // Held by the scope (or the run) and one per task using it; whoever drops
+  // it to zero marks it released, and the orchestrator reclaims its block.
+  std::atomic<int32_t> refs{0};
+  std::atomic<uint32_t> released{0};
+  // Orchestrator only: held by the run, or by a scope still open or ended.
+  Scope scope = Scope::kRun;
+  bool used = false;  // a task referenced it: its release counts as released_early
+};
+
+// A block of a heap ring, in allocation order: [begin, end) in ring
+// positions (which only grow), holding intermediate `im`.
+struct RingBlock {
+  uint64_t begin;
+  uint64_t end;
+  uint32_t im;
+};
+
+struct HeapRing {
+  uint64_t base = 0;  // the device allocation, made when the run first needs it
+  uint64_t head = 0;  // next free position
+  uint64_t tail = 0;  // oldest position still in use
+  std::deque<RingBlock> blocks;
+};
+
+class TmrRuntime;
+
+// One run-resource set: its window (in the arena), dependency pool, heap
+// rings and intermediates. As Intermediates it serves the run's builder.
+class Set final : public Intermediates {
+ public:
+  Set(TmrRuntime& rt, uint32_t index);
+
+  Result<uint32_t> create(const HostApi& api, uint64_t bytes) override;
+  void scope_begin() override;
+  Status scope_end() override;
+  Result<Held> hold(uint64_t addr, uint64_t bytes) override;
+  void add_user(uint32_t i) override {
+    ims_[i].used = true;
+    ims_[i].refs.fetch_add(1, std::memory_order_relaxed);
+  }
+  bool release_user(uint32_t i) override;
+  void discard(uint32_t i) override;
+  uint64_t addr(uint32_t i) const override { return ims_[i].addr; }
+
+ private:
+  friend class TmrRuntime;
+  friend class StreamBuilder;
+
+  // Build state: the host thread in build(); the orchestrator after launch.
+  void reset(const StreamSizes& sizes);
+  // Frees what the run holds: rings, borrowed pins. The thread ending the run.
+  void release_all();
+  // Reclaims, oldest first, the retired tasks and the released ring blocks.
+  // True when anything was reclaimed. Orchestrator only.
+  bool reclaim();
+  // Waits (reclaiming) until room() is true. Refuses, naming `what`, when it
+  // can never become true (no task in flight) or nothing retires for the
+  // stall timeout.
+  template <typename Room, typename What>
+  Status wait_for_room(Room&& room, What&& what);
+  void mark_released(RingIntermediate& im);
+  // The ring guard damage of block [addr, addr + bytes), restored.
+  DeviceMemory::GuardDamage ring_guard_damage(uint64_t addr, uint64_t bytes);
+  TaskSlot& slot_of(uint32_t task) { return tasks_[task % sizes_.window]; }
+
+  TmrRuntime& rt_;
+  const uint32_t index_;
+  uint64_t arena_addr_ = 0;
+  TaskSlot* tasks_ = nullptr;            // window capacity entries, in the arena
+  DeviceTensor* descriptors_ = nullptr;  // the descriptor ring, in the arena
+
+  // The run.
+  StreamSizes sizes_;
+  const ChipCallable* callable_ = nullptr;
+  const TaskArgs* run_args_ = nullptr;
+  uint64_t launch_ns_ = 0;
+  std::atomic<uint32_t> remaining_{0};  // tasks in flight + 1 while the orchestration runs
+  std::atomic<uint32_t> executed_{0};
+  std::atomic<uint32_t> released_early_{0};
+  FirstError error_;
+  Status orchestration_error_;  // written by the orchestrator before it lets go of the run
+  Doorbell progress_;           // rung when a task retires or an intermediate is released
+
+  // Stream state: the orchestrator thread.
+  uint32_t submitted_ = 0;
+  uint32_t reclaimed_ = 0;
+  Status stalled_;  // a task could not get its edges: the run fails with it
+  uint64_t desc_head_ = 0;
+  uint64_t desc_tail_ = 0;
+  std::vector<uint32_t> edge_mark_;  // per window slot: the task id + 1 it last gained an edge to
+  std::vector<uint32_t> preds_;      // the current task's predecessors, found by the map
+  std::vector<DepEntry> deps_;
+  uint32_t dep_next_ = 0;           // never-used entries start here
+  uint32_t dep_free_ = 0;           // free list head (entry + 1)
+  std::vector<uint32_t> uses_;      // per window slot: kMaxTaskArgs intermediates it references
+  std::vector<GuardCheck> guards_;  // per window slot: kMaxTaskArgs guard checks
+  TensorMap map_;
+  HeapRing rings_[kHeapRings];
+  std::unique_ptr<RingIntermediate[]> ims_;
+  uint32_t im_capacity_ = 0;
+  uint32_t im_next_ = 0;  // never-used entries start here
+  std::vector<uint32_t> im_free_;
+  std::map<uint64_t, uint32_t> live_;  // block address -> intermediate, for hold()
+  std::vector<std::vector<uint32_t>> scopes_;
+  std::vector<uint64_t> borrowed_;
+  std::unordered_set<uint64_t> borrowed_set_;
+};
+
+class TmrRuntime final : public ChipRuntime {
+ public:
+  static Result<std::unique_ptr<ChipRuntime>> create(Device& device, const RuntimeOptions& options, RunDoneFn on_done);
+  ~TmrRuntime() override;
+
+  Result<std::unique_ptr<Pending>> build_grant(uint32_t grant) const override;
+  void commit_grant(Pending& pending) noexcept override;
+  uint32_t width() const override { return static_cast<uint32_t>(sets_.size()); }
+  uint64_t arena_bytes() const override;
+  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args,
+               const RuntimeEnv& env) override;
+  void discard(uint32_t) override {}
+  void launch(uint32_t slot) override;
+  // The orchestration runs on the device, never with a HostApi binding.
+  bool binding_held(uint32_t) const override { return false; }
+  bool poll(uint32_t aicpu) override;
+  uint32_t orchestrator_threads() const override { return 1; }
+
+ private:
+  friend class Set;
+  friend class StreamBuilder;
+  struct GrantState;
+
+  TmrRuntime(Device& device, uint32_t window_capacity, RunDoneFn on_done);
+  Result<StreamSizes> sizes_for(const RuntimeEnv& env) const;
+  uint64_t descriptor_capacity() const;
+  void stream(Set& s);
+  GraphTask& task_of(ReadyItem item) const { return sets_[item.slot]->tasks_[item.task].task; }
+  void complete_subtask(const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool kernel_failed,
+                        std::vector<ReadyItem>& ready);
+  // Ends the task in window slot `slot` (`failed`: it or a predecessor
+  // failed) and, iteratively, each poisoned successor that it leaves with no
+  // fanin; queues the successors that became ready into `ready`.
+  void finish_task(Set& s, uint32_t slot, bool failed, std::vector<ReadyItem>& ready);
+  // Drops `n` of the run's remaining count; the one reaching zero ends the run.
+  void drop_remaining(Set& s, uint32_t n);
+  void finish_run(Set& s);
+
+  Device& device_;
+  DeviceMemory& memory_;
+  const uint32_t window_capacity_;
+  RunDoneFn on_done_;
+  std::vector<std::unique_ptr<Set>> sets_;
+  CoreDispatcher dispatcher_;
+  std::mutex launched_mu_;
+  std::deque<uint32_t> launched_;  // sets whose orchestration waits for the orchestrator thread
+};
+
+}  // namespace simpler::tmr
