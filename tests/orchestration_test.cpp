@@ -133,12 +133,15 @@ TEST(OrchestrationIdentity, TheCallableDigestFollowsTheSharedObjectsBytesNotItsP
   // A trailing byte changes the file, not what the dynamic loader maps.
   TempFile changed("simpler_orchestration_changed", bytes + '\n');
 
-  const Digest base = ChipCallable("c", load_ok(SIMPLER_TEST_ORCHESTRATION), scale_kernel(), sig).digest();
-  EXPECT_EQ(ChipCallable("c", load_ok(same.path), scale_kernel(), sig).digest(), base);
-  EXPECT_NE(ChipCallable("c", load_ok(changed.path), scale_kernel(), sig).digest(), base);
-  EXPECT_NE(ChipCallable("c", load_ok(SIMPLER_TEST_ROGUE_ORCHESTRATION), scale_kernel(), sig).digest(), base);
-  Orchestration o = load_ok(SIMPLER_TEST_ORCHESTRATION);
-  EXPECT_NE(ChipCallable("c", o.fn, scale_kernel(), sig).digest(), base)
+  const auto loaded_digest = [&](const std::string& path) {
+    return digest_hex(ChipCallable("c", load_ok(path), scale_kernel(), sig).digest());
+  };
+  const std::string base = loaded_digest(SIMPLER_TEST_ORCHESTRATION);
+  EXPECT_EQ(loaded_digest(same.path), base);
+  EXPECT_NE(loaded_digest(changed.path), base);
+  EXPECT_NE(loaded_digest(SIMPLER_TEST_ROGUE_ORCHESTRATION), base);
+  const OrchestrationFn in_process = load_ok(SIMPLER_TEST_ORCHESTRATION).fn;
+  EXPECT_NE(digest_hex(ChipCallable("c", in_process, scale_kernel(), sig).digest()), base)
       << "an in-process callable has the digest of the loaded one it was copied from";
 }
 
