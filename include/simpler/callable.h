@@ -1,8 +1,9 @@
 // Kernels and callables. A KernelLibrary maps func_ids to kernels (loaded
 // from .so files or registered in-process); a ChipCallable bundles an
-// orchestration function, its kernels and its signature, identified by a
-// SHA-256 digest of its contents; a NodeCallable is one run of a node,
-// identified by its name. Built on one thread, then immutable.
+// orchestration (in-process, or loaded from a .so), its kernels and its
+// signature, identified by a SHA-256 digest of its contents; a NodeCallable
+// is one run of a node, identified by its name. Built on one thread, then
+// immutable.
 #pragma once
 
 #include <array>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,22 +54,44 @@ class KernelLibrary {
 // error fails the run before anything is launched.
 using OrchestrationFn = std::function<Status(ChipOrchestrator& o, const TaskArgs& run_args)>;
 
+// An orchestration loaded from a shared object (load_orchestration).
+struct Orchestration {
+  std::string path;
+  OrchestrationFn fn;  // keeps the shared object loaded while any copy of it lives
+  Digest content{};    // SHA-256 of the file's bytes: its identity, whatever its path
+};
+
+// Loads a shared object built with simpler_add_orchestration (its entry point
+// is declared with SIMPLER_ORCHESTRATION, simpler/orchestration.h). Refuses,
+// naming the path: NOT_FOUND when the file cannot be read, INVALID_ARGUMENT
+// when it is not a loadable shared object or exports no orchestration_entry.
+Result<Orchestration> load_orchestration(const std::string& path);
+
 class ChipCallable {
  public:
   ChipCallable(std::string name, OrchestrationFn orchestrate, KernelLibrary kernels, std::vector<Param> signature);
+  // The loaded orchestration's content digest joins the identity, so a
+  // rebuilt .so is a different callable.
+  ChipCallable(std::string name, Orchestration orchestration, KernelLibrary kernels, std::vector<Param> signature);
 
   const std::string& name() const { return name_; }
   const OrchestrationFn& orchestrate() const { return orchestrate_; }
   const KernelLibrary& kernels() const { return kernels_; }
   const std::vector<Param>& signature() const { return signature_; }
-  // SHA-256 over the name, the signature and every kernel's identity.
+  // Set when the orchestration was loaded from a shared object.
+  const std::optional<Digest>& orchestration_content() const { return orchestration_content_; }
+  // SHA-256 over the name, the signature, every kernel's identity and, when
+  // set, the orchestration's content digest.
   const Digest& digest() const { return digest_; }
 
  private:
+  Digest compute_digest() const;
+
   std::string name_;
   OrchestrationFn orchestrate_;
   KernelLibrary kernels_;
   std::vector<Param> signature_;
+  std::optional<Digest> orchestration_content_;
   Digest digest_{};
 };
 

@@ -3,6 +3,7 @@
 
 #include "simpler/callable.h"
 #include "simpler/kernel.h"
+#include "simpler/orchestration.h"
 #include "simpler/orchestrator.h"
 #include "simpler/run_handle.h"
 #include "simpler/status.h"

@@ -53,7 +53,19 @@ ChipCallable::ChipCallable(std::string name, OrchestrationFn orchestrate, Kernel
     : name_(std::move(name)),
       orchestrate_(std::move(orchestrate)),
       kernels_(std::move(kernels)),
-      signature_(std::move(signature)) {
+      signature_(std::move(signature)),
+      digest_(compute_digest()) {}
+
+ChipCallable::ChipCallable(std::string name, Orchestration orchestration, KernelLibrary kernels,
+                           std::vector<Param> signature)
+    : name_(std::move(name)),
+      orchestrate_(std::move(orchestration.fn)),
+      kernels_(std::move(kernels)),
+      signature_(std::move(signature)),
+      orchestration_content_(orchestration.content),
+      digest_(compute_digest()) {}
+
+Digest ChipCallable::compute_digest() const {
   Sha256 h;
   h.update("simpler.chip_callable.v1");
   h.update(name_);
@@ -81,7 +93,12 @@ ChipCallable::ChipCallable(std::string name, OrchestrationFn orchestrate, Kernel
     h.update(&core, 1);
     h.update(k.content.data(), k.content.size());
   }
-  digest_ = h.finish();
+  // Likewise only when set: an in-process orchestration keeps its digest.
+  if (orchestration_content_) {
+    h.update("orchestration");
+    h.update(orchestration_content_->data(), orchestration_content_->size());
+  }
+  return h.finish();
 }
 
 NodeCallable::NodeCallable(std::string name, NodeOrchestrationFn orchestrate)

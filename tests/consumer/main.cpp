@@ -11,10 +11,13 @@ int main() {
     std::fprintf(stderr, "%s\n", s.to_string().c_str());
     return 1;
   }
+  Result<Orchestration> orch = load_orchestration(ORCHESTRATION_PATH);
+  if (!orch.ok()) {
+    std::fprintf(stderr, "%s\n", orch.status().to_string().c_str());
+    return 1;
+  }
   Worker w(Level::Chip);
-  auto h = w.register_callable(
-      ChipCallable("scale", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
-                   {Param::inout(), Param::scalar()}));
+  auto h = w.register_callable(ChipCallable("scale", *orch, k, {Param::inout(), Param::scalar()}));
   if (!h.ok() || !w.init().ok()) return 1;
   std::vector<float> x(256, 2.0f);
   auto d = w.malloc(x.size() * 4);
