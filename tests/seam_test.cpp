@@ -84,9 +84,10 @@ TEST(Seams, TheRegistriesListWhatIsBuiltAndRefuseAnythingElseByField) {
 }
 
 TEST(Seams, ARuntimeRefusesABackendWithoutHostMappedMemoryNamingBoth) {
-  for (const char* name : {"host_build_graph", "reference"}) {
+  for (const RuntimeInfo* r : registered_runtimes()) {
+    const std::string name = r->name;
     UnmappedDevice device;
-    auto created = (*runtime_named(name))->create(device, RuntimeOptions{64}, [](uint32_t, RunOutcome) {
+    auto created = r->create(device, RuntimeOptions{64, {}}, [](uint32_t, RunOutcome) {
       ADD_FAILURE() << "a refused runtime reported a run";
     });
     ASSERT_FALSE(created.ok()) << name;
@@ -102,7 +103,7 @@ TEST(Seams, EveryRuntimeRefusesAnOutOfRangeTaskCapacity) {
     auto device = (*backend_named("sim"))->create(DeviceOptions{Geometry::small(), 1 << 20});
     ASSERT_TRUE(device.ok());
     for (uint32_t bad : {0u, (1u << 24) + 1}) {
-      auto created = r->create(**device, RuntimeOptions{bad}, [](uint32_t, RunOutcome) {});
+      auto created = r->create(**device, RuntimeOptions{bad, {}}, [](uint32_t, RunOutcome) {});
       EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument) << r->name << " " << bad;
       EXPECT_TRUE(contains(created.status().message(), "max_tasks_per_run")) << created.status().message();
     }
