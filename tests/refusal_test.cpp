@@ -623,8 +623,10 @@ TEST_P(RuntimeRefusal, OrchestrationThrowsAStandardException) {
   EXPECT_TRUE(contains(s.message(), "orchestration exploded")) << s.to_string();
   EXPECT_TRUE(contains(s.message(), "under_test")) << s.to_string();
   f.expect_unchanged();
-  // And again: the slot the failed build used is free for reuse.
+  // And again: the slot the failed build used is free for reuse. (On a
+  // streaming runtime the run fails after submit returned: wait for it.)
   EXPECT_NO_THROW(r = f.w.submit(f.callable, {}));
+  EXPECT_EQ(wait_run(r).code(), StatusCode::kUserCodeFailed);
   f.expect_unchanged(78);
 }
 

@@ -54,4 +54,8 @@ typedef void (*simpler_kernel_fn)(int64_t* args);
 // Marks the calling core's current task as failed with `message` (copied,
 // truncated to 255 bytes). Only meaningful on a core thread inside a kernel.
 void simpler_kernel_fail(const char* message);
+// The block of an SPMD task (submit_aiv_spmd) the calling kernel runs, and
+// how many blocks the task has: 0 and 1 for an ordinary task.
+uint32_t simpler_block_index(void);
+uint32_t simpler_block_num(void);
 }

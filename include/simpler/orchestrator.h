@@ -39,6 +39,13 @@ class ChipOrchestrator {
   virtual Result<TaskRef> submit_aiv(uint32_t func_id, const TaskArgs& args) = 0;
   virtual Result<TaskRef> submit_aic(uint32_t func_id, const TaskArgs& args) = 0;
   virtual Result<TaskRef> submit_mix(const MixKernels& kernels, const TaskArgs& args) = 0;
+  // SPMD: one task whose kernel runs `block_num` times, each block on a free
+  // core of its type (at once where cores are free), reading its block with
+  // simpler_block_index(). The task is done when every block is; it fails
+  // with its lowest failing block. block_num is in [1, kMaxBlocks].
+  virtual Result<TaskRef> submit_aiv_spmd(uint32_t func_id, const TaskArgs& args, uint32_t block_num) = 0;
+  virtual Result<TaskRef> submit_aic_spmd(uint32_t func_id, const TaskArgs& args, uint32_t block_num) = 0;
+  static constexpr uint32_t kMaxBlocks = 1u << 16;
 
   // An intermediate tensor in device memory owned by the run. Allocated inside a
   // scope, it is released once the scope has ended and its last user finished.
@@ -46,8 +53,22 @@ class ChipOrchestrator {
   virtual void scope_begin() = 0;
   virtual Status scope_end() = 0;
 
+  // A scope, ended by scope_end(), in which the orchestration states the
+  // order of the tasks on the intermediates made inside it: their accesses
+  // make no dependency, and a task follows exactly the tasks named by
+  // set_dependencies() before its submit. Every other tensor (caller
+  // buffers, intermediates from outside) is ordered by its accesses as
+  // anywhere. Manual scopes do not nest; an intermediate made in one cannot
+  // be used once it ended.
+  virtual Status manual_scope_begin() = 0;
+  // Inside a manual scope: the next submit follows these tasks, each one
+  // submitted earlier in this manual scope; a second call replaces the first.
+  virtual Status set_dependencies(const std::vector<uint32_t>& predecessors) = 0;
+
   virtual uint32_t task_count() const = 0;
 };
+
+enum class ScopeMode : uint8_t { kAuto, kManual };
 
 // The node and network levels (Worker at Level::Node or Level::Network).
 // Tasks depend on one another, within and across live runs, through the tags
@@ -89,10 +110,18 @@ class Orchestrator {
   virtual uint32_t task_count() const = 0;
 };
 
-// RAII scope over either orchestrator: ends the scope on destruction.
+// RAII scope over either orchestrator: ends the scope on destruction. A
+// refused manual scope is recorded as the run's error and opens an ordinary
+// one, so the destructor still ends what was opened.
 class Scope {
  public:
-  explicit Scope(ChipOrchestrator& o) : chip_(&o) { chip_->scope_begin(); }
+  explicit Scope(ChipOrchestrator& o, ScopeMode mode = ScopeMode::kAuto) : chip_(&o) {
+    if (mode == ScopeMode::kManual) {
+      (void)chip_->manual_scope_begin();
+    } else {
+      chip_->scope_begin();
+    }
+  }
   explicit Scope(Orchestrator& o) : node_(&o) { node_->scope_begin(); }
   ~Scope() { (void)(chip_ != nullptr ? chip_->scope_end() : node_->scope_end()); }
   Scope(const Scope&) = delete;

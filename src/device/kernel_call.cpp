@@ -74,6 +74,10 @@ void report_crash(int sig) {
 }
 }  // namespace
 
+extern "C" uint32_t simpler_block_index(void) { return tls_label != nullptr ? tls_label->block : 0; }
+
+extern "C" uint32_t simpler_block_num(void) { return tls_label != nullptr ? tls_label->blocks : 1; }
+
 extern "C" void simpler_kernel_fail(const char* message) {
   if (tls_failure != nullptr) record_failure(tls_failure, message);
 }

@@ -26,6 +26,8 @@ struct KernelLabel {
   const char* name = nullptr;  // KernelInfo::name; null when unknown
   uint32_t task = 0;
   uint32_t func_id = 0;
+  uint32_t block = 0;  // of an SPMD task's `blocks`
+  uint32_t blocks = 1;
 };
 
 // Runs `fn(args)` here; resets `failure` first. Returns !failure.failed.

@@ -31,9 +31,10 @@ void CoreDispatcher::dispatch(uint32_t core, ReadyItem item, GraphTask& task, ui
   f.token = ++next_token_[core];
   f.busy = true;
   CoreRegisters& r = *regs_[core];
-  r.fn = task.fn[sub];
+  const uint32_t k = kernel_of(task.kind, sub);
+  r.fn = task.fn[k];
   r.args = task.args;
-  r.label = KernelLabel{task.name[sub], task.id, task.func_id[sub]};
+  r.label = KernelLabel{task.name[k], task.id, task.func_id[k], task.kind == TaskKind::Mix ? 0 : sub, task.blocks};
   r.task.store((uint64_t{sub} << 32) | f.token, std::memory_order_release);
   r.bell.ring();
 }

@@ -55,6 +55,16 @@ class CoreDispatcher {
 
   ReadyQueue& queue(TaskKind kind) { return *queues_[static_cast<int>(kind)]; }
   void dispatch(uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub);
+  // Starts the next block of an AIC or AIV task on `core`; a task with
+  // blocks left goes back to `from` for the other cores.
+  void dispatch_single(uint32_t core, ReadyItem item, GraphTask& task, ReadyQueue& from) {
+    uint32_t block = 0;
+    if (task.blocks > 1) {
+      block = task.next_block.fetch_add(1, std::memory_order_relaxed);
+      if (block + 1 < task.blocks) from.push(item);
+    }
+    dispatch(core, item, task, block);
+  }
 
   Device& device_;
   std::vector<CoreRegisters*> regs_;  // per core, fixed for the device's life
@@ -124,12 +134,12 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
       continue;
     }
     if (!inflight_[aic].busy && aic_queue_.pop(item)) {
-      dispatch(aic, item, task_of(item), 0);
+      dispatch_single(aic, item, task_of(item), aic_queue_);
       progress = true;
     }
     for (uint32_t core = aic + 1; core < aic + 3; ++core) {
       if (!inflight_[core].busy && aiv_queue_.pop(item)) {
-        dispatch(core, item, task_of(item), 0);
+        dispatch_single(core, item, task_of(item), aiv_queue_);
         progress = true;
       }
     }

@@ -63,6 +63,12 @@ Result<TaskRef> RunBuilder::submit_aiv(uint32_t func_id, const TaskArgs& args) {
 Result<TaskRef> RunBuilder::submit_aic(uint32_t func_id, const TaskArgs& args) {
   return submit(TaskKind::AIC, &func_id, args);
 }
+Result<TaskRef> RunBuilder::submit_aiv_spmd(uint32_t func_id, const TaskArgs& args, uint32_t block_num) {
+  return submit(TaskKind::AIV, &func_id, args, block_num);
+}
+Result<TaskRef> RunBuilder::submit_aic_spmd(uint32_t func_id, const TaskArgs& args, uint32_t block_num) {
+  return submit(TaskKind::AIC, &func_id, args, block_num);
+}
 Result<TaskRef> RunBuilder::submit_mix(const MixKernels& k, const TaskArgs& args) {
   const uint32_t funcs[3] = {k.aic, k.aiv0, k.aiv1};
   return submit(TaskKind::Mix, funcs, args);
@@ -74,12 +80,58 @@ Result<TensorView> RunBuilder::alloc(const std::vector<int64_t>& shape, DType dt
   const uint64_t bytes = std::max<uint64_t>(static_cast<uint64_t>(probe.numel()) * dtype_size(dtype), 1);
   auto idx = allocations_.create(api_, bytes);
   if (!idx.ok()) return refuse(idx.status());
+  note_made(*idx);
   return TensorView(DeviceBuffer{allocations_.addr(*idx), bytes}, shape, dtype);
+}
+
+void RunBuilder::scope_begin() {
+  allocations_.scope_begin();
+  ++depth_;
 }
 
 Status RunBuilder::scope_end() {
   if (Status st = allocations_.scope_end(); !st.ok()) return refuse(st);
+  if (--depth_ < manual_depth_) {
+    manual_serial_ = 0;
+    manual_depth_ = 0;
+    deps_.clear();
+  }
   return Status();
+}
+
+Status RunBuilder::manual_scope_begin() {
+  scope_begin();  // opened even when refused, so the caller's scope_end() stays balanced
+  if (manual_serial_ != 0) {
+    return refuse(failed_precondition("manual_scope_begin: manual scopes do not nest (one is open since task {})",
+                                      manual_first_task_));
+  }
+  manual_serial_ = ++manual_scopes_;
+  manual_depth_ = depth_;
+  manual_first_task_ = task_count_;
+  return Status();
+}
+
+Status RunBuilder::set_dependencies(const std::vector<uint32_t>& predecessors) {
+  if (manual_serial_ == 0) return refuse(failed_precondition("set_dependencies outside a manual scope"));
+  for (uint32_t p : predecessors) {
+    if (p < manual_first_task_ || p >= task_count_) {
+      return refuse(invalid_argument(
+          "set_dependencies: task {} was not submitted in this manual scope (its tasks so far: [{}, {}))", p,
+          manual_first_task_, task_count_));
+    }
+  }
+  deps_ = predecessors;
+  std::sort(deps_.begin(), deps_.end());
+  deps_.erase(std::unique(deps_.begin(), deps_.end()), deps_.end());
+  return Status();
+}
+
+void RunBuilder::note_made(uint32_t intermediate) {
+  if (manual_serial_ != 0) {
+    made_in_manual_[intermediate] = manual_serial_;
+  } else if (!made_in_manual_.empty()) {
+    made_in_manual_.erase(intermediate);  // a streaming runtime reuses the index
+  }
 }
 
 Result<Intermediates::Held> RunBuilder::allocation_of(uint64_t addr, uint64_t bytes) {
@@ -96,7 +148,7 @@ Result<Intermediates::Held> RunBuilder::allocation_of(uint64_t addr, uint64_t by
   return held;
 }
 
-Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args) {
+Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args, uint32_t blocks) {
   if (!build_error_.ok()) {
     return Status(StatusCode::kAborted, "an earlier submit of this run was refused: " + build_error_.message());
   }
@@ -105,6 +157,10 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
   t.id = task_count_;
   t.kind = kind;
   t.args = &args;
+  if (blocks == 0 || blocks > kMaxBlocks) {
+    return refuse(invalid_argument("task {}: block_num = {} is outside [1, {}]", t.id, blocks, kMaxBlocks));
+  }
+  t.blocks = blocks;
   if (t.id >= max_tasks_) {
     return refuse(resource_exhausted("graph capacity: the run has more than max_tasks_per_run = {} tasks", max_tasks_));
   }
@@ -143,6 +199,13 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
     t.bases[i] = alloc->allocation.addr;
     t.base_bytes[i] = alloc->allocation.bytes;
     t.intermediate[i] = alloc->intermediate;
+    if (auto made = made_in_manual_.find(alloc->intermediate); made != made_in_manual_.end()) {
+      if (made->second != manual_serial_) {
+        return refuse(failed_precondition(
+            "task {}: args[{}]: the intermediate was made in a manual scope that has ended", t.id, i));
+      }
+      t.local[i] = true;
+    }
   }
   if (Status st = reserve(t.id, tensors); !st.ok()) return refuse(st);
 
@@ -162,6 +225,7 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
     }
     created[created_count++] = *idx;
     t.intermediate[i] = *idx;
+    t.local[i] = manual_serial_ != 0;
     std::vector<int64_t> shape(a.tensor.ndim());
     for (int d = 0; d < a.tensor.ndim(); ++d) shape[d] = a.tensor.shape(d);
     t.views[i] = TensorView(DeviceBuffer{allocations_.addr(*idx), bytes}, shape, a.tensor.dtype());
@@ -177,7 +241,11 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
     t.uses[t.use_count++] = im;
     allocations_.add_user(im);
   }
+  for (uint32_t k = 0; k < created_count; ++k) note_made(created[k]);
+  t.deps = deps_.data();
+  t.dep_count = static_cast<uint32_t>(deps_.size());
   place(t);
+  deps_.clear();
   task_count_ = t.id + 1;
   return ref;
 }

@@ -30,6 +30,7 @@ inline constexpr uint32_t kDescriptorsPerTask = 4;
 struct CheckedTask {
   uint32_t id = 0;
   TaskKind kind = TaskKind::AIV;
+  uint32_t blocks = 1;  // SPMD
   uint32_t func_id[3] = {};
   simpler_kernel_fn fn[3] = {};
   const char* name[3] = {};  // the kernels' names; they live in the callable
@@ -45,6 +46,12 @@ struct CheckedTask {
   // Intermediates the task references, each once.
   std::array<uint32_t, kMaxTaskArgs> uses{};
   uint32_t use_count = 0;
+  // Per tensor argument: it lies in an intermediate made in the open manual
+  // scope, so its access makes no dependency.
+  std::array<bool, kMaxTaskArgs> local{};
+  // The tasks it follows by set_dependencies(), each once, all earlier.
+  const uint32_t* deps = nullptr;
+  uint32_t dep_count = 0;
 };
 
 // One allocation a task's tensor argument lies in, checked when the task ends
@@ -124,9 +131,13 @@ class RunBuilder : public ChipOrchestrator {
   Result<TaskRef> submit_aiv(uint32_t func_id, const TaskArgs& args) final;
   Result<TaskRef> submit_aic(uint32_t func_id, const TaskArgs& args) final;
   Result<TaskRef> submit_mix(const MixKernels& kernels, const TaskArgs& args) final;
+  Result<TaskRef> submit_aiv_spmd(uint32_t func_id, const TaskArgs& args, uint32_t block_num) final;
+  Result<TaskRef> submit_aic_spmd(uint32_t func_id, const TaskArgs& args, uint32_t block_num) final;
   Result<TensorView> alloc(const std::vector<int64_t>& shape, DType dtype) final;
-  void scope_begin() final { allocations_.scope_begin(); }
+  void scope_begin() final;
   Status scope_end() final;
+  Status manual_scope_begin() final;
+  Status set_dependencies(const std::vector<uint32_t>& predecessors) final;
   uint32_t task_count() const final { return task_count_; }
 
   // Runs the callable's orchestration over this builder. The result is the
@@ -146,8 +157,10 @@ class RunBuilder : public ChipOrchestrator {
   const ChipCallable& callable() const { return callable_; }
 
  private:
-  Result<TaskRef> submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args);
+  Result<TaskRef> submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args, uint32_t blocks = 1);
   Status refuse(Status st);
+  // Intermediate `i` was just made: in the open manual scope, or outside any.
+  void note_made(uint32_t i);
   // What holds [addr, addr + bytes), from a small cache of caller
   // allocations: most tasks name a few buffers over and over.
   Result<Intermediates::Held> allocation_of(uint64_t addr, uint64_t bytes);
@@ -161,6 +174,16 @@ class RunBuilder : public ChipOrchestrator {
   Status build_error_;
   std::array<DeviceMemory::Allocation, 4> known_{};
   uint32_t known_next_ = 0;
+  // Manual scopes: the open one (serial 0: none), the scope depth it opened
+  // at and its first task; the dependencies set for the next submit; and the
+  // manual scope each intermediate was made in.
+  uint32_t depth_ = 0;
+  uint32_t manual_serial_ = 0;
+  uint32_t manual_depth_ = 0;
+  uint32_t manual_first_task_ = 0;
+  uint32_t manual_scopes_ = 0;
+  std::vector<uint32_t> deps_;
+  std::unordered_map<uint32_t, uint32_t> made_in_manual_;
 };
 
 }  // namespace simpler

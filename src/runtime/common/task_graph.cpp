@@ -31,7 +31,7 @@ void FirstError::reset() {
 }
 
 void FirstError::record(uint32_t task, uint32_t subtask, Status status) {
-  const uint64_t key = uint64_t{task} << 2 | subtask;
+  const uint64_t key = uint64_t{task} << 32 | subtask;
   std::lock_guard<std::mutex> lock(mu_);
   if (key < key_) {
     key_ = key;
@@ -45,9 +45,14 @@ Status FirstError::get() const {
   return status_;
 }
 
-Status kernel_failure(uint32_t task, TaskKind kind, uint32_t sub, uint32_t func_id, const char* message) {
+Status kernel_failure(uint32_t task, TaskKind kind, uint32_t sub, uint32_t func_id, uint32_t blocks,
+                      const char* message) {
   const char* const what =
-      kind == TaskKind::Mix ? (sub == 0 ? "mix AIC" : "mix AIV") : core_type_name(subtask_core(kind, sub));
+      kind == TaskKind::Mix ? (sub == 0 ? "mix AIC" : "mix AIV") : core_type_name(subtask_core(kind, 0));
+  if (blocks > 1) {
+    return make_error(StatusCode::kKernelFailed, "task {} ({} kernel, func_id {}, block {} of {}) failed: {}", task,
+                      what, func_id, sub, blocks, message);
+  }
   return make_error(StatusCode::kKernelFailed, "task {} ({} kernel, func_id {}) failed: {}", task, what, func_id,
                     message);
 }

@@ -30,7 +30,9 @@ struct alignas(64) GraphTask {
   std::atomic<uint32_t> subtasks_left;
   std::atomic<uint32_t> poisoned;
   uint32_t fanin;
-  uint32_t id;  // the task's id in its run, for kernel labels and errors
+  uint32_t id;                       // the task's id in its run, for kernel labels and errors
+  uint32_t blocks;                   // SPMD: kernel runs, each its own subtask; 1 otherwise
+  std::atomic<uint32_t> next_block;  // SPMD: the next block a core takes
   TaskKind kind;
   uint8_t nargs;
   uint32_t func_id[3];
@@ -95,9 +97,9 @@ uint32_t release_fanout(const TaskGraphView& g, uint32_t task, bool failed, std:
 // access that conflicts with `a` conflicts with `w`, which is ordered after it.
 bool write_covers(const TensorView& w, const TensorView& a);
 
-// The subtask a guard check's error is recorded under: after the task's
-// kernels, so a kernel's own failure report of the same task comes first.
-inline constexpr uint32_t kGuardCheckSubtask = 3;
+// The subtask a guard check's error is recorded under: after every kernel
+// and block of the task, so a kernel's own failure report comes first.
+inline constexpr uint32_t kGuardCheckSubtask = 0xFFFFFFF0u;
 
 // The run's first error: the failure of the lowest (task, subtask), not of
 // whichever core finished first, so every runtime (and every run of one)
@@ -116,7 +118,13 @@ class FirstError {
   std::atomic<bool> failed_{false};
 };
 
-// The error of subtask `sub` of task `task` whose kernel reported `message`.
-Status kernel_failure(uint32_t task, TaskKind kind, uint32_t sub, uint32_t func_id, const char* message);
+// Subtasks of a task: a mix task's three kernels, or an SPMD task's blocks.
+inline uint32_t subtask_count(TaskKind kind, uint32_t blocks) { return kind == TaskKind::Mix ? 3 : blocks; }
+// Which of a task's kernels subtask `sub` runs.
+inline uint32_t kernel_of(TaskKind kind, uint32_t sub) { return kind == TaskKind::Mix ? sub : 0; }
+
+// The error of subtask `sub` of task `task` (of `blocks` blocks) whose kernel reported `message`.
+Status kernel_failure(uint32_t task, TaskKind kind, uint32_t sub, uint32_t func_id, uint32_t blocks,
+                      const char* message);
 
 }  // namespace simpler

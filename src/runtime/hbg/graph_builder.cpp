@@ -30,6 +30,7 @@ void GraphBuilder::place(const CheckedTask& t) {
   GraphTask& task = s_.tasks[t.id];
   task.kind = t.kind;
   task.id = t.id;
+  task.blocks = t.blocks;
   task.nargs = static_cast<uint8_t>(t.args->size());
   for (uint32_t i = 0; i < 3; ++i) {
     task.func_id[i] = t.func_id[i];
@@ -37,8 +38,9 @@ void GraphBuilder::place(const CheckedTask& t) {
     task.name[i] = t.name[i];
   }
   write_kernel_args(t, task.args, s_.descriptors, s_.desc_count, [&](size_t i, const TensorView& v, Tag tag) {
-    if (tag != Tag::NoDep) add_dependencies(t.id, v, tag, t.bases[i]);
+    if (tag != Tag::NoDep && !t.local[i]) add_dependencies(t.id, v, tag, t.bases[i]);
   });
+  for (uint32_t k = 0; k < t.dep_count; ++k) add_edge(t.deps[k], t.id);
   for (uint32_t u = 0; u < t.use_count; ++u) s_.use_pairs.emplace_back(t.id, t.uses[u]);
   task.guards_begin = static_cast<uint32_t>(s_.guards.size());
   if (memory().guarded()) collect_guard_checks(t, s_.guards);

@@ -160,7 +160,8 @@ void HbgRuntime::finalize_graph(Slot& s) {
     }
     task.uses_count = u - task.uses_begin;
     task.fanin_left.store(task.fanin, std::memory_order_relaxed);
-    task.subtasks_left.store(subtask_count(task.kind), std::memory_order_relaxed);
+    task.subtasks_left.store(subtask_count(task.kind, task.blocks), std::memory_order_relaxed);
+    task.next_block.store(0, std::memory_order_relaxed);
     task.poisoned.store(0, std::memory_order_relaxed);
   }
 }
@@ -201,7 +202,9 @@ void HbgRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::
   s.executed.fetch_add(1, std::memory_order_relaxed);
   if (kernel_failed) {
     const auto sub = static_cast<uint32_t>(r.task.load(std::memory_order_relaxed) >> 32);
-    s.error.record(f.task, sub, kernel_failure(f.task, task.kind, sub, task.func_id[sub], r.failure.message));
+    s.error.record(f.task, sub,
+                   kernel_failure(f.task, task.kind, sub, task.func_id[kernel_of(task.kind, sub)], task.blocks,
+                                  r.failure.message));
     task.poisoned.store(1, std::memory_order_relaxed);
   }
   if (task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {

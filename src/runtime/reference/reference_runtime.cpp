@@ -22,6 +22,7 @@ namespace {
 
 struct RefTask {
   TaskKind kind;
+  uint32_t blocks;
   uint32_t func_id[3];
   simpler_kernel_fn fn[3];
   const char* name[3];
@@ -32,6 +33,8 @@ struct RefTask {
   uint32_t uses_count;
   uint32_t guards_begin;
   uint32_t guards_count;
+  uint32_t deps_begin;  // tasks it follows by set_dependencies()
+  uint32_t deps_count;
 };
 
 // Bytes [first, end) of one device allocation that a task reads or writes.
@@ -54,6 +57,7 @@ struct RefSlot {
     tasks.reserve(max_tasks);
     accesses.reserve(size_t{max_tasks} * kDescriptorsPerTask);
     uses.reserve(size_t{max_tasks} * kMaxTaskArgs);
+    failed_task.reserve(max_tasks);
   }
 
   uint32_t index = 0;
@@ -63,7 +67,9 @@ struct RefSlot {
   std::vector<RefTask> tasks;
   std::vector<Access> accesses;
   std::vector<uint32_t> uses;
-  std::vector<GuardCheck> guards;  // guarded device memory: per task, see RefTask
+  std::vector<uint32_t> deps;
+  std::vector<uint8_t> failed_task;  // per task, while executing: it failed or was poisoned
+  std::vector<GuardCheck> guards;    // guarded device memory: per task, see RefTask
   const ChipCallable* callable = nullptr;
   RunAllocations allocations;
   uint64_t launch_ns = 0;
@@ -87,14 +93,15 @@ class ReferenceBuilder final : public RunBuilder {
   void place(const CheckedTask& t) override {
     RefTask task{};
     task.kind = t.kind;
+    task.blocks = t.blocks;
     for (uint32_t i = 0; i < 3; ++i) {
       task.func_id[i] = t.func_id[i];
       task.fn[i] = t.fn[i];
       task.name[i] = t.name[i];
     }
     task.access_begin = static_cast<uint32_t>(s_.accesses.size());
-    write_kernel_args(t, task.args, s_.descriptors, s_.desc_count, [&](size_t, const TensorView& v, Tag tag) {
-      if (tag == Tag::NoDep) return;
+    write_kernel_args(t, task.args, s_.descriptors, s_.desc_count, [&](size_t i, const TensorView& v, Tag tag) {
+      if (tag == Tag::NoDep || t.local[i]) return;
       s_.accesses.push_back(
           Access{v.buffer().addr + v.first_byte(), v.buffer().addr + v.end_byte(), v, tag_writes(tag)});
     });
@@ -102,6 +109,9 @@ class ReferenceBuilder final : public RunBuilder {
     task.uses_begin = static_cast<uint32_t>(s_.uses.size());
     s_.uses.insert(s_.uses.end(), t.uses.begin(), t.uses.begin() + t.use_count);
     task.uses_count = t.use_count;
+    task.deps_begin = static_cast<uint32_t>(s_.deps.size());
+    s_.deps.insert(s_.deps.end(), t.deps, t.deps + t.dep_count);
+    task.deps_count = t.dep_count;
     task.guards_begin = static_cast<uint32_t>(s_.guards.size());
     if (memory().guarded()) collect_guard_checks(t, s_.guards);
     task.guards_count = static_cast<uint32_t>(s_.guards.size()) - task.guards_begin;
@@ -141,6 +151,7 @@ class ReferenceRuntime final : public ChipRuntime {
     s.tasks.clear();
     s.accesses.clear();
     s.uses.clear();
+    s.deps.clear();
     s.guards.clear();
     s.callable = &callable;
     s.desc_count = 0;
@@ -199,13 +210,17 @@ class ReferenceRuntime final : public ChipRuntime {
     out.tasks = static_cast<uint32_t>(s.tasks.size());
     out.launch_ns = s.launch_ns;
     FirstError error;
-    std::vector<const Access*> tainted;  // accesses of failed and poisoned tasks
+    std::vector<const Access*> tainted;                 // accesses of failed and poisoned tasks
+    std::vector<uint8_t>& failed_task = s.failed_task;  // reserved at grant: a run's end never allocates here
+    failed_task.assign(s.tasks.size(), 0);
     KernelFailure failure;
     for (uint32_t t = 0; t < s.tasks.size(); ++t) {
       RefTask& task = s.tasks[t];
       const Access* begin = s.accesses.data() + task.access_begin;
       const Access* end = begin + task.access_count;
       bool poisoned = false;
+      for (uint32_t d = 0; d < task.deps_count && !poisoned; ++d)
+        poisoned = failed_task[s.deps[task.deps_begin + d]] != 0;
       for (const Access* a = begin; a != end && !poisoned; ++a) {
         for (const Access* b : tainted) {
           if (conflict(*a, *b)) {
@@ -216,10 +231,12 @@ class ReferenceRuntime final : public ChipRuntime {
       }
       bool failed = poisoned;
       if (!poisoned) {
-        for (uint32_t sub = 0; sub < subtask_count(task.kind); ++sub) {
+        for (uint32_t sub = 0; sub < subtask_count(task.kind, task.blocks); ++sub) {
           ++out.executed;
-          if (!call_kernel(task.fn[sub], task.args, failure, KernelLabel{task.name[sub], t, task.func_id[sub]})) {
-            error.record(t, sub, kernel_failure(t, task.kind, sub, task.func_id[sub], failure.message));
+          const uint32_t k = kernel_of(task.kind, sub);
+          const KernelLabel label{task.name[k], t, task.func_id[k], task.kind == TaskKind::Mix ? 0 : sub, task.blocks};
+          if (!call_kernel(task.fn[k], task.args, failure, label)) {
+            error.record(t, sub, kernel_failure(t, task.kind, sub, task.func_id[k], task.blocks, failure.message));
             failed = true;
           }
         }
@@ -233,6 +250,7 @@ class ReferenceRuntime final : public ChipRuntime {
         }
       }
       if (failed) {
+        failed_task[t] = 1;
         for (const Access* a = begin; a != end; ++a) tainted.push_back(a);
       }
       for (uint32_t u = 0; u < task.uses_count; ++u) {

@@ -3,10 +3,18 @@
 namespace simpler::tmr {
 
 void TensorMap::reset(uint32_t window) {
+  if (task_head_.size() != window) {
+    task_head_.assign(window, 0);
+  } else {
+    // Only tasks the last run never retired still head a list: clearing
+    // theirs costs what the run left, not the window.
+    for (const Rec& rec : recs_) {
+      if (rec.task != kTombstone) task_head_[rec.slot] = 0;
+    }
+  }
   recs_.clear();
   free_.clear();
   allocs_.clear();
-  task_head_.assign(window, 0);
   recs_.reserve(size_t{window} * 4);
 }
 

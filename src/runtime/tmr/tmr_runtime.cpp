@@ -122,7 +122,9 @@ void StreamBuilder::place(const CheckedTask& t) {
     task.name[i] = t.name[i];
   }
   task.fanin_left.store(1, std::memory_order_relaxed);  // the orchestrator's hold
-  task.subtasks_left.store(subtask_count(t.kind), std::memory_order_relaxed);
+  task.blocks = t.blocks;
+  task.next_block.store(0, std::memory_order_relaxed);
+  task.subtasks_left.store(subtask_count(t.kind, t.blocks), std::memory_order_relaxed);
   task.poisoned.store(0, std::memory_order_relaxed);
   ts.fanout.store(0, std::memory_order_relaxed);
   ts.done.store(0, std::memory_order_relaxed);
@@ -132,18 +134,28 @@ void StreamBuilder::place(const CheckedTask& t) {
   auto next = static_cast<uint32_t>(desc_pos_ % cap);
   const uint32_t first_desc = next;
   s.preds_.clear();
+  const uint64_t mark = s.run_serial_ << 32 | t.id;
+  const auto add_pred = [&](uint32_t earlier) {
+    if (earlier != TensorMap::kTombstone) {
+      if (s.edge_mark_[earlier % s.sizes_.window] == mark) return;
+      s.edge_mark_[earlier % s.sizes_.window] = mark;
+    }
+    s.preds_.push_back(earlier);
+  };
   write_kernel_args(t, task.args, s.descriptors_, next, [&](size_t i, const TensorView& v, Tag tag) {
-    if (tag == Tag::NoDep) return;
+    if (tag == Tag::NoDep || t.local[i]) return;
     const uint64_t shift = v.buffer().addr - t.bases[i];
-    s.map_.add(t.bases[i], v, shift + v.first_byte(), shift + v.end_byte(), t.id, slot, tag_writes(tag),
-               [&](uint32_t earlier) {
-                 if (earlier != TensorMap::kTombstone) {
-                   if (s.edge_mark_[earlier % s.sizes_.window] == t.id + 1) return;
-                   s.edge_mark_[earlier % s.sizes_.window] = t.id + 1;
-                 }
-                 s.preds_.push_back(earlier);
-               });
+    s.map_.add(t.bases[i], v, shift + v.first_byte(), shift + v.end_byte(), t.id, slot, tag_writes(tag), add_pred);
   });
+  for (uint32_t k = 0; k < t.dep_count; ++k) {
+    const uint32_t d = t.deps[k];
+    if (d >= s.reclaimed_) {
+      add_pred(d);
+    } else if (s.failed_reclaimed_.count(d) != 0) {
+      // Reclaimed, its slot may hold another task now: what counts is that it failed.
+      add_pred(TensorMap::kTombstone);
+    }
+  }
   ts.desc_end = desc_pos_ + (next - first_desc);
   s.desc_head_ = ts.desc_end;
 
@@ -191,7 +203,9 @@ void Set::reset(const StreamSizes& sizes) {
   reclaimed_ = 0;
   desc_head_ = 0;
   desc_tail_ = 0;
-  edge_mark_.assign(sizes.window, 0);
+  // Marks carry the run's serial, so the last run's never match and need no clearing.
+  if (edge_mark_.size() != sizes.window) edge_mark_.assign(sizes.window, 0);
+  ++run_serial_;
   preds_.reserve(64);
   if (deps_.size() != sizes.dep_pool) deps_.assign(sizes.dep_pool, DepEntry{});
   dep_next_ = 0;
@@ -209,6 +223,7 @@ void Set::reset(const StreamSizes& sizes) {
   im_free_.clear();
   im_free_.reserve(ims);
   live_.clear();
+  failed_reclaimed_.clear();
   scopes_.clear();
   borrowed_.clear();
   borrowed_set_.clear();
@@ -272,7 +287,9 @@ bool Set::reclaim() {
       dep_free_ = e;
       e = next;
     }
-    map_.retire(reclaimed_ % sizes_.window, ts.task.poisoned.load(std::memory_order_relaxed) != 0);
+    const bool failed = ts.task.poisoned.load(std::memory_order_relaxed) != 0;
+    map_.retire(reclaimed_ % sizes_.window, failed);
+    if (failed) failed_reclaimed_.insert(reclaimed_);
     desc_tail_ = ts.desc_end;
     ++reclaimed_;
     any = true;
@@ -600,7 +617,9 @@ void TmrRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::
   s.executed_.fetch_add(1, std::memory_order_relaxed);
   if (kernel_failed) {
     const auto sub = static_cast<uint32_t>(r.task.load(std::memory_order_relaxed) >> 32);
-    s.error_.record(task.id, sub, kernel_failure(task.id, task.kind, sub, task.func_id[sub], r.failure.message));
+    s.error_.record(task.id, sub,
+                    kernel_failure(task.id, task.kind, sub, task.func_id[kernel_of(task.kind, sub)], task.blocks,
+                                   r.failure.message));
     task.poisoned.store(1, std::memory_order_relaxed);
   }
   if (task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;

@@ -150,8 +150,11 @@ class Set final : public Intermediates {
   Status stalled_;  // a task could not get its edges: the run fails with it
   uint64_t desc_head_ = 0;
   uint64_t desc_tail_ = 0;
-  std::vector<uint32_t> edge_mark_;  // per window slot: the task id + 1 it last gained an edge to
+  std::vector<uint64_t> edge_mark_;  // per window slot: (run serial, task id) it last gained an edge to
+  uint64_t run_serial_ = 0;          // from 1: a zero mark matches no run
   std::vector<uint32_t> preds_;      // the current task's predecessors, found by the map
+  // Reclaimed tasks that failed, for a set_dependencies() naming one.
+  std::unordered_set<uint32_t> failed_reclaimed_;
   std::vector<DepEntry> deps_;
   uint32_t dep_next_ = 0;           // never-used entries start here
   uint32_t dep_free_ = 0;           // free list head (entry + 1)
