@@ -67,12 +67,16 @@ Result<KernelLibrary> load_kernels(const std::vector<KernelSpec>& specs) {
   return lib;
 }
 
-Result<OpenWorker> open_worker(const ExampleOptions& options, ChipCallable callable) {
+WorkerConfig worker_config(const ExampleOptions& options) {
   WorkerConfig config;
   config.geometry = options.geometry;
   config.runtime = options.runtime;
   config.backend = options.backend;
   config.pipeline_depth = options.pipeline_depth;
+  return config;
+}
+
+Result<OpenWorker> open_worker(const WorkerConfig& config, ChipCallable callable) {
   OpenWorker w{std::make_unique<Worker>(Level::Chip, config), {}};
   if (Status s = take(w.worker->register_callable(std::move(callable)), w.callable); !s.ok()) {
     return with_context(s, "register_callable");

@@ -33,7 +33,12 @@ struct OpenWorker {
   std::unique_ptr<Worker> worker;
   CallableHandle callable;
 };
-Result<OpenWorker> open_worker(const ExampleOptions& options, ChipCallable callable);
+// The chip Worker config the options ask for, for an example to adjust.
+WorkerConfig worker_config(const ExampleOptions& options);
+Result<OpenWorker> open_worker(const WorkerConfig& config, ChipCallable callable);
+inline Result<OpenWorker> open_worker(const ExampleOptions& options, ChipCallable callable) {
+  return open_worker(worker_config(options), std::move(callable));
+}
 
 template <typename T>
 Status take(Result<T> r, T& out) {
@@ -85,5 +90,10 @@ Result<ExampleReport> run_matmul_chain(const ExampleOptions& options);
 Result<ExampleReport> run_kernel_failure(const ExampleOptions& options);
 Result<ExampleReport> run_node_pipeline(const ExampleOptions& options);
 Result<ExampleReport> run_network_pipeline(const ExampleOptions& options);
+
+// attention_stream's tasks per run under `simpler run` and under `simpler demo`.
+inline constexpr uint32_t kAttentionStreamTasks = 1'000'000;
+inline constexpr uint32_t kAttentionStreamDemoTasks = 100'000;
+Result<ExampleReport> run_attention_stream(const ExampleOptions& options);
 
 }  // namespace simpler::examples

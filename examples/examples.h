@@ -27,7 +27,8 @@ struct ExampleOptions {
   std::string runtime = WorkerConfig().runtime;  // chip runtime: one of available_runtimes()
   std::string backend = WorkerConfig().backend;  // device backend: one of available_backends()
   int runs = 0;                                  // 0: the example's default (ExampleInfo::default_runs)
-  uint32_t pipeline_depth = 4;                   // the Worker's; also runs kept in flight (at most `runs`)
+  uint32_t tasks_per_run = 0;   // a sized example's tasks per run; 0: its default (ExampleInfo::default_tasks)
+  uint32_t pipeline_depth = 4;  // the Worker's; also runs kept in flight (at most `runs`)
   // Every wait is bounded so a broken runtime fails the example instead of hanging it.
   std::chrono::seconds run_timeout{60};
   // Called after each finished run; the caller throttles its own output.
@@ -47,18 +48,33 @@ struct ExampleInfo {
   std::string name;
   std::string description;
   int default_runs;
+  // A sized example's tasks per run for `simpler run` and for `simpler demo`;
+  // 0 for an example of fixed size, which refuses ExampleOptions::tasks_per_run.
+  uint32_t default_tasks = 0;
+  uint32_t demo_tasks = 0;
+  // Runs only on a streaming runtime (one whose orchestration runs on the
+  // device as its tasks execute); elsewhere run_example refuses it at once
+  // with FAILED_PRECONDITION, saying why.
+  bool needs_streaming = false;
 };
 
 std::vector<ExampleInfo> example_list();
 std::vector<std::string> example_names();
 
+// Whether chip runtime `runtime` streams a run through a task window rather
+// than building its whole graph before launch.
+bool is_streaming_runtime(const std::string& runtime);
+// Whether `example` runs on chip runtime `runtime` (else it refuses there).
+bool applies_to(const ExampleInfo& example, const std::string& runtime);
+
 // The directory the examples' kernels are loaded from (see common.h's
 // kernel_path), or NOT_FOUND naming every place looked at.
 Result<std::string> kernel_dir();
 
-// An error when the example could not run as designed (unknown name, a refused
-// Worker call, an unexpected run failure, a timeout); a report with
-// verified == false when it ran but an output did not match its reference.
+// An error when the example could not run as designed (unknown name, a
+// runtime it does not apply to, a refused Worker call, an unexpected run
+// failure, a timeout); a report with verified == false when it ran but an
+// output did not match its reference.
 Result<ExampleReport> run_example(const std::string& name, const ExampleOptions& options);
 
 }  // namespace simpler::examples

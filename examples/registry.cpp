@@ -27,6 +27,10 @@ const std::vector<Entry>& entries() {
        run_matmul_chain},
       {{"kernel_failure", "a kernel fails with a message; later runs on the same Worker succeed", 8},
        run_kernel_failure},
+      {{"attention_stream",
+        "1M tasks of an attention-style loop, a scope per step, through a 4096-task window and a 512 KiB heap ring", 1,
+        kAttentionStreamTasks, kAttentionStreamDemoTasks, /*needs_streaming=*/true},
+       run_attention_stream},
   };
   return kEntries;
 }
@@ -37,6 +41,17 @@ std::vector<ExampleInfo> example_list() {
   std::vector<ExampleInfo> out;
   for (const Entry& e : entries()) out.push_back(e.info);
   return out;
+}
+
+bool is_streaming_runtime(const std::string& runtime) {
+  // The public API does not say whether a runtime streams; the examples'
+  // tests compare this list with the runtime registry's, so a new streaming
+  // runtime cannot be missed.
+  return runtime == "tensormap_and_ringbuffer";
+}
+
+bool applies_to(const ExampleInfo& example, const std::string& runtime) {
+  return !example.needs_streaming || is_streaming_runtime(runtime);
 }
 
 std::vector<std::string> example_names() {
@@ -58,6 +73,12 @@ Result<ExampleReport> run_example(const std::string& name, const ExampleOptions&
     if (e.info.name != name) continue;
     ExampleOptions resolved = options;
     if (resolved.runs == 0) resolved.runs = e.info.default_runs;
+    if (e.info.default_tasks == 0 && resolved.tasks_per_run != 0) {
+      return Status(StatusCode::kInvalidArgument,
+                    fmt::format("{} has a fixed size: tasks_per_run = {} applies only to a sized example", name,
+                                resolved.tasks_per_run));
+    }
+    if (resolved.tasks_per_run == 0) resolved.tasks_per_run = e.info.default_tasks;
     return e.run(resolved);
   }
   return Status(StatusCode::kNotFound, fmt::format("unknown example '{}'", name));

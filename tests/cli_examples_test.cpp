@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include <fmt/core.h>
 #include <gtest/gtest.h>
 
 #include "conformance.h"
@@ -29,22 +30,43 @@ ExampleOptions small_options(int runs, uint32_t depth) {
   return o;
 }
 
-// Every example's bit-exact check, on every runtime and geometry (the node
-// and network examples through chip children of that runtime and geometry).
+// A sized example's run in the tests: still 4.9x its 4096-task window and
+// 5x its heap ring in intermediates, at a fiftieth of `simpler run`'s size,
+// for the sanitizer builds.
+constexpr uint32_t kSizedExampleTasks = 20'000;
+
+// Every example's bit-exact check, on every runtime and geometry it applies
+// to (the node and network examples through chip children of that runtime
+// and geometry); where it does not apply, its refusal.
 class ExamplesOnEveryTarget : public simpler::testing::TargetTest {};
 
-TEST_P(ExamplesOnEveryTarget, EveryExampleVerifies) {
+TEST_P(ExamplesOnEveryTarget, EveryExampleVerifiesOrRefusesWhereItDoesNotApply) {
   Watchdog dog(std::chrono::seconds(120));
-  for (const std::string& name : example_names()) {
+  // The examples' own list of streaming runtimes agrees with the registry.
+  EXPECT_EQ(is_streaming_runtime(GetParam().runtime), GetParam().streaming);
+  for (const ExampleInfo& info : example_list()) {
     ExampleOptions o = small_options(4, 2);
     o.runtime = GetParam().runtime;
     o.backend = GetParam().backend;
     o.geometry = geometry();
-    Result<ExampleReport> r = run_example(name, o);
-    ASSERT_TRUE(r.ok()) << name << ": " << r.status().to_string();
-    EXPECT_TRUE(r->verified) << name << ": " << r->detail;
-    EXPECT_EQ(r->runs, 4) << name;
-    EXPECT_GT(r->tasks, 0u) << name;
+    if (info.default_tasks != 0) {
+      o.runs = 2;
+      o.tasks_per_run = kSizedExampleTasks;
+    }
+    Result<ExampleReport> r = run_example(info.name, o);
+    if (!applies_to(info, o.runtime)) {
+      ASSERT_FALSE(r.ok()) << info.name << " ran on " << o.runtime << ", which it does not apply to";
+      EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().to_string();
+      EXPECT_NE(r.status().message().find("needs a streaming runtime"), std::string::npos) << r.status().to_string();
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << info.name << ": " << r.status().to_string();
+    EXPECT_TRUE(r->verified) << info.name << ": " << r->detail;
+    EXPECT_EQ(r->runs, o.runs) << info.name;
+    EXPECT_GT(r->tasks, 0u) << info.name;
+    if (info.default_tasks != 0) {
+      EXPECT_EQ(r->tasks, uint64_t{kSizedExampleTasks} * 2) << info.name;
+    }
   }
 }
 
@@ -98,6 +120,26 @@ TEST(Examples, NetworkPipelineVerifiesAcrossTwoForkedNodes) {
   EXPECT_EQ(r->tasks, 8u * 3u);
 }
 
+// The streaming example takes only sizes that stream (above its window, in
+// whole steps); a fixed-size example takes none.
+TEST(Examples, SizesAreCheckedBeforeAnythingRuns) {
+  Watchdog dog(std::chrono::seconds(30));
+  ExampleOptions o = small_options(1, 1);
+  o.runtime = "tensormap_and_ringbuffer";
+  for (uint32_t tasks : {4096u, 20'008u}) {
+    o.tasks_per_run = tasks;
+    Result<ExampleReport> r = run_example("attention_stream", o);
+    ASSERT_FALSE(r.ok()) << tasks;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().to_string();
+    EXPECT_NE(r.status().message().find("tasks_per_run"), std::string::npos) << r.status().to_string();
+  }
+  o.tasks_per_run = 100;
+  Result<ExampleReport> fixed = run_example("vector_add", o);
+  ASSERT_FALSE(fixed.ok());
+  EXPECT_EQ(fixed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(fixed.status().message().find("fixed size"), std::string::npos) << fixed.status().to_string();
+}
+
 TEST(Examples, ProgressIsReportedPerRun) {
   Watchdog dog(std::chrono::seconds(60));
   ExampleOptions o = small_options(3, 2);
@@ -130,9 +172,9 @@ struct Child {
   std::string output;  // stdout and stderr together
 };
 
-// Runs the built `simpler` with `args` under `timeout 60`; `env` prefixes the command.
-Child run_cli(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " timeout 60 " SIMPLER_CLI_PATH " " + args + " 2>&1";
+// Runs the built `simpler` with `args` under `timeout`; `env` prefixes the command.
+Child run_cli(const std::string& args, const std::string& env = "", int timeout_s = 60) {
+  const std::string cmd = fmt::format("{} timeout {} {} {} 2>&1", env, timeout_s, SIMPLER_CLI_PATH, args);
   Child c{-1, {}};
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return c;
@@ -156,6 +198,8 @@ TEST(Cli, BadUsageExitsTwoNamingTheFlag) {
       {"run vector_add --runs abc", "--runs"},
       {"run vector_add --runs 0", "--runs"},
       {"run vector_add --runs -3", "--runs"},
+      {"run attention_stream --tasks 0", "--tasks"},
+      {"run attention_stream --tasks lots", "--tasks"},
       {"run vector_add --pipeline-depth 0", "--pipeline-depth"},
       {"run vector_add --pipeline-depth 4294967296", "--pipeline-depth"},
       {"run vector_add --geometry huge", "--geometry"},
@@ -201,13 +245,45 @@ TEST(Cli, RunVerifiesAndStaysQuietWithoutATerminal) {
 }
 
 // `simpler demo` runs node_pipeline and network_pipeline first (their Workers
-// fork at init), then the chip examples, and passes only if every one verified.
-TEST(Cli, DemoRunsTheNodeAndNetworkExamplesAndVerifiesEveryExample) {
-  Child r = run_cli("demo");
+// fork at init), then the chip examples, each on every runtime; it passes only
+// if every row verified or is an example's refusal of a runtime it does not
+// apply to, and its summary counts every row.
+TEST(Cli, DemoRunsEveryExampleOnEveryRuntimeAndCountsEveryRow) {
+  // Every example on every runtime is a few seconds here and ten times that
+  // in the sanitizer builds; the deadline is for a hang, within ctest's 240 s.
+  Child r = run_cli("demo", "", 200);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("node_pipeline"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("network_pipeline"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("examples verified: PASS"), std::string::npos) << r.output;
+  size_t rows = 0, not_applicable = 0;
+  for (const ExampleInfo& info : example_list()) {
+    for (const ComponentInfo& runtime : available_runtimes()) {
+      ++rows;
+      const bool applies = applies_to(info, runtime.name);
+      not_applicable += applies ? 0 : 1;
+      const std::string row = fmt::format("{:<16} {:<24} ", info.name, runtime.name);
+      const size_t at = r.output.find(row);
+      ASSERT_NE(at, std::string::npos) << row << "\n" << r.output;
+      const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+      EXPECT_TRUE(line.ends_with(applies ? "  ok" : "  n/a")) << line;
+    }
+  }
+  EXPECT_NE(r.output.find(fmt::format("{}/{} rows verified, {} not applicable (n/a), 0 failed: PASS",
+                                      rows - not_applicable, rows, not_applicable)),
+            std::string::npos)
+      << r.output;
+}
+
+// The streaming example on the streaming runtime, at a size of the caller's;
+// on the default runtime it refuses at once, saying what it needs.
+TEST(Cli, RunAttentionStreamVerifiesOnTheStreamingRuntimeOnly) {
+  Child ok = run_cli("run attention_stream --runtime tensormap_and_ringbuffer --tasks 20000");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find(" 20000 "), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find(" ok"), std::string::npos) << ok.output;
+  Child refused = run_cli("run attention_stream --runs 1");
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("needs a streaming runtime such as tensormap_and_ringbuffer"), std::string::npos)
+      << refused.output;
+  EXPECT_NE(refused.output.find("n/a"), std::string::npos) << refused.output;
 }
 
 TEST(Cli, RunNodePipelineVerifies) {

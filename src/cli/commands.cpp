@@ -37,38 +37,79 @@ std::string human_time(double s) {
 
 struct Row {
   std::string name;
+  std::string runtime;
+  bool applies;  // the example runs on this runtime (examples::applies_to)
   Result<examples::ExampleReport> report;
 };
 
-bool passed(const Row& row) { return row.report.ok() && row.report->verified; }
+enum class Verdict { kOk, kNotApplicable, kMismatch, kError };
+
+// A row whose example does not apply to its runtime is n/a only when the
+// example refused it as such; anything else there is an error.
+Verdict verdict(const Row& row) {
+  if (!row.report.ok()) {
+    const bool refused = !row.applies && row.report.status().code() == StatusCode::kFailedPrecondition;
+    return refused ? Verdict::kNotApplicable : Verdict::kError;
+  }
+  if (!row.applies) return Verdict::kError;
+  return row.report->verified ? Verdict::kOk : Verdict::kMismatch;
+}
 
 void print_table(const std::vector<Row>& rows) {
-  fmt::print("{:<16} {:>5} {:>8} {:>10} {:>10}  {}\n", "example", "runs", "tasks", "wall", "tasks/s", "verdict");
+  constexpr const char* kFormat = "{:<16} {:<24} {:>5} {:>8} {:>10} {:>10}  {}\n";
+  fmt::print(kFormat, "example", "runtime", "runs", "tasks", "wall", "tasks/s", "verdict");
   for (const Row& row : rows) {
+    const Verdict v = verdict(row);
     if (!row.report.ok()) {
-      fmt::print("{:<16} {:>5} {:>8} {:>10} {:>10}  {}\n", row.name, "-", "-", "-", "-", "ERROR");
+      fmt::print(kFormat, row.name, row.runtime, "-", "-", "-", "-", v == Verdict::kNotApplicable ? "n/a" : "ERROR");
       continue;
     }
     const examples::ExampleReport& r = *row.report;
     const double rate = r.wall_s > 0 ? static_cast<double>(r.tasks) / r.wall_s : 0;
-    fmt::print("{:<16} {:>5} {:>8} {:>10} {:>10}  {}\n", r.name, r.runs, r.tasks, human_time(r.wall_s),
-               human_rate(rate), r.verified ? "ok" : "MISMATCH");
+    fmt::print(kFormat, r.name, row.runtime, r.runs, r.tasks, human_time(r.wall_s), human_rate(rate),
+               v == Verdict::kOk         ? "ok"
+               : v == Verdict::kMismatch ? "MISMATCH"
+                                         : "ERROR (ran where it does not apply)");
   }
   fmt::print("\n");
-  for (const Row& row : rows) {
-    if (!row.report.ok()) {
-      fmt::print("{}: error: {}\n", row.name, row.report.status().to_string());
-    } else {
-      fmt::print("{}: {}\n", row.name, row.report->detail);
+  // One line per example and text, naming every runtime it holds for.
+  std::string label, text;
+  auto flush = [&] {
+    if (!label.empty()) fmt::print("{}]: {}\n", label, text);
+  };
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows[i];
+    std::string t;
+    switch (verdict(row)) {
+      case Verdict::kNotApplicable:
+        t = fmt::format("n/a: {}", row.report.status().message());
+        break;
+      case Verdict::kError:
+        t = fmt::format("error: {}",
+                        row.report.ok() ? "it ran on a runtime it does not apply to" : row.report.status().to_string());
+        break;
+      case Verdict::kOk:
+      case Verdict::kMismatch:
+        t = row.report->detail;
+        break;
     }
+    if (i > 0 && rows[i - 1].name == row.name && t == text) {
+      label += fmt::format(", {}", row.runtime);
+      continue;
+    }
+    flush();
+    label = fmt::format("{} [{}", row.name, row.runtime);
+    text = std::move(t);
   }
+  flush();
 }
 
-Row run_one(const std::string& name, examples::ExampleOptions options, ProgressLine& progress) {
-  options.progress = [&progress](const examples::ExampleProgress& p) {
-    progress.update(fmt::format("{}: {}/{} runs, {} tasks", p.name, p.runs_done, p.runs_total, p.tasks));
+Row run_one(const examples::ExampleInfo& example, examples::ExampleOptions options, ProgressLine& progress) {
+  options.progress = [&progress, runtime = options.runtime](const examples::ExampleProgress& p) {
+    progress.update(fmt::format("{} [{}]: {}/{} runs, {} tasks", p.name, runtime, p.runs_done, p.runs_total, p.tasks));
   };
-  Row row{name, examples::run_example(name, options)};
+  Row row{example.name, options.runtime, examples::applies_to(example, options.runtime),
+          examples::run_example(example.name, options)};
   progress.clear();
   return row;
 }
@@ -106,17 +147,32 @@ std::vector<std::string> example_names() {
 
 int cmd_demo() {
 #ifdef SIMPLER_HAVE_EXAMPLES
-  const examples::ExampleOptions options;
-  fmt::print("simpler {} demo on the simulated chip, geometry {}\n\n", version_string(), describe(options.geometry));
+  const examples::ExampleOptions defaults;
+  fmt::print("simpler {} demo on the simulated chip, geometry {}\n\n", version_string(), describe(defaults.geometry));
   std::fflush(stdout);
   ProgressLine progress;
   std::vector<Row> rows;
-  for (const std::string& name : examples::example_names()) rows.push_back(run_one(name, options, progress));
+  // Example after example, in the registry's order (the forking node and
+  // network examples first), each on every runtime.
+  for (const examples::ExampleInfo& example : examples::example_list()) {
+    for (const std::string& runtime : runtime_names()) {
+      examples::ExampleOptions options = defaults;
+      options.runtime = runtime;
+      options.tasks_per_run = example.demo_tasks;
+      rows.push_back(run_one(example, options, progress));
+    }
+  }
   print_table(rows);
-  size_t ok = 0;
-  for (const Row& row : rows) ok += passed(row) ? 1 : 0;
-  fmt::print("\n{}/{} examples verified: {}\n", ok, rows.size(), ok == rows.size() ? "PASS" : "FAIL");
-  return ok == rows.size() ? kExitOk : kExitFailure;
+  size_t ok = 0, not_applicable = 0;
+  for (const Row& row : rows) {
+    const Verdict v = verdict(row);
+    ok += v == Verdict::kOk ? 1 : 0;
+    not_applicable += v == Verdict::kNotApplicable ? 1 : 0;
+  }
+  const size_t failed = rows.size() - ok - not_applicable;
+  fmt::print("\n{}/{} rows verified, {} not applicable (n/a), {} failed: {}\n", ok, rows.size(), not_applicable, failed,
+             failed == 0 ? "PASS" : "FAIL");
+  return failed == 0 ? kExitOk : kExitFailure;
 #else
   return no_examples();
 #endif
@@ -133,15 +189,22 @@ int cmd_run(const RunFlags& flags) {
   options.geometry = *geometry;
   options.runtime = flags.runtime;
   options.runs = flags.runs;
+  options.tasks_per_run = flags.tasks;
   options.pipeline_depth = flags.pipeline_depth;
   fmt::print("simpler {} run {} with runtime {} on geometry {}, pipeline depth {}\n\n", version_string(), flags.example,
              options.runtime, describe(options.geometry), options.pipeline_depth);
   std::fflush(stdout);
   ProgressLine progress;
   std::vector<Row> rows;
-  rows.push_back(run_one(flags.example, options, progress));
+  for (const examples::ExampleInfo& example : examples::example_list()) {
+    if (example.name == flags.example) rows.push_back(run_one(example, options, progress));
+  }
+  if (rows.empty()) {
+    fmt::print(stderr, "unknown example '{}'\n", flags.example);
+    return kExitUsage;
+  }
   print_table(rows);
-  return passed(rows[0]) ? kExitOk : kExitFailure;
+  return verdict(rows[0]) == Verdict::kOk ? kExitOk : kExitFailure;
 #else
   (void)flags;
   return no_examples();

@@ -20,7 +20,8 @@ struct RunFlags {
   std::string example;
   std::string geometry = "small";
   std::string runtime = WorkerConfig().runtime;
-  int runs = 0;  // 0: the example's default
+  int runs = 0;        // 0: the example's default
+  uint32_t tasks = 0;  // tasks per run of a sized example; 0: its default
   uint32_t pipeline_depth = 4;
 };
 

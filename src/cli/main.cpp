@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   // named rather than hidden behind "a subcommand is required".
   app.require_subcommand(0, 1);
 
-  CLI::App* demo = app.add_subcommand("demo", "Run every example on the default geometry, verify, print a table");
+  CLI::App* demo = app.add_subcommand(
+      "demo", "Run every example on every runtime it applies to, on the default geometry; verify, print a table");
 
   RunFlags run_flags;
   CLI::App* run = app.add_subcommand("run", "Run one example and verify its outputs");
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run->add_option("--runs", run_flags.runs, "Runs to submit (default: the example's own)")
       ->check(integer_in(1, 1000000));
+  run->add_option("--tasks", run_flags.tasks, "Tasks per run of a sized example (default: the example's own)")
+      ->check(integer_in<uint32_t>(1, std::numeric_limits<uint32_t>::max()));
   // Every depth WorkerConfig::pipeline_depth can hold; one the Worker cannot
   // serve is refused by its init, naming the field.
   run->add_option("--pipeline-depth", run_flags.pipeline_depth, "Runs in flight before waiting on the oldest")
