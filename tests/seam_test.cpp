@@ -87,9 +87,8 @@ TEST(Seams, ARuntimeRefusesABackendWithoutHostMappedMemoryNamingBoth) {
   for (const RuntimeInfo* r : registered_runtimes()) {
     const std::string name = r->name;
     UnmappedDevice device;
-    auto created = r->create(device, RuntimeOptions{64, {}}, [](uint32_t, RunOutcome) {
-      ADD_FAILURE() << "a refused runtime reported a run";
-    });
+    auto created = r->create(device, RuntimeOptions{64, {}},
+                             [](uint32_t, RunOutcome) { ADD_FAILURE() << "a refused runtime reported a run"; });
     ASSERT_FALSE(created.ok()) << name;
     EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument);
     EXPECT_TRUE(contains(created.status().message(), std::string("runtime = '") + name + "'") &&
