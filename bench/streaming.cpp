@@ -90,24 +90,23 @@ struct FirstTaskWorker {
     return c;
   }
   Status open(uint32_t max_rows) {
-    Result<CallableHandle> c = register_and_init(worker, "bench_first_task",
-                                                 [this](ChipOrchestrator& o, const TaskArgs&) -> Status {
-                                                   for (uint32_t i = 0; i < tasks; ++i) {
-                                                     Result<TensorView> row = rows.tile({i, 0}, {1, kRowElems});
-                                                     if (!row.ok()) return row.status();
-                                                     TaskArgs args;
-                                                     args.add_tensor(*row, Tag::OutputExisting);
-                                                     if (Result<TaskRef> t = o.submit_aiv(kNoopFuncId, args); !t.ok())
-                                                       return t.status();
-                                                   }
-                                                   return Status();
-                                                 },
-                                                 {});
+    Result<CallableHandle> c = register_and_init(
+        worker, "bench_first_task", [this](ChipOrchestrator& o, const TaskArgs&) { return orchestrate(o); }, {});
     if (!c.ok()) return c.status();
     callable = *c;
     Result<DeviceBuffer> b = worker.malloc(uint64_t{max_rows} * kRowElems * sizeof(float));
     if (!b.ok()) return b.status();
     rows = b->view({max_rows, kRowElems}, DType::F32);
+    return Status();
+  }
+  Status orchestrate(ChipOrchestrator& o) const {
+    for (uint32_t i = 0; i < tasks; ++i) {
+      Result<TensorView> row = rows.tile({i, 0}, {1, kRowElems});
+      if (!row.ok()) return row.status();
+      TaskArgs args;
+      args.add_tensor(*row, Tag::OutputExisting);
+      if (Result<TaskRef> t = o.submit_aiv(kNoopFuncId, args); !t.ok()) return t.status();
+    }
     return Status();
   }
   Worker worker;
