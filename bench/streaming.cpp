@@ -169,8 +169,9 @@ constexpr uint32_t kHbgChunkTasks = 16384;
 constexpr std::chrono::microseconds kMemorySamplePeriod{500};
 
 // One step: a scope, an intermediate written by one task and read by
-// kStreamConsumers, each writing a row of `out` (rows recur every
-// kOutRows / kStreamConsumers steps, so consecutive steps overlap).
+// kStreamConsumers, each writing a row of `out`: a row recurs every
+// kOutRows / kStreamConsumers steps, so only steps that far apart are ordered
+// (write after write) and the window holds many steps in flight.
 Status stream_steps(ChipOrchestrator& o, const TensorView& out, uint64_t steps) {
   for (uint64_t step = 0; step < steps; ++step) {
     o.scope_begin();
@@ -325,8 +326,8 @@ Result<Json> first_task() {
   j["geometry"] = Geometry::small().name;
   j["unit"] = "us";
   j["what"] =
-      "now_ns() right before Worker::submit -> the first kernel's start (the kernel records now_ns() on its "
-      "simulated core thread); independent no-op tasks, each writing its own 64-byte row";
+      "steady clock right before Worker::submit -> the first kernel's start (the kernel reads the same clock on "
+      "its simulated core thread); independent no-op tasks, each writing its own 64-byte row";
   j["sizes"] = by_size;
   j["runtime"] = fmt::format("{}, default max_tasks_per_run (its window); larger graphs stream through it", kTmr);
   j["peer"] = fmt::format("{}, max_tasks_per_run = {} (it builds the whole graph before launching)", kHbg, largest);
