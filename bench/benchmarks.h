@@ -10,6 +10,8 @@ namespace simpler::bench {
 Result<Json> l2_latency();
 Result<Json> runs_in_flight();
 Result<Json> dispatch();
+Result<Json> first_task();
+Result<Json> stream();
 Result<Json> idle_cpu();
 Result<Json> native_run();
 Result<Json> l3_sub_latency();

@@ -43,8 +43,18 @@ const std::vector<Entry>& entries() {
        &mailbox_round_trip},
       {{"mailbox_bytes", "mailbox_size at grant 1, 2, 3, 64, 1024 (exact bytes) vs the old fixed 3 x 64 KiB layout"},
        &mailbox_bytes},
-      {{"dispatch", "ns per no-op task for 10k tasks: independent, chain, layered DAG vs a oneTBB flow graph"},
+      {{"dispatch",
+        "ns per no-op task for 10k tasks: independent, chain, layered DAG; host_build_graph and "
+        "tensormap_and_ringbuffer vs a oneTBB flow graph"},
        &dispatch},
+      {{"first_task",
+        "submit -> first kernel start for 1k/10k/100k independent-task graphs, tensormap_and_ringbuffer vs "
+        "host_build_graph"},
+       &first_task},
+      {{"stream",
+        "tasks/s and peak device memory of 1M tasks through a 4096-slot window and 1 MiB heap ring "
+        "(tensormap_and_ringbuffer) vs host_build_graph in 16k-task runs"},
+       &stream},
       {{"idle_cpu", "% of one CPU burned by an idle a2a3-geometry chip over 1 s vs an idle process"}, &idle_cpu},
       {{"native_run", "prepare + launch + finalize of an empty and a one-task native run, p50/p99 vs a condvar pool"},
        &native_run},
