@@ -40,19 +40,22 @@ class StreamBuilder final : public RunBuilder {
   Set& s_;
   uint64_t desc_pos_ = 0;  // where reserve() put the next task's descriptors
   std::vector<GuardCheck> guard_scratch_;
+  bool yielded_ = false;  // after the run's first ready task
 };
 
 Status StreamBuilder::reserve(uint32_t task, uint32_t tensors) {
   Set& s = s_;
   if (!s.stalled_.ok()) return s.stalled_;
   const uint32_t window = s.sizes_.window;
+  // A full window refills in bursts of an eighth: one wake-up per burst.
   SIMPLER_RETURN_IF_ERROR(s.wait_for_room([&] { return task - s.reclaimed_ < window; },
                                           [&] {
                                             return fmt::format(
                                                 "task window: {} tasks of the run are in flight and the window "
                                                 "(runtime_env.task_window = {}) is full",
                                                 task - s.reclaimed_, window);
-                                          }));
+                                          },
+                                          std::max<uint32_t>(1, window / 8)));
   const uint64_t cap = rt_.descriptor_capacity();
   uint64_t pos = s.desc_head_;
   if (pos % cap + tensors > cap) pos += cap - pos % cap;  // a task's descriptors never wrap
@@ -185,6 +188,13 @@ void StreamBuilder::place(const CheckedTask& t) {
   }
   rt_.dispatcher_.push(task.kind, ReadyItem{s.index_, slot});
   rt_.device_.ring_all_aicpu();
+  // Where the orchestrator shares CPUs with the cores (the simulator on a
+  // small host), the first ready task of a run must not wait for the whole
+  // orchestration's time slice.
+  if (!yielded_) {
+    yielded_ = true;
+    yield_cpu();
+  }
 }
 
 // ---- Set ---------------------------------------------------------------------------------------
@@ -194,6 +204,8 @@ Set::Set(TmrRuntime& rt, uint32_t index) : rt_(rt), index_(index) {}
 void Set::reset(const StreamSizes& sizes) {
   sizes_ = sizes;
   remaining_.store(1, std::memory_order_relaxed);
+  finished_.store(0, std::memory_order_relaxed);
+  wake_at_.store(UINT32_MAX, std::memory_order_relaxed);
   executed_.store(0, std::memory_order_relaxed);
   released_early_.store(0, std::memory_order_relaxed);
   error_.reset();
@@ -243,14 +255,15 @@ void Set::release_all() {
 }
 
 template <typename Room, typename What>
-Status Set::wait_for_room(Room&& room, What&& what) {
+Status Set::wait_for_room(Room&& room, What&& what, uint32_t batch) {
   if (room()) return Status();
   reclaim();
   if (room()) return Status();
   uint64_t last_progress = now_ns();
   bool stuck = false;
   for (;;) {
-    const bool ready = spin_then_park(
+    bool raced = false;
+    const bool woke = spin_then_park(
         progress_,
         [&] {
           if (reclaim()) last_progress = now_ns();
@@ -259,17 +272,26 @@ Status Set::wait_for_room(Room&& room, What&& what) {
           // releases are visible once its done flag is): nothing will ever
           // make room.
           stuck = reclaimed_ == submitted_;
-          return stuck;
+          if (stuck) return true;
+          // Finishers ring only once `batch` more tasks finished, not once
+          // per task. Both sides store, then load the other's word
+          // (seq_cst): either a finisher sees this target, or this sees
+          // the finish and looks again instead of parking.
+          const uint32_t target = finished_.load(std::memory_order_seq_cst) + std::min(batch, submitted_ - reclaimed_);
+          wake_at_.store(target, std::memory_order_seq_cst);
+          raced = finished_.load(std::memory_order_seq_cst) >= target;
+          return raced;
         },
         SpinPolicy{}, last_progress + sizes_.stall_ns);
-    if (ready && !stuck) return Status();
+    wake_at_.store(UINT32_MAX, std::memory_order_relaxed);
     if (stuck) {
       return resource_exhausted(
           "{}, and no task is in flight to free it: what holds it is held by the run or by "
           "a scope that has not ended",
           what());
     }
-    if (now_ns() - last_progress >= sizes_.stall_ns) {
+    if (room()) return Status();
+    if (!woke && now_ns() - last_progress >= sizes_.stall_ns) {
       return make_error(StatusCode::kDeadlineExceeded, "{}, and no task retired for {} ms (runtime_env.stall_timeout)",
                         what(), sizes_.stall_ns / 1'000'000);
     }
@@ -311,8 +333,8 @@ bool Set::reclaim() {
 }
 
 void Set::mark_released(RingIntermediate& im) {
+  // No ring: a task's releases precede its finish, which wakes a waiting orchestrator.
   im.released.store(1, std::memory_order_release);
-  progress_.ring();
 }
 
 Result<uint32_t> Set::create(const HostApi&, uint64_t bytes) {
@@ -603,6 +625,9 @@ void TmrRuntime::stream(Set& s) {
     StreamBuilder builder(*this, s);
     st = builder.orchestrate(*s.run_args_);
   }
+  // Nothing is placed any more: the map's records go now, while the tasks
+  // still run, instead of on the next submit's path.
+  s.map_.reset(s.sizes_.window);
   // A stall recorded while placing a task is the run's error even when the
   // orchestration returned OK after it.
   s.orchestration_error_ = st.ok() ? s.stalled_ : std::move(st);
@@ -675,7 +700,8 @@ void TmrRuntime::finish_task(Set& s, uint32_t slot, bool failed, std::vector<Rea
   }
   // Successors must be queued before `remaining` can reach zero and hand the set back.
   dispatcher_.publish(ready, [this](ReadyItem it) -> GraphTask& { return task_of(it); });
-  s.progress_.ring();
+  const uint32_t total = s.finished_.fetch_add(finished, std::memory_order_seq_cst) + finished;
+  if (total >= s.wake_at_.load(std::memory_order_seq_cst)) s.progress_.ring();
   drop_remaining(s, finished);
 }
 

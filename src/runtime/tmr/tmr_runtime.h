@@ -120,7 +120,7 @@ class Set final : public Intermediates {
   // can never become true (no task in flight) or nothing retires for the
   // stall timeout.
   template <typename Room, typename What>
-  Status wait_for_room(Room&& room, What&& what);
+  Status wait_for_room(Room&& room, What&& what, uint32_t batch = 1);
   void mark_released(RingIntermediate& im);
   // The ring guard damage of block [addr, addr + bytes), restored.
   DeviceMemory::GuardDamage ring_guard_damage(uint64_t addr, uint64_t bytes);
@@ -142,7 +142,9 @@ class Set final : public Intermediates {
   std::atomic<uint32_t> released_early_{0};
   FirstError error_;
   Status orchestration_error_;  // written by the orchestrator before it lets go of the run
-  Doorbell progress_;           // rung when a task retires or an intermediate is released
+  Doorbell progress_;           // rung by finishers once finished_ reaches wake_at_
+  std::atomic<uint32_t> finished_{0};
+  std::atomic<uint32_t> wake_at_{UINT32_MAX};  // UINT32_MAX: the orchestrator is not waiting
 
   // Stream state: the orchestrator thread.
   uint32_t submitted_ = 0;
