@@ -312,8 +312,8 @@ TEST(HostApi, R79R90RetainedTempIsPerSlot) {
 // prepared at once in slots 0 and 1 each find their own blob at their own
 // slot's retained address, and a later run of slot 0 reuses that buffer
 // without allocating device memory.
-TEST(HostApi, R90PreparedRunsStageTheirArgsInTheirSlotsRetainedBuffer) {
-  Fixture f(2);
+void r90_retained_args_per_slot(const testing::ChipTarget& target) {
+  Fixture f(2, 0, target);
   auto second = f.worker->malloc(64 * 4);
   ASSERT_TRUE(second.ok());
   TaskArgs other;
@@ -357,6 +357,14 @@ TEST(HostApi, R90PreparedRunsStageTheirArgsInTheirSlotsRetainedBuffer) {
   ASSERT_TRUE(f.worker->launch(again.get(), *e).ok());
   ASSERT_TRUE(f.worker->wait(again.get(), *e, deadline()).ok());
   ASSERT_TRUE(f.worker->finalize(again.get(), *e).ok());
+}
+
+TEST(HostApi, R90PreparedRunsStageTheirArgsInTheirSlotsRetainedBuffer) {
+  // On every runtime: staging is the chip's, whatever runs the orchestration.
+  for (const RuntimeInfo* runtime : registered_runtimes()) {
+    SCOPED_TRACE(runtime->name);
+    r90_retained_args_per_slot(testing::ChipTarget{runtime->name, "small", "sim"});
+  }
 }
 
 // R81: a context whose construction throws leaves the storage empty and reusable.

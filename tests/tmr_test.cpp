@@ -554,5 +554,46 @@ TEST(RuntimeEnvTest, ANativeRunCarriesItsOwnEnv) {
   EXPECT_EQ(g_count.load(), 40);
 }
 
+// The native lifecycle of runs whose orchestration fails mid-stream, on
+// every set in turn: each run's tasks all run, finalize returns the error,
+// and the set partition is whole after every run (R21: free + live +
+// quarantined == grant, with every set free).
+TEST(Streaming, AFailingOrchestrationGivesItsSetBack) {
+  Watchdog dog;
+  std::vector<ChipCallable> cs;
+  cs.emplace_back(
+      "fails_midway",
+      [](ChipOrchestrator& o, const TaskArgs&) -> Status {
+        for (int i = 0; i < 20; ++i) {
+          TaskArgs t;
+          t.add_output({8}, DType::I64);
+          if (auto r = o.submit_aiv(kCount, t); !r.ok()) return r.status();
+        }
+        return Status(StatusCode::kInvalidArgument, "orchestration: midway");
+      },
+      kernels(), std::vector<Param>{});
+  auto w = ChipWorker::create(tmr_config(8, 3), std::move(cs));
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  ChipWorker& chip = **w;
+  alignas(native_run_storage_alignment()) static unsigned char storage[native_run_storage_size()];
+  for (int round = 0; round < 6; ++round) {
+    g_count = 0;
+    std::memset(storage, 0, sizeof storage);
+    auto lease = chip.try_acquire_lease();
+    ASSERT_TRUE(lease.has_value()) << "round " << round << ": no set is free";
+    NativeRunDescriptor d;
+    d.lease = *lease;
+    d.arena_bank = lease->slot;
+    auto epoch = chip.prepare(storage, sizeof storage, d, 0, TaskArgs{});
+    ASSERT_TRUE(epoch.ok()) << epoch.status().to_string();
+    ASSERT_TRUE(chip.launch(storage, *epoch).ok());
+    EXPECT_EQ(chip.finalize(storage, *epoch), Status(StatusCode::kInvalidArgument, "orchestration: midway"));
+    EXPECT_EQ(g_count.load(), 20) << "round " << round;
+    const ArenaCounts c = chip.set_counts();
+    EXPECT_EQ(c.free + c.live + c.quarantined, chip.grant());
+    EXPECT_EQ(c.free, chip.grant()) << "round " << round << ": a set was kept";
+  }
+}
+
 }  // namespace
 }  // namespace simpler
