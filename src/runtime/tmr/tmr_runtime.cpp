@@ -225,7 +225,12 @@ void Set::reset(const StreamSizes& sizes) {
   uses_.resize(size_t{sizes.window} * kMaxTaskArgs);
   guards_.resize(size_t{sizes.window} * kMaxTaskArgs);
   map_.reset(sizes.window);
-  for (HeapRing& r : rings_) r = HeapRing{};
+  for (HeapRing& r : rings_) {
+    r.base.store(0, std::memory_order_relaxed);
+    r.head = 0;
+    r.tail = 0;
+    r.blocks.clear();
+  }
   const uint32_t ims = sizes.window * 2 + 64;
   if (ims != im_capacity_) {
     ims_.reset(new RingIntermediate[ims]);
@@ -244,10 +249,11 @@ void Set::reset(const StreamSizes& sizes) {
 void Set::release_all() {
   DeviceMemory& memory = rt_.memory_;
   for (HeapRing& r : rings_) {
-    if (r.base == 0) continue;
-    memory.unpin(r.base);
-    (void)memory.free(r.base);
-    r.base = 0;
+    const uint64_t base = r.base.load(std::memory_order_relaxed);
+    if (base == 0) continue;
+    memory.unpin(base);
+    (void)memory.free(base);
+    r.base.store(0, std::memory_order_relaxed);
   }
   for (uint64_t base : borrowed_) memory.unpin(base);
   borrowed_.clear();
@@ -349,13 +355,14 @@ Result<uint32_t> Set::create(const HostApi&, uint64_t bytes) {
         "intermediate tensor of {} bytes can never fit heap ring {} of {} bytes (runtime_env.heap_ring_bytes)", bytes,
         ring, size);
   }
-  if (r.base == 0) {
-    SIMPLER_ASSIGN_OR_RETURN(r.base, memory.allocate(size), "intermediate tensor: heap ring {}", ring);
-    if (Status st = memory.pin(r.base); !st.ok()) {
-      (void)memory.free(r.base);
-      r.base = 0;
+  uint64_t base = r.base.load(std::memory_order_relaxed);
+  if (base == 0) {
+    SIMPLER_ASSIGN_OR_RETURN(base, memory.allocate(size), "intermediate tensor: heap ring {}", ring);
+    if (Status st = memory.pin(base); !st.ok()) {
+      (void)memory.free(base);
       return st;
     }
+    r.base.store(base, std::memory_order_relaxed);
   }
   SIMPLER_RETURN_IF_ERROR(
       wait_for_room([&] { return !im_free_.empty() || im_next_ < im_capacity_; },
@@ -377,7 +384,7 @@ Result<uint32_t> Set::create(const HostApi&, uint64_t bytes) {
     i = im_next_++;
   }
   RingIntermediate& im = ims_[i];
-  im.addr = r.base + pos % size + guard;
+  im.addr = base + pos % size + guard;
   im.bytes = bytes;
   im.ring = ring;
   im.refs.store(1, std::memory_order_relaxed);  // the scope's (or the run's) reference
@@ -433,7 +440,8 @@ bool Set::release_user(uint32_t i) {
 Result<Intermediates::Held> Set::hold(uint64_t addr, uint64_t bytes) {
   for (uint32_t ring = 0; ring < kHeapRings; ++ring) {
     const HeapRing& r = rings_[ring];
-    if (r.base == 0 || addr < r.base || addr - r.base >= sizes_.heap_ring_bytes) continue;
+    const uint64_t base = r.base.load(std::memory_order_relaxed);
+    if (base == 0 || addr < base || addr - base >= sizes_.heap_ring_bytes) continue;
     auto it = live_.upper_bound(addr);
     if (it != live_.begin()) {
       --it;
@@ -652,7 +660,8 @@ void TmrRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::
     Status st = check_task_guards(
         [&](uint64_t addr, uint64_t bytes) {
           for (const HeapRing& ring : s.rings_) {
-            if (ring.base != 0 && addr >= ring.base && addr - ring.base < s.sizes_.heap_ring_bytes) {
+            const uint64_t base = ring.base.load(std::memory_order_relaxed);
+            if (base != 0 && addr >= base && addr - base < s.sizes_.heap_ring_bytes) {
               return s.ring_guard_damage(addr, bytes);
             }
           }

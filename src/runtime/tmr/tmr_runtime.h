@@ -79,7 +79,10 @@ struct RingBlock {
 };
 
 struct HeapRing {
-  uint64_t base = 0;  // the device allocation, made when the run first needs it
+  // The device allocation, made when the run first needs it: by the
+  // orchestrator while scheduler threads check the guards of other rings'
+  // blocks, hence atomic.
+  std::atomic<uint64_t> base{0};
   uint64_t head = 0;  // next free position
   uint64_t tail = 0;  // oldest position still in use
   std::deque<RingBlock> blocks;
