@@ -28,9 +28,13 @@ void gated_fill_kernel(int64_t* args) {
   fill_kernel(args);
 }
 
-// Copies, and counts a start while the gate is still closed.
+// Copies; a start while the gate is still closed is counted instead, and
+// touches no data (the held writer owns it).
 void watched_copy_kernel(int64_t* args) {
-  if (!g_gate_open.load()) g_copy_before_gate.fetch_add(1);
+  if (!g_gate_open.load()) {
+    g_copy_before_gate.fetch_add(1);
+    return;
+  }
   copy_kernel(args);
 }
 

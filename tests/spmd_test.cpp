@@ -19,7 +19,19 @@ namespace {
 
 using namespace testing;
 
-enum : uint32_t { kStamp = 1, kCopy, kRendezvous, kAicStamp };
+enum : uint32_t { kStamp = 1, kCopy, kMeet, kAicStamp };
+
+// Each block arrives and waits (bounded) for args[1] blocks to be inside at
+// once, then writes 1 into its own element of args[0]; fails otherwise.
+void meet_kernel(int64_t* args) {
+  const int want = static_cast<int>(args[1]);
+  g_arrived.fetch_add(1);
+  if (!eventually([&] { return g_arrived.load() >= want; }, std::chrono::seconds(10))) {
+    simpler_kernel_fail("meet: the blocks never were inside at once");
+    return;
+  }
+  tensor_data<int64_t>(tensor_arg(args, 0))[simpler_block_index()] = 1;
+}
 
 std::atomic<int> g_stamps{0};
 
@@ -41,7 +53,7 @@ KernelLibrary kernels() {
   return make_kernels({{kStamp, CoreType::AIV, "stamp", stamp_kernel},
                        {kAicStamp, CoreType::AIC, "aic_stamp", stamp_kernel},
                        {kCopy, CoreType::AIV, "copy", copy_kernel},
-                       {kRendezvous, CoreType::AIV, "rendezvous", rendezvous_kernel}});
+                       {kMeet, CoreType::AIV, "meet", meet_kernel}});
 }
 
 class Spmd : public TargetTest {};
@@ -138,7 +150,7 @@ TEST_P(SpmdConcurrent, BlocksRunAtOnceOnFreeCores) {
                           [](ChipOrchestrator& o, const TaskArgs& a) {
                             TaskArgs t;
                             t.add_tensor(a[0].tensor, Tag::OutputExisting).add_scalar(4);
-                            return o.submit_aiv_spmd(kRendezvous, t, 4).status();
+                            return o.submit_aiv_spmd(kMeet, t, 4).status();
                           },
                           kernels(), {Param::output()}),
              config());
@@ -148,6 +160,7 @@ TEST_P(SpmdConcurrent, BlocksRunAtOnceOnFreeCores) {
   const Status s = hw.run(a);
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(g_arrived.load(), 4);
+  EXPECT_EQ(download<int64_t>(hw.w, x, 4), std::vector<int64_t>(4, 1));
 }
 
 }  // namespace

@@ -56,14 +56,17 @@ class CoreDispatcher {
   ReadyQueue& queue(TaskKind kind) { return *queues_[static_cast<int>(kind)]; }
   void dispatch(uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub);
   // Starts the next block of an AIC or AIV task on `core`; a task with
-  // blocks left goes back to `from` for the other cores.
-  void dispatch_single(uint32_t core, ReadyItem item, GraphTask& task, ReadyQueue& from) {
+  // blocks left goes back to `from` for the other cores (true then).
+  bool dispatch_single(uint32_t core, ReadyItem item, GraphTask& task, ReadyQueue& from) {
     uint32_t block = 0;
+    bool handed_back = false;
     if (task.blocks > 1) {
       block = task.next_block.fetch_add(1, std::memory_order_relaxed);
-      if (block + 1 < task.blocks) from.push(item);
+      handed_back = block + 1 < task.blocks;
+      if (handed_back) from.push(item);
     }
     dispatch(core, item, task, block);
+    return handed_back;
   }
 
   Device& device_;
@@ -113,9 +116,11 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
       progress = true;
     }
   }
-  // Completions published their successors already; anything this thread
-  // cannot place below is left for the others, woken at the end.
+  // Completions published their successors already, and an SPMD task hands
+  // its remaining blocks back: what this thread cannot place below is left
+  // for the others, woken at the end.
   const bool published = progress;
+  bool handed_back = false;
   // While mix tasks wait, one busy cluster per AICPU thread takes no single
   // tasks, so it drains and a mix task cannot starve behind a stream of singles.
   bool reserve_for_mix = !mix_queue_.empty_hint();
@@ -134,17 +139,18 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
       continue;
     }
     if (!inflight_[aic].busy && aic_queue_.pop(item)) {
-      dispatch_single(aic, item, task_of(item), aic_queue_);
+      handed_back |= dispatch_single(aic, item, task_of(item), aic_queue_);
       progress = true;
     }
     for (uint32_t core = aic + 1; core < aic + 3; ++core) {
       if (!inflight_[core].busy && aiv_queue_.pop(item)) {
-        dispatch_single(core, item, task_of(item), aiv_queue_);
+        handed_back |= dispatch_single(core, item, task_of(item), aiv_queue_);
         progress = true;
       }
     }
   }
-  if (published && (!aic_queue_.empty_hint() || !aiv_queue_.empty_hint() || !mix_queue_.empty_hint())) {
+  if ((published || handed_back) &&
+      (!aic_queue_.empty_hint() || !aiv_queue_.empty_hint() || !mix_queue_.empty_hint())) {
     for (uint32_t a = 0; a < device_.geometry().aicpu_threads; ++a) {
       if (a != aicpu) device_.ring_aicpu(a);
     }
