@@ -9,7 +9,10 @@
 //   - no dispatch has two terminals, or a terminal it was never published for,
 //     or an acceptance after its terminal;
 //   - a terminal the child delivered (not the endpoint's stop) carries the
-//     script's status, unless its header was corrupted or it was cancelled;
+//     script's status, unless its frame was corrupted while it was the
+//     frame's run or before it was published into it (the child's refusal
+//     of a leftover header may land on the frame's next run), or it was
+//     cancelled;
 //   - after a poll the endpoint holds exactly the runs published and not yet
 //     terminal, and never more in between;
 //   - the drain gives every publication its terminal before a deadline, and
@@ -29,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -222,6 +226,7 @@ class Harness final : public ChildLiveness {
     r.script = s;
     r.pub = *p;
     r.staged_pending = staged;
+    r.tainted = corrupted_frames_.erase(p->frame) != 0;
     frame_dispatch_[p->frame] = dispatch;
     ++live_;
   }
@@ -249,6 +254,7 @@ class Harness final : public ChildLiveness {
       auto r = runs_.find(it->second);
       if (r != runs_.end()) r->second.tainted = true;
     }
+    corrupted_frames_.insert(f);
     switch (in.ConsumeIntegralInRange<int>(0, 6)) {
       case 0:
         store_release(h.entry_index, ep_->view().entry_count());
@@ -382,6 +388,7 @@ class Harness final : public ChildLiveness {
   std::unique_ptr<Incarnation> cur_;
   std::map<uint64_t, Run> runs_;
   std::map<uint32_t, uint64_t> frame_dispatch_;  // the last dispatch published into each frame
+  std::set<uint32_t> corrupted_frames_;          // corrupted since their last publication
   uint64_t next_dispatch_ = 0;
   size_t live_ = 0;
   std::vector<EndpointEvent> events_;
