@@ -1,8 +1,6 @@
 // `simpler bench --json <name>` for the streaming benchmarks, in tiny sizes
 // chosen through the environment: each prints one JSON object with its
 // figures and counts. Timings are never asserted, only that they were taken.
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <string>
 
@@ -14,27 +12,16 @@
 namespace simpler {
 namespace {
 
+using simpler::testing::CommandResult;
+using simpler::testing::run_command;
 using simpler::testing::Watchdog;
 
-struct Child {
-  int exit_code;
-  std::string output;  // stdout only: the one JSON line
-};
-
-Child run_bench(const std::string& name, const std::string& env) {
-  const std::string cmd = env + " timeout 90 " SIMPLER_CLI_PATH " bench --json " + name;
-  Child c{-1, {}};
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return c;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) c.output.append(buf, n);
-  const int status = pclose(pipe);
-  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return c;
+// Its output is stdout only: the one JSON line.
+CommandResult run_bench(const std::string& name, const std::string& env) {
+  return run_command(env + " timeout 90 " SIMPLER_CLI_PATH " bench --json " + name);
 }
 
-nlohmann::json parse(const Child& c) {
+nlohmann::json parse(const CommandResult& c) {
   nlohmann::json j = nlohmann::json::parse(c.output, nullptr, /*allow_exceptions=*/false);
   EXPECT_FALSE(j.is_discarded()) << c.output;
   return j;
@@ -42,7 +29,7 @@ nlohmann::json parse(const Child& c) {
 
 TEST(Bench, FirstTaskReportsEverySizeForBothRuntimes) {
   Watchdog dog(std::chrono::seconds(120));
-  Child c = run_bench("first_task", "SIMPLER_BENCH_FIRST_TASK_SIZES=20,300");
+  CommandResult c = run_bench("first_task", "SIMPLER_BENCH_FIRST_TASK_SIZES=20,300");
   ASSERT_EQ(c.exit_code, 0) << c.output;
   const nlohmann::json j = parse(c);
   ASSERT_TRUE(j.is_object()) << c.output;
@@ -65,7 +52,7 @@ TEST(Bench, FirstTaskReportsEverySizeForBothRuntimes) {
 
 TEST(Bench, StreamCountsItsTasksAndIntermediates) {
   Watchdog dog(std::chrono::seconds(120));
-  Child c = run_bench("stream", "SIMPLER_BENCH_STREAM_TASKS=2000");
+  CommandResult c = run_bench("stream", "SIMPLER_BENCH_STREAM_TASKS=2000");
   ASSERT_EQ(c.exit_code, 0) << c.output;
   const nlohmann::json j = parse(c);
   ASSERT_TRUE(j.is_object()) << c.output;

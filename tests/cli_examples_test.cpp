@@ -1,8 +1,6 @@
 // Tests of the examples library (run in-process, every output verified) and of
 // the `simpler` binary's exit codes and messages (run as a child under
 // `timeout`). Every blocking step has a deadline.
-#include <sys/wait.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +18,8 @@ namespace {
 
 // Every test body runs under a Watchdog: a hang in Worker::close (which no
 // wait_for can bound) still fails fast.
+using simpler::testing::CommandResult;
+using simpler::testing::run_command;
 using simpler::testing::Watchdog;
 
 ExampleOptions small_options(int runs, uint32_t depth) {
@@ -167,23 +167,10 @@ TEST(Examples, RefusesUnknownNamesAndBadOptions) {
   EXPECT_NE(depth.status().message().find("pipeline_depth"), std::string::npos);
 }
 
-struct Child {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-// Runs the built `simpler` with `args` under `timeout`; `env` prefixes the command.
-Child run_cli(const std::string& args, const std::string& env = "", int timeout_s = 60) {
-  const std::string cmd = fmt::format("{} timeout {} {} {} 2>&1", env, timeout_s, SIMPLER_CLI_PATH, args);
-  Child c{-1, {}};
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return c;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) c.output.append(buf, n);
-  const int status = pclose(pipe);
-  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return c;
+// Runs the built `simpler` with `args` under `timeout`; `env` prefixes the
+// command. Its output is stdout and stderr together.
+CommandResult run_cli(const std::string& args, const std::string& env = "", int timeout_s = 60) {
+  return run_command(fmt::format("{} timeout {} {} {} 2>&1", env, timeout_s, SIMPLER_CLI_PATH, args));
 }
 
 TEST(Cli, BadUsageExitsTwoNamingTheFlag) {
@@ -208,7 +195,7 @@ TEST(Cli, BadUsageExitsTwoNamingTheFlag) {
       {"", "subcommand"},
   };
   for (const Case& c : cases) {
-    Child r = run_cli(c.args);
+    CommandResult r = run_cli(c.args);
     EXPECT_EQ(r.exit_code, 2) << "simpler " << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.names), std::string::npos) << "simpler " << c.args << "\n" << r.output;
   }
@@ -218,26 +205,26 @@ TEST(Cli, BadUsageExitsTwoNamingTheFlag) {
 // library sets no upper limit); one the Worker cannot serve is the Worker's
 // refusal, naming the field, not a usage error.
 TEST(Cli, PipelineDepthTakesWhatTheWorkerTakes) {
-  Child deep = run_cli("run vector_add --runs 4 --pipeline-depth 65");
+  CommandResult deep = run_cli("run vector_add --runs 4 --pipeline-depth 65");
   EXPECT_EQ(deep.exit_code, 0) << deep.output;
   EXPECT_NE(deep.output.find(" ok"), std::string::npos) << deep.output;
-  Child huge = run_cli("run vector_add --runs 1 --pipeline-depth 4294967295");
+  CommandResult huge = run_cli("run vector_add --runs 1 --pipeline-depth 4294967295");
   EXPECT_EQ(huge.exit_code, 1) << huge.output;
   EXPECT_NE(huge.output.find("pipeline_depth"), std::string::npos) << huge.output;
 }
 
 TEST(Cli, HelpAndInfoSucceed) {
-  Child help = run_cli("--help");
+  CommandResult help = run_cli("--help");
   EXPECT_EQ(help.exit_code, 0) << help.output;
   EXPECT_NE(help.output.find("demo"), std::string::npos) << help.output;
-  Child info = run_cli("info");
+  CommandResult info = run_cli("info");
   EXPECT_EQ(info.exit_code, 0) << info.output;
   EXPECT_NE(info.output.find("a2a3"), std::string::npos) << info.output;
   EXPECT_NE(info.output.find("build:"), std::string::npos) << info.output;
 }
 
 TEST(Cli, RunVerifiesAndStaysQuietWithoutATerminal) {
-  Child r = run_cli("run matmul_chain --runs 2 --pipeline-depth 2");
+  CommandResult r = run_cli("run matmul_chain --runs 2 --pipeline-depth 2");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(" ok"), std::string::npos) << r.output;
   // stderr is a pipe here, so no progress line may be drawn.
@@ -251,7 +238,7 @@ TEST(Cli, RunVerifiesAndStaysQuietWithoutATerminal) {
 TEST(Cli, DemoRunsEveryExampleOnEveryRuntimeAndCountsEveryRow) {
   // Every example on every runtime is a few seconds here and ten times that
   // in the sanitizer builds; the deadline is for a hang, within ctest's 240 s.
-  Child r = run_cli("demo", "", 200);
+  CommandResult r = run_cli("demo", "", 200);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   size_t rows = 0, not_applicable = 0;
   for (const ExampleInfo& info : example_list()) {
@@ -275,11 +262,11 @@ TEST(Cli, DemoRunsEveryExampleOnEveryRuntimeAndCountsEveryRow) {
 // The streaming example on the streaming runtime, at a size of the caller's;
 // on the default runtime it refuses at once, saying what it needs.
 TEST(Cli, RunAttentionStreamVerifiesOnTheStreamingRuntimeOnly) {
-  Child ok = run_cli("run attention_stream --runtime tensormap_and_ringbuffer --tasks 20000");
+  CommandResult ok = run_cli("run attention_stream --runtime tensormap_and_ringbuffer --tasks 20000");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_NE(ok.output.find(" 20000 "), std::string::npos) << ok.output;
   EXPECT_NE(ok.output.find(" ok"), std::string::npos) << ok.output;
-  Child refused = run_cli("run attention_stream --runs 1");
+  CommandResult refused = run_cli("run attention_stream --runs 1");
   EXPECT_EQ(refused.exit_code, 1) << refused.output;
   EXPECT_NE(refused.output.find("needs a streaming runtime such as tensormap_and_ringbuffer"), std::string::npos)
       << refused.output;
@@ -287,13 +274,13 @@ TEST(Cli, RunAttentionStreamVerifiesOnTheStreamingRuntimeOnly) {
 }
 
 TEST(Cli, RunNodePipelineVerifies) {
-  Child r = run_cli("run node_pipeline --runs 8 --pipeline-depth 4");
+  CommandResult r = run_cli("run node_pipeline --runs 8 --pipeline-depth 4");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(" ok"), std::string::npos) << r.output;
 }
 
 TEST(Cli, MissingKernelsFailWithTheDirectoryNamed) {
-  Child r = run_cli("run vector_add --runs 1", "SIMPLER_KERNEL_DIR=/nonexistent/kernels");
+  CommandResult r = run_cli("run vector_add --runs 1", "SIMPLER_KERNEL_DIR=/nonexistent/kernels");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("/nonexistent/kernels"), std::string::npos) << r.output;
 }

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -232,6 +233,25 @@ std::vector<T> download(Worker& w, DeviceBuffer b, size_t n) {
   Status s = w.copy_from(host.data(), b, n * sizeof(T));
   EXPECT_TRUE(s.ok()) << s.to_string();
   return host;
+}
+
+// What a shell command printed on stdout, and how it exited (-1: it did not
+// start, or a signal ended it).
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult c;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return c;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) c.output.append(buf, n);
+  const int status = pclose(pipe);
+  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return c;
 }
 
 inline uint64_t free_bytes(const Worker& w) {

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "base/errors.h"
+#include "device/guard_bytes.h"
 
 namespace simpler {
 
@@ -106,27 +107,8 @@ Result<DeviceMemory::Allocation> GlobalMemory::containing_allocation(uint64_t ad
 }
 
 DeviceMemory::GuardDamage GlobalMemory::check_guards(uint64_t addr, uint64_t bytes) {
-  GuardDamage d;
-  if (!guarded_) return d;
-  auto* lead = reinterpret_cast<uint8_t*>(addr - kGuardBytes);
-  for (uint64_t i = 0; i < kGuardBytes; ++i) {
-    if (lead[i] != kGuardPattern) {
-      d.before = kGuardBytes - i;
-      break;
-    }
-  }
-  auto* tail = reinterpret_cast<uint8_t*>(addr + bytes);
-  const uint64_t tail_bytes = round_up(addr + bytes, kAlignment) + kGuardBytes - (addr + bytes);
-  for (uint64_t i = tail_bytes; i > 0; --i) {
-    if (tail[i - 1] != kGuardPattern) {
-      d.past = i;
-      break;
-    }
-  }
-  // Restored, so the damage is reported once, by the first task that finished after it.
-  if (d.before != 0) std::memset(lead, kGuardPattern, kGuardBytes);
-  if (d.past != 0) std::memset(tail, kGuardPattern, tail_bytes);
-  return d;
+  if (!guarded_) return GuardDamage{};
+  return measure_and_restore_guards(addr, bytes, kGuardBytes, kAlignment, kGuardPattern);
 }
 
 Status GlobalMemory::copy_to_device(uint64_t dst, const void* src, uint64_t bytes) {

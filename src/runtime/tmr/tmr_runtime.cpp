@@ -5,6 +5,7 @@
 #include <new>
 
 #include "base/errors.h"
+#include "device/guard_bytes.h"
 
 namespace simpler::tmr {
 
@@ -473,29 +474,6 @@ Result<Intermediates::Held> Set::hold(uint64_t addr, uint64_t bytes) {
   return held;
 }
 
-DeviceMemory::GuardDamage Set::ring_guard_damage(uint64_t addr, uint64_t bytes) {
-  DeviceMemory::GuardDamage d;
-  auto* lead = reinterpret_cast<uint8_t*>(addr - kRingGuardBytes);
-  for (uint64_t i = 0; i < kRingGuardBytes; ++i) {
-    if (lead[i] != kRingGuardPattern) {
-      d.before = kRingGuardBytes - i;
-      break;
-    }
-  }
-  auto* tail = reinterpret_cast<uint8_t*>(addr + bytes);
-  const uint64_t tail_bytes = align_up(bytes, kRingAlign) + kRingGuardBytes - bytes;
-  for (uint64_t i = tail_bytes; i > 0; --i) {
-    if (tail[i - 1] != kRingGuardPattern) {
-      d.past = i;
-      break;
-    }
-  }
-  // Restored, so the damage is reported once, by the first task that finished after it.
-  if (d.before != 0) std::memset(lead, kRingGuardPattern, kRingGuardBytes);
-  if (d.past != 0) std::memset(tail, kRingGuardPattern, tail_bytes);
-  return d;
-}
-
 // ---- TmrRuntime --------------------------------------------------------------------------------
 
 struct TmrRuntime::GrantState final : GrantOwner::Pending {
@@ -662,7 +640,7 @@ void TmrRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::
           for (const HeapRing& ring : s.rings_) {
             const uint64_t base = ring.base.load(std::memory_order_relaxed);
             if (base != 0 && addr >= base && addr - base < s.sizes_.heap_ring_bytes) {
-              return s.ring_guard_damage(addr, bytes);
+              return measure_and_restore_guards(addr, bytes, kRingGuardBytes, kRingAlign, kRingGuardPattern);
             }
           }
           return memory_.check_guards(addr, bytes);

@@ -125,8 +125,6 @@ class Set final : public Intermediates {
   template <typename Room, typename What>
   Status wait_for_room(Room&& room, What&& what, uint32_t batch = 1);
   void mark_released(RingIntermediate& im);
-  // The ring guard damage of block [addr, addr + bytes), restored.
-  DeviceMemory::GuardDamage ring_guard_damage(uint64_t addr, uint64_t bytes);
   TaskSlot& slot_of(uint32_t task) { return tasks_[task % sizes_.window]; }
 
   TmrRuntime& rt_;
