@@ -91,6 +91,100 @@ TEST(TensorMap, ARetiredTaskLeavesNothingAndAFailedOneATombstone) {
   EXPECT_TRUE(p.add(range(8, 8), 4, true).empty()) << "memory handed out again still carries the tombstone";
 }
 
+// The map hashes records into granule buckets and keeps long ones apart; a
+// plain list scanned whole is the model it must agree with, on random tasks
+// that mix row tiles, strided columns, long ranges (past the granules a
+// record may be hashed into), sub-buffers of one allocation, failed tasks
+// and reused allocations.
+TEST(TensorMap, AgreesWithAWholeScanOnRandomTasks) {
+  struct ModelRec {
+    uint64_t alloc, first, end;
+    TensorView view;
+    uint32_t task;
+    bool write;
+  };
+  constexpr uint32_t kWindow = 16;
+  constexpr uint32_t kInFlight = 12;
+  const DeviceBuffer a{0x100000, 64 * 64 * 4}, b{0x200000, 64 * 64 * 4};
+  const DeviceBuffer a_hi{a.addr + 32 * 64 * 4, 32 * 64 * 4};  // a sub-buffer of a's allocation
+  uint64_t state = 42;
+  const auto next = [&](uint32_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>((state >> 33) % n);
+  };
+  const auto random_view = [&]() -> std::pair<uint64_t, TensorView> {
+    const DeviceBuffer& buf = next(3) == 0 ? b : (next(2) == 0 ? a : a_hi);
+    const int64_t rows = static_cast<int64_t>(buf.bytes / (64 * 4));
+    const TensorView whole = buf.view({rows, 64}, DType::F32);
+    switch (next(4)) {
+      case 0: {  // a tile of rows
+        const int64_t r = next(static_cast<uint32_t>(rows)), n = 1 + next(3);
+        return {buf.addr, *whole.tile({std::min(r, rows - n), 0}, {n, 64})};
+      }
+      case 1:  // a strided column
+        return {buf.addr, *whole.tile({0, next(64)}, {rows, 1})};
+      case 2: {  // a long flat range
+        const int64_t n = 64 * (8 + next(24));
+        return {buf.addr, TensorView(buf, {n}, DType::F32, next(static_cast<uint32_t>(rows * 64 - n)))};
+      }
+      default:  // the same small tile, often
+        return {buf.addr, *whole.tile({next(2), 0}, {1, 64})};
+    }
+  };
+  tmr::TensorMap map;
+  map.reset(kWindow);
+  std::vector<ModelRec> model;
+  uint32_t oldest = 0;
+  for (uint32_t task = 0; task < 4000; ++task) {
+    if (task - oldest == kInFlight) {  // retire the oldest, sometimes as a failure
+      const bool failed = next(8) == 0;
+      map.retire(oldest % kWindow, failed);
+      for (size_t i = 0; i < model.size();) {
+        if (model[i].task != oldest) {
+          ++i;
+        } else if (failed) {
+          model[i++].task = tmr::TensorMap::kTombstone;
+        } else {
+          model.erase(model.begin() + static_cast<std::ptrdiff_t>(i));
+        }
+      }
+      ++oldest;
+    }
+    if (next(64) == 0) {  // b's memory is handed out again
+      map.forget_allocation(b.addr);
+      std::erase_if(model, [&](const ModelRec& m) { return m.alloc == b.addr; });
+    }
+    const uint32_t args = 1 + next(3);
+    for (uint32_t k = 0; k < args; ++k) {
+      auto [buffer, v] = random_view();
+      const uint64_t alloc = buffer == a_hi.addr ? a.addr : buffer;
+      const uint64_t first = buffer - alloc + v.first_byte(), end = buffer - alloc + v.end_byte();
+      const bool write = next(2) == 0;
+      std::vector<uint32_t> got, want;
+      map.add(alloc, v, first, end, task, task % kWindow, write, [&](uint32_t e) { got.push_back(e); });
+      for (size_t i = 0; i < model.size();) {
+        const ModelRec& m = model[i];
+        const bool same_buffer = m.view.buffer().addr == v.buffer().addr;
+        if (m.alloc != alloc || m.end <= first || m.first >= end || m.task == task) {
+          ++i;
+          continue;
+        }
+        if ((write || m.write) && (!same_buffer || m.view.overlaps(v))) want.push_back(m.task);
+        if (write && same_buffer && write_covers(v, m.view)) {
+          model.erase(model.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+      model.push_back(ModelRec{alloc, first, end, v, task, write});
+      std::sort(got.begin(), got.end());
+      std::sort(want.begin(), want.end());
+      ASSERT_EQ(got, want) << "task " << task << " argument " << k;
+      ASSERT_EQ(map.live_records(), model.size()) << "task " << task << " argument " << k;
+    }
+  }
+}
+
 // ---- Streaming on a chip ----------------------------------------------------------------------
 
 WorkerConfig tmr_config(uint32_t window = 64, uint32_t depth = 2) {

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "base/thread_name.h"
+
 namespace simpler {
 
 Core::Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, StickyFault* fault)
@@ -23,6 +25,7 @@ void Core::stop() {
 }
 
 void Core::loop(SpinPolicy policy) {
+  name_this_thread("{}{}", type_ == CoreType::AIC ? "aic" : "aiv", id_);
   uint64_t last = 0;
   for (;;) {
     uint64_t token = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/errors.h"
+#include "base/thread_name.h"
 #include "device/backend_registry.h"
 #include "device/sim/sim_runner.h"
 
@@ -53,6 +54,11 @@ Result<std::unique_ptr<DeviceRunner>> SimDevice::create_runner(uint64_t arena_by
 }
 
 void SimDevice::aicpu_loop(uint32_t index) {
+  if (index < geometry_.aicpu_threads) {
+    name_this_thread("aicpu{}", index);
+  } else {
+    name_this_thread("orchestrator{}", index - geometry_.aicpu_threads);
+  }
   Doorbell& bell = bells_[index].bell;
   uint64_t idle_since = 0;
   uint32_t idle_polls = 0;

@@ -708,6 +708,12 @@ void TmrRuntime::finish_run(Set& s) {
   out.released_early = s.released_early_.load(std::memory_order_relaxed);
   out.end_ns = now_ns();
   on_done_(s.index_, std::move(out));
+  // The next run usually follows at once (a waiting host submits again, or a
+  // pipelined one is already queued): the orchestrator thread, parked since it
+  // finished this run's orchestration, wakes now, while the host still learns
+  // of this run's end, and spins through that hand-off instead of paying a
+  // futex wake after the next launch.
+  device_.ring_aicpu(device_.geometry().aicpu_threads);
 }
 
 SIMPLER_REGISTER_RUNTIME(tensormap_and_ringbuffer,
