@@ -135,12 +135,10 @@ Status ChipChildHandler::map_in(TaskArgs& args, std::vector<Staged>& staged) {
     auto it = std::find_if(staged.begin(), staged.end(), [&](const Staged& s) { return s.host_addr == host.addr; });
     if (it == staged.end()) {
       SIMPLER_ASSIGN_OR_RETURN(const DeviceBuffer dev, worker_->malloc(host.bytes));
-      staged.push_back(Staged{dev, host.addr, a.tensor.first_byte(), a.tensor.end_byte(), {}});
+      staged.push_back(Staged{dev, host.addr, {}, {}});
       it = staged.end() - 1;
-    } else {
-      it->first = std::min(it->first, a.tensor.first_byte());
-      it->end = std::max(it->end, a.tensor.end_byte());
     }
+    it->views.push_back(a.tensor);
     if (tag_writes(a.tag)) it->writes.push_back(a.tensor);
     int64_t shape[kMaxDims], stride[kMaxDims];
     for (int d = 0; d < a.tensor.ndim(); ++d) {
@@ -148,16 +146,6 @@ Status ChipChildHandler::map_in(TaskArgs& args, std::vector<Staged>& staged) {
       stride[d] = a.tensor.stride(d);
     }
     a.tensor = TensorView::from_parts(it->device, a.tensor.dtype(), a.tensor.ndim(), shape, stride, a.tensor.offset());
-  }
-  return Status();
-}
-
-Status ChipChildHandler::copy_in(const std::vector<Staged>& staged) {
-  // Whole spans in: a partially written output keeps the bytes it does not write.
-  for (const Staged& s : staged) {
-    if (s.end <= s.first) continue;
-    SIMPLER_RETURN_IF_ERROR(
-        worker_->copy_to(s.device, reinterpret_cast<const void*>(s.host_addr + s.first), s.end - s.first, s.first));
   }
   return Status();
 }
@@ -189,6 +177,19 @@ Status for_each_byte_run(const TensorView& v, F&& copy) {
   }
 }
 }  // namespace
+
+Status ChipChildHandler::copy_in(const std::vector<Staged>& staged) {
+  // Every element the run reads or writes: a partially written output keeps
+  // the bytes it does not write, because exactly the written elements go back.
+  for (const Staged& s : staged) {
+    for (const TensorView& v : s.views) {
+      SIMPLER_RETURN_IF_ERROR(for_each_byte_run(v, [&](uint64_t at, uint64_t bytes) {
+        return worker_->copy_to(s.device, reinterpret_cast<const void*>(s.host_addr + at), bytes, at);
+      }));
+    }
+  }
+  return Status();
+}
 
 Status ChipChildHandler::stage_out(const std::vector<Staged>& staged) {
   // Exactly the written elements: copying the span back would put this run's

@@ -49,10 +49,10 @@ class ChipChildHandler final : public RunHandler {
   struct Staged {
     DeviceBuffer device;
     uint64_t host_addr = 0;
-    uint64_t first = 0;  // byte span the run's views touch, relative to the buffer start
-    uint64_t end = 0;
-    // The views the run writes, in host terms: only their elements go back.
-    // The span between them may belong to a task running beside this one.
+    // The views the run passes, and those it writes, in host terms: only
+    // their elements come in and go back. The bytes between them may belong
+    // to a run beside this one, which writes them meanwhile.
+    std::vector<TensorView> views;
     std::vector<TensorView> writes;
   };
   struct Prepared {
