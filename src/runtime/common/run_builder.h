@@ -91,6 +91,34 @@ inline Status check_task_guards(DeviceMemory& memory, const GuardCheck* checks, 
                            count, task, kind, func_ids, callable);
 }
 
+// A subtask of `task` (id `id`) ended on the core whose registers are `r`
+// (`kernel_failed`: its kernel reported a failure there). Records that
+// failure in `error`; the task's last subtask also checks the task's guards
+// (`guards` is the array its guards_begin indexes; damage as for
+// check_task_guards). True when the task has ended: its poisoned flag then
+// says whether it failed. Any AICPU thread.
+template <typename Damage>
+bool end_subtask(GraphTask& task, uint32_t id, const CoreRegisters& r, bool kernel_failed, FirstError& error,
+                 Damage&& damage, const GuardCheck* guards, const ChipCallable& callable) {
+  if (kernel_failed) {
+    const auto sub = static_cast<uint32_t>(r.task.load(std::memory_order_relaxed) >> 32);
+    error.record(
+        id, sub,
+        kernel_failure(id, task.kind, sub, task.func_id[kernel_of(task.kind, sub)], task.blocks, r.failure.message));
+    task.poisoned.store(1, std::memory_order_relaxed);
+  }
+  if (task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
+  if (task.guards_count != 0) {
+    Status st =
+        check_task_guards(damage, guards + task.guards_begin, task.guards_count, id, task.kind, task.func_id, callable);
+    if (!st.ok()) {
+      error.record(id, kGuardCheckSubtask, std::move(st));
+      task.poisoned.store(1, std::memory_order_relaxed);
+    }
+  }
+  return true;
+}
+
 // The descriptor a kernel receives for `v`; on every task's path, so inline.
 inline void write_descriptor(DeviceTensor& d, const TensorView& v) {
   d.data = v.buffer().addr + static_cast<uint64_t>(v.offset()) * dtype_size(v.dtype());

@@ -200,24 +200,9 @@ void HbgRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::
   Slot& s = *slots_[f.slot];
   GraphTask& task = s.tasks[f.task];
   s.executed.fetch_add(1, std::memory_order_relaxed);
-  if (kernel_failed) {
-    const auto sub = static_cast<uint32_t>(r.task.load(std::memory_order_relaxed) >> 32);
-    s.error.record(f.task, sub,
-                   kernel_failure(f.task, task.kind, sub, task.func_id[kernel_of(task.kind, sub)], task.blocks,
-                                  r.failure.message));
-    task.poisoned.store(1, std::memory_order_relaxed);
-  }
-  if (task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    if (task.guards_count != 0) {
-      Status st = check_task_guards(memory_, &s.guards[task.guards_begin], task.guards_count, f.task, task.kind,
-                                    task.func_id, *s.callable);
-      if (!st.ok()) {
-        s.error.record(f.task, kGuardCheckSubtask, std::move(st));
-        task.poisoned.store(1, std::memory_order_relaxed);
-      }
-    }
-    finish_task(s, f.task, task.poisoned.load(std::memory_order_acquire) != 0, ready);
-  }
+  const auto damage = [this](uint64_t addr, uint64_t bytes) { return memory_.check_guards(addr, bytes); };
+  if (!end_subtask(task, f.task, r, kernel_failed, s.error, damage, s.guards.data(), *s.callable)) return;
+  finish_task(s, f.task, task.poisoned.load(std::memory_order_acquire) != 0, ready);
 }
 
 void HbgRuntime::finish_task(Slot& s, uint32_t task, bool failed, std::vector<ReadyItem>& ready) {

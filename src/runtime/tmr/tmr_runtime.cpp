@@ -626,31 +626,16 @@ void TmrRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::
   Set& s = *sets_[f.slot];
   GraphTask& task = s.tasks_[f.task].task;
   s.executed_.fetch_add(1, std::memory_order_relaxed);
-  if (kernel_failed) {
-    const auto sub = static_cast<uint32_t>(r.task.load(std::memory_order_relaxed) >> 32);
-    s.error_.record(task.id, sub,
-                    kernel_failure(task.id, task.kind, sub, task.func_id[kernel_of(task.kind, sub)], task.blocks,
-                                   r.failure.message));
-    task.poisoned.store(1, std::memory_order_relaxed);
-  }
-  if (task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  if (task.guards_count != 0) {
-    Status st = check_task_guards(
-        [&](uint64_t addr, uint64_t bytes) {
-          for (const HeapRing& ring : s.rings_) {
-            const uint64_t base = ring.base.load(std::memory_order_relaxed);
-            if (base != 0 && addr >= base && addr - base < s.sizes_.heap_ring_bytes) {
-              return measure_and_restore_guards(addr, bytes, kRingGuardBytes, kRingAlign, kRingGuardPattern);
-            }
-          }
-          return memory_.check_guards(addr, bytes);
-        },
-        &s.guards_[task.guards_begin], task.guards_count, task.id, task.kind, task.func_id, *s.callable_);
-    if (!st.ok()) {
-      s.error_.record(task.id, kGuardCheckSubtask, std::move(st));
-      task.poisoned.store(1, std::memory_order_relaxed);
+  const auto damage = [&](uint64_t addr, uint64_t bytes) {
+    for (const HeapRing& ring : s.rings_) {
+      const uint64_t base = ring.base.load(std::memory_order_relaxed);
+      if (base != 0 && addr >= base && addr - base < s.sizes_.heap_ring_bytes) {
+        return measure_and_restore_guards(addr, bytes, kRingGuardBytes, kRingAlign, kRingGuardPattern);
+      }
     }
-  }
+    return memory_.check_guards(addr, bytes);
+  };
+  if (!end_subtask(task, task.id, r, kernel_failed, s.error_, damage, s.guards_.data(), *s.callable_)) return;
   finish_task(s, f.task, task.poisoned.load(std::memory_order_acquire) != 0, ready);
 }
 
