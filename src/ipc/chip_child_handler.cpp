@@ -181,6 +181,7 @@ Status for_each_byte_run(const TensorView& v, F&& copy) {
 Status ChipChildHandler::copy_in(const std::vector<Staged>& staged) {
   // Every element the run reads or writes: a partially written output keeps
   // the bytes it does not write, because exactly the written elements go back.
+  (void)staged_out_.load(std::memory_order_acquire);
   for (const Staged& s : staged) {
     for (const TensorView& v : s.views) {
       SIMPLER_RETURN_IF_ERROR(for_each_byte_run(v, [&](uint64_t at, uint64_t bytes) {
@@ -195,14 +196,18 @@ Status ChipChildHandler::stage_out(const std::vector<Staged>& staged) {
   // Exactly the written elements: copying the span back would put this run's
   // stale copy of bytes between its outputs over what a task beside it, writing
   // a disjoint part of the same buffer, has written meanwhile.
+  Status st;
   for (const Staged& s : staged) {
     for (const TensorView& w : s.writes) {
-      SIMPLER_RETURN_IF_ERROR(for_each_byte_run(w, [&](uint64_t at, uint64_t bytes) {
+      if (!st.ok()) break;
+      st = for_each_byte_run(w, [&](uint64_t at, uint64_t bytes) {
         return worker_->copy_from(reinterpret_cast<void*>(s.host_addr + at), s.device, bytes, at);
-      }));
+      });
     }
   }
-  return Status();
+  // A failed stage-out wrote some bytes too.
+  staged_out_.fetch_add(1, std::memory_order_release);
+  return st;
 }
 
 void ChipChildHandler::unstage(std::vector<Staged>& staged) {

@@ -12,6 +12,7 @@
 // as only a new process resets the device, and the parent replaces it.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -98,6 +99,12 @@ class ChipChildHandler final : public RunHandler {
   std::unique_ptr<ChipWorker> worker_;
   std::vector<std::unique_ptr<unsigned char, StorageDeleter>> storage_;  // by set slot
   std::map<uint64_t, DeviceBuffer> buffers_;                             // control-frame allocations
+  // Counts stage-outs. A run that reads bytes an earlier run wrote comes only
+  // after the earlier one's terminal, which follows its stage-out: the parent
+  // orders them, through its own process, where neither this process's memory
+  // model nor ThreadSanitizer can follow. Each copy-in acquires this counter,
+  // so the same order holds here too.
+  std::atomic<uint64_t> staged_out_{0};
 
   std::mutex mu_;
   std::deque<Prepared> to_launch_;
