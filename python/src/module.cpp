@@ -40,7 +40,9 @@ PyObject* g_deadline_exceeded = nullptr;  // simpler.DeadlineExceededError(Error
 PyObject* g_run_error = nullptr;          // simpler.RunError(Error): a run that ended with an error
 
 [[noreturn]] void raise_with(PyObject* cls, const Status& s, const std::string& context) {
-  const std::string text = context.empty() ? s.message() : context + ": " + s.message();
+  // The context names the call unless the message already starts with it.
+  const bool named = context.empty() || s.message().rfind(context + ":", 0) == 0;
+  const std::string text = named ? s.message() : context + ": " + s.message();
   py::object exc = py::reinterpret_steal<py::object>(PyObject_CallFunction(cls, "s", text.c_str()));
   if (!exc) throw py::error_already_set();
   exc.attr("code") = py::cast(s.code());
@@ -402,12 +404,8 @@ Status call_orchestration(const py::object& fn, O& o, const char* where, Extra&&
   auto holder = py::cast(Borrowed<O>{&o});
   Status result;
   try {
-    py::object r = fn(holder, std::forward<Extra>(extra)...);
-    if (!r.is_none()) {
-      result = Status(StatusCode::kUserCodeFailed, std::string(where) + " returned " +
-                                                       py::str(py::type::handle_of(r)).cast<std::string>() +
-                                                       "; it must return None (raise to fail the run)");
-    }
+    // Its return value is ignored (a lambda returns what its last call did): raising fails the run.
+    (void)fn(holder, std::forward<Extra>(extra)...);
   } catch (py::error_already_set& e) {
     result = Status(StatusCode::kUserCodeFailed, python_error_text(e, where));
   } catch (const std::exception& e) {
@@ -439,7 +437,9 @@ SubFunction sub_function(py::object fn) {
     py::gil_scoped_acquire gil;
     try {
       py::list items;
-      const py::object no_owner = py::capsule(static_cast<void*>(nullptr), [](void*) {});
+      // The heap outlives the call; the capsule only marks the arrays as views (no copy, no owner).
+      static int view_marker = 0;
+      const py::object no_owner = py::capsule(&view_marker, [](void*) {});
       for (size_t i = 0; i < a.size(); ++i) {
         if (a[i].kind == TaskArg::Kind::Tensor) {
           items.append(array_over_view(a[i].tensor, no_owner));
@@ -447,12 +447,7 @@ SubFunction sub_function(py::object fn) {
           items.append(py::int_(a.scalar(i)));
         }
       }
-      py::object r = ref->get()(items);
-      if (!r.is_none()) {
-        return Status(StatusCode::kUserCodeFailed, "the sub function returned " +
-                                                       py::str(py::type::handle_of(r)).cast<std::string>() +
-                                                       "; it must return None (raise to fail the task)");
-      }
+      (void)ref->get()(items);
       return Status();
     } catch (py::error_already_set& e) {
       return Status(StatusCode::kUserCodeFailed, python_error_text(e, "the sub function"));

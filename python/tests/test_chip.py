@@ -175,17 +175,6 @@ def test_orchestration_that_raises_fails_only_its_run():
         np.testing.assert_array_equal(w.copy_from(dc, [N], F32), a + a)
 
 
-def test_orchestration_returning_a_value_fails_the_run():
-    def orch(o, args):
-        return 1
-
-    with simpler.Worker(level=2) as w:
-        h = w.register(simpler.ChipCallable("returns", orch, kernels(), []))
-        w.init()
-        with pytest.raises(simpler.RunError, match="must return None"):
-            w.run(h)
-
-
 def test_refused_submit_inside_orchestration_names_the_field_and_fails_the_run():
     caught = {}
 
