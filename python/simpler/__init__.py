@@ -20,6 +20,9 @@ refused call simpler.Error (.code, .message), a failed run simpler.RunError
 from RunHandle.wait(), a wait that runs out of time TimeoutError.
 """
 
+import os as _os
+
+from . import _simpler
 from ._simpler import (  # noqa: F401
     CallableHandle,
     ChipCallable,
@@ -53,8 +56,28 @@ from ._simpler import (  # noqa: F401
     Worker,
     available_backends,
     available_runtimes,
-    example_kernel,
     version,
 )
+
+
+def example_kernel(name):
+    """The path of one of the examples' kernels (e.g. "vector_add_add"): from
+    $SIMPLER_KERNEL_DIR when set, else the kernels installed with this package
+    (pip) or beside its prefix (make install), else the build tree's."""
+    if not _os.environ.get("SIMPLER_KERNEL_DIR"):
+        here = _os.path.dirname(_os.path.abspath(__file__))
+        dirs = [_os.path.join(here, "kernels")]
+        try:
+            from ._install_paths import KERNEL_DIR_FROM_PACKAGE
+
+            dirs.append(_os.path.normpath(_os.path.join(here, KERNEL_DIR_FROM_PACKAGE)))
+        except ImportError:
+            pass
+        for d in dirs:
+            path = _os.path.join(d, name + ".so")
+            if _os.path.isfile(path):
+                return path
+    return _simpler.example_kernel(name)
+
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,52 @@
+"""The package around the module: stubs that match it, docstrings, the kernel lookup."""
+
+import ast
+import os
+
+import simpler
+from simpler import _simpler
+
+
+def stub_tree():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "simpler", "_simpler.pyi")
+    with open(path) as f:
+        return ast.parse(f.read())
+
+
+def test_stub_declares_every_public_name_of_the_module_and_no_other():
+    tree = stub_tree()
+    declared = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    public = {n for n in dir(_simpler) if not n.startswith("_")}
+    assert public - declared == set(), "names the stub lacks"
+    assert declared - public == set(), "names the stub has and the module does not"
+
+
+def test_stub_declares_every_method_of_each_class():
+    tree = stub_tree()
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or issubclass(getattr(_simpler, node.name), BaseException):
+            continue
+        cls = getattr(_simpler, node.name)
+        declared = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        declared |= {t.id for n in node.body if isinstance(n, ast.AnnAssign) for t in [n.target]}
+        public = {n for n in vars(cls) if not n.startswith("_")}
+        if issubclass(cls, __import__("enum").Enum) or hasattr(cls, "__members__"):
+            public -= set(getattr(cls, "__members__", {}))
+            public -= {"name", "value"}
+        assert public - declared == set(), f"{node.name}: members the stub lacks"
+
+
+def test_the_package_reexports_the_module_and_documents_the_api():
+    for name in dir(_simpler):
+        if not name.startswith("_") and name != "example_kernel":
+            assert getattr(simpler, name) is getattr(_simpler, name)
+    assert "Worker(level=" in simpler.Worker.__doc__
+    for method in ("init", "close", "register", "submit", "run", "copy_to", "copy_from", "shared_array"):
+        assert getattr(simpler.Worker, method).__doc__, method
+    assert "KeyboardInterrupt" in simpler.RunHandle.wait.__doc__
+
+
+def test_example_kernel_honours_simpler_kernel_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMPLER_KERNEL_DIR", str(tmp_path))
+    (tmp_path / "vector_add_add.so").write_bytes(b"")
+    assert simpler.example_kernel("vector_add_add") == str(tmp_path / "vector_add_add.so")
