@@ -50,3 +50,13 @@ def test_example_kernel_honours_simpler_kernel_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SIMPLER_KERNEL_DIR", str(tmp_path))
     (tmp_path / "vector_add_add.so").write_bytes(b"")
     assert simpler.example_kernel("vector_add_add") == str(tmp_path / "vector_add_add.so")
+
+
+def test_readme_python_blocks_run():
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    with open(readme) as f:
+        text = f.read()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert blocks, "README.md has no ```python block"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
