@@ -13,7 +13,7 @@ from .examples import NAMES
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m simpler.demo", description=__doc__)
     parser.add_argument("names", nargs="*", help=f"examples to run (default: all of {', '.join(NAMES)})")
-    parser.add_argument("--runtime", default="host_build_graph", help="the chip runtime, by its C++ name")
+    parser.add_argument("--runtime", help="the chip runtime, by its C++ name (default: each example's own)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in NAMES]
     if unknown:
@@ -23,7 +23,7 @@ def main(argv=None):
         module = importlib.import_module(f"simpler.examples.{name}")
         start = time.perf_counter()
         try:
-            detail = module.run(runtime=args.runtime)
+            detail = module.run(runtime=args.runtime) if args.runtime else module.run()
         except Exception as e:  # noqa: BLE001 - every failure is reported, then the next example runs
             failed += 1
             print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)

@@ -292,8 +292,10 @@ void add_scalar(TaskArgs& args, const py::handle& v, const std::string& field) {
     args.add_scalar(v.cast<bool>() ? 1 : 0);
     return;
   }
-  const py::object np = py::module_::import("numpy");
-  if (py::isinstance(v, np.attr("floating")) || py::isinstance(v, np.attr("integer"))) {
+  // numpy's abstract scalar types, looked up once (the module lives as long as the process).
+  static PyObject* const np_floating = py::object(py::module_::import("numpy").attr("floating")).release().ptr();
+  static PyObject* const np_integer = py::object(py::module_::import("numpy").attr("integer")).release().ptr();
+  if (PyObject_IsInstance(v.ptr(), np_floating) == 1 || PyObject_IsInstance(v.ptr(), np_integer) == 1) {
     const DType t = dtype_from_numpy(v.attr("dtype").cast<py::dtype>(), field.c_str());
     if (t == DType::F32) {
       args.add_scalar_f32(v.cast<float>());

@@ -115,7 +115,7 @@ def test_chip_orchestration_in_python_with_alloc_scope_and_outputs():
 
 @pytest.mark.parametrize("runtime", [name for name, _ in simpler.available_runtimes()])
 def test_every_runtime_by_keyword(runtime):
-    # R: the runtimes are reached from Python by the same names as in C++.
+    # Issue 14: every runtime of this build is reached from Python by its C++ name.
     with simpler.Worker(level=2, runtime=runtime, pipeline_depth=2) as w:
         assert w.runtime == runtime
         add = w.register(simpler.ChipCallable("vector_add", add_orch, kernels(), ["in", "in", "out"]))
