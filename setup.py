@@ -25,9 +25,9 @@ class CMakeBuild(build_ext):
                                os.environ.get("SIMPLER_JOBS", "2")])
         package = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         package.mkdir(parents=True, exist_ok=True)
-        for f in (build / "python" / "simpler").iterdir():
-            if f.is_file():
-                shutil.copy2(f, package / f.name)
+        # The module, the package's Python files and the examples' Python versions (simpler.examples).
+        shutil.copytree(build / "python" / "simpler", package, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
         # The module's RPATH starts with $ORIGIN: it loads the libsimpler beside it.
         lib = build / "libsimpler.so.0"
         shutil.copy2(lib.resolve(), package / lib.name)
@@ -40,7 +40,7 @@ setup(
     name="simpler",
     version="0.1.0",
     description="simpler: a hierarchical task runtime for tile accelerators (Python API)",
-    packages=["simpler"],
+    packages=["simpler", "simpler.examples"],
     package_dir={"": "python"},
     package_data={"simpler": ["*.pyi", "py.typed"]},
     ext_modules=[Extension("simpler._simpler", sources=[])],
