@@ -385,12 +385,16 @@ struct Borrowed {
 using PyChipOrchestrator = Borrowed<ChipOrchestrator>;
 using PyNodeOrchestrator = Borrowed<Orchestrator>;
 
-// `with o.scope():` — begin on enter, end on exit.
+// `with o.scope():` — begin on enter, end on exit, each through the borrowed
+// orchestrator, so a scope kept past its orchestration's call raises.
 struct ScopeGuard {
-  py::object orchestrator;  // keeps the PyChipOrchestrator/PyNodeOrchestrator alive
-  ChipOrchestrator* chip = nullptr;
-  Orchestrator* node = nullptr;
+  py::object orchestrator;  // a PyChipOrchestrator or a PyNodeOrchestrator
   bool manual = false;
+
+  ChipOrchestrator* chip() const {
+    return py::isinstance<PyChipOrchestrator>(orchestrator) ? &orchestrator.cast<PyChipOrchestrator&>().get() : nullptr;
+  }
+  Orchestrator& node() const { return orchestrator.cast<PyNodeOrchestrator&>().get(); }
 };
 
 py::list outputs_of(const TaskRef& ref) {
@@ -977,18 +981,19 @@ PYBIND11_MODULE(_simpler, m) {
   py::class_<ScopeGuard>(m, "Scope")
       .def("__enter__",
            [](ScopeGuard& s) {
-             if (s.chip != nullptr) {
+             if (ChipOrchestrator* chip = s.chip()) {
                if (s.manual) {
-                 check(s.chip->manual_scope_begin(), "manual scope");
+                 check(chip->manual_scope_begin(), "manual scope");
                } else {
-                 s.chip->scope_begin();
+                 chip->scope_begin();
                }
              } else {
-               s.node->scope_begin();
+               s.node().scope_begin();
              }
            })
       .def("__exit__", [](ScopeGuard& s, const py::handle& exc_type, const py::handle&, const py::handle&) {
-        const Status st = s.chip != nullptr ? s.chip->scope_end() : s.node->scope_end();
+        ChipOrchestrator* chip = s.chip();
+        const Status st = chip != nullptr ? chip->scope_end() : s.node().scope_end();
         if (!st.ok() && exc_type.is_none()) raise_status(st, "scope");
         return false;
       });
@@ -1034,7 +1039,8 @@ PYBIND11_MODULE(_simpler, m) {
       .def(
           "scope",
           [](py::object self, bool manual) {
-            return ScopeGuard{self, &self.cast<PyChipOrchestrator&>().get(), nullptr, manual};
+            (void)self.cast<PyChipOrchestrator&>().get();  // raises when used after the call
+            return ScopeGuard{self, manual};
           },
           py::arg("manual") = false, "`with o.scope():` (manual=True: a manual scope, see set_dependencies).")
       .def(
@@ -1085,7 +1091,8 @@ PYBIND11_MODULE(_simpler, m) {
       .def(
           "scope",
           [](py::object self) {
-            return ScopeGuard{self, nullptr, &self.cast<PyNodeOrchestrator&>().get()};
+            (void)self.cast<PyNodeOrchestrator&>().get();
+            return ScopeGuard{self, false};
           },
           "`with o.scope():` intermediates allocated inside are freed once it ended and their last user finished.")
       .def_property_readonly("task_count", [](PyNodeOrchestrator& o) { return o.get().task_count(); });

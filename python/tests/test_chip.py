@@ -400,3 +400,37 @@ def test_keyboard_interrupt_during_wait_reaches_python_and_the_run_goes_on():
         release.set()
         run.wait(timeout=DEADLINE_S)
         np.testing.assert_array_equal(w.copy_from(dc, [N], F32), a + a)
+
+
+def test_spmd_mix_and_manual_scope_from_python():
+    lib = kernels()
+    lib.add_noop(7, simpler.CoreType.AIC)
+    lib.add_noop(8, simpler.CoreType.AIV)
+    kept = {}
+
+    def orch(o, args):
+        a, c = args.tensor(0), args.tensor(1)
+        o.submit_aiv_spmd(8, [], 4)
+        o.submit_aic_spmd(7, None, 2)
+        o.submit_mix(7, 8, 8, [])
+        o.submit_aic(7)
+        with o.scope(manual=True):
+            t = o.alloc([N], F32)
+            first = o.submit_aiv(ADD, [(a, simpler.Tag.Input), (a, simpler.Tag.Input), (t, simpler.Tag.OutputExisting)])
+            o.set_dependencies([first.id])
+            o.submit_aiv(ADD, [(t, simpler.Tag.Input), (a, simpler.Tag.Input), (c, simpler.Tag.OutputExisting)])
+        kept["scope"] = o.scope()
+
+    with simpler.Worker(level=2) as w:
+        h = w.register(simpler.ChipCallable("mixed", orch, lib, ["in", "out"]))
+        w.init()
+        a = rng_floats(N, 13)
+        da, dc = upload(w, a), w.malloc(N * 4)
+        run = w.run(h, [(vec(da), simpler.Tag.Input), (vec(dc), simpler.Tag.OutputExisting)])
+        np.testing.assert_array_equal(w.copy_from(dc, [N], F32), (a + a) + a)
+        assert run.stats.tasks == 6
+        # 4 + 2 SPMD blocks, the mix task's 3 subtasks, the AIC task and the 2 adds.
+        assert run.stats.executed == 12
+        with pytest.raises(simpler.Error, match="after its orchestration returned"):
+            with kept["scope"]:
+                pass
