@@ -47,5 +47,7 @@ def test_bench_measures_python_driven_runs():
     s = bench.summarize(samples)
     assert s["n"] == 20 and 0 < s["min"] <= s["p50"] <= s["p99"] <= s["max"]
     r = bench.compare("x", {"p50": 10.0, "p99": 20.0}, {"p50": 11.5, "p99": 30.0})
+    assert bench.median_of([{"min": 1, "p50": 5, "p99": 9}, {"min": 2, "p50": 3, "p99": 7}, {"min": 3, "p50": 4, "p99": 8}]) \
+        == {"min": 2, "p50": 4, "p99": 8}
     assert r["python_adds_p50_us"] == 1.5 and r["goal"]["met"] and r["ratio_vs_cpp"]["p50"] == 1.15
     assert bench.main(["--simpler", "/no/such/simpler"]) == 2
