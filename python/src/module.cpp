@@ -853,6 +853,9 @@ PYBIND11_MODULE(_simpler, m) {
           "add_scalar_f32", [](TaskArgs& a, float v) -> TaskArgs& { return a.add_scalar_f32(v); }, py::arg("value"),
           py::return_value_policy::reference_internal)
       .def(
+          "add_scalar_f64", [](TaskArgs& a, double v) -> TaskArgs& { return a.add_scalar_f64(v); }, py::arg("value"),
+          py::return_value_policy::reference_internal)
+      .def(
           "add_scalar_u64", [](TaskArgs& a, uint64_t v) -> TaskArgs& { return a.add_scalar_u64(v); }, py::arg("value"),
           py::return_value_policy::reference_internal)
       .def("__len__", &TaskArgs::size)
@@ -1293,7 +1296,20 @@ PYBIND11_MODULE(_simpler, m) {
             const MemoryInfo m = take(std::move(r), "memory_info");
             return py::make_tuple(m.total_bytes, m.free_bytes);
           },
-          "(total_bytes, free_bytes) of device memory.")
+          "(total_bytes, free_bytes) of device memory (Level 3/4: summed over the chips).")
+      .def(
+          "memory_info_on",
+          [](PyWorker& w, uint32_t worker) {
+            Worker& self = w.get();
+            Result<MemoryInfo> r = Status();
+            {
+              py::gil_scoped_release release;
+              r = self.memory_info_on(worker);
+            }
+            const MemoryInfo m = take(std::move(r), "memory_info_on");
+            return py::make_tuple(m.total_bytes, m.free_bytes);
+          },
+          py::arg("worker"), "(total_bytes, free_bytes) of chip `worker` (Level 3) or node `worker` (Level 4).")
       .def(
           "submit",
           [](PyWorker& w, const py::handle& what, const py::handle& args) {

@@ -272,8 +272,9 @@ def test_taskargs_items_are_checked_naming_the_index(chip):
 
 def test_taskargs_scalars_keep_their_width():
     args = simpler.TaskArgs(-3, 2.5, np.float32(1.5), np.uint64(2**64 - 1), True)
-    args.add_scalar(7).add_scalar_f32(0.25).add_scalar_u64(5)
-    assert len(args) == 8
+    args.add_scalar(7).add_scalar_f32(0.25).add_scalar_u64(5).add_scalar_f64(0.5)
+    assert len(args) == 9
+    assert args.scalar(8) == np.array([0.5]).view(np.int64)[0]
     assert args.scalar(0) == -3
     assert args.scalar(1) == np.array([2.5]).view(np.int64)[0]
     assert args.scalar(2) == np.array([1.5], np.float32).view(np.uint32)[0]
@@ -434,3 +435,20 @@ def test_spmd_mix_and_manual_scope_from_python():
         with pytest.raises(simpler.Error, match="after its orchestration returned"):
             with kept["scope"]:
                 pass
+
+
+def test_module_facts():
+    assert simpler.version() and isinstance(simpler.version(), str)
+    assert "sim" in [name for name, _ in simpler.available_backends()]
+    names = [g.name for g in simpler.Geometry.presets()]
+    assert names[:1] == ["small"] and "a2a3" in names
+    g = simpler.Geometry.by_name("a2a3")
+    assert (g.clusters, g.aicpu_threads) == (24, 4)
+    with pytest.raises(simpler.Error, match="nope"):
+        simpler.Geometry.by_name("nope")
+    with simpler.Worker(level=2, geometry=simpler.Geometry("tiny", 1, 1)) as w:
+        w.register(simpler.ChipCallable("vector_add", add_orch, kernels(), ["in", "in", "out"]))
+        w.init()
+        with pytest.raises(simpler.Error) as e:
+            w.memory_info_on(0)
+        assert e.value.code == simpler.StatusCode.FAILED_PRECONDITION

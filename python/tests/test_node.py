@@ -119,6 +119,11 @@ def test_chips_and_sub_worker_with_scope_alloc_and_python_chip_orchestration():
             run.wait(timeout=DEADLINE_S)
             np.testing.assert_array_equal(z, (a[0] + b[0]) + (a[1] + b[1]))
         np.testing.assert_array_equal(w.copy_from(db[1], [N], F32), b[1])
+        total0, free0 = w.memory_info_on(0)
+        total_all, _ = w.memory_info()
+        assert total0 == 64 << 20 and free0 < total0 and total_all == 2 * total0
+        with pytest.raises(ValueError, match="5"):
+            w.memory_info_on(5)
 
 
 def test_groups_of_sub_and_chip_tasks():
@@ -214,3 +219,18 @@ def test_network_of_nodes_runs_python_node_callables():
         run.wait(timeout=DEADLINE_S)
         for k in range(2):
             np.testing.assert_array_equal(x[k], want[k])
+
+
+def test_chip_orchestration_that_raises_in_the_chip_child_fails_the_run():
+    def chip_orch(o, args):
+        if args.scalar(0) < 0:
+            raise ArithmeticError(f"negative block count {args.scalar(0)}")
+
+    with simpler.Worker(level=3, chips=1, device_memory_bytes=64 << 20) as w:
+        h = w.register(simpler.ChipCallable("raises_in_child", chip_orch, kernels(), ["scalar"]))
+        w.init()
+        with pytest.raises(simpler.RunError) as e:
+            w.run(lambda o: o.submit_next_level(h, [-3], 0))
+        assert e.value.code == simpler.StatusCode.USER_CODE_FAILED
+        assert "ArithmeticError" in e.value.message and "negative block count -3" in e.value.message
+        w.run(lambda o: o.submit_next_level(h, [3], 0))  # the chip child survived

@@ -60,3 +60,39 @@ def test_readme_python_blocks_run():
     assert blocks, "README.md has no ```python block"
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+
+
+def build_dir():
+    """The build tree this module was imported from (<build>/python/simpler), or None when installed."""
+    d = os.path.normpath(os.path.join(os.path.dirname(simpler.__file__), "..", ".."))
+    return d if os.path.isfile(os.path.join(d, "CMakeCache.txt")) else None
+
+
+def test_make_install_puts_a_working_module_where_the_interpreter_finds_it(tmp_path):
+    import subprocess
+    import sys
+
+    build = build_dir()
+    if build is None:
+        import pytest
+
+        pytest.skip("the module was not imported from a build tree, so there is nothing to install")
+    prefix = tmp_path / "prefix"
+    subprocess.run(["cmake", "--install", build, "--prefix", str(prefix)], check=True, capture_output=True,
+                   timeout=120)
+    site = [p for p in prefix.glob("lib/python3*/*-packages") if (p / "simpler").is_dir()]
+    assert len(site) == 1, list(prefix.rglob("simpler"))
+    script = ("import simpler, os\n"
+              "from simpler.examples import vector_add\n"
+              "print(os.path.realpath(simpler.__file__))\n"
+              "print(os.path.realpath(simpler.example_kernel('vector_add_add')))\n"
+              "print(vector_add.run(runs=2))\n")
+    env = {k: v for k, v in os.environ.items() if k != "SIMPLER_KERNEL_DIR"}
+    env["PYTHONPATH"] = str(site[0])
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    module, kernel, detail = out.stdout.splitlines()
+    root = os.path.realpath(str(prefix))
+    assert module.startswith(root) and kernel.startswith(root), out.stdout
+    assert detail.startswith("vector_add:")
