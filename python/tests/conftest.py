@@ -5,6 +5,9 @@ threading.Event.wait(timeout=...)), so a broken runtime fails a test instead of
 hanging the suite.
 """
 
+import faulthandler
+import sys
+
 import numpy as np
 import pytest
 
@@ -15,6 +18,19 @@ DEADLINE_S = 30.0
 
 ADD = 0  # func_id of vector_add's kernel (c = a + b, 1-D f32)
 SQRT = 1  # func_id of kernel_failure's checked_sqrt (y = sqrt(x); fails on x < 0)
+
+
+# A test that deadlocks with the GIL held (say a blocking call that forgot to
+# release it) cannot run any Python deadline: faulthandler's watchdog thread
+# needs no GIL, prints every thread's traceback and ends the process instead.
+TEST_WATCHDOG_S = 120
+
+
+@pytest.fixture(autouse=True)
+def watchdog():
+    faulthandler.dump_traceback_later(TEST_WATCHDOG_S, exit=True, file=sys.__stderr__)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 def kernels():

@@ -331,14 +331,14 @@ def test_register_after_init_is_refused(chip):
         w.register(42)
 
 
-def held_tmr_worker(release):
+def held_tmr_worker(release, pipeline_depth=2):
     """A tensormap_and_ringbuffer worker whose orchestration (on a device thread) waits for `release`."""
     def orch(o, args):
         if not release.wait(timeout=DEADLINE_S):
             raise RuntimeError("the test never released the orchestration")
         o.submit_aiv(ADD, args)
 
-    w = simpler.Worker(level=2, runtime="tensormap_and_ringbuffer")
+    w = simpler.Worker(level=2, runtime="tensormap_and_ringbuffer", pipeline_depth=pipeline_depth)
     h = w.register(simpler.ChipCallable("held", orch, kernels(), ["in", "in", "out"]))
     w.init()
     return w, h
@@ -452,3 +452,53 @@ def test_module_facts():
         with pytest.raises(simpler.Error) as e:
             w.memory_info_on(0)
         assert e.value.code == simpler.StatusCode.FAILED_PRECONDITION
+
+
+def release_when_main_reaches(release, main, code_name, line):
+    """A thread that sets `release` once the main thread's frame `code_name` stands on `line`
+    (inside a blocking C++ call), polling with a deadline."""
+    import sys
+
+    def watch():
+        tick = threading.Event()
+        for _ in range(int(DEADLINE_S * 1000)):
+            frame = sys._current_frames().get(main)
+            if frame is not None and frame.f_code.co_name == code_name and frame.f_lineno == line:
+                release.set()
+                return
+            tick.wait(0.001)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    return t
+
+
+def test_submit_and_close_release_the_gil_while_they_block():
+    # pipeline_depth=1: the second submit blocks until the first run, whose orchestration
+    # (on a device thread) needs the GIL, finishes; close() drains a run the same way.
+    release = threading.Event()
+    w, h = held_tmr_worker(release, pipeline_depth=1)
+    a = rng_floats(N, 14)
+    da, dc = upload(w, a), w.malloc(N * 4)
+    main = threading.get_ident()
+
+    def second_submit():
+        return w.submit(h, add_args(da, da, dc))  # blocks
+
+    first = w.submit(h, add_args(da, da, dc))
+    t = release_when_main_reaches(release, main, "second_submit", second_submit.__code__.co_firstlineno + 1)
+    second = second_submit()
+    t.join(DEADLINE_S)
+    first.wait(timeout=DEADLINE_S)
+    second.wait(timeout=DEADLINE_S)
+
+    release.clear()
+    third = w.submit(h, add_args(da, da, dc))
+
+    def closing():
+        w.close()  # drains the held run
+
+    t = release_when_main_reaches(release, main, "closing", closing.__code__.co_firstlineno + 1)
+    closing()
+    t.join(DEADLINE_S)
+    assert third.done() and third.result().ok
