@@ -80,11 +80,19 @@ T take(Result<T> r, const std::string& context = {}) {
 [[noreturn]] void type_error(const std::string& text) { throw py::type_error(text); }
 [[noreturn]] void value_error(const std::string& text) { throw py::value_error(text); }
 
-// The text a Python exception becomes when it fails a run: its type and
-// message, as `str(exc)` would not say which exception it was.
+// The text a Python exception becomes when it fails a run: its type, its
+// message (`str(exc)` alone would not say which exception it was) and
+// pybind11's "At:" list of the Python frames it came through.
 std::string python_error_text(py::error_already_set& e, const char* where) {
-  std::string text = std::string(where) + " raised " + e.what();
-  return text;
+  return std::string(where) + " raised " + e.what();
+}
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
 }
 
 // ---------------------------------------------------------------- Python references held by C++
@@ -98,7 +106,7 @@ class PyRef {
   PyRef(const PyRef&) = delete;
   PyRef& operator=(const PyRef&) = delete;
   ~PyRef() {
-    if (!Py_IsInitialized() || _Py_IsFinalizing() != 0) {
+    if (!Py_IsInitialized() || interpreter_finalizing()) {
       (void)o_.release();
       return;
     }
