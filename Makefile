@@ -4,8 +4,13 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 PACKAGES := build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev \
             libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev clang-format spin stress-ng \
-            clang-14 libclang-rt-14-dev libfuzzer-14-dev
+            clang-14 libclang-rt-14-dev libfuzzer-14-dev \
+            python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
 SIMPLER := build/default/src/cli/simpler
+# Debian's interpreter, the one the module is built for (not a pyenv/venv python3 on PATH).
+PYTHON := /usr/bin/python3
+PYTEST := PYTHONPATH=$(CURDIR)/build/default/python SIMPLER_KERNEL_DIR=$(CURDIR)/build/default/kernels \
+          $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 FUZZ_SECONDS ?= 60
 
@@ -36,8 +41,12 @@ demo: configure
 	cmake --build --preset default -j $(JOBS) --target simpler-cli
 	$(SIMPLER) demo
 
+# ctest, then the Python suite (also a ctest, Python.pytest, so `ctest` alone
+# covers it; here it runs last with its own output). pytest's exit code 5, no
+# test collected, fails like any other non-zero code.
 test: build
-	ctest --preset default -j $(JOBS)
+	ctest --preset default -j $(JOBS) -E '^Python\.'
+	$(PYTEST)
 
 # R71: rewrites tests/api_snapshot/public_api.txt after a deliberate public API
 # change; review and commit its diff with the change.
@@ -46,7 +55,7 @@ api-snapshot: configure
 
 # Rewrites every C++ source in place with .clang-format (Format.SourcesFollowClangFormat checks it).
 format:
-	git ls-files '*.cpp' '*.h' | grep -E '^(src|include|tests|bench|examples|fuzz)/' | xargs clang-format --style=file -i
+	git ls-files '*.cpp' '*.h' | grep -E '^(src|include|tests|bench|examples|fuzz|python)/' | xargs clang-format --style=file -i
 
 test-asan: deps
 	cmake --preset asan >/dev/null

@@ -4,7 +4,8 @@
 file(GLOB_RECURSE sources
   ${SOURCE_DIR}/src/*.h ${SOURCE_DIR}/src/*.cpp ${SOURCE_DIR}/include/*.h
   ${SOURCE_DIR}/tests/*.h ${SOURCE_DIR}/tests/*.cpp ${SOURCE_DIR}/bench/*.h ${SOURCE_DIR}/bench/*.cpp
-  ${SOURCE_DIR}/examples/*.h ${SOURCE_DIR}/examples/*.cpp ${SOURCE_DIR}/fuzz/*.h ${SOURCE_DIR}/fuzz/*.cpp)
+  ${SOURCE_DIR}/examples/*.h ${SOURCE_DIR}/examples/*.cpp ${SOURCE_DIR}/fuzz/*.h ${SOURCE_DIR}/fuzz/*.cpp
+  ${SOURCE_DIR}/python/*.h ${SOURCE_DIR}/python/*.cpp)
 set(unformatted "")
 foreach(f IN LISTS sources)
   execute_process(COMMAND ${CLANG_FORMAT} --style=file --dry-run --Werror ${f}
