@@ -14,6 +14,7 @@ namespace simpler::dist {
 namespace {
 constexpr uint64_t kYieldNs = 200'000;  // after news, yield rather than sleep this long
 constexpr uint64_t kFirstSleepNs = 20'000;
+constexpr uint64_t kChunkWaitSleepNs = 50'000;
 }  // namespace
 
 void Backoff::pause() {
@@ -71,7 +72,9 @@ Status post_chunks(int rank, int tag, const uint8_t* data, uint64_t bytes, std::
 Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t deadline_ns) {
   std::unique_ptr<uint8_t[]> scratch;
   if (data == nullptr) scratch.reset(new uint8_t[std::min(bytes, kChunkBytes)]);
-  Backoff backoff(1'000'000);
+  // OpenMPI moves a large message only inside MPI calls on either side, so
+  // this waits by testing often (yielding) rather than by sleeping long.
+  Backoff backoff(kChunkWaitSleepNs);
   for (uint64_t off = 0; off < bytes;) {
     // Straight into the tensor: every chunk is posted at once; a drain reuses
     // its one scratch chunk, so it goes one at a time.

@@ -69,7 +69,7 @@ class NodeServer {
   void fail_request(std::unique_ptr<Held> h, const Status& why);
   void free_allocs(const std::vector<uint64_t>& allocs);
   // A heap block, waiting while sends in flight still hold blocks.
-  Result<uint64_t> alloc(uint64_t bytes, uint64_t deadline_ns);
+  Result<uint64_t> alloc(uint64_t bytes, bool received, uint64_t deadline_ns);
   void reap();
   void drain_completions();
 
@@ -122,13 +122,15 @@ void NodeServer::reap() {
   }
 }
 
-Result<uint64_t> NodeServer::alloc(uint64_t bytes, uint64_t deadline_ns) {
+Result<uint64_t> NodeServer::alloc(uint64_t bytes, bool received, uint64_t deadline_ns) {
   // A finished run's blocks come back once the network has taken its
   // outputs, which may be just after its next request arrived.
   Backoff backoff(kBusySleepNs);
   for (;;) {
     reap();
-    auto a = heap_->alloc(bytes);
+    // A received tensor is overwritten whole; an output starts zeroed, so a
+    // kernel that leaves part of it unwritten returns no stale bytes.
+    auto a = received ? heap_->alloc_for_overwrite(bytes) : heap_->alloc(bytes);
     if (a.ok() || outgoing_.empty() || now_ns() >= deadline_ns) return a;
     backoff.pause();
   }
@@ -275,7 +277,7 @@ void NodeServer::handle_request(const Message& m) {
   h->allocs.assign(m.rows.size(), 0);
   Status alloc_failed;
   for (size_t k = 0; k < m.rows.size() && alloc_failed.ok(); ++k) {
-    auto a = alloc(m.rows[k].bytes, now_ns() + timeout);
+    auto a = alloc(m.rows[k].bytes, (m.rows[k].flags & kToNode) != 0, now_ns() + timeout);
     if (!a.ok()) {
       alloc_failed = Status(a.status().code(), fmt::format("tensor row {} ({} bytes) in the node server's heap: {}", k,
                                                            m.rows[k].bytes, a.status().message()));
