@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <cstring>
 #include <string>
@@ -15,6 +16,7 @@
 #include "dist/node_server.h"
 #include "dist/wire.h"
 #include "node_test_util.h"
+#include "task/args_blob.h"
 #include "test_util.h"
 
 namespace simpler::testing {
@@ -291,6 +293,41 @@ TEST(DistMpi, MalformedReplyStopsOnlyThatNode) {
   const DeviceBuffer o = shared_floats(*n.w, len, 0);
   ASSERT_TRUE(wait_run(submit_scale(n, n.rank1, x, o, len, 6, 1)).ok());
   expect_scaled(x, o, len, 6, 1, "rank 1");
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// R9 at the node: a REQUEST that names no possible occupant (another
+// session, entry 999) reaches rank 1 from rank 0 outside the network's
+// endpoint. The node runs nothing, sends STOPPED with its reason, and the
+// network ends that node's work with it; rank 2 and the local node serve on.
+TEST(DistMpi, UnattributableRequestStopsTheNodeEndpoint) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(2);
+  const size_t len = 256;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  const DeviceBuffer out = shared_floats(*n.w, len, 0);
+  ASSERT_TRUE(wait_run(submit_scale(n, n.rank1, x, out, len, 2, 0)).ok());
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(encode_args_blob(TaskArgs(), blob).ok());
+  const auto forged = dist::encode_request(/*session=*/42, 999, 1, 0, Digest{}, {}, blob);
+  ASSERT_EQ(MPI_Send(forged.data(), static_cast<int>(forged.size()), MPI_BYTE, 1, dist::kTagControl, MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  // The STOPPED reply reaches the network asynchronously: a later run on
+  // rank 1 fails with the node's reason once it has (or is refused after).
+  Status st;
+  const uint64_t deadline = now_ns() + 20'000'000'000ull;
+  while (now_ns() < deadline) {
+    st = wait_run(submit_scale(n, n.rank1, x, out, len, 2, 0));
+    if (!st.ok()) break;
+  }
+  EXPECT_TRUE(contains(st.message(), "MPI rank 1") && contains(st.message(), "stopped its endpoint") &&
+              contains(st.message(), "session"))
+      << st.to_string();
+  for (uint32_t w : {n.rank2, n.local}) {
+    const DeviceBuffer o = shared_floats(*n.w, len, 0);
+    ASSERT_TRUE(wait_run(submit_scale(n, w, x, o, len, 6, 1)).ok());
+    expect_scaled(x, o, len, 6, 1, "a node that kept serving");
+  }
   EXPECT_TRUE(n.w->close().ok());
 }
 
