@@ -382,8 +382,8 @@ int main(int argc, char** argv) {
   }
   if (rank != 0) return simpler::testing::serve_rank(rank);
   const std::string filter = "--gtest_filter=DistMpi." + simpler::testing::g_case;
-  std::vector<char*> args = {argv[0], const_cast<char*>(filter.c_str())};
-  int n = static_cast<int>(args.size());
+  std::vector<char*> args = {argv[0], const_cast<char*>(filter.c_str()), nullptr};  // argv[argc] is null
+  int n = static_cast<int>(args.size()) - 1;
   ::testing::InitGoogleTest(&n, args.data());
   return RUN_ALL_TESTS();
 }

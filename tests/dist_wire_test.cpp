@@ -140,11 +140,14 @@ TEST(DistWire, RequestRowsAreBounded) {
 
 TEST(DistWire, TerminalCarriesTheKernelTextAndReturnedSizes) {
   const uint64_t sizes[] = {64, 128};
-  auto ok = decode_message(encode_terminal(kSession, 1, 3, 4, 0, Status(), sizes));
+  // A Message views the bytes it was decoded from: they must outlive it.
+  const auto ok_bytes = encode_terminal(kSession, 1, 3, 4, 0, Status(), sizes);
+  auto ok = decode_message(ok_bytes);
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ(ok->sizes, (std::vector<uint64_t>{64, 128}));
   const Status failed(StatusCode::kUserCodeFailed, "task 0 (AIV kernel, func_id 1) failed: boom");
-  auto bad = decode_message(encode_terminal(kSession, 1, 3, 4, 0, failed, {}));
+  const auto bad_bytes = encode_terminal(kSession, 1, 3, 4, 0, failed, {});
+  auto bad = decode_message(bad_bytes);
   ASSERT_TRUE(bad.ok());
   EXPECT_EQ(bad->text, failed.message());
   EXPECT_EQ(bad->h.status_code, static_cast<int32_t>(StatusCode::kUserCodeFailed));
