@@ -4,6 +4,7 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 PACKAGES := build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev nlohmann-json3-dev \
             libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev clang-format spin stress-ng \
+            libopenmpi-dev openmpi-bin \
             clang-14 libclang-rt-14-dev libfuzzer-14-dev \
             python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
 SIMPLER := build/default/src/cli/simpler

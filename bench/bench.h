@@ -11,6 +11,9 @@ namespace simpler::bench {
 struct BenchInfo {
   std::string name;
   std::string description;
+  // Runs only as `mpirun -np 2 simpler bench NAME`: rank 0 measures, rank 1
+  // serves (serve_rank). `simpler bench` with no name leaves it out.
+  bool needs_mpi = false;
 };
 
 std::vector<BenchInfo> list();
@@ -18,5 +21,9 @@ std::vector<BenchInfo> list();
 // one JSON object on one line; otherwise a readable table. Returns a process
 // exit code: 0 ok, 2 unknown name, 1 failure.
 int run(const std::string& name, bool json, std::ostream& out);
+// An MPI benchmark on a rank other than 0: serve_rank plays this rank's part
+// (the node, then the peer's echo) and returns an exit code.
+bool serves_on_this_rank(const std::string& name);
+int serve_rank(const std::string& name);
 
 }  // namespace simpler::bench

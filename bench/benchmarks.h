@@ -19,5 +19,7 @@ Result<Json> l3_pipelined();
 Result<Json> l4_latency();
 Result<Json> mailbox_round_trip();
 Result<Json> mailbox_bytes();
+Result<Json> mpi_latency();
+Result<Json> mpi_bandwidth();
 
 }  // namespace simpler::bench

@@ -58,6 +58,16 @@ const std::vector<Entry>& entries() {
       {{"idle_cpu", "% of one CPU burned by an idle a2a3-geometry chip over 1 s vs an idle process"}, &idle_cpu},
       {{"native_run", "prepare + launch + finalize of an empty and a one-task native run, p50/p99 vs a condvar pool"},
        &native_run},
+      {{"mpi_latency",
+        "1-task run through a remote node on MPI rank 1, submit -> wait, p50/p99 vs an MPI ping-pong of the same "
+        "bytes (mpirun -np 2)",
+        /*needs_mpi=*/true},
+       &mpi_latency},
+      {{"mpi_bandwidth",
+        "a 64 MiB input and 64 MiB output through a remote node on MPI rank 1 vs MPI_Send/MPI_Recv of the same "
+        "bytes (mpirun -np 2)",
+        /*needs_mpi=*/true},
+       &mpi_bandwidth},
   };
   return kEntries;
 }

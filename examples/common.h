@@ -90,6 +90,7 @@ Result<ExampleReport> run_matmul_chain(const ExampleOptions& options);
 Result<ExampleReport> run_kernel_failure(const ExampleOptions& options);
 Result<ExampleReport> run_node_pipeline(const ExampleOptions& options);
 Result<ExampleReport> run_network_pipeline(const ExampleOptions& options);
+Result<ExampleReport> run_network_mpi(const ExampleOptions& options);
 
 // attention_stream's tasks per run under `simpler run` and under `simpler demo`.
 inline constexpr uint32_t kAttentionStreamTasks = 1'000'000;

@@ -56,6 +56,10 @@ struct ExampleInfo {
   // device as its tasks execute); elsewhere run_example refuses it at once
   // with FAILED_PRECONDITION, saying why.
   bool needs_streaming = false;
+  // Runs only as an MPI job of two or more ranks (`mpirun -np N simpler run
+  // NAME`): rank 0 runs it, the others serve its nodes (serve_example).
+  // Outside one it does not apply, as a streaming example on another runtime.
+  bool needs_mpi = false;
 };
 
 std::vector<ExampleInfo> example_list();
@@ -64,8 +68,14 @@ std::vector<std::string> example_names();
 // Whether chip runtime `runtime` streams a run through a task window rather
 // than building its whole graph before launch.
 bool is_streaming_runtime(const std::string& runtime);
-// Whether `example` runs on chip runtime `runtime` (else it refuses there).
+// Whether `example` runs on chip runtime `runtime` in this process (else it
+// refuses there): a streaming example on a streaming runtime, an MPI example
+// in an MPI job.
 bool applies_to(const ExampleInfo& example, const std::string& runtime);
+// An MPI example on a rank other than 0: this process serves its nodes
+// (serve_example) rather than running it.
+bool serves_on_this_rank(const std::string& example);
+Status serve_example(const std::string& example, const ExampleOptions& options);
 
 // The directory the examples' kernels are loaded from (see common.h's
 // kernel_path), or NOT_FOUND naming every place looked at.

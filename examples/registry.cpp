@@ -22,6 +22,10 @@ const std::vector<Entry>& entries() {
         "sub task sums both",
         32},
        run_network_pipeline},
+      {{"network_mpi",
+        "L4 across MPI ranks (mpirun -np N): 1 local node + 1 remote node per other rank run c = a + b per run", 16, 0,
+        0, /*needs_streaming=*/false, /*needs_mpi=*/true},
+       run_network_mpi},
       {{"vector_add", "one AIV task: c = a + b over 65536 f32", 200}, run_vector_add},
       {{"matmul_chain", "tiled relu(A·B + bias): 384 AIC/AIV tasks per run with per-tile chains", 32},
        run_matmul_chain},
@@ -51,7 +55,7 @@ bool is_streaming_runtime(const std::string& runtime) {
 }
 
 bool applies_to(const ExampleInfo& example, const std::string& runtime) {
-  return !example.needs_streaming || is_streaming_runtime(runtime);
+  return (!example.needs_streaming || is_streaming_runtime(runtime)) && (!example.needs_mpi || mpi_size() >= 2);
 }
 
 std::vector<std::string> example_names() {

@@ -128,6 +128,42 @@ HEADERS = {
 }
 
 
+# --- MPI wire (src/dist/wire.h): 9 bytes of fuzzer prelude (entry count,
+# 8 generations), then one message: the 64-byte header and its payload ---
+WIRE_MAGIC, WIRE_VERSION = 0x49504D53, 1
+
+
+def wire(kind, payload=b"", session=0x5E55, entry=0, tensors=0, generation=3, epoch=9, code=0, value=0,
+         magic=WIRE_MAGIC, version=WIRE_VERSION, size=None):
+    h = struct.pack("<IHHQIIQQQQiI", magic, version, kind, session, entry, tensors, generation, epoch, 0, value,
+                    code, len(payload) if size is None else size)
+    assert len(h) == 64
+    return bytes([1, 3, 4, 5, 0, 0, 0, 0, 0]) + h + payload
+
+
+def wire_request(generation=5, entry=0):
+    rec = record(addr=0x10000, nbytes=4096)
+    row = struct.pack("<QQII", 0x10000, 4096, 1, 0)
+    return wire(3, bytes(32) + row + blob(rec), entry=entry, tensors=1, generation=generation, epoch=0)
+
+
+WIRE = {
+    "ack": wire(4),
+    "accepted": wire(5),
+    "terminal_ok": wire(6, struct.pack("<Q", 4096), tensors=1),
+    "terminal_failed": wire(6, b"task 0 failed: boom", code=13),
+    "heartbeat": wire(7, generation=0, epoch=0),
+    "stopped": wire(8, b"entry 9 is outside the 2 entries"),
+    "hello_reply": wire(2, bytes(64), value=2),
+    "memory_reply": wire(11, struct.pack("<Q", 10), value=100),
+    "request": wire_request(),
+    "request_stale": wire_request(generation=1),
+    "request_unattributable": wire_request(entry=7),
+    "bad_magic": wire(4, magic=0),
+    "bad_size": wire(4, size=4),
+}
+
+
 def write(target, seeds):
     d = os.path.join(ROOT, target)
     os.makedirs(d, exist_ok=True)
@@ -138,3 +174,4 @@ def write(target, seeds):
 
 write("fuzz_args_blob", ARGS)
 write("fuzz_frame_header", HEADERS)
+write("fuzz_dist_wire", WIRE)

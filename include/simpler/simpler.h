@@ -5,6 +5,7 @@
 #include "simpler/kernel.h"
 #include "simpler/orchestration.h"
 #include "simpler/orchestrator.h"
+#include "simpler/remote.h"
 #include "simpler/run_handle.h"
 #include "simpler/status.h"
 #include "simpler/task_args.h"

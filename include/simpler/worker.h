@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "simpler/callable.h"
 #include "simpler/orchestrator.h"
+#include "simpler/remote.h"
 #include "simpler/run_handle.h"
 #include "simpler/types.h"
 #include "simpler/worker_config.h"
@@ -43,6 +45,14 @@ class Worker {
   // left closed. Refuses another level, an initialised worker, or a config
   // its own init would refuse (naming the field) and then changes nothing.
   Result<uint32_t> add_next_level_worker(Worker&& worker);
+  // Level::Network, before init, under mpirun on rank 0: next-level worker i
+  // (the returned index) is the node that serve_node serves on MPI rank
+  // `rank`. init() greets it and fails if it grants fewer sets than
+  // pipeline_depth or lacks one of this worker's NodeCallables. Its tensors
+  // are sent with each request and its outputs and inouts returned with the
+  // terminal; a rank that dies or falls silent for heartbeat_timeout ends
+  // every run it held with an error naming it (docs/remote_nodes.md).
+  Result<uint32_t> add_remote_worker(int rank, RemoteNodeOptions options = {});
   // Validates the config (naming the field), creates the device and its
   // threads. Level::Node/Network: forks every child first, then starts its
   // threads; fails if a child grants fewer sets than pipeline_depth.
@@ -92,6 +102,7 @@ class Worker {
   struct Impl;
 
  private:
+  friend Status serve_node(Worker&& node, std::vector<NodeCallable> callables, ServeOptions options);
   std::unique_ptr<Impl> impl_;
 };
 

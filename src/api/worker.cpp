@@ -5,6 +5,9 @@
 #include "base/errors.h"
 #include "base/leak.h"
 #include "chip/chip_worker.h"
+#include "dist/mpi_session.h"
+#include "dist/node_server.h"
+#include "dist/remote_port.h"
 #include "ipc/sub_worker_handler.h"
 #include "node/node_worker.h"
 
@@ -129,6 +132,60 @@ Result<uint32_t> Worker::add_next_level_worker(Worker&& worker) {
   next.functions.clear();
   next.phase = Impl::Phase::Closed;
   return static_cast<uint32_t>(impl_->nodes.size() - 1);
+}
+
+Result<uint32_t> Worker::add_remote_worker(int rank, RemoteNodeOptions options) {
+  if (impl_->level != Level::Network) {
+    return failed_precondition("add_remote_worker: Level::Network workers only; a node's next level is its chips");
+  }
+  SIMPLER_RETURN_IF_ERROR(impl_->require_created("add_remote_worker"));
+  if (rank <= 0) return invalid_argument("add_remote_worker: rank = {}: rank 0 runs the network", rank);
+  if (options.heartbeat_timeout.count() <= 0 || options.ready_timeout.count() <= 0) {
+    return invalid_argument("add_remote_worker: heartbeat_timeout and ready_timeout must be > 0");
+  }
+  for (const NodeSpec& n : impl_->nodes) {
+    if (n.external != nullptr && n.remote_rank == rank) {
+      return invalid_argument("add_remote_worker: rank {} was already added", rank);
+    }
+  }
+  NodeSpec spec;
+  spec.level = Level::Node;
+  spec.remote_rank = rank;
+  spec.external = std::make_shared<const ExternalWorkerFactory>(
+      [rank, options](const ExternalContext& ctx) { return dist::RemotePort::start(rank, options, ctx); });
+  impl_->nodes.push_back(std::move(spec));
+  return static_cast<uint32_t>(impl_->nodes.size() - 1);
+}
+
+int mpi_rank() { return dist::launcher_rank(); }
+int mpi_size() { return dist::launcher_size(); }
+
+Status serve_node(Worker&& node, std::vector<NodeCallable> callables, ServeOptions options) {
+  Worker::Impl& n = *node.impl_;
+  if (n.level != Level::Node) return invalid_argument("serve_node: node is not a Level::Node worker");
+  SIMPLER_RETURN_IF_ERROR(n.require_created("serve_node"));
+  if (options.tensor_heap_bytes == 0) return invalid_argument("serve_node: tensor_heap_bytes is 0");
+  if (options.heartbeat_period.count() <= 0 || options.network_timeout.count() <= 0 ||
+      options.hello_timeout.count() <= 0) {
+    return invalid_argument("serve_node: heartbeat_period, network_timeout and hello_timeout must be > 0");
+  }
+  for (size_t i = 0; i < callables.size(); ++i) {
+    if (!callables[i].orchestrate()) return invalid_argument("serve_node: callable '{}' is empty", callables[i].name());
+    for (size_t j = 0; j < i; ++j) {
+      if (callables[j].name() == callables[i].name()) {
+        return invalid_argument("serve_node: callable '{}' is given twice", callables[i].name());
+      }
+    }
+  }
+  NodeSpec spec;
+  spec.level = Level::Node;
+  spec.config = n.config;
+  spec.chip_callables = std::move(n.callables);
+  spec.functions = std::move(n.functions);
+  n.callables.clear();
+  n.functions.clear();
+  n.phase = Worker::Impl::Phase::Closed;
+  return dist::serve(std::move(spec), std::move(callables), options);
 }
 
 Result<FunctionHandle> Worker::register_function(SubFunction fn) {

@@ -191,6 +191,12 @@ int cmd_run(const RunFlags& flags) {
   options.runs = flags.runs;
   options.tasks_per_run = flags.tasks;
   options.pipeline_depth = flags.pipeline_depth;
+  if (examples::serves_on_this_rank(flags.example)) {
+    // An MPI example's other ranks serve its nodes, silently unless they fail.
+    const Status served = examples::serve_example(flags.example, options);
+    if (!served.ok()) fmt::print(stderr, "MPI rank {}: {}\n", mpi_rank(), served.to_string());
+    return served.ok() ? kExitOk : kExitFailure;
+  }
   fmt::print("simpler {} run {} with runtime {} on geometry {}, pipeline depth {}\n\n", version_string(), flags.example,
              options.runtime, describe(options.geometry), options.pipeline_depth);
   std::fflush(stdout);
@@ -258,7 +264,20 @@ int cmd_bench(const BenchFlags& flags) {
     }
   }
   if (names.empty()) {
-    for (const bench::BenchInfo& b : all) names.push_back(b.name);
+    for (const bench::BenchInfo& b : all) {
+      if (!b.needs_mpi) names.push_back(b.name);
+    }
+  }
+  if (mpi_rank() != 0) {
+    // An MPI job's other ranks play their part of each MPI benchmark, silently.
+    for (const std::string& name : names) {
+      if (!bench::serves_on_this_rank(name)) {
+        fmt::print(stderr, "bench: MPI rank {} has no part in '{}'; run it without mpirun\n", mpi_rank(), name);
+        return kExitUsage;
+      }
+      if (const int r = bench::serve_rank(name); r != kExitOk) return r;
+    }
+    return kExitOk;
   }
   int rc = kExitOk;
   for (const std::string& name : names) {

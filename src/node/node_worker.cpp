@@ -314,6 +314,7 @@ Status NodeWorker::validate(const NodeSpec& spec) {
       return invalid_argument("{} next-level workers exceed {}", spec.nodes.size(), kNodeMaxChips);
     }
     for (size_t i = 0; i < spec.nodes.size(); ++i) {
+      if (spec.nodes[i].external != nullptr) continue;  // its own process validates what it runs
       SIMPLER_RETURN_IF_ERROR(validate(spec.nodes[i]), "next-level worker {}", i);
     }
   } else if (c.chips + static_cast<uint64_t>(c.sub_workers) == 0) {
@@ -363,9 +364,14 @@ Result<std::unique_ptr<NodeWorker>> NodeWorker::create(NodeSpec spec) {
   SIMPLER_ASSIGN_OR_RETURN(w->heap_, SharedHeap::create(config.shared_heap_bytes));
   SIMPLER_RETURN_IF_ERROR(w->spawn_children());
   // Every child is forked; only now does this process start a thread.
+  SIMPLER_RETURN_IF_ERROR(w->start_external());
   std::vector<EndpointPort*> next_ports, sub_ports;
-  for (auto& c : w->next_) {
-    w->ports_.push_back(std::make_unique<MailboxPort>(*c));
+  for (size_t i = 0; i < w->next_.size(); ++i) {
+    if (w->external_[i] != nullptr) {
+      next_ports.push_back(w->external_[i].get());
+      continue;
+    }
+    w->ports_.push_back(std::make_unique<MailboxPort>(*w->next_[i]));
     next_ports.push_back(w->ports_.back().get());
   }
   for (auto& c : w->subs_) {
@@ -407,6 +413,7 @@ Status NodeWorker::spawn_children() {
   std::vector<ChildRecipe> recipes;
   std::vector<std::shared_ptr<SharedMapping>> mailboxes;
   std::vector<std::string> names;
+  std::vector<int64_t> next_index;  // by recipe: its next-level index, or -1 for a sub worker
   // `process` names the child in ps ("simpler-chip0"); `what` in errors ("chip worker 0").
   auto add = [&](std::function<std::unique_ptr<RunHandler>()> make, std::string process, std::string what) -> Status {
     SIMPLER_ASSIGN_OR_RETURN(std::shared_ptr<SharedMapping> mailbox, ForkedChild::map_mailbox(so.granted_sets), "{}",
@@ -419,7 +426,11 @@ Status NodeWorker::spawn_children() {
     return Status();
   };
   const uint32_t next_count = spec_.level == Level::Network ? static_cast<uint32_t>(spec_.nodes.size()) : config_.chips;
+  next_.resize(next_count);
+  external_.resize(next_count);
   for (uint32_t i = 0; i < next_count; ++i) {
+    if (spec_.level == Level::Network && spec_.nodes[i].external != nullptr) continue;
+    next_index.push_back(i);
     std::function<std::unique_ptr<RunHandler>()> make;
     if (spec_.level == Level::Network) {
       NodeSpec node = spec_.nodes[i];
@@ -435,6 +446,7 @@ Status NodeWorker::spawn_children() {
         add(std::move(make), fmt::format("{}{}", process, i), fmt::format("{} {}", next_kind(), i)));
   }
   for (uint32_t i = 0; i < config_.sub_workers; ++i) {
+    next_index.push_back(-1);
     SIMPLER_RETURN_IF_ERROR(
         add([functions = spec_.functions, ranges] { return std::make_unique<SubWorkerHandler>(functions, ranges); },
             fmt::format("simpler-sub{}", i), fmt::format("sub worker {}", i)));
@@ -445,11 +457,32 @@ Status NodeWorker::spawn_children() {
   chip_so.max_replacements = kNodeMaxIncarnations - 1;
   const bool chips = spec_.level == Level::Node;
   for (uint32_t k = 0; k < names.size(); ++k) {
-    SIMPLER_ASSIGN_OR_RETURN(
-        std::unique_ptr<ForkedChild> c,
-        require_grant(ForkedChild::start(*server_, k, mailboxes[k], chips && k < next_count ? chip_so : so),
-                      k < next_count ? config_.pipeline_depth : 0, names[k]));
-    (k < next_count ? next_ : subs_).push_back(std::move(c));
+    const bool next = next_index[k] >= 0;
+    SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<ForkedChild> c,
+                             require_grant(ForkedChild::start(*server_, k, mailboxes[k], chips && next ? chip_so : so),
+                                           next ? config_.pipeline_depth : 0, names[k]));
+    if (next) {
+      next_[static_cast<size_t>(next_index[k])] = std::move(c);
+    } else {
+      subs_.push_back(std::move(c));
+    }
+  }
+  return Status();
+}
+
+Status NodeWorker::start_external() {
+  if (spec_.level != Level::Network) return Status();
+  ExternalContext ctx;
+  ctx.pipeline_depth = config_.pipeline_depth;
+  ctx.callables = next_digests_;
+  ctx.shared = shared_ranges();
+  ctx.bell = &heap_->bell();
+  const uint64_t timeout_ms = static_cast<uint64_t>(config_.run_timeout.count());
+  ctx.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
+  for (uint32_t i = 0; i < spec_.nodes.size(); ++i) {
+    if (spec_.nodes[i].external == nullptr) continue;
+    ctx.index = i;
+    SIMPLER_ASSIGN_OR_RETURN(external_[i], (*spec_.nodes[i].external)(ctx), "{} {}", next_kind(), i);
   }
   return Status();
 }
@@ -611,7 +644,7 @@ Status NodeWorker::schedule(std::unique_ptr<NodeRun>& run) {
 }
 
 Status NodeWorker::check_alive(uint32_t worker) const {
-  if (auto f = next_[worker]->failure()) {
+  if (auto f = external_[worker] != nullptr ? external_[worker]->failure() : next_[worker]->failure()) {
     return make_error(StatusCode::kAborted, "{} {} is gone: {}", next_kind(), worker, f->to_string());
   }
   return Status();
@@ -767,6 +800,10 @@ Result<MemoryInfo> NodeWorker::memory_info_on(uint32_t worker) {
   if (worker >= next_.size()) {
     return invalid_argument("worker = {}: this worker has {} {}s", worker, next_.size(), next_kind());
   }
+  if (external_[worker] != nullptr) {
+    SIMPLER_RETURN_IF_ERROR(check_alive(worker));
+    return external_[worker]->memory_info(now_ns() + kControlDeadlineNs);
+  }
   SIMPLER_ASSIGN_OR_RETURN(
       const DeviceMemoryReport m,
       ask_living<DeviceMemoryReport>(
@@ -814,6 +851,7 @@ Status NodeWorker::close(std::chrono::milliseconds drain) {
   Status first;
   auto close_all = [&](std::vector<std::unique_ptr<ForkedChild>>& children) {
     for (auto& c : children) {
+      if (c == nullptr) continue;  // an external next-level worker
       std::vector<EndpointEvent> events;
       Status st = c->close(std::max<uint64_t>(deadline, now_ns() + 5'000'000'000ull), events);
       if (!st.ok() && first.ok()) first = st;
@@ -821,8 +859,14 @@ Status NodeWorker::close(std::chrono::milliseconds drain) {
   };
   close_all(next_);
   close_all(subs_);
+  for (auto& e : external_) {
+    if (e == nullptr) continue;
+    Status st = e->close(std::max<uint64_t>(deadline, now_ns() + 5'000'000'000ull));
+    if (!st.ok() && first.ok()) first = st;
+  }
   scheduler_.reset();
   ports_.clear();
+  external_.clear();
   next_.clear();
   subs_.clear();
   server_.reset();  // every child of it is closed

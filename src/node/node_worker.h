@@ -23,6 +23,7 @@
 
 #include "base/host_range.h"
 #include "ipc/forked_child.h"
+#include "node/external_worker.h"
 #include "node/scheduler.h"
 #include "node/shared_heap.h"
 #include "node/worker_lane.h"
@@ -65,6 +66,11 @@ struct NodeSpec {
   // respawn_window_ns); tests that kill children on purpose widen it.
   size_t respawn_budget = kRespawnBudget;
   uint64_t respawn_window_ns = kRespawnWindowNs;
+  // An entry of a network's `nodes` with this set is not forked: the factory
+  // builds the port that reaches it (a node on another MPI rank), after
+  // every local child is forked; the rest of that entry is unused.
+  std::shared_ptr<const ExternalWorkerFactory> external;
+  int remote_rank = -1;  // with `external`: the MPI rank it reaches, for errors and duplicates
 };
 
 // A started child whose handler granted at least `requested` sets (R68):
@@ -118,7 +124,9 @@ class NodeWorker {
   ArenaCounts run_set_counts() const;
   size_t next_level_workers() const { return next_.size(); }
   size_t sub_workers() const { return subs_.size(); }
+  // A forked next-level worker (not an external one: is_external(i)).
   ForkedChild& next_child(size_t i) { return *next_[i]; }
+  bool is_external(size_t i) const { return external_[i] != nullptr; }
   ForkedChild& sub_child(size_t i) { return *subs_[i]; }
   SharedHeap& heap() { return *heap_; }
 
@@ -133,6 +141,8 @@ class NodeWorker {
 
   explicit NodeWorker(NodeSpec spec);
   Status spawn_children();
+  // Builds every external next-level worker; after spawn_children, before any thread.
+  Status start_external();
   // What a next-level worker is called in errors ("chip worker", "node worker").
   const char* next_kind() const { return spec_.level == Level::Network ? "node worker" : "chip worker"; }
   // Own heap first, then the inherited ones.
@@ -175,8 +185,9 @@ class NodeWorker {
   std::vector<Digest> next_digests_;  // by callable id: what a next-level task may run
   std::vector<Digest> sub_digests_;   // by function id, hashed once: a submit_sub checks against it
   std::unique_ptr<SharedHeap> heap_;
-  std::unique_ptr<ForkServer> server_;  // forks every child; outlives them
-  std::vector<std::unique_ptr<ForkedChild>> next_;
+  std::unique_ptr<ForkServer> server_;                     // forks every child; outlives them
+  std::vector<std::unique_ptr<ForkedChild>> next_;         // null where external_ is set
+  std::vector<std::unique_ptr<ExternalWorker>> external_;  // by next-level index; null for a forked one
   std::vector<std::unique_ptr<ForkedChild>> subs_;
   std::vector<std::unique_ptr<MailboxPort>> ports_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -38,4 +38,10 @@ Result<uint64_t> SharedHeap::alloc(uint64_t bytes) {
   return addr;
 }
 
+Result<uint64_t> SharedHeap::alloc_for_overwrite(uint64_t bytes) {
+  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, blocks_.allocate(bytes));
+  std::memset(reinterpret_cast<void*>(addr + bytes), 0, blocks_.block_size(addr) - bytes);
+  return addr;
+}
+
 }  // namespace simpler

@@ -26,6 +26,9 @@ class SharedHeap {
 
   // A zeroed block of `bytes` (> 0); RESOURCE_EXHAUSTED when none fits.
   Result<uint64_t> alloc(uint64_t bytes);
+  // A block whose first `bytes` the caller overwrites before anyone reads
+  // them (a tensor received whole): only the block's tail past them is zeroed.
+  Result<uint64_t> alloc_for_overwrite(uint64_t bytes);
   // Refuses an address that is not the start of a live block; never allocates.
   Status free(uint64_t addr) noexcept { return blocks_.free(addr); }
   // The size of the live block starting at addr, or 0.

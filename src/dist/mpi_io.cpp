@@ -1,0 +1,139 @@
+#include "dist/mpi_io.h"
+
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "base/errors.h"
+#include "dist/wire.h"
+
+namespace simpler::dist {
+
+namespace {
+constexpr uint64_t kYieldNs = 200'000;  // after news, yield rather than sleep this long
+constexpr uint64_t kFirstSleepNs = 20'000;
+constexpr uint64_t kChunkWaitSleepNs = 50'000;
+}  // namespace
+
+void Backoff::pause() {
+  if (now_ns() - last_news_ns_ < kYieldNs) {
+    sched_yield();
+    return;
+  }
+  sleep_ns_ = sleep_ns_ == 0 ? kFirstSleepNs : std::min(sleep_ns_ * 2, max_sleep_ns_);
+  timespec ts{static_cast<time_t>(sleep_ns_ / 1'000'000'000ull), static_cast<long>(sleep_ns_ % 1'000'000'000ull)};
+  nanosleep(&ts, nullptr);
+}
+
+Result<bool> try_recv_control(int rank, std::vector<uint8_t>& out) {
+  int flag = 0;
+  MPI_Status st;
+  if (MPI_Iprobe(rank, kTagControl, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS) {
+    return internal_error("MPI_Iprobe for rank {} failed", rank);
+  }
+  if (!flag) return false;
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  if (count < 0 || count > kWireMaxMessage) {
+    // Consumed so it is not seen again; the sender is no longer trusted.
+    std::vector<uint8_t> sink(kWireMaxMessage);
+    MPI_Recv(sink.data(), kWireMaxMessage, MPI_BYTE, rank, kTagControl, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    return invalid_argument("a control message of {} bytes exceeds the {}-byte bound", count, kWireMaxMessage);
+  }
+  out.resize(static_cast<size_t>(count));
+  if (MPI_Recv(out.data(), count, MPI_BYTE, rank, kTagControl, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+    return internal_error("MPI_Recv of a {}-byte control message from rank {} failed", count, rank);
+  }
+  return true;
+}
+
+Status send_control(int rank, const std::vector<uint8_t>& bytes) {
+  if (MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, rank, kTagControl, MPI_COMM_WORLD) !=
+      MPI_SUCCESS) {
+    return internal_error("MPI_Send of a {}-byte control message to rank {} failed", bytes.size(), rank);
+  }
+  return Status();
+}
+
+Status post_chunks(int rank, int tag, const uint8_t* data, uint64_t bytes, std::vector<MPI_Request>& out) {
+  for (uint64_t off = 0; off < bytes; off += kChunkBytes) {
+    const int len = static_cast<int>(std::min(kChunkBytes, bytes - off));
+    MPI_Request r;
+    if (MPI_Isend(data + off, len, MPI_BYTE, rank, tag, MPI_COMM_WORLD, &r) != MPI_SUCCESS) {
+      return internal_error("MPI_Isend of a {}-byte chunk to rank {} failed", len, rank);
+    }
+    out.push_back(r);
+  }
+  return Status();
+}
+
+Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t deadline_ns) {
+  std::unique_ptr<uint8_t[]> scratch;
+  if (data == nullptr) scratch.reset(new uint8_t[std::min(bytes, kChunkBytes)]);
+  // OpenMPI moves a large message only inside MPI calls on either side, so
+  // this waits by testing often (yielding) rather than by sleeping long.
+  Backoff backoff(kChunkWaitSleepNs);
+  for (uint64_t off = 0; off < bytes;) {
+    // Straight into the tensor: every chunk is posted at once; a drain reuses
+    // its one scratch chunk, so it goes one at a time.
+    std::vector<MPI_Request> reqs;
+    std::vector<int> lens;
+    const uint64_t begin = off;
+    do {
+      const int len = static_cast<int>(std::min(kChunkBytes, bytes - off));
+      MPI_Request r;
+      uint8_t* dst = data != nullptr ? data + off : scratch.get();
+      if (MPI_Irecv(dst, len, MPI_BYTE, rank, tag, MPI_COMM_WORLD, &r) != MPI_SUCCESS) {
+        abandon(reqs);
+        return internal_error("MPI_Irecv of a {}-byte chunk from rank {} failed", len, rank);
+      }
+      reqs.push_back(r);
+      lens.push_back(len);
+      off += static_cast<uint64_t>(len);
+    } while (off < bytes && data != nullptr);
+    std::vector<MPI_Status> sts(reqs.size());
+    for (;;) {
+      int done = 0;
+      if (MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, sts.data()) != MPI_SUCCESS) {
+        return invalid_argument("a tensor chunk from rank {} (bytes {}..{}) is longer than announced", rank, begin,
+                                off);
+      }
+      if (done) break;
+      if (now_ns() >= deadline_ns) {
+        abandon(reqs);
+        return make_error(StatusCode::kDeadlineExceeded,
+                          "rank {} sent {} of the {} announced tensor bytes before the deadline", rank, begin, bytes);
+      }
+      backoff.pause();
+    }
+    for (size_t i = 0; i < sts.size(); ++i) {
+      int got = 0;
+      MPI_Get_count(&sts[i], MPI_BYTE, &got);
+      if (got != lens[i]) {
+        return invalid_argument("a tensor chunk from rank {} carries {} bytes, {} were announced", rank, got, lens[i]);
+      }
+    }
+  }
+  return Status();
+}
+
+bool test_all(std::vector<MPI_Request>& reqs) {
+  if (reqs.empty()) return true;
+  int done = 0;
+  MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+  if (done) reqs.clear();
+  return done != 0;
+}
+
+void abandon(std::vector<MPI_Request>& reqs) {
+  for (MPI_Request& r : reqs) {
+    if (r == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&r);
+    MPI_Request_free(&r);
+  }
+  reqs.clear();
+}
+
+}  // namespace simpler::dist

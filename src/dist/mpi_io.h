@@ -1,0 +1,59 @@
+// The MPI calls both endpoints make, each bounded by a deadline so a rank
+// that died (which OpenMPI 4.1 does not report, docs/remote_nodes.md) ends
+// a wait instead of hanging it: control messages up to kWireMaxMessage, and
+// tensor bytes in chunks straight from and into the tensor's memory. Any
+// thread (MPI_THREAD_MULTIPLE); a call's buffers are the caller's.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "base/clock.h"
+#include "simpler/status.h"
+
+namespace simpler::dist {
+
+// The largest control message either side sends (a request with a full
+// args blob, a terminal with its text, a hello reply with every digest).
+inline constexpr int kWireMaxMessage = 64 << 10;
+
+// Polling MPI without burning a shared core: yields for a short while after
+// the last news, then sleeps, doubling up to `max_sleep_ns`.
+class Backoff {
+ public:
+  explicit Backoff(uint64_t max_sleep_ns) : max_sleep_ns_(max_sleep_ns) {}
+  void news() {
+    last_news_ns_ = now_ns();
+    sleep_ns_ = 0;
+  }
+  void pause();
+  void set_max_sleep(uint64_t ns) { max_sleep_ns_ = ns; }
+
+ private:
+  uint64_t max_sleep_ns_;
+  uint64_t last_news_ns_ = now_ns();
+  uint64_t sleep_ns_ = 0;
+};
+
+// One control message from `rank` if one is waiting: true and `out` filled,
+// false when none. A message longer than kWireMaxMessage is consumed and
+// reported as an error (the sender breaks the protocol).
+Result<bool> try_recv_control(int rank, std::vector<uint8_t>& out);
+// Blocking send of a small control message (eager, so it returns at once
+// whether or not the peer lives).
+Status send_control(int rank, const std::vector<uint8_t>& bytes);
+// Posts the chunk sends of `bytes` at `data` on `tag`; the memory must stay
+// untouched until every request in `out` completes.
+Status post_chunks(int rank, int tag, const uint8_t* data, uint64_t bytes, std::vector<MPI_Request>& out);
+// Receives `bytes` in chunks straight into `data`, each chunk's length
+// checked; `data` null drains them through a chunk-sized scratch buffer.
+// Past deadline_ns: DEADLINE_EXCEEDED (the posted receives are cancelled).
+Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t deadline_ns);
+// Completes what it can of `reqs` without waiting; true when all are done.
+bool test_all(std::vector<MPI_Request>& reqs);
+// Gives up on requests whose peer is gone.
+void abandon(std::vector<MPI_Request>& reqs);
+
+}  // namespace simpler::dist

@@ -1,0 +1,426 @@
+#include "dist/node_server.h"
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "base/errors.h"
+#include "dist/mpi_io.h"
+#include "dist/mpi_session.h"
+#include "node/shared_heap.h"
+
+namespace simpler::dist {
+
+namespace {
+
+constexpr int kNetworkRank = 0;
+constexpr uint64_t kBusySleepNs = 50'000;     // runs in flight: terminals are near
+constexpr uint64_t kIdleSleepNs = 1'000'000;  // nothing held: only a request can come
+
+uint64_t ms_to_ns(std::chrono::milliseconds ms) { return static_cast<uint64_t>(ms.count()) * 1'000'000ull; }
+
+struct Posted {
+  std::vector<uint8_t> bytes;
+  MPI_Request req = MPI_REQUEST_NULL;
+};
+
+// One run the node holds for the network.
+struct Held {
+  uint32_t entry = 0;
+  uint64_t generation = 0;
+  uint64_t run_epoch = 0;
+  uint64_t dispatch_id = 0;
+  uint64_t n = 0;  // which request, from 1
+  std::vector<TensorRow> rows;
+  std::vector<uint64_t> allocs;  // per row, in the server's heap
+  Status result;
+};
+
+// Sends still in flight and the heap blocks they read from.
+struct Outgoing {
+  std::vector<uint8_t> header;
+  std::vector<MPI_Request> reqs;
+  std::vector<uint64_t> allocs;
+};
+
+class NodeServer {
+ public:
+  NodeServer(std::unique_ptr<SharedHeap> heap, std::unique_ptr<NodeWorker> node, std::vector<NodeCallable> callables,
+             const ServeOptions& options, ServeHooks hooks, uint64_t granted)
+      : heap_(std::move(heap)),
+        node_(std::move(node)),
+        callables_(std::move(callables)),
+        options_(options),
+        hooks_(std::move(hooks)),
+        granted_(granted),
+        mirror_(std::min<uint64_t>(granted, kWireMaxEntries)) {}
+
+  Status run();
+
+ private:
+  Status hello();
+  // One message from the network; false when serving ends.
+  bool handle(const std::vector<uint8_t>& bytes, Status& result);
+  void handle_request(const Message& m);
+  // Ends the endpoint (R9): the reason goes to the network; nothing more runs.
+  void stop(const Status& why);
+  void post(std::vector<uint8_t> bytes);
+  void send_terminal(std::unique_ptr<Held> h);
+  void fail_request(std::unique_ptr<Held> h, const Status& why);
+  void free_allocs(const std::vector<uint64_t>& allocs);
+  // A heap block, waiting while sends in flight still hold blocks.
+  Result<uint64_t> alloc(uint64_t bytes, bool received, uint64_t deadline_ns);
+  void reap();
+  void drain_completions();
+
+  std::unique_ptr<SharedHeap> heap_;
+  std::unique_ptr<NodeWorker> node_;
+  const std::vector<NodeCallable> callables_;
+  const ServeOptions options_;
+  const ServeHooks hooks_;
+  const uint64_t granted_;
+  uint64_t session_ = 0;
+  std::vector<EntryIdentity> mirror_;  // per entry: the last generation taken, and its epoch while it runs
+  uint64_t next_epoch_ = 0;
+  uint64_t requests_ = 0;
+  uint32_t in_flight_ = 0;
+  bool stopped_ = false;
+  uint64_t last_heard_ns_ = 0;
+  std::vector<Posted> control_;
+  std::vector<Outgoing> outgoing_;
+
+  std::mutex done_mu_;  // the node's scheduler thread hands terminals over
+  std::vector<std::unique_ptr<Held>> done_;
+};
+
+void NodeServer::post(std::vector<uint8_t> bytes) {
+  control_.push_back(Posted{std::move(bytes), MPI_REQUEST_NULL});
+  Posted& p = control_.back();
+  if (MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, kNetworkRank, kTagControl, MPI_COMM_WORLD,
+                &p.req) != MPI_SUCCESS) {
+    control_.pop_back();
+  }
+}
+
+void NodeServer::reap() {
+  for (size_t i = 0; i < control_.size();) {
+    int done = 0;
+    MPI_Test(&control_[i].req, &done, MPI_STATUS_IGNORE);
+    if (done) {
+      control_.erase(control_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  for (size_t i = 0; i < outgoing_.size();) {
+    if (test_all(outgoing_[i].reqs)) {
+      free_allocs(outgoing_[i].allocs);
+      outgoing_.erase(outgoing_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+Result<uint64_t> NodeServer::alloc(uint64_t bytes, bool received, uint64_t deadline_ns) {
+  // A finished run's blocks come back once the network has taken its
+  // outputs, which may be just after its next request arrived.
+  Backoff backoff(kBusySleepNs);
+  for (;;) {
+    reap();
+    // A received tensor is overwritten whole; an output starts zeroed, so a
+    // kernel that leaves part of it unwritten returns no stale bytes.
+    auto a = received ? heap_->alloc_for_overwrite(bytes) : heap_->alloc(bytes);
+    if (a.ok() || outgoing_.empty() || now_ns() >= deadline_ns) return a;
+    backoff.pause();
+  }
+}
+
+void NodeServer::free_allocs(const std::vector<uint64_t>& allocs) {
+  for (uint64_t a : allocs) {
+    if (a != 0) (void)heap_->free(a);
+  }
+}
+
+Status NodeServer::hello() {
+  const uint64_t deadline = now_ns() + ms_to_ns(options_.hello_timeout);
+  std::vector<uint8_t> buf;
+  Backoff backoff(kIdleSleepNs);
+  for (;;) {
+    SIMPLER_ASSIGN_OR_RETURN(const bool got, try_recv_control(kNetworkRank, buf), "serve_node");
+    if (got) break;
+    if (now_ns() >= deadline) {
+      return make_error(StatusCode::kDeadlineExceeded, "serve_node: no hello from the network (rank 0) within {} ms",
+                        options_.hello_timeout.count());
+    }
+    backoff.pause();
+  }
+  SIMPLER_ASSIGN_OR_RETURN(const Message m, decode_message(buf), "serve_node: the network's hello");
+  if (m.kind != MsgKind::kHello || m.h.session == 0) {
+    return invalid_argument("serve_node: the network's first message is {}, not HELLO", msg_kind_name(m.kind));
+  }
+  session_ = m.h.session;
+  std::vector<Digest> digests;
+  for (const NodeCallable& c : callables_) digests.push_back(c.digest());
+  post(encode_hello_reply(session_, granted_, digests));
+  last_heard_ns_ = now_ns();
+  return Status();
+}
+
+void NodeServer::stop(const Status& why) {
+  if (stopped_) return;
+  stopped_ = true;
+  post(encode_text(MsgKind::kStopped, session_, why.message()));
+}
+
+Status NodeServer::run() {
+  SIMPLER_RETURN_IF_ERROR(hello());
+  const uint64_t period = ms_to_ns(options_.heartbeat_period);
+  const uint64_t network_timeout = ms_to_ns(options_.network_timeout);
+  uint64_t next_beat = 0;
+  std::vector<uint8_t> buf;
+  Backoff backoff(kIdleSleepNs);
+  Status result;
+  for (;;) {
+    const uint64_t now = now_ns();
+    if (now >= next_beat) {
+      // At most a few in flight: a dead network never completes them.
+      if (control_.size() < 8) post(encode_simple(MsgKind::kHeartbeat, session_, 0, 0, 0, 0));
+      next_beat = now + period;
+    }
+    drain_completions();
+    reap();
+    Result<bool> got = try_recv_control(kNetworkRank, buf);
+    if (!got.ok()) {
+      stop(got.status());
+      continue;
+    }
+    if (*got) {
+      last_heard_ns_ = now_ns();
+      backoff.news();
+      if (!handle(buf, result)) break;
+      continue;
+    }
+    if (now_ns() - last_heard_ns_ > network_timeout) {
+      result = make_error(StatusCode::kAborted, "serve_node: the network (rank 0) sent nothing for {} ms",
+                          options_.network_timeout.count());
+      break;
+    }
+    backoff.set_max_sleep(in_flight_ != 0 ? kBusySleepNs : kIdleSleepNs);
+    backoff.pause();
+  }
+  // Every run still held ends with the node; its terminal is not sent.
+  (void)node_->close(std::chrono::milliseconds(10'000));
+  drain_completions();
+  const uint64_t until = now_ns() + 2'000'000'000ull;
+  Backoff tail(kBusySleepNs);
+  while ((!control_.empty() || !outgoing_.empty()) && now_ns() < until) {
+    reap();
+    tail.pause();
+  }
+  for (Posted& p : control_) MPI_Request_free(&p.req);
+  for (Outgoing& o : outgoing_) {
+    for (MPI_Request& r : o.reqs) MPI_Request_free(&r);
+  }
+  return result;
+}
+
+bool NodeServer::handle(const std::vector<uint8_t>& bytes, Status& result) {
+  auto m = decode_message(bytes);
+  if (!m.ok()) {
+    stop(Status(m.status().code(), "a malformed message from the network: " + m.status().message()));
+    return true;
+  }
+  if (m->kind == MsgKind::kShutdown && m->h.session == session_) return false;
+  if (m->kind == MsgKind::kHeartbeat || stopped_) return true;
+  if (m->kind == MsgKind::kMemoryQuery) {
+    if (auto info = node_->memory_info(); info.ok()) {
+      post(encode_memory_reply(session_, info->total_bytes, info->free_bytes));
+    }
+    return true;
+  }
+  if (m->kind != MsgKind::kRequest) {
+    stop(invalid_argument("the network sent {}, which a network never sends to a node", msg_kind_name(m->kind)));
+    return true;
+  }
+  handle_request(*m);
+  return true;
+}
+
+void NodeServer::handle_request(const Message& m) {
+  const Classified c = classify_request(m, session_, static_cast<uint32_t>(mirror_.size()), mirror_);
+  if (c.verdict == Verdict::kUnattributable) {
+    stop(c.why);
+    return;
+  }
+  const int tag = kTagDataBase + static_cast<int>(m.h.entry);
+  const uint64_t timeout = ms_to_ns(options_.network_timeout);
+  if (c.verdict == Verdict::kStale) {
+    // R8: nothing runs and nothing is stored; the inputs are drained by
+    // their own tag so the occupant's are not taken for them.
+    for (const TensorRow& r : m.rows) {
+      if ((r.flags & kToNode) == 0) continue;
+      if (Status st = recv_chunks(kNetworkRank, tag, nullptr, r.bytes, now_ns() + timeout + r.bytes * 10); !st.ok()) {
+        stop(st);
+        return;
+      }
+    }
+    return;
+  }
+  auto h = std::make_unique<Held>();
+  h->entry = m.h.entry;
+  h->generation = m.h.generation;
+  h->run_epoch = ++next_epoch_;
+  h->dispatch_id = m.h.dispatch_id;
+  h->n = ++requests_;
+  h->rows = m.rows;
+  h->allocs.assign(m.rows.size(), 0);
+  Status alloc_failed;
+  for (size_t k = 0; k < m.rows.size() && alloc_failed.ok(); ++k) {
+    auto a = alloc(m.rows[k].bytes, (m.rows[k].flags & kToNode) != 0, now_ns() + timeout);
+    if (!a.ok()) {
+      alloc_failed = Status(a.status().code(), fmt::format("tensor row {} ({} bytes) in the node server's heap: {}", k,
+                                                           m.rows[k].bytes, a.status().message()));
+    } else {
+      h->allocs[k] = *a;
+    }
+  }
+  for (size_t k = 0; k < m.rows.size(); ++k) {
+    const TensorRow& r = m.rows[k];
+    if ((r.flags & kToNode) == 0) continue;
+    auto* dst = h->allocs[k] != 0 ? reinterpret_cast<uint8_t*>(h->allocs[k]) : nullptr;
+    if (Status st = recv_chunks(kNetworkRank, tag, dst, r.bytes, now_ns() + timeout + r.bytes * 10); !st.ok()) {
+      free_allocs(h->allocs);
+      stop(st);
+      return;
+    }
+  }
+  mirror_[h->entry] = EntryIdentity{h->generation, h->run_epoch};
+  ++in_flight_;
+  post(encode_simple(MsgKind::kAck, session_, h->entry, h->generation, h->run_epoch, h->dispatch_id));
+  if (hooks_.on_request) hooks_.on_request(h->n);
+  if (!alloc_failed.ok()) {
+    fail_request(std::move(h), alloc_failed);
+    return;
+  }
+  size_t k = 0;
+  while (k < callables_.size() && callables_[k].digest() != m.callable) ++k;
+  if (k == callables_.size()) {
+    fail_request(std::move(h), not_found("no NodeCallable with digest {} on this node", digest_hex(m.callable)));
+    return;
+  }
+  // The decoder checked that every tensor names exactly one row.
+  TaskArgs args = *decode_args_blob(m.args_blob.data(), m.args_blob.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    TaskArg& a = args[i];
+    if (a.kind != TaskArg::Kind::Tensor) continue;
+    const TensorView& t = a.tensor;
+    size_t row = 0;
+    while (m.rows[row].addr != t.buffer().addr) ++row;
+    int64_t shape[kMaxDims], stride[kMaxDims];
+    for (int d = 0; d < t.ndim(); ++d) {
+      shape[d] = t.shape(d);
+      stride[d] = t.stride(d);
+    }
+    a.tensor = TensorView::from_parts(DeviceBuffer{h->allocs[row], m.rows[row].bytes}, t.dtype(), t.ndim(), shape,
+                                      stride, t.offset());
+  }
+  const NodeCallable& callable = callables_[k];
+  Held* held = h.get();
+  const auto orchestration = [&, held](Orchestrator& o) {
+    post(
+        encode_simple(MsgKind::kAccepted, session_, held->entry, held->generation, held->run_epoch, held->dispatch_id));
+    return callable.orchestrate()(o, args);
+  };
+  // The terminal reaches this thread through done_, from whichever thread ends the run.
+  std::shared_ptr<Held> owner(h.release());
+  (void)node_->submit(orchestration, [this, owner](const Status& result) {
+    auto mine = std::make_unique<Held>(std::move(*owner));
+    mine->result = result;
+    std::lock_guard<std::mutex> lock(done_mu_);
+    done_.push_back(std::move(mine));
+  });
+}
+
+void NodeServer::fail_request(std::unique_ptr<Held> h, const Status& why) {
+  h->result = why;
+  send_terminal(std::move(h));
+}
+
+void NodeServer::drain_completions() {
+  std::vector<std::unique_ptr<Held>> done;
+  {
+    std::lock_guard<std::mutex> lock(done_mu_);
+    done.swap(done_);
+  }
+  for (auto& h : done) send_terminal(std::move(h));
+}
+
+void NodeServer::send_terminal(std::unique_ptr<Held> h) {
+  --in_flight_;
+  mirror_[h->entry].run_epoch = 0;  // free: the next request there must be newer
+  Outgoing out;
+  out.allocs = std::move(h->allocs);
+  if (stopped_) {
+    // The network already ended this run when it read STOPPED.
+    free_allocs(out.allocs);
+    return;
+  }
+  std::vector<uint64_t> sizes;
+  std::vector<size_t> returned;
+  if (h->result.ok()) {
+    for (size_t k = 0; k < h->rows.size(); ++k) {
+      if ((h->rows[k].flags & kFromNode) == 0) continue;
+      sizes.push_back(h->rows[k].bytes);
+      returned.push_back(k);
+    }
+  }
+  out.header = encode_terminal(session_, h->entry, h->generation, h->run_epoch, h->dispatch_id, h->result, sizes);
+  if (hooks_.before_terminal) {
+    WireHeader wh;
+    std::memcpy(&wh, out.header.data(), sizeof wh);
+    hooks_.before_terminal(h->n, wh, [this](std::vector<uint8_t> bytes, int tag) {
+      if (tag == kTagControl) {
+        post(std::move(bytes));
+        return;
+      }
+      Outgoing raw;
+      raw.header = std::move(bytes);
+      (void)post_chunks(kNetworkRank, tag, raw.header.data(), raw.header.size(), raw.reqs);
+      outgoing_.push_back(std::move(raw));
+    });
+  }
+  MPI_Request r;
+  if (MPI_Isend(out.header.data(), static_cast<int>(out.header.size()), MPI_BYTE, kNetworkRank, kTagControl,
+                MPI_COMM_WORLD, &r) != MPI_SUCCESS) {
+    free_allocs(out.allocs);
+    stop(internal_error("MPI_Isend of a TERMINAL failed"));
+    return;
+  }
+  out.reqs.push_back(r);
+  const int tag = kTagDataBase + static_cast<int>(h->entry);
+  for (size_t k : returned) {
+    (void)post_chunks(kNetworkRank, tag, reinterpret_cast<const uint8_t*>(out.allocs[k]), h->rows[k].bytes, out.reqs);
+  }
+  outgoing_.push_back(std::move(out));
+}
+
+}  // namespace
+
+Status serve(NodeSpec spec, std::vector<NodeCallable> callables, const ServeOptions& options, ServeHooks hooks) {
+  if (launcher_rank() == kNetworkRank) {
+    return failed_precondition("serve_node: this is MPI rank 0, where the network runs; serve nodes on the others");
+  }
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<SharedHeap> heap, SharedHeap::create(options.tensor_heap_bytes),
+                           "serve_node: tensor_heap_bytes = {}", options.tensor_heap_bytes);
+  spec.inherited.push_back(heap->range());
+  const uint64_t granted = spec.config.pipeline_depth;
+  // The node forks its children here, before MPI starts its threads.
+  SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<NodeWorker> node, NodeWorker::create(std::move(spec)), "serve_node");
+  SIMPLER_RETURN_IF_ERROR(ensure_mpi(), "serve_node");
+  MpiUse use;
+  NodeServer server(std::move(heap), std::move(node), std::move(callables), options, std::move(hooks), granted);
+  return server.run();
+}
+
+}  // namespace simpler::dist

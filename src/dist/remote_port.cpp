@@ -1,0 +1,511 @@
+#include "dist/remote_port.h"
+
+#include <random>
+
+#include "base/errors.h"
+#include "dist/mpi_io.h"
+#include "task/args_blob.h"
+
+namespace simpler::dist {
+
+// A control message sent without blocking (a dead peer never completes
+// it), kept with its bytes until it does.
+struct Posted {
+  std::vector<uint8_t> bytes;
+  MPI_Request req = MPI_REQUEST_NULL;
+};
+
+namespace {
+
+uint64_t ms_to_ns(std::chrono::milliseconds ms) { return static_cast<uint64_t>(ms.count()) * 1'000'000ull; }
+
+// Time for `bytes` of tensor data to arrive once their terminal did: the
+// heartbeat bound plus a floor rate of 100 MB/s.
+uint64_t transfer_deadline(uint64_t timeout_ns, uint64_t bytes) { return now_ns() + timeout_ns + bytes * 10; }
+
+Status post_control(int rank, std::vector<uint8_t> bytes, std::vector<Posted>& out) {
+  out.push_back(Posted{std::move(bytes), MPI_REQUEST_NULL});
+  Posted& p = out.back();
+  if (MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, rank, kTagControl, MPI_COMM_WORLD,
+                &p.req) != MPI_SUCCESS) {
+    out.pop_back();
+    return internal_error("MPI_Isend of a control message to rank {} failed", rank);
+  }
+  return Status();
+}
+
+void reap(std::vector<Posted>& posted) {
+  for (size_t i = 0; i < posted.size();) {
+    int done = 0;
+    MPI_Test(&posted[i].req, &done, MPI_STATUS_IGNORE);
+    if (done) {
+      posted.erase(posted.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+}  // namespace
+
+// Sends in flight that outlive the call that posted them; under mu_.
+struct RemotePortSends {
+  std::vector<Posted> control;
+  // Input chunks of entries that ended before their sends completed.
+  std::vector<std::pair<std::vector<MPI_Request>, std::vector<uint8_t>>> retired;
+};
+
+Result<std::unique_ptr<ExternalWorker>> RemotePort::start(int rank, RemoteNodeOptions options,
+                                                          const ExternalContext& ctx) {
+  SIMPLER_RETURN_IF_ERROR(ensure_mpi());
+  int me = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (rank <= 0 || rank >= size || rank == me) {
+    return invalid_argument("rank = {}: a remote node is served on a rank in [1, {}) other than this one ({})", rank,
+                            size, me);
+  }
+  std::random_device rd;
+  const uint64_t session = ((uint64_t{rd()} << 32) ^ rd() ^ now_ns()) | 1;
+  MpiUse use;
+  std::vector<Posted> posted;
+  SIMPLER_RETURN_IF_ERROR(
+      post_control(rank, encode_simple(MsgKind::kHello, session, 0, 0, 0, 0, ctx.pipeline_depth), posted));
+  const uint64_t deadline = now_ns() + ms_to_ns(options.ready_timeout);
+  std::vector<uint8_t> buf;
+  Backoff backoff(1'000'000);
+  auto give_up = [&](Status why) {
+    (void)post_control(rank, encode_simple(MsgKind::kShutdown, session, 0, 0, 0, 0), posted);
+    const uint64_t until = now_ns() + 1'000'000'000ull;
+    while (!posted.empty() && now_ns() < until) reap(posted);
+    for (Posted& p : posted) MPI_Request_free(&p.req);
+    return why;
+  };
+  for (;;) {
+    reap(posted);
+    SIMPLER_ASSIGN_OR_RETURN(const bool got, try_recv_control(rank, buf), "MPI rank {}", rank);
+    if (got) break;
+    if (now_ns() >= deadline) {
+      return give_up(make_error(StatusCode::kDeadlineExceeded,
+                                "MPI rank {} did not answer the network's hello within {} ms: is serve_node running "
+                                "there?",
+                                rank, options.ready_timeout.count()));
+    }
+    backoff.pause();
+  }
+  auto m = decode_message(buf);
+  if (!m.ok()) {
+    return give_up(
+        Status(m.status().code(), fmt::format("MPI rank {} answered hello: {}", rank, m.status().message())));
+  }
+  if (m->kind != MsgKind::kHelloReply || m->h.session != session) {
+    return give_up(invalid_argument("MPI rank {} answered hello with {} for session {:#x}", rank,
+                                    msg_kind_name(m->kind), m->h.session));
+  }
+  // R68: a node that resolves fewer sets than the network's depth fails init.
+  if (m->h.value < ctx.pipeline_depth) {
+    return give_up(failed_precondition(
+        "remote node on MPI rank {} grants {} run sets, fewer than the network's pipeline_depth {} (R68)", rank,
+        m->h.value, ctx.pipeline_depth));
+  }
+  for (const Digest& d : ctx.callables) {
+    bool found = false;
+    for (const Digest& e : m->digests) found |= e == d;
+    if (!found) {
+      return give_up(not_found(
+          "remote node on MPI rank {} serves no NodeCallable with digest {}: register the same names on both sides",
+          rank, digest_hex(d)));
+    }
+  }
+  const uint64_t granted = std::min<uint64_t>(m->h.value, kWireMaxEntries);
+  while (!posted.empty() && now_ns() < deadline) reap(posted);
+  std::unique_ptr<RemotePort> port(new RemotePort(rank, options, ctx, session, granted));
+  port->receiver_ = std::thread([p = port.get()] { p->receive_loop(); });
+  return std::unique_ptr<ExternalWorker>(std::move(port));
+}
+
+RemotePort::RemotePort(int rank, RemoteNodeOptions options, const ExternalContext& ctx, uint64_t session,
+                       uint64_t granted)
+    : rank_(rank), options_(options), ctx_(ctx), session_(session), entries_(granted), sends_(new RemotePortSends) {
+  for (uint64_t i = granted; i > 0; --i) free_.push_back(static_cast<uint32_t>(i - 1));
+  free_count_.store(static_cast<uint32_t>(free_.size()));
+  last_heard_ns_.store(now_ns());
+}
+
+RemotePort::~RemotePort() { (void)close(now_ns() + 5'000'000'000ull); }
+
+std::string RemotePort::who() const { return fmt::format("remote node on MPI rank {}", rank_); }
+
+uint32_t RemotePort::available_request_transport() { return free_count_.load(std::memory_order_acquire); }
+
+std::optional<Status> RemotePort::poisoned() const {
+  // Without mu_, which the receiver holds while output bytes arrive: the
+  // cause is written once, before the flag.
+  if (!stopped_.load(std::memory_order_acquire)) return std::nullopt;
+  return poisoned_;
+}
+
+Result<Publication> RemotePort::publish(const PublishSpec& spec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (poisoned_) return *poisoned_;
+  SIMPLER_ASSIGN_OR_RETURN(const TaskArgs args, decode_args_blob(spec.args_blob.data(), spec.args_blob.size()), "{}",
+                           who());
+  SIMPLER_ASSIGN_OR_RETURN(std::vector<TensorRow> rows, tensor_rows(args), "{}", who());
+  for (const TensorRow& r : rows) {
+    if (!ctx_.shared.contains(r.addr, r.bytes)) {
+      return out_of_range("{}: buffer {:#x}+{} is not in the network's shared heap, the only memory sent to a node",
+                          who(), r.addr, r.bytes);
+    }
+  }
+  if (free_.empty()) {
+    poison_locked(internal_error("{}: a task was published with every entry held", who()));
+    return internal_error("{}: no free entry; the endpoint is poisoned", who());
+  }
+  const uint32_t e = free_.back();
+  free_.pop_back();
+  free_count_.store(static_cast<uint32_t>(free_.size()), std::memory_order_release);
+  Entry& en = entries_[e];
+  ++en.id.generation;  // odd: occupied (R7)
+  en.id.run_epoch = 0;
+  en.held = true;
+  en.staged = spec.staged;
+  en.accepted_reported = false;
+  en.run_id = spec.run_id;
+  en.dispatch_id = spec.dispatch_id;
+  en.task_slot = spec.task_slot;
+  en.published_ns = now_ns();
+  en.rows = std::move(rows);
+  en.request = encode_request(session_, e, en.id.generation, spec.dispatch_id, spec.callable, en.rows, spec.args_blob);
+  if (!spec.staged) {
+    if (Status st = send_request(e); !st.ok()) {
+      // Not live: the entry goes back unreported, and the endpoint stops.
+      en.held = false;
+      ++en.id.generation;
+      free_.push_back(e);
+      poison_locked(st);
+      return st;
+    }
+  }
+  return Publication{0, e, en.id.generation, ++next_publication_};
+}
+
+Status RemotePort::send_request(uint32_t e) {
+  Entry& en = entries_[e];
+  MPI_Request r;
+  if (MPI_Isend(en.request.data(), static_cast<int>(en.request.size()), MPI_BYTE, rank_, kTagControl, MPI_COMM_WORLD,
+                &r) != MPI_SUCCESS) {
+    return internal_error("{}: MPI_Isend of a request failed", who());
+  }
+  en.sends.push_back(r);
+  for (const TensorRow& row : en.rows) {
+    if ((row.flags & kToNode) == 0) continue;
+    SIMPLER_RETURN_IF_ERROR(post_chunks(rank_, kTagDataBase + static_cast<int>(e),
+                                        reinterpret_cast<const uint8_t*>(row.addr), row.bytes, en.sends),
+                            "{}", who());
+  }
+  return Status();
+}
+
+Status RemotePort::activate(const Publication& p, bool launch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (poisoned_) return *poisoned_;
+  if (p.entry >= entries_.size() || !entries_[p.entry].held || entries_[p.entry].id.generation != p.entry_generation ||
+      !entries_[p.entry].staged) {
+    return failed_precondition("{}: entry {} generation {} holds no staged run", who(), p.entry, p.entry_generation);
+  }
+  Entry& en = entries_[p.entry];
+  en.staged = false;
+  if (!launch) {
+    finish(p.entry, make_error(StatusCode::kAborted, "cancelled before activation"), false);
+    if (ctx_.bell != nullptr) ctx_.bell->ring();
+    return Status();
+  }
+  en.published_ns = now_ns();  // the deadline counts from here, as at a mailbox's ACTIVATE
+  if (Status st = send_request(p.entry); !st.ok()) {
+    poison_locked(st);
+    return st;
+  }
+  return Status();
+}
+
+void RemotePort::finish(uint32_t e, const Status& status, bool endpoint_failure) {
+  Entry& en = entries_[e];
+  EndpointEvent ev;
+  ev.kind = EndpointEvent::Kind::kTerminal;
+  ev.run_id = en.run_id;
+  ev.dispatch_id = en.dispatch_id;
+  ev.task_slot = en.task_slot;
+  ev.entry = e;
+  ev.status = status;
+  ev.disposition = kDispositionNativePrepared;
+  ev.accepted = en.accepted_reported;
+  ev.endpoint_failure = endpoint_failure;
+  pending_.push_back(std::move(ev));
+  if (!en.sends.empty()) {
+    // The request's bytes must outlive its sends; a dead peer never completes them.
+    if (endpoint_failure) {
+      for (MPI_Request& r : en.sends) MPI_Request_free(&r);
+      en.sends.clear();
+    } else {
+      sends_->retired.emplace_back(std::move(en.sends), std::move(en.request));
+      en.sends.clear();
+    }
+  }
+  en.held = false;
+  en.staged = false;
+  en.rows.clear();
+  ++en.id.generation;  // even: free
+  en.id.run_epoch = 0;
+  free_.push_back(e);
+  free_count_.store(poisoned_ ? 0 : static_cast<uint32_t>(free_.size()), std::memory_order_release);
+}
+
+void RemotePort::poison_locked(const Status& cause) {
+  if (poisoned_) return;
+  poisoned_ = cause;
+  stopped_.store(true, std::memory_order_release);
+  free_count_.store(0, std::memory_order_release);
+  for (uint32_t e = 0; e < entries_.size(); ++e) {
+    if (entries_[e].held) finish(e, cause, true);
+  }
+  free_count_.store(0, std::memory_order_release);
+  memory_cv_.notify_all();
+  if (ctx_.bell != nullptr) ctx_.bell->ring();
+}
+
+void RemotePort::poison(const Status& cause) {
+  std::lock_guard<std::mutex> lock(mu_);
+  poison_locked(cause);
+}
+
+void RemotePort::poll(std::vector<EndpointEvent>& out) {
+  // The receiver may hold the lock while tensor bytes arrive; it rings the
+  // bell when done, so this poll need not wait for it.
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  for (Entry& en : entries_) {
+    if (!en.sends.empty()) (void)test_all(en.sends);
+  }
+  auto& retired = sends_->retired;
+  for (size_t i = 0; i < retired.size();) {
+    if (test_all(retired[i].first)) {
+      retired.erase(retired.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  if (!poisoned_ && ctx_.run_deadline_ns != 0) {
+    const uint64_t now = now_ns();
+    for (uint32_t e = 0; e < entries_.size(); ++e) {
+      const Entry& en = entries_[e];
+      if (en.held && !en.staged && now - en.published_ns > ctx_.run_deadline_ns) {
+        poison_locked(make_error(StatusCode::kDeadlineExceeded,
+                                 "{}: task {} had no terminal {} ms after its publication (run_timeout); the node "
+                                 "is presumed hung and takes no more work",
+                                 who(), en.dispatch_id, ctx_.run_deadline_ns / 1'000'000ull));
+        break;
+      }
+    }
+  }
+  out.insert(out.end(), pending_.begin(), pending_.end());
+  pending_.clear();
+}
+
+void RemotePort::receive_loop() {
+  const uint64_t timeout_ns = ms_to_ns(options_.heartbeat_timeout);
+  const uint64_t period_ns = std::max<uint64_t>(timeout_ns / 10, 1'000'000);
+  uint64_t next_beat = 0;
+  std::vector<uint8_t> buf;
+  Backoff backoff(1'000'000);
+  while (!stop_.load() && !mpi_finalizing()) {
+    const uint64_t now = now_ns();
+    if (now >= next_beat) {
+      std::lock_guard<std::mutex> lock(mu_);
+      reap(sends_->control);
+      // One heartbeat in flight at most: a dead peer never completes one.
+      if (!poisoned_ && sends_->control.size() < 4) {
+        (void)post_control(rank_, encode_simple(MsgKind::kHeartbeat, session_, 0, 0, 0, 0), sends_->control);
+      }
+      next_beat = now + period_ns;
+    }
+    Result<bool> got = try_recv_control(rank_, buf);
+    if (!got.ok() || *got) {
+      last_heard_ns_.store(now_ns());
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!got.ok()) {
+        poison_locked(make_error(StatusCode::kAborted, "{} broke the protocol, the endpoint stopped (R9): {}", who(),
+                                 got.status().message()));
+      } else {
+        handle(buf);
+      }
+      if (ctx_.bell != nullptr) ctx_.bell->ring();
+      backoff.news();
+      continue;
+    }
+    if (now_ns() - last_heard_ns_.load() > timeout_ns) {
+      std::lock_guard<std::mutex> lock(mu_);
+      poison_locked(make_error(StatusCode::kAborted,
+                               "{} sent nothing for {} ms (heartbeat_timeout): the rank is presumed dead", who(),
+                               options_.heartbeat_timeout.count()));
+    }
+    backoff.pause();
+  }
+}
+
+void RemotePort::handle(const std::vector<uint8_t>& bytes) {
+  if (poisoned_) return;  // the endpoint stopped: nothing from the rank is acted on
+  auto m = decode_message(bytes);
+  if (!m.ok()) {
+    poison_locked(make_error(StatusCode::kAborted, "{} sent a malformed message, the endpoint stopped (R9): {}", who(),
+                             m.status().message()));
+    return;
+  }
+  switch (m->kind) {
+    case MsgKind::kHeartbeat:
+      return;
+    case MsgKind::kStopped:
+      poison_locked(make_error(StatusCode::kAborted, "{} stopped its endpoint: {}", who(), std::string(m->text)));
+      return;
+    case MsgKind::kMemoryReply:
+      if (m->h.session == session_ && memory_query_) {
+        uint64_t free_bytes = 0;
+        std::memcpy(&free_bytes, m->payload.data(), sizeof free_bytes);
+        memory_reply_ = std::make_pair(m->h.value, free_bytes);
+        memory_cv_.notify_all();
+      }
+      return;
+    case MsgKind::kAck:
+    case MsgKind::kAccepted:
+    case MsgKind::kTerminal:
+      handle_reply(*m);
+      return;
+    default:
+      poison_locked(make_error(StatusCode::kAborted, "{} sent {}, which a node never sends; the endpoint stopped (R9)",
+                               who(), msg_kind_name(m->kind)));
+  }
+}
+
+void RemotePort::handle_reply(const Message& m) {
+  std::vector<EntryIdentity> ids(entries_.size());
+  for (size_t i = 0; i < entries_.size(); ++i) ids[i] = entries_[i].id;
+  const Classified c = classify_reply(m, session_, ids);
+  const uint32_t e = m.h.entry;
+  const uint64_t timeout_ns = ms_to_ns(options_.heartbeat_timeout);
+  if (c.verdict == Verdict::kStale) {
+    // R8: a past occupant's reply changes nothing; its chunks are drained by
+    // their own tag so they are never taken for the occupant's.
+    stale_.fetch_add(1);
+    for (uint64_t bytes : m.sizes) {
+      if (Status st = recv_chunks(rank_, kTagDataBase + static_cast<int>(e), nullptr, bytes,
+                                  transfer_deadline(timeout_ns, bytes));
+          !st.ok()) {
+        poison_locked(
+            make_error(StatusCode::kAborted, "{}: draining a stale TERMINAL's tensor bytes: {}", who(), st.message()));
+        return;
+      }
+    }
+    return;
+  }
+  if (c.verdict == Verdict::kUnattributable) {
+    poison_locked(make_error(StatusCode::kAborted, "{} sent an unattributable message, the endpoint stopped (R9): {}",
+                             who(), c.why.message()));
+    return;
+  }
+  Entry& en = entries_[e];
+  if (!en.held || en.staged) {
+    poison_locked(make_error(StatusCode::kAborted,
+                             "{} answered entry {} generation {}, to which no request was sent; the endpoint stopped",
+                             who(), e, m.h.generation));
+    return;
+  }
+  if (m.kind == MsgKind::kAck) {
+    en.id.run_epoch = m.h.run_epoch;
+    return;
+  }
+  if (m.kind == MsgKind::kAccepted) {
+    if (!en.accepted_reported) {
+      en.accepted_reported = true;
+      EndpointEvent ev;
+      ev.kind = EndpointEvent::Kind::kAccepted;
+      ev.run_id = en.run_id;
+      ev.dispatch_id = en.dispatch_id;
+      ev.task_slot = en.task_slot;
+      ev.entry = e;
+      pending_.push_back(std::move(ev));
+    }
+    return;
+  }
+  // TERMINAL: the outputs, at the addresses this side recorded, sized as it expects.
+  if (m.h.status_code != 0) {
+    finish(e, Status(static_cast<StatusCode>(m.h.status_code), fmt::format("{}: {}", who(), m.text)), false);
+    return;
+  }
+  std::vector<const TensorRow*> outs;
+  for (const TensorRow& r : en.rows) {
+    if ((r.flags & kFromNode) != 0) outs.push_back(&r);
+  }
+  bool sizes_agree = outs.size() == m.sizes.size();
+  for (size_t i = 0; sizes_agree && i < outs.size(); ++i) sizes_agree = outs[i]->bytes == m.sizes[i];
+  if (!sizes_agree) {
+    poison_locked(make_error(StatusCode::kAborted,
+                             "{}: TERMINAL for entry {} returns {} buffers, the request expects {} of its sizes; the "
+                             "endpoint stopped",
+                             who(), e, m.sizes.size(), outs.size()));
+    return;
+  }
+  for (const TensorRow* r : outs) {
+    if (Status st = recv_chunks(rank_, kTagDataBase + static_cast<int>(e), reinterpret_cast<uint8_t*>(r->addr),
+                                r->bytes, transfer_deadline(timeout_ns, r->bytes));
+        !st.ok()) {
+      poison_locked(
+          make_error(StatusCode::kAborted, "{}: receiving task {}'s outputs: {}", who(), en.dispatch_id, st.message()));
+      return;
+    }
+  }
+  finish(e, Status(), false);
+}
+
+Result<MemoryInfo> RemotePort::memory_info(uint64_t deadline_ns) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (poisoned_) return *poisoned_;
+  memory_reply_.reset();
+  memory_query_ = true;
+  SIMPLER_RETURN_IF_ERROR(
+      post_control(rank_, encode_simple(MsgKind::kMemoryQuery, session_, 0, 0, 0, 0), sends_->control), "{}", who());
+  const bool answered = memory_cv_.wait_until(
+      lock,
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(deadline_ns > now_ns() ? deadline_ns - now_ns() : 0),
+      [&] { return memory_reply_.has_value() || poisoned_.has_value(); });
+  memory_query_ = false;
+  if (poisoned_) return *poisoned_;
+  if (!answered) return make_error(StatusCode::kDeadlineExceeded, "{}: memory_info had no answer", who());
+  return MemoryInfo{memory_reply_->first, memory_reply_->second};
+}
+
+Status RemotePort::close(uint64_t deadline_ns) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return Status();
+    closed_ = true;
+    // Sent even after a stop, so a node that still lives returns from serve_node.
+    (void)post_control(rank_, encode_simple(MsgKind::kShutdown, session_, 0, 0, 0, 0), sends_->control);
+    poison_locked(make_error(StatusCode::kAborted, "the network closed"));
+  }
+  stop_.store(true);
+  if (receiver_.joinable()) receiver_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  Backoff backoff(1'000'000);
+  while (!sends_->control.empty() && now_ns() < deadline_ns && !mpi_finalizing()) {
+    reap(sends_->control);
+    backoff.pause();
+  }
+  for (Posted& p : sends_->control) MPI_Request_free(&p.req);
+  sends_->control.clear();
+  for (auto& r : sends_->retired) {
+    for (MPI_Request& q : r.first) MPI_Request_free(&q);
+  }
+  sends_->retired.clear();
+  return Status();
+}
+
+}  // namespace simpler::dist

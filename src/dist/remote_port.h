@@ -1,0 +1,112 @@
+// RemotePort: the network's endpoint for a node served on another MPI rank
+// (serve_node there). It keeps the mailbox's contract as messages: publish
+// occupies an entry (odd generation, R7) and sends the request with its input
+// tensors; the node answers ACK (its run epoch), ACCEPTED (launch marker) and
+// one TERMINAL with the output tensors, each naming entry, generation and
+// epoch; a stale reply is dropped (R8), an unattributable or malformed one
+// stops the endpoint and gives every held run a terminal with the reason
+// (R9), as does a rank that sends nothing for heartbeat_timeout. The grant
+// is checked at start (R68). Output bytes land straight in the network's
+// shared heap, at the addresses this side recorded, never ones from the wire.
+// Threads: the scheduler thread calls the EndpointPort methods; a receiver
+// thread of its own takes every message from the rank; memory_info and close
+// come from the controlling thread.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "dist/mpi_session.h"
+#include "dist/wire.h"
+#include "node/external_worker.h"
+#include "simpler/remote.h"
+
+namespace simpler::dist {
+
+struct RemotePortSends;
+
+class RemotePort final : public ExternalWorker {
+ public:
+  // Says hello to `rank` and checks its answer (granted sets, callables)
+  // before returning; then starts the receiver thread.
+  static Result<std::unique_ptr<ExternalWorker>> start(int rank, RemoteNodeOptions options, const ExternalContext& ctx);
+  ~RemotePort() override;
+
+  uint32_t available_request_transport() override;
+  uint64_t max_inflight_tasks() const override { return entries_.size(); }
+  Result<Publication> publish(const PublishSpec& spec) override;
+  Status activate(const Publication& p, bool launch) override;
+  void poll(std::vector<EndpointEvent>& out) override;
+  void poison(const Status& cause) override;
+  std::optional<Status> poisoned() const override;
+
+  Result<MemoryInfo> memory_info(uint64_t deadline_ns) override;
+  Status close(uint64_t deadline_ns) override;
+
+  // Replies refused as stale (R8) so far; any thread.
+  uint64_t stale_replies() const { return stale_.load(); }
+
+ private:
+  struct Entry {
+    EntryIdentity id;  // generation odd while held; epoch from the ACK
+    bool held = false;
+    bool staged = false;  // published staged, not yet activated: nothing sent
+    bool accepted_reported = false;
+    uint64_t run_id = 0;
+    uint64_t dispatch_id = 0;
+    uint32_t task_slot = 0;
+    uint64_t published_ns = 0;
+    std::vector<TensorRow> rows;
+    std::vector<uint8_t> request;    // the encoded request, kept for the send
+    std::vector<MPI_Request> sends;  // its input chunks in flight
+  };
+
+  RemotePort(int rank, RemoteNodeOptions options, const ExternalContext& ctx, uint64_t session, uint64_t granted);
+  void receive_loop();
+  // One control message from the rank; requires mu_.
+  void handle(const std::vector<uint8_t>& bytes);
+  void handle_reply(const Message& m);
+  // Sends entry `e`'s request and input chunks; requires mu_.
+  Status send_request(uint32_t e);
+  // Ends held entry `e` with `status`; requires mu_.
+  void finish(uint32_t e, const Status& status, bool endpoint_failure);
+  void poison_locked(const Status& cause);
+  void check_deadlines();
+  std::string who() const;
+
+  const int rank_;
+  const RemoteNodeOptions options_;
+  const ExternalContext ctx_;
+  const uint64_t session_;
+  MpiUse mpi_use_;
+
+  mutable std::mutex mu_;
+  std::vector<Entry> entries_;
+  std::vector<uint32_t> free_;           // a stack of free entries
+  std::atomic<uint32_t> free_count_{0};  // free_.size(), 0 once poisoned
+  std::vector<EndpointEvent> pending_;   // for the next poll
+  std::optional<Status> poisoned_;       // written once, under mu_, before stopped_
+  std::atomic<bool> stopped_{false};
+  uint64_t next_publication_ = 0;
+  std::atomic<uint64_t> last_heard_ns_{0};
+  std::atomic<uint64_t> stale_{0};
+  std::optional<std::pair<uint64_t, uint64_t>> memory_reply_;  // total, free
+  std::condition_variable memory_cv_;
+  bool memory_query_ = false;
+
+  std::unique_ptr<RemotePortSends> sends_;
+  bool closed_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread receiver_;
+};
+
+}  // namespace simpler::dist

@@ -1,0 +1,371 @@
+#include "dist/wire.h"
+
+#include <cstring>
+#include <map>
+
+#include "base/errors.h"
+
+namespace simpler::dist {
+
+const char* msg_kind_name(MsgKind k) {
+  switch (k) {
+    case MsgKind::kHello:
+      return "HELLO";
+    case MsgKind::kHelloReply:
+      return "HELLO_REPLY";
+    case MsgKind::kRequest:
+      return "REQUEST";
+    case MsgKind::kAck:
+      return "ACK";
+    case MsgKind::kAccepted:
+      return "ACCEPTED";
+    case MsgKind::kTerminal:
+      return "TERMINAL";
+    case MsgKind::kHeartbeat:
+      return "HEARTBEAT";
+    case MsgKind::kStopped:
+      return "STOPPED";
+    case MsgKind::kShutdown:
+      return "SHUTDOWN";
+    case MsgKind::kMemoryQuery:
+      return "MEMORY_QUERY";
+    case MsgKind::kMemoryReply:
+      return "MEMORY_REPLY";
+  }
+  return "?";
+}
+
+namespace {
+
+WireHeader header(MsgKind kind, uint64_t session, uint32_t entry, uint64_t generation, uint64_t run_epoch,
+                  uint64_t dispatch_id, uint64_t value) {
+  WireHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.kind = static_cast<uint16_t>(kind);
+  h.session = session;
+  h.entry = entry;
+  h.generation = generation;
+  h.run_epoch = run_epoch;
+  h.dispatch_id = dispatch_id;
+  h.value = value;
+  return h;
+}
+
+std::vector<uint8_t> with_payload(WireHeader h, size_t payload) {
+  h.payload_bytes = static_cast<uint32_t>(payload);
+  std::vector<uint8_t> out(sizeof(WireHeader) + payload);
+  std::memcpy(out.data(), &h, sizeof h);
+  return out;
+}
+
+// The payload length each kind allows, beyond what its own fields say.
+bool kind_without_payload(MsgKind k) {
+  return k == MsgKind::kHello || k == MsgKind::kAck || k == MsgKind::kAccepted || k == MsgKind::kHeartbeat ||
+         k == MsgKind::kShutdown || k == MsgKind::kMemoryQuery;
+}
+
+Status decode_request(Message& m) {
+  const auto p = m.payload;
+  const uint32_t n = m.h.tensor_count;
+  if (n > kMaxTaskArgs) return invalid_argument("REQUEST: tensor_count {} exceeds {}", n, kMaxTaskArgs);
+  const size_t fixed = kRequestFixedBytes + size_t{n} * sizeof(TensorRow);
+  if (p.size() < fixed) {
+    return invalid_argument("REQUEST: payload_bytes {} is shorter than the digest and {} tensor rows ({} bytes)",
+                            p.size(), n, fixed);
+  }
+  std::memcpy(m.callable.data(), p.data(), sizeof(Digest));
+  m.rows.resize(n);
+  if (n != 0) std::memcpy(m.rows.data(), p.data() + kRequestFixedBytes, size_t{n} * sizeof(TensorRow));
+  for (uint32_t i = 0; i < n; ++i) {
+    const TensorRow& r = m.rows[i];
+    if (r.addr == 0) return invalid_argument("REQUEST: tensor row {}: addr is 0", i);
+    if (r.bytes == 0 || r.bytes > kWireMaxTensorBytes) {
+      return invalid_argument("REQUEST: tensor row {}: bytes {} outside [1, {}]", i, r.bytes, kWireMaxTensorBytes);
+    }
+    if (r.flags == 0 || (r.flags & ~(kToNode | kFromNode)) != 0) {
+      return invalid_argument("REQUEST: tensor row {}: flags {:#x} are not a direction", i, r.flags);
+    }
+    if (r.reserved != 0) return invalid_argument("REQUEST: tensor row {}: reserved is {}", i, r.reserved);
+    for (uint32_t j = 0; j < i; ++j) {
+      if (m.rows[j].addr == r.addr) return invalid_argument("REQUEST: tensor rows {} and {} name one buffer", j, i);
+    }
+  }
+  m.args_blob = p.subspan(fixed);
+  if (m.args_blob.size() > kArgsBlobMaxBytes) {
+    return invalid_argument("REQUEST: args blob of {} bytes exceeds {}", m.args_blob.size(), kArgsBlobMaxBytes);
+  }
+  SIMPLER_ASSIGN_OR_RETURN(const TaskArgs args, decode_args_blob(m.args_blob.data(), m.args_blob.size()),
+                           "REQUEST: args blob");
+  std::vector<bool> used(n, false);
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].kind != TaskArg::Kind::Tensor) continue;
+    const DeviceBuffer& b = args[i].tensor.buffer();
+    uint32_t k = 0;
+    while (k < n && !(m.rows[k].addr == b.addr && m.rows[k].bytes == b.bytes)) ++k;
+    if (k == n) {
+      return invalid_argument("REQUEST: argument {}: buffer {:#x}+{} is no row of the tensor table", i, b.addr,
+                              b.bytes);
+    }
+    used[k] = true;
+  }
+  for (uint32_t k = 0; k < n; ++k) {
+    if (!used[k]) return invalid_argument("REQUEST: tensor row {} is named by no argument", k);
+  }
+  return Status();
+}
+
+Status decode_text(Message& m, std::span<const uint8_t> text) {
+  if (text.size() > kWireMaxText) {
+    return invalid_argument("{}: text of {} bytes exceeds {}", msg_kind_name(m.kind), text.size(), kWireMaxText);
+  }
+  m.text = std::string_view(reinterpret_cast<const char*>(text.data()), text.size());
+  return Status();
+}
+
+}  // namespace
+
+Result<Message> decode_message(std::span<const uint8_t> bytes) {
+  Message m;
+  if (bytes.size() < sizeof(WireHeader)) {
+    return invalid_argument("message of {} bytes is shorter than the {}-byte header", bytes.size(), sizeof(WireHeader));
+  }
+  std::memcpy(&m.h, bytes.data(), sizeof(WireHeader));
+  const WireHeader& h = m.h;
+  if (h.magic != kWireMagic) return invalid_argument("magic is {:#x}, expected {:#x}", h.magic, kWireMagic);
+  if (h.version != kWireVersion) return invalid_argument("version is {}, expected {}", h.version, kWireVersion);
+  if (h.kind == 0 || h.kind > kMsgKindLast) return invalid_argument("kind {} is no message kind", h.kind);
+  m.kind = static_cast<MsgKind>(h.kind);
+  const char* kind = msg_kind_name(m.kind);
+  if (h.payload_bytes != bytes.size() - sizeof(WireHeader)) {
+    return invalid_argument("{}: payload_bytes is {}, but {} bytes follow the header", kind, h.payload_bytes,
+                            bytes.size() - sizeof(WireHeader));
+  }
+  m.payload = bytes.subspan(sizeof(WireHeader));
+  if (m.kind != MsgKind::kRequest && m.kind != MsgKind::kTerminal && h.tensor_count != 0) {
+    return invalid_argument("{}: tensor_count is {}, expected 0", kind, h.tensor_count);
+  }
+  if (m.kind != MsgKind::kTerminal && h.status_code != 0) {
+    return invalid_argument("{}: status_code is {}, expected 0", kind, h.status_code);
+  }
+  if (kind_without_payload(m.kind)) {
+    if (!m.payload.empty()) return invalid_argument("{}: payload_bytes is {}, expected 0", kind, m.payload.size());
+    return m;
+  }
+  switch (m.kind) {
+    case MsgKind::kHelloReply: {
+      if (m.payload.size() % sizeof(Digest) != 0 || m.payload.size() / sizeof(Digest) > kWireMaxCallables) {
+        return invalid_argument("HELLO_REPLY: payload_bytes {} is not at most {} digests of {} bytes", m.payload.size(),
+                                kWireMaxCallables, sizeof(Digest));
+      }
+      m.digests.resize(m.payload.size() / sizeof(Digest));
+      if (!m.digests.empty()) std::memcpy(m.digests.data(), m.payload.data(), m.payload.size());
+      return m;
+    }
+    case MsgKind::kRequest:
+      SIMPLER_RETURN_IF_ERROR(decode_request(m));
+      return m;
+    case MsgKind::kTerminal: {
+      if (h.status_code < 0 || !is_status_code(h.status_code)) {
+        return invalid_argument("TERMINAL: status_code {} is no StatusCode", h.status_code);
+      }
+      if (h.tensor_count > kMaxTaskArgs) {
+        return invalid_argument("TERMINAL: tensor_count {} exceeds {}", h.tensor_count, kMaxTaskArgs);
+      }
+      const size_t sizes = size_t{h.tensor_count} * sizeof(uint64_t);
+      if (m.payload.size() < sizes) {
+        return invalid_argument("TERMINAL: payload_bytes {} is shorter than {} buffer sizes", m.payload.size(),
+                                h.tensor_count);
+      }
+      m.sizes.resize(h.tensor_count);
+      if (sizes != 0) std::memcpy(m.sizes.data(), m.payload.data(), sizes);
+      for (uint32_t i = 0; i < h.tensor_count; ++i) {
+        if (m.sizes[i] == 0 || m.sizes[i] > kWireMaxTensorBytes) {
+          return invalid_argument("TERMINAL: returned buffer {}: {} bytes outside [1, {}]", i, m.sizes[i],
+                                  kWireMaxTensorBytes);
+        }
+      }
+      SIMPLER_RETURN_IF_ERROR(decode_text(m, m.payload.subspan(sizes)));
+      if (h.status_code == 0 && !m.text.empty()) return invalid_argument("TERMINAL: an OK status carries text");
+      if (h.status_code != 0 && h.tensor_count != 0) {
+        return invalid_argument("TERMINAL: a failed run returns {} buffers; a failure returns none", h.tensor_count);
+      }
+      return m;
+    }
+    case MsgKind::kStopped:
+      SIMPLER_RETURN_IF_ERROR(decode_text(m, m.payload));
+      return m;
+    case MsgKind::kMemoryReply: {
+      if (m.payload.size() != sizeof(uint64_t)) {
+        return invalid_argument("MEMORY_REPLY: payload_bytes is {}, expected 8", m.payload.size());
+      }
+      uint64_t free_bytes = 0;
+      std::memcpy(&free_bytes, m.payload.data(), sizeof free_bytes);
+      if (free_bytes > h.value) {
+        return invalid_argument("MEMORY_REPLY: free bytes {} exceed the total {}", free_bytes, h.value);
+      }
+      return m;
+    }
+    default:
+      break;
+  }
+  return internal_error("{}: no decoder", kind);
+}
+
+std::vector<uint8_t> encode_simple(MsgKind kind, uint64_t session, uint32_t entry, uint64_t generation,
+                                   uint64_t run_epoch, uint64_t dispatch_id, uint64_t value) {
+  return with_payload(header(kind, session, entry, generation, run_epoch, dispatch_id, value), 0);
+}
+
+std::vector<uint8_t> encode_hello_reply(uint64_t session, uint64_t granted, std::span<const Digest> digests) {
+  auto out = with_payload(header(MsgKind::kHelloReply, session, 0, 0, 0, 0, granted), digests.size_bytes());
+  if (!digests.empty()) std::memcpy(out.data() + sizeof(WireHeader), digests.data(), digests.size_bytes());
+  return out;
+}
+
+std::vector<uint8_t> encode_request(uint64_t session, uint32_t entry, uint64_t generation, uint64_t dispatch_id,
+                                    const Digest& callable, std::span<const TensorRow> rows,
+                                    std::span<const uint8_t> args_blob) {
+  WireHeader h = header(MsgKind::kRequest, session, entry, generation, 0, dispatch_id, 0);
+  h.tensor_count = static_cast<uint32_t>(rows.size());
+  auto out = with_payload(h, kRequestFixedBytes + rows.size_bytes() + args_blob.size());
+  uint8_t* p = out.data() + sizeof(WireHeader);
+  std::memcpy(p, callable.data(), sizeof(Digest));
+  if (!rows.empty()) std::memcpy(p + kRequestFixedBytes, rows.data(), rows.size_bytes());
+  if (!args_blob.empty()) std::memcpy(p + kRequestFixedBytes + rows.size_bytes(), args_blob.data(), args_blob.size());
+  return out;
+}
+
+std::vector<uint8_t> encode_terminal(uint64_t session, uint32_t entry, uint64_t generation, uint64_t run_epoch,
+                                     uint64_t dispatch_id, const Status& status, std::span<const uint64_t> sizes) {
+  WireHeader h = header(MsgKind::kTerminal, session, entry, generation, run_epoch, dispatch_id, 0);
+  h.status_code = static_cast<int32_t>(status.code());
+  h.tensor_count = static_cast<uint32_t>(sizes.size());
+  const std::string_view text = std::string_view(status.message()).substr(0, status.ok() ? 0 : size_t{kWireMaxText});
+  auto out = with_payload(h, sizes.size_bytes() + text.size());
+  uint8_t* p = out.data() + sizeof(WireHeader);
+  if (!sizes.empty()) std::memcpy(p, sizes.data(), sizes.size_bytes());
+  if (!text.empty()) std::memcpy(p + sizes.size_bytes(), text.data(), text.size());
+  return out;
+}
+
+std::vector<uint8_t> encode_text(MsgKind kind, uint64_t session, std::string_view text) {
+  text = text.substr(0, kWireMaxText);
+  auto out = with_payload(header(kind, session, 0, 0, 0, 0, 0), text.size());
+  if (!text.empty()) std::memcpy(out.data() + sizeof(WireHeader), text.data(), text.size());
+  return out;
+}
+
+std::vector<uint8_t> encode_memory_reply(uint64_t session, uint64_t total, uint64_t free_bytes) {
+  auto out = with_payload(header(MsgKind::kMemoryReply, session, 0, 0, 0, 0, total), sizeof free_bytes);
+  std::memcpy(out.data() + sizeof(WireHeader), &free_bytes, sizeof free_bytes);
+  return out;
+}
+
+Result<std::vector<TensorRow>> tensor_rows(const TaskArgs& args) {
+  std::vector<TensorRow> rows;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const TaskArg& a = args[i];
+    if (a.kind != TaskArg::Kind::Tensor) continue;
+    const DeviceBuffer& b = a.tensor.buffer();
+    if (!b.bound()) {
+      return invalid_argument(
+          "argument {}: a runtime-allocated Output cannot go to a remote node (nothing to return it into); pass "
+          "an OutputExisting buffer",
+          i);
+    }
+    uint32_t flags = 0;
+    switch (a.tag) {
+      case Tag::Input:
+      case Tag::NoDep:
+        flags = kToNode;
+        break;
+      case Tag::InOut:
+        flags = kToNode | kFromNode;
+        break;
+      case Tag::Output:
+      case Tag::OutputExisting:
+        flags = kFromNode;
+        break;
+      default:
+        return invalid_argument("argument {}: tag {} is no tag", i, static_cast<int>(a.tag));
+    }
+    size_t k = 0;
+    while (k < rows.size() && rows[k].addr != b.addr) ++k;
+    if (k == rows.size()) {
+      rows.push_back(TensorRow{b.addr, b.bytes, flags, 0});
+    } else if (rows[k].bytes != b.bytes) {
+      return invalid_argument("argument {}: buffer {:#x} is named with {} and {} bytes", i, b.addr, rows[k].bytes,
+                              b.bytes);
+    } else {
+      rows[k].flags |= flags;
+    }
+  }
+  return rows;
+}
+
+Classified classify_reply(const Message& m, uint64_t session, std::span<const EntryIdentity> entries) {
+  const WireHeader& h = m.h;
+  const char* kind = msg_kind_name(m.kind);
+  if (h.session != session) {
+    return {Verdict::kUnattributable,
+            invalid_argument("{}: session {:#x} is not this network's {:#x}", kind, h.session, session)};
+  }
+  if (h.entry >= entries.size()) {
+    return {Verdict::kUnattributable,
+            invalid_argument("{}: entry {} is outside the {} entries", kind, h.entry, entries.size())};
+  }
+  if (h.generation % 2 == 0) {
+    return {Verdict::kUnattributable,
+            invalid_argument("{}: entry {} generation {} is even (no occupant)", kind, h.entry, h.generation)};
+  }
+  const EntryIdentity& e = entries[h.entry];
+  if (h.generation != e.generation) {
+    return {Verdict::kStale, invalid_argument("{}: entry {} generation {} is not its occupant's ({})", kind, h.entry,
+                                              h.generation, e.generation)};
+  }
+  if (h.run_epoch == 0) {
+    return {Verdict::kUnattributable, invalid_argument("{}: entry {} run_epoch is 0", kind, h.entry)};
+  }
+  if (m.kind == MsgKind::kAck) {
+    if (e.run_epoch != 0) {
+      return {Verdict::kUnattributable,
+              invalid_argument("ACK: entry {} generation {} was already acknowledged", h.entry, h.generation)};
+    }
+    return {Verdict::kAccept, Status()};
+  }
+  if (h.run_epoch != e.run_epoch) {
+    return {Verdict::kUnattributable, invalid_argument("{}: entry {} run_epoch {} contradicts the acknowledged {}",
+                                                       kind, h.entry, h.run_epoch, e.run_epoch)};
+  }
+  return {Verdict::kAccept, Status()};
+}
+
+Classified classify_request(const Message& m, uint64_t session, uint32_t entry_count,
+                            std::span<const EntryIdentity> entries) {
+  const WireHeader& h = m.h;
+  if (h.session != session) {
+    return {Verdict::kUnattributable,
+            invalid_argument("REQUEST: session {:#x} is not the network's {:#x}", h.session, session)};
+  }
+  if (h.entry >= entry_count || h.entry >= entries.size()) {
+    return {Verdict::kUnattributable,
+            invalid_argument("REQUEST: entry {} is outside the {} entries", h.entry, entry_count)};
+  }
+  if (h.generation % 2 == 0) {
+    return {Verdict::kUnattributable,
+            invalid_argument("REQUEST: entry {} generation {} is even (no occupant)", h.entry, h.generation)};
+  }
+  const EntryIdentity& e = entries[h.entry];
+  if (e.run_epoch != 0) {
+    return {Verdict::kStale, invalid_argument("REQUEST: entry {} generation {} while generation {} still runs there",
+                                              h.entry, h.generation, e.generation)};
+  }
+  if (h.generation <= e.generation) {
+    return {Verdict::kStale, invalid_argument("REQUEST: entry {} generation {} is not newer than the last taken ({})",
+                                              h.entry, h.generation, e.generation)};
+  }
+  return {Verdict::kAccept, Status()};
+}
+
+}  // namespace simpler::dist

@@ -1,0 +1,389 @@
+// Remote nodes over MPI (issue 15), under `mpirun -np 3`: rank 0 runs one
+// gtest case (argv[1] names it) with a network of local and remote nodes;
+// ranks 1 and 2 serve a node each, with the faults that case injects. Every
+// wait has a deadline (the Watchdog, heartbeat_timeout), so a lost message
+// fails the case with a message instead of hanging it.
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dist/node_server.h"
+#include "dist/wire.h"
+#include "node_test_util.h"
+#include "task/args_blob.h"
+#include "test_util.h"
+
+namespace simpler::testing {
+namespace {
+
+std::string g_case;
+
+// One node run: out = in * mul + add on the node's chip (args: in, out, mul, add).
+NodeCallable scale_callable() {
+  return NodeCallable("scale", [](Orchestrator& o, const TaskArgs& a) -> Status {
+    const CallableHandle axpb{0, axpb_callable().digest()};
+    return o.submit_next_level(axpb, axpb_args(a[0].tensor, a[1].tensor, a[2].scalar, a[3].scalar, -1), 0).status();
+  });
+}
+
+// In place: io = io * mul + add (args: io as InOut, mul, add).
+NodeCallable inplace_callable() {
+  return NodeCallable("inplace", [](Orchestrator& o, const TaskArgs& a) -> Status {
+    const CallableHandle axpb{0, axpb_callable().digest()};
+    return o.submit_next_level(axpb, axpb_args(a[0].tensor, a[0].tensor, a[1].scalar, a[2].scalar, -1), 0).status();
+  });
+}
+
+std::vector<NodeCallable> callables() { return {scale_callable(), inplace_callable()}; }
+
+NodeSpec node_spec(uint32_t depth) {
+  NodeSpec s;
+  s.level = Level::Node;
+  s.config = node_config(1, 0, depth);
+  s.chip_callables = {axpb_callable()};
+  return s;
+}
+
+// Ranks 1 and 2: serve a node, with the case's faults.
+int serve_rank(int rank) {
+  dist::ServeHooks hooks;
+  if (g_case == "StaleRepliesAreRefused" && rank == 1) {
+    // Before request 2's terminal: an ACK and a TERMINAL (with garbage output
+    // bytes on the entry's data tag) for an odd generation that is not the
+    // occupant's, as a past occupant would send (R8).
+    hooks.before_terminal = [](uint64_t n, const dist::WireHeader& t, const dist::RawSend& send) {
+      if (n != 2) return;
+      send(dist::encode_simple(dist::MsgKind::kAck, t.session, t.entry, t.generation + 2, 77, 0), dist::kTagControl);
+      const uint64_t bytes = 4096 * sizeof(float);
+      send(dist::encode_terminal(t.session, t.entry, t.generation + 2, 77, 0, Status(), std::span(&bytes, 1)),
+           dist::kTagControl);
+      send(std::vector<uint8_t>(bytes, 0xff), dist::kTagDataBase + static_cast<int>(t.entry));
+    };
+  }
+  if (g_case == "UnattributableReplyStopsOnlyThatNode" && rank == 2) {
+    hooks.before_terminal = [](uint64_t n, const dist::WireHeader& t, const dist::RawSend& send) {
+      if (n == 1) send(dist::encode_simple(dist::MsgKind::kAccepted, t.session, 999, 1, 1, 0), dist::kTagControl);
+    };
+  }
+  if (g_case == "MalformedReplyStopsOnlyThatNode" && rank == 2) {
+    hooks.before_terminal = [](uint64_t n, const dist::WireHeader& t, const dist::RawSend& send) {
+      if (n != 1) return;
+      auto bad = dist::encode_simple(dist::MsgKind::kHeartbeat, t.session, 0, 0, 0, 0);
+      bad[0] ^= 0xff;  // the magic
+      send(std::move(bad), dist::kTagControl);
+    };
+  }
+  if (g_case == "KilledRankEndsEveryRunItHeld" && rank == 2) {
+    // Dies holding runs: after taking its second request, before any terminal of it.
+    hooks.on_request = [](uint64_t n) {
+      if (n == 2) raise(SIGKILL);
+    };
+  }
+  ServeOptions o;
+  o.tensor_heap_bytes = 256ull << 20;
+  o.heartbeat_period = std::chrono::milliseconds(50);
+  const Status st = dist::serve(node_spec(4), callables(), o, std::move(hooks));
+  if (!st.ok()) std::fprintf(stderr, "rank %d: serve_node: %s\n", rank, st.to_string().c_str());
+  return st.ok() ? 0 : 1;
+}
+
+DeviceBuffer shared_floats(Worker& w, size_t n, float base) {
+  auto b = w.malloc_shared(n * sizeof(float));
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  if (!b.ok()) return {};
+  auto* p = reinterpret_cast<float*>(b->addr);
+  for (size_t i = 0; i < n; ++i) p[i] = base + static_cast<float>(i % 1000) * 0.25f;
+  return *b;
+}
+
+const float* floats(const DeviceBuffer& b) { return reinterpret_cast<const float*>(b.addr); }
+
+TaskArgs scale_args(const DeviceBuffer& in, const DeviceBuffer& out, size_t n, int64_t mul, int64_t add) {
+  TaskArgs a;
+  a.add_tensor(in.view({static_cast<int64_t>(n)}, DType::F32), Tag::Input)
+      .add_tensor(out.view({static_cast<int64_t>(n)}, DType::F32), Tag::OutputExisting)
+      .add_scalar(mul)
+      .add_scalar(add);
+  return a;
+}
+
+// Bit-exact: the same float operations as the kernel's, compared as bytes.
+void expect_scaled(const DeviceBuffer& in, const DeviceBuffer& out, size_t n, int64_t mul, int64_t add,
+                   const std::string& what) {
+  std::vector<float> want(n);
+  for (size_t i = 0; i < n; ++i) want[i] = floats(in)[i] * static_cast<float>(mul) + static_cast<float>(add);
+  EXPECT_EQ(std::memcmp(want.data(), floats(out), n * sizeof(float)), 0) << what << ": output differs";
+}
+
+struct Network {
+  std::unique_ptr<Worker> w;
+  CallableHandle scale, inplace;
+  uint32_t local = 0, rank1 = 0, rank2 = 0;
+};
+
+Network make_network(uint32_t depth, std::chrono::milliseconds heartbeat = std::chrono::seconds(5)) {
+  Network n;
+  WorkerConfig c = network_config(0, depth);
+  c.shared_heap_bytes = 256ull << 20;
+  n.w = std::make_unique<Worker>(Level::Network, c);
+  Worker node(Level::Node, node_config(1, 0, depth));
+  EXPECT_TRUE(node.register_callable(axpb_callable()).ok());
+  RemoteNodeOptions ro;
+  ro.heartbeat_timeout = heartbeat;
+  ro.ready_timeout = std::chrono::seconds(30);
+  auto local = n.w->add_next_level_worker(std::move(node));
+  auto r1 = n.w->add_remote_worker(1, ro);
+  auto r2 = n.w->add_remote_worker(2, ro);
+  EXPECT_TRUE(local.ok() && r1.ok() && r2.ok());
+  n.local = *local;
+  n.rank1 = *r1;
+  n.rank2 = *r2;
+  auto s = n.w->register_callable(scale_callable());
+  auto i = n.w->register_callable(inplace_callable());
+  EXPECT_TRUE(s.ok() && i.ok());
+  n.scale = *s;
+  n.inplace = *i;
+  const Status st = n.w->init();
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return n;
+}
+
+RunHandle submit_scale(Network& n, uint32_t worker, const DeviceBuffer& in, const DeviceBuffer& out, size_t len,
+                       int64_t mul, int64_t add) {
+  return n.w->submit([&n, worker, in, out, len, mul, add](Orchestrator& o) {
+    return o.submit_next_level(n.scale, scale_args(in, out, len, mul, add), worker).status();
+  });
+}
+
+// One local and two remote nodes in one network, one run across all three:
+// small tensors, one tensor larger than a chunk (sent and returned in
+// pieces), and an InOut tensor that goes both ways; every output bit-exact.
+TEST(DistMpi, LocalAndRemoteNodesAreBitExact) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(2);
+  const size_t small = 4096, large = dist::kChunkBytes / sizeof(float) + 12345;
+  const DeviceBuffer x = shared_floats(*n.w, small, 1.0f);
+  const DeviceBuffer big = shared_floats(*n.w, large, 3.0f);
+  const DeviceBuffer z0 = shared_floats(*n.w, small, 0), z1 = shared_floats(*n.w, small, 0);
+  const DeviceBuffer zbig = shared_floats(*n.w, large, 0);
+  const DeviceBuffer io = shared_floats(*n.w, small, 5.0f);
+  std::vector<float> io_before(floats(io), floats(io) + small);
+  RunHandle h = n.w->submit([&](Orchestrator& o) -> Status {
+    SIMPLER_RETURN_IF_ERROR(o.submit_next_level(n.scale, scale_args(x, z0, small, 3, 1), n.local).status());
+    SIMPLER_RETURN_IF_ERROR(o.submit_next_level(n.scale, scale_args(x, z1, small, 7, 2), n.rank1).status());
+    SIMPLER_RETURN_IF_ERROR(o.submit_next_level(n.scale, scale_args(big, zbig, large, 5, 3), n.rank2).status());
+    TaskArgs a;
+    a.add_tensor(io.view({static_cast<int64_t>(small)}, DType::F32), Tag::InOut).add_scalar(2).add_scalar(1);
+    return o.submit_next_level(n.inplace, a, n.rank1).status();
+  });
+  ASSERT_TRUE(wait_run(h).ok()) << h.result().to_string();
+  expect_scaled(x, z0, small, 3, 1, "local node");
+  expect_scaled(x, z1, small, 7, 2, "rank 1");
+  expect_scaled(big, zbig, large, 5, 3, "rank 2, chunked");
+  std::vector<float> want(small);
+  for (size_t i = 0; i < small; ++i) want[i] = io_before[i] * 2.0f + 1.0f;
+  EXPECT_EQ(std::memcmp(want.data(), floats(io), small * sizeof(float)), 0) << "InOut on rank 1";
+  auto m = n.w->memory_info_on(n.rank2);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_GT(m->total_bytes, 0u);
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// pipeline_depth runs in flight per remote node, across both ranks and the
+// local node; each run's outputs are its own.
+TEST(DistMpi, PipelinedRunsAcrossRanks) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(4);
+  const size_t len = 1024;
+  const int runs = 24;
+  const DeviceBuffer x = shared_floats(*n.w, len, 2.0f);
+  std::vector<DeviceBuffer> out;
+  std::vector<RunHandle> hs;
+  const uint32_t workers[] = {n.rank1, n.rank2, n.local};
+  for (int r = 0; r < runs; ++r) {
+    out.push_back(shared_floats(*n.w, len, 0));
+    hs.push_back(submit_scale(n, workers[r % 3], x, out.back(), len, r + 1, r));
+  }
+  for (int r = 0; r < runs; ++r) {
+    ASSERT_TRUE(wait_run(hs[r]).ok()) << "run " << r << ": " << hs[r].result().to_string();
+    expect_scaled(x, out[r], len, r + 1, r, "run " + std::to_string(r));
+  }
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// A kernel that fails on a remote node fails only its own run, with the
+// kernel's own text; the runs around it on the same rank succeed.
+TEST(DistMpi, RemoteKernelFailureFailsOnlyItsRun) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(2);
+  const size_t len = 256;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  std::vector<DeviceBuffer> out;
+  std::vector<RunHandle> hs;
+  for (int r = 0; r < 3; ++r) {
+    out.push_back(shared_floats(*n.w, len, 0));
+    hs.push_back(submit_scale(n, n.rank1, x, out.back(), len, r == 1 ? kAxpbFail : 4, 0));
+  }
+  EXPECT_TRUE(wait_run(hs[0]).ok()) << hs[0].result().to_string();
+  const Status failed = wait_run(hs[1]);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_TRUE(contains(failed.message(), "node_axpb_kernel: asked to fail")) << failed.to_string();
+  EXPECT_TRUE(contains(failed.message(), "MPI rank 1")) << failed.to_string();
+  EXPECT_TRUE(wait_run(hs[2]).ok()) << hs[2].result().to_string();
+  expect_scaled(x, out[2], len, 4, 0, "the run after the failure");
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// R8 over MPI: rank 1 sends an ACK and a TERMINAL (with output bytes of
+// 0xff) for a generation that is not its entry's occupant. They are
+// dropped, their bytes drained: the occupant completes with its own,
+// bit-exact outputs and the endpoint keeps serving.
+TEST(DistMpi, StaleRepliesAreRefused) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(1);
+  const size_t len = 4096;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  for (int r = 0; r < 4; ++r) {
+    const DeviceBuffer out = shared_floats(*n.w, len, 0);
+    RunHandle h = submit_scale(n, n.rank1, x, out, len, 3 + r, 1);
+    ASSERT_TRUE(wait_run(h).ok()) << "run " << r << ": " << h.result().to_string();
+    expect_scaled(x, out, len, 3 + r, 1, "run " + std::to_string(r));
+  }
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// R9 over MPI: rank 2 sends a reply naming entry 999. Its endpoint stops:
+// the run it held ends with the reason, later work for it is refused naming
+// it, and the other nodes keep serving.
+TEST(DistMpi, UnattributableReplyStopsOnlyThatNode) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(2);
+  const size_t len = 256;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  const DeviceBuffer out = shared_floats(*n.w, len, 0);
+  const Status st = wait_run(submit_scale(n, n.rank2, x, out, len, 2, 0));
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(contains(st.message(), "MPI rank 2") && contains(st.message(), "entry 999")) << st.to_string();
+  const Status later = wait_run(submit_scale(n, n.rank2, x, out, len, 2, 0));
+  EXPECT_TRUE(contains(later.message(), "MPI rank 2")) << later.to_string();
+  for (uint32_t w : {n.rank1, n.local}) {
+    const DeviceBuffer o = shared_floats(*n.w, len, 0);
+    ASSERT_TRUE(wait_run(submit_scale(n, w, x, o, len, 6, 1)).ok());
+    expect_scaled(x, o, len, 6, 1, "a node that kept serving");
+  }
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// A message with a wrong magic from rank 2 stops that endpoint, naming the field.
+TEST(DistMpi, MalformedReplyStopsOnlyThatNode) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(2);
+  const size_t len = 256;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  const DeviceBuffer out = shared_floats(*n.w, len, 0);
+  const Status st = wait_run(submit_scale(n, n.rank2, x, out, len, 2, 0));
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(contains(st.message(), "MPI rank 2") && contains(st.message(), "magic")) << st.to_string();
+  const DeviceBuffer o = shared_floats(*n.w, len, 0);
+  ASSERT_TRUE(wait_run(submit_scale(n, n.rank1, x, o, len, 6, 1)).ok());
+  expect_scaled(x, o, len, 6, 1, "rank 1");
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// R9 at the node: a REQUEST that names no possible occupant (another
+// session, entry 999) reaches rank 1 from rank 0 outside the network's
+// endpoint. The node runs nothing, sends STOPPED with its reason, and the
+// network ends that node's work with it; rank 2 and the local node serve on.
+TEST(DistMpi, UnattributableRequestStopsTheNodeEndpoint) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(2);
+  const size_t len = 256;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  const DeviceBuffer out = shared_floats(*n.w, len, 0);
+  ASSERT_TRUE(wait_run(submit_scale(n, n.rank1, x, out, len, 2, 0)).ok());
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(encode_args_blob(TaskArgs(), blob).ok());
+  const auto forged = dist::encode_request(/*session=*/42, 999, 1, 0, Digest{}, {}, blob);
+  ASSERT_EQ(MPI_Send(forged.data(), static_cast<int>(forged.size()), MPI_BYTE, 1, dist::kTagControl, MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  // The STOPPED reply reaches the network asynchronously: a later run on
+  // rank 1 fails with the node's reason once it has (or is refused after).
+  Status st;
+  const uint64_t deadline = now_ns() + 20'000'000'000ull;
+  while (now_ns() < deadline) {
+    st = wait_run(submit_scale(n, n.rank1, x, out, len, 2, 0));
+    if (!st.ok()) break;
+  }
+  EXPECT_TRUE(contains(st.message(), "MPI rank 1") && contains(st.message(), "stopped its endpoint") &&
+              contains(st.message(), "session"))
+      << st.to_string();
+  for (uint32_t w : {n.rank2, n.local}) {
+    const DeviceBuffer o = shared_floats(*n.w, len, 0);
+    ASSERT_TRUE(wait_run(submit_scale(n, w, x, o, len, 6, 1)).ok());
+    expect_scaled(x, o, len, 6, 1, "a node that kept serving");
+  }
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// Rank 2 is killed while it holds runs (mpirun --enable-recovery keeps the
+// job alive). Every run it held gets exactly one terminal, an error naming
+// the rank, once the heartbeat deadline passes; later work for it is
+// refused; rank 1 and the local node keep serving.
+TEST(DistMpi, KilledRankEndsEveryRunItHeld) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(2, std::chrono::milliseconds(1500));
+  const size_t len = 256;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  std::vector<RunHandle> hs;
+  for (int r = 0; r < 4; ++r) {
+    const DeviceBuffer o = shared_floats(*n.w, len, 0);
+    hs.push_back(n.w->submit([&n, x, o, len](Orchestrator& op) {
+      return op.submit_next_level(n.scale, scale_args(x, o, len, 2, 0), n.rank2).status();
+    }));
+  }
+  int failed = 0;
+  for (int r = 0; r < 4; ++r) {
+    const Status st = wait_run(hs[r]);
+    if (st.ok()) continue;
+    ++failed;
+    EXPECT_TRUE(contains(st.message(), "MPI rank 2")) << "run " << r << ": " << st.to_string();
+  }
+  // The first request may finish before the second kills the rank; the rest cannot.
+  EXPECT_GE(failed, 3);
+  for (uint32_t w : {n.rank1, n.local}) {
+    const DeviceBuffer o = shared_floats(*n.w, len, 0);
+    ASSERT_TRUE(wait_run(submit_scale(n, w, x, o, len, 6, 1)).ok());
+    expect_scaled(x, o, len, 6, 1, "a node that kept serving");
+  }
+  const Status later = wait_run(submit_scale(n, n.rank2, x, x, len, 1, 0));
+  EXPECT_TRUE(contains(later.message(), "MPI rank 2")) << later.to_string();
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+}  // namespace
+}  // namespace simpler::testing
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: mpirun -np 3 %s <case>\n", argv[0]);
+    return 2;
+  }
+  simpler::testing::g_case = argv[1];
+  const int rank = simpler::mpi_rank();
+  if (simpler::mpi_size() != 3) {
+    std::fprintf(stderr, "run under mpirun -np 3 (this is rank %d of %d)\n", rank, simpler::mpi_size());
+    return 2;
+  }
+  if (rank != 0) return simpler::testing::serve_rank(rank);
+  const std::string filter = "--gtest_filter=DistMpi." + simpler::testing::g_case;
+  std::vector<char*> args = {argv[0], const_cast<char*>(filter.c_str()), nullptr};  // argv[argc] is null
+  int n = static_cast<int>(args.size()) - 1;
+  ::testing::InitGoogleTest(&n, args.data());
+  return RUN_ALL_TESTS();
+}

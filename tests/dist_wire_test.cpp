@@ -1,0 +1,221 @@
+// The MPI wire's decoders (src/dist/wire.h), without MPI: every message a
+// remote rank could send is decoded and classified by these pure functions
+// before either endpoint acts on it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "dist/wire.h"
+#include "task/args_blob.h"
+
+namespace simpler::dist {
+namespace {
+
+constexpr uint64_t kSession = 0x5e55;
+
+std::vector<uint8_t> request_bytes(const TaskArgs& args, uint32_t entry = 0, uint64_t generation = 1) {
+  std::vector<uint8_t> blob;
+  EXPECT_TRUE(encode_args_blob(args, blob).ok());
+  auto rows = tensor_rows(args);
+  EXPECT_TRUE(rows.ok()) << rows.status().to_string();
+  return encode_request(kSession, entry, generation, 7, Digest{1, 2, 3}, *rows, blob);
+}
+
+TaskArgs two_tensor_args() {
+  TaskArgs a;
+  a.add_tensor(DeviceBuffer{0x10000, 64}.view({16}, DType::F32), Tag::Input);
+  a.add_tensor(DeviceBuffer{0x20000, 64}.view({16}, DType::F32), Tag::OutputExisting);
+  a.add_scalar(3);
+  return a;
+}
+
+void set_header(std::vector<uint8_t>& m, const WireHeader& h) { std::memcpy(m.data(), &h, sizeof h); }
+WireHeader get_header(const std::vector<uint8_t>& m) {
+  WireHeader h;
+  std::memcpy(&h, m.data(), sizeof h);
+  return h;
+}
+
+TEST(DistWire, RequestRoundTrips) {
+  const TaskArgs args = two_tensor_args();
+  const auto bytes = request_bytes(args, 2, 5);
+  auto m = decode_message(bytes);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->kind, MsgKind::kRequest);
+  EXPECT_EQ(m->h.entry, 2u);
+  EXPECT_EQ(m->h.generation, 5u);
+  EXPECT_EQ(m->callable, (Digest{1, 2, 3}));
+  ASSERT_EQ(m->rows.size(), 2u);
+  EXPECT_EQ(m->rows[0].flags, kToNode);
+  EXPECT_EQ(m->rows[1].flags, kFromNode);
+  auto decoded = decode_args_blob(m->args_blob.data(), m->args_blob.size());
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(decoded->size(), 3u);
+}
+
+TEST(DistWire, OneRowPerBufferWithTheUnionOfDirections) {
+  TaskArgs a;
+  const DeviceBuffer b{0x10000, 128};
+  a.add_tensor(TensorView(b, {16}, DType::F32, 0), Tag::Input);
+  a.add_tensor(TensorView(b, {16}, DType::F32, 16), Tag::OutputExisting);
+  auto rows = tensor_rows(a);
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].flags, kToNode | kFromNode);
+}
+
+TEST(DistWire, RuntimeAllocatedOutputIsRefusedForARemoteNode) {
+  TaskArgs a;
+  a.add_output({4}, DType::F32);
+  auto rows = tensor_rows(a);
+  ASSERT_FALSE(rows.ok());
+  EXPECT_NE(rows.status().message().find("runtime-allocated Output"), std::string::npos);
+}
+
+TEST(DistWire, EveryTruncationIsRefused) {
+  const auto bytes = request_bytes(two_tensor_args());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    auto m = decode_message(std::span<const uint8_t>(bytes.data(), n));
+    EXPECT_FALSE(m.ok()) << "a request cut to " << n << " of " << bytes.size() << " bytes decoded";
+  }
+}
+
+TEST(DistWire, HeaderFieldsAreCheckedAndNamed) {
+  const auto good = encode_simple(MsgKind::kAck, kSession, 0, 1, 9, 0);
+  ASSERT_TRUE(decode_message(good).ok());
+  struct Case {
+    void (*mutate)(WireHeader&);
+    const char* names;
+  };
+  const Case cases[] = {
+      {[](WireHeader& h) { h.magic ^= 1; }, "magic"},
+      {[](WireHeader& h) { h.version = 2; }, "version"},
+      {[](WireHeader& h) { h.kind = 0; }, "kind"},
+      {[](WireHeader& h) { h.kind = kMsgKindLast + 1; }, "kind"},
+      {[](WireHeader& h) { h.payload_bytes = 1; }, "payload_bytes"},
+      {[](WireHeader& h) { h.tensor_count = 1; }, "tensor_count"},
+      {[](WireHeader& h) { h.status_code = 3; }, "status_code"},
+  };
+  for (const Case& c : cases) {
+    auto bad = good;
+    WireHeader h = get_header(bad);
+    c.mutate(h);
+    set_header(bad, h);
+    auto m = decode_message(bad);
+    ASSERT_FALSE(m.ok()) << c.names;
+    EXPECT_NE(m.status().message().find(c.names), std::string::npos) << m.status().message();
+  }
+}
+
+TEST(DistWire, RequestWhoseArgsNameNoRowIsRefused) {
+  TaskArgs a = two_tensor_args();
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(encode_args_blob(a, blob).ok());
+  // The table lists only the first buffer: the second argument's is no row.
+  const TensorRow row{0x10000, 64, kToNode, 0};
+  const auto bytes = encode_request(kSession, 0, 1, 0, Digest{}, std::span(&row, 1), blob);
+  auto m = decode_message(bytes);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("argument 1"), std::string::npos) << m.status().message();
+}
+
+TEST(DistWire, RequestRowsAreBounded) {
+  const TaskArgs args = two_tensor_args();
+  auto bytes = request_bytes(args);
+  auto* row = reinterpret_cast<TensorRow*>(bytes.data() + sizeof(WireHeader) + kRequestFixedBytes);
+  auto bad = bytes;
+  reinterpret_cast<TensorRow*>(bad.data() + sizeof(WireHeader) + kRequestFixedBytes)->flags = 4;
+  EXPECT_NE(decode_message(bad).status().message().find("flags"), std::string::npos);
+  bad = bytes;
+  reinterpret_cast<TensorRow*>(bad.data() + sizeof(WireHeader) + kRequestFixedBytes)->bytes = kWireMaxTensorBytes + 1;
+  EXPECT_NE(decode_message(bad).status().message().find("bytes"), std::string::npos);
+  bad = bytes;
+  WireHeader h = get_header(bad);
+  h.tensor_count = kMaxTaskArgs + 1;
+  set_header(bad, h);
+  EXPECT_NE(decode_message(bad).status().message().find("tensor_count"), std::string::npos);
+  (void)row;
+}
+
+TEST(DistWire, TerminalCarriesTheKernelTextAndReturnedSizes) {
+  const uint64_t sizes[] = {64, 128};
+  // A Message views the bytes it was decoded from: they must outlive it.
+  const auto ok_bytes = encode_terminal(kSession, 1, 3, 4, 0, Status(), sizes);
+  auto ok = decode_message(ok_bytes);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->sizes, (std::vector<uint64_t>{64, 128}));
+  const Status failed(StatusCode::kUserCodeFailed, "task 0 (AIV kernel, func_id 1) failed: boom");
+  const auto bad_bytes = encode_terminal(kSession, 1, 3, 4, 0, failed, {});
+  auto bad = decode_message(bad_bytes);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->text, failed.message());
+  EXPECT_EQ(bad->h.status_code, static_cast<int32_t>(StatusCode::kUserCodeFailed));
+  // A failure returns no buffers; an unknown code is refused.
+  auto mixed = encode_terminal(kSession, 1, 3, 4, 0, failed, sizes);
+  EXPECT_FALSE(decode_message(mixed).ok());
+  auto code = encode_terminal(kSession, 1, 3, 4, 0, failed, {});
+  WireHeader h = get_header(code);
+  h.status_code = 999;
+  set_header(code, h);
+  EXPECT_NE(decode_message(code).status().message().find("status_code"), std::string::npos);
+}
+
+TEST(DistWire, MemoryReplyWithFreeAboveTotalIsRefused) {
+  EXPECT_TRUE(decode_message(encode_memory_reply(kSession, 100, 40)).ok());
+  EXPECT_FALSE(decode_message(encode_memory_reply(kSession, 100, 101)).ok());
+}
+
+// R7/R8/R9 at the network: a reply for the current occupant is taken, one
+// for a past occupant of a valid entry is stale (dropped, nothing changes),
+// one that names no possible occupant stops the endpoint.
+TEST(DistWire, RepliesAreClassifiedAsR7ToR9Say) {
+  std::vector<EntryIdentity> entries(2);
+  entries[0] = {3, 0};  // occupied, not yet ACKed
+  entries[1] = {6, 0};  // free
+  auto classify = [&](MsgKind k, uint32_t entry, uint64_t gen, uint64_t epoch, uint64_t session = kSession) {
+    auto m = decode_message(encode_simple(k, session, entry, gen, epoch, 0));
+    EXPECT_TRUE(m.ok());
+    return classify_reply(*m, kSession, entries).verdict;
+  };
+  EXPECT_EQ(classify(MsgKind::kAck, 0, 3, 11), Verdict::kAccept);
+  EXPECT_EQ(classify(MsgKind::kAck, 0, 1, 11), Verdict::kStale);           // R8: a past occupant
+  EXPECT_EQ(classify(MsgKind::kAck, 0, 5, 11), Verdict::kStale);           // R8: odd, not the current one
+  EXPECT_EQ(classify(MsgKind::kAck, 2, 3, 11), Verdict::kUnattributable);  // R9: index >= M
+  EXPECT_EQ(classify(MsgKind::kAck, 0, 4, 11), Verdict::kUnattributable);  // R9: even generation
+  EXPECT_EQ(classify(MsgKind::kAck, 0, 3, 11, kSession + 1), Verdict::kUnattributable);
+  entries[0].run_epoch = 11;
+  EXPECT_EQ(classify(MsgKind::kAck, 0, 3, 11), Verdict::kUnattributable);  // a second ACK
+  EXPECT_EQ(classify(MsgKind::kAccepted, 0, 3, 11), Verdict::kAccept);
+  EXPECT_EQ(classify(MsgKind::kAccepted, 0, 3, 12), Verdict::kUnattributable);  // contradicts the ACK
+}
+
+// R7/R8/R9 at the node: a request for an entry that still runs, or for a
+// generation not newer than the last taken there (a replay), is stale.
+TEST(DistWire, RequestsAreClassifiedAsR7ToR9Say) {
+  const TaskArgs args;
+  std::vector<EntryIdentity> mirror(2);
+  mirror[0] = {3, 0};  // generation 3 finished there
+  mirror[1] = {1, 9};  // generation 1 still runs there
+  auto classify = [&](uint32_t entry, uint64_t gen) {
+    auto m = decode_message(request_bytes(args, entry, gen));
+    EXPECT_TRUE(m.ok());
+    return classify_request(*m, kSession, 2, mirror).verdict;
+  };
+  EXPECT_EQ(classify(0, 5), Verdict::kAccept);
+  EXPECT_EQ(classify(0, 3), Verdict::kStale);
+  EXPECT_EQ(classify(0, 1), Verdict::kStale);
+  EXPECT_EQ(classify(1, 3), Verdict::kStale);
+  EXPECT_EQ(classify(2, 1), Verdict::kUnattributable);
+  EXPECT_EQ(classify(0, 6), Verdict::kUnattributable);
+}
+
+TEST(DistWire, ChunkCount) {
+  EXPECT_EQ(chunk_count(0), 0u);
+  EXPECT_EQ(chunk_count(1), 1u);
+  EXPECT_EQ(chunk_count(kChunkBytes), 1u);
+  EXPECT_EQ(chunk_count(kChunkBytes + 1), 2u);
+}
+
+}  // namespace
+}  // namespace simpler::dist
