@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/node_server.h"
@@ -79,6 +80,13 @@ int serve_rank(int rank) {
       send(std::move(bad), dist::kTagControl);
     };
   }
+  if (g_case == "ARunPastRunTimeoutEndsNamingTheRank" && rank == 1) {
+    // Hangs in its first request ten times the network's run_timeout (and
+    // under its heartbeat_timeout), then serves on.
+    hooks.on_request = [](uint64_t n) {
+      if (n == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+    };
+  }
   if (g_case == "KilledRankEndsEveryRunItHeld" && rank == 2) {
     // Dies holding runs: after taking its second request, before any terminal of it.
     hooks.on_request = [](uint64_t n) {
@@ -127,10 +135,12 @@ struct Network {
   uint32_t local = 0, rank1 = 0, rank2 = 0;
 };
 
-Network make_network(uint32_t depth, std::chrono::milliseconds heartbeat = std::chrono::seconds(5)) {
+Network make_network(uint32_t depth, std::chrono::milliseconds heartbeat = std::chrono::seconds(5),
+                     std::chrono::milliseconds run_timeout = WorkerConfig{}.run_timeout) {
   Network n;
   WorkerConfig c = network_config(0, depth);
   c.shared_heap_bytes = 256ull << 20;
+  c.run_timeout = run_timeout;
   n.w = std::make_unique<Worker>(Level::Network, c);
   Worker node(Level::Node, node_config(1, 0, depth));
   EXPECT_TRUE(node.register_callable(axpb_callable()).ok());
@@ -363,6 +373,35 @@ TEST(DistMpi, KilledRankEndsEveryRunItHeld) {
   }
   const Status later = wait_run(submit_scale(n, n.rank2, x, x, len, 1, 0));
   EXPECT_TRUE(contains(later.message(), "MPI rank 2")) << later.to_string();
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// A remote node that holds a run past the network's run_timeout is presumed
+// hung: that run ends DEADLINE_EXCEEDED naming the rank, the node takes no
+// more work (memory_info_on it fails too), and the other nodes keep serving.
+TEST(DistMpi, ARunPastRunTimeoutEndsNamingTheRank) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(2, std::chrono::seconds(10), std::chrono::milliseconds(300));
+  const size_t len = 256;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  const DeviceBuffer hung = shared_floats(*n.w, len, 0);
+  RunHandle h = submit_scale(n, n.rank1, x, hung, len, 2, 0);
+  ASSERT_TRUE(eventually([&] { return h.done(); })) << "the run on the hung rank never ended";
+  const Status st = h.result();
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "MPI rank 1")) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "run_timeout")) << st.to_string();
+  for (uint32_t w : {n.rank2, n.local}) {
+    const DeviceBuffer o = shared_floats(*n.w, len, 0);
+    ASSERT_TRUE(wait_run(submit_scale(n, w, x, o, len, 4, 1)).ok());
+    expect_scaled(x, o, len, 4, 1, "a node that kept serving");
+  }
+  const DeviceBuffer o = shared_floats(*n.w, len, 0);
+  const Status later = wait_run(submit_scale(n, n.rank1, x, o, len, 1, 0));
+  EXPECT_TRUE(contains(later.message(), "MPI rank 1")) << "the hung node took more work: " << later.to_string();
+  const auto m = n.w->memory_info_on(n.rank1);
+  ASSERT_FALSE(m.ok()) << "memory_info_on answered for a node presumed hung";
+  EXPECT_TRUE(contains(m.status().message(), "MPI rank 1")) << m.status().to_string();
   EXPECT_TRUE(n.w->close().ok());
 }
 
