@@ -95,6 +95,26 @@ bool interpreter_finalizing() {
 #endif
 }
 
+// ---------------------------------------------------------------- the GIL on simpler's threads
+
+// Takes the GIL on a thread Python did not start (a scheduler thread, a sub
+// worker's thread in its forked child). pybind11 makes such a thread's Python
+// state on each acquire and destroys it on release, microseconds on every
+// run; this keeps the state from the thread's first call to its end.
+class GilOnNativeThread {
+ public:
+  GilOnNativeThread() {
+    thread_local bool kept = false;
+    if (!kept) {
+      gil_.inc_ref();
+      kept = true;
+    }
+  }
+
+ private:
+  py::gil_scoped_acquire gil_;
+};
+
 // ---------------------------------------------------------------- Python references held by C++
 
 // A Python object kept alive by C++ state (a std::function inside a callable
@@ -414,7 +434,7 @@ py::list outputs_of(const TaskRef& ref) {
 // Calls `fn(o, *extra)` with a borrowed orchestrator object that is invalidated after the call.
 template <typename O, typename... Extra>
 Status call_orchestration(const py::object& fn, O& o, const char* where, Extra&&... extra) {
-  py::gil_scoped_acquire gil;
+  GilOnNativeThread gil;
   auto holder = py::cast(Borrowed<O>{&o});
   Status result;
   try {
@@ -448,7 +468,7 @@ NodeOrchestrationFn node_orchestration(py::object fn) {
 SubFunction sub_function(py::object fn) {
   auto ref = std::make_shared<PyRef>(std::move(fn));
   return [ref](const TaskArgsView& a) -> Status {
-    py::gil_scoped_acquire gil;
+    GilOnNativeThread gil;
     try {
       py::list items;
       // The heap outlives the call; the capsule only marks the arrays as views (no copy, no owner).
