@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <vector>
@@ -171,6 +172,15 @@ RunHandle submit_scale(Network& n, uint32_t worker, const DeviceBuffer& in, cons
   });
 }
 
+// Each of `workers` still serves: a run on it succeeds, its output bit-exact.
+void expect_serving(Network& n, const DeviceBuffer& x, size_t len, std::initializer_list<uint32_t> workers) {
+  for (uint32_t w : workers) {
+    const DeviceBuffer o = shared_floats(*n.w, len, 0);
+    ASSERT_TRUE(wait_run(submit_scale(n, w, x, o, len, 6, 1)).ok()) << "worker " << w;
+    expect_scaled(x, o, len, 6, 1, "worker " + std::to_string(w) + ", a node that kept serving");
+  }
+}
+
 // One local and two remote nodes in one network, one run across all three:
 // small tensors, one tensor larger than a chunk (sent and returned in
 // pieces), and an InOut tensor that goes both ways; every output bit-exact.
@@ -282,11 +292,7 @@ TEST(DistMpi, UnattributableReplyStopsOnlyThatNode) {
   EXPECT_TRUE(contains(st.message(), "MPI rank 2") && contains(st.message(), "entry 999")) << st.to_string();
   const Status later = wait_run(submit_scale(n, n.rank2, x, out, len, 2, 0));
   EXPECT_TRUE(contains(later.message(), "MPI rank 2")) << later.to_string();
-  for (uint32_t w : {n.rank1, n.local}) {
-    const DeviceBuffer o = shared_floats(*n.w, len, 0);
-    ASSERT_TRUE(wait_run(submit_scale(n, w, x, o, len, 6, 1)).ok());
-    expect_scaled(x, o, len, 6, 1, "a node that kept serving");
-  }
+  expect_serving(n, x, len, {n.rank1, n.local});
   EXPECT_TRUE(n.w->close().ok());
 }
 
@@ -300,9 +306,7 @@ TEST(DistMpi, MalformedReplyStopsOnlyThatNode) {
   const Status st = wait_run(submit_scale(n, n.rank2, x, out, len, 2, 0));
   EXPECT_FALSE(st.ok());
   EXPECT_TRUE(contains(st.message(), "MPI rank 2") && contains(st.message(), "magic")) << st.to_string();
-  const DeviceBuffer o = shared_floats(*n.w, len, 0);
-  ASSERT_TRUE(wait_run(submit_scale(n, n.rank1, x, o, len, 6, 1)).ok());
-  expect_scaled(x, o, len, 6, 1, "rank 1");
+  expect_serving(n, x, len, {n.rank1});
   EXPECT_TRUE(n.w->close().ok());
 }
 
@@ -333,11 +337,7 @@ TEST(DistMpi, UnattributableRequestStopsTheNodeEndpoint) {
   EXPECT_TRUE(contains(st.message(), "MPI rank 1") && contains(st.message(), "stopped its endpoint") &&
               contains(st.message(), "session"))
       << st.to_string();
-  for (uint32_t w : {n.rank2, n.local}) {
-    const DeviceBuffer o = shared_floats(*n.w, len, 0);
-    ASSERT_TRUE(wait_run(submit_scale(n, w, x, o, len, 6, 1)).ok());
-    expect_scaled(x, o, len, 6, 1, "a node that kept serving");
-  }
+  expect_serving(n, x, len, {n.rank2, n.local});
   EXPECT_TRUE(n.w->close().ok());
 }
 
@@ -366,11 +366,7 @@ TEST(DistMpi, KilledRankEndsEveryRunItHeld) {
   }
   // The first request may finish before the second kills the rank; the rest cannot.
   EXPECT_GE(failed, 3);
-  for (uint32_t w : {n.rank1, n.local}) {
-    const DeviceBuffer o = shared_floats(*n.w, len, 0);
-    ASSERT_TRUE(wait_run(submit_scale(n, w, x, o, len, 6, 1)).ok());
-    expect_scaled(x, o, len, 6, 1, "a node that kept serving");
-  }
+  expect_serving(n, x, len, {n.rank1, n.local});
   const Status later = wait_run(submit_scale(n, n.rank2, x, x, len, 1, 0));
   EXPECT_TRUE(contains(later.message(), "MPI rank 2")) << later.to_string();
   EXPECT_TRUE(n.w->close().ok());
@@ -391,11 +387,7 @@ TEST(DistMpi, ARunPastRunTimeoutEndsNamingTheRank) {
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
   EXPECT_TRUE(contains(st.message(), "MPI rank 1")) << st.to_string();
   EXPECT_TRUE(contains(st.message(), "run_timeout")) << st.to_string();
-  for (uint32_t w : {n.rank2, n.local}) {
-    const DeviceBuffer o = shared_floats(*n.w, len, 0);
-    ASSERT_TRUE(wait_run(submit_scale(n, w, x, o, len, 4, 1)).ok());
-    expect_scaled(x, o, len, 4, 1, "a node that kept serving");
-  }
+  expect_serving(n, x, len, {n.rank2, n.local});
   const DeviceBuffer o = shared_floats(*n.w, len, 0);
   const Status later = wait_run(submit_scale(n, n.rank1, x, o, len, 1, 0));
   EXPECT_TRUE(contains(later.message(), "MPI rank 1")) << "the hung node took more work: " << later.to_string();

@@ -228,14 +228,20 @@ Status RemotePort::activate(const Publication& p, bool launch) {
   return Status();
 }
 
-void RemotePort::finish(uint32_t e, const Status& status, bool endpoint_failure) {
-  Entry& en = entries_[e];
+EndpointEvent RemotePort::event_of(uint32_t e, EndpointEvent::Kind kind) const {
+  const Entry& en = entries_[e];
   EndpointEvent ev;
-  ev.kind = EndpointEvent::Kind::kTerminal;
+  ev.kind = kind;
   ev.run_id = en.run_id;
   ev.dispatch_id = en.dispatch_id;
   ev.task_slot = en.task_slot;
   ev.entry = e;
+  return ev;
+}
+
+void RemotePort::finish(uint32_t e, const Status& status, bool endpoint_failure) {
+  Entry& en = entries_[e];
+  EndpointEvent ev = event_of(e, EndpointEvent::Kind::kTerminal);
   ev.status = status;
   ev.disposition = kDispositionNativePrepared;
   ev.accepted = en.accepted_reported;
@@ -425,13 +431,7 @@ void RemotePort::handle_reply(const Message& m) {
   if (m.kind == MsgKind::kAccepted) {
     if (!en.accepted_reported) {
       en.accepted_reported = true;
-      EndpointEvent ev;
-      ev.kind = EndpointEvent::Kind::kAccepted;
-      ev.run_id = en.run_id;
-      ev.dispatch_id = en.dispatch_id;
-      ev.task_slot = en.task_slot;
-      ev.entry = e;
-      pending_.push_back(std::move(ev));
+      pending_.push_back(event_of(e, EndpointEvent::Kind::kAccepted));
     }
     return;
   }

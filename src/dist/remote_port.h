@@ -78,6 +78,8 @@ class RemotePort final : public ExternalWorker {
   // Sends entry `e`'s request and input chunks; requires mu_.
   Status send_request(uint32_t e);
   // Ends held entry `e` with `status`; requires mu_.
+  // The event naming entry e's run, of `kind`; the caller adds what else it carries.
+  EndpointEvent event_of(uint32_t e, EndpointEvent::Kind kind) const;
   void finish(uint32_t e, const Status& status, bool endpoint_failure);
   void poison_locked(const Status& cause);
   void check_deadlines();
