@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <unordered_map>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "base/errors.h"
@@ -172,9 +174,9 @@ std::string trace_document(uint32_t level, const std::vector<TraceRunEntry>& run
       kTraceFormatVersion, level, fmt::join(entries, ","), events);
 }
 
-Status write_trace_file(const std::string& dir, const std::string& document) {
+Status write_trace_file(const std::string& dir, uint64_t run, const std::string& document) {
   const std::string path = (std::filesystem::path(dir) / "trace.json").string();
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = fmt::format("{}.{}.{}.tmp", path, ::getpid(), run);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) return failed_precondition("trace: cannot open '{}' for writing", tmp);
   const bool wrote = std::fwrite(document.data(), 1, document.size(), f) == document.size();
@@ -192,7 +194,7 @@ Status export_chip_run(const std::string& dir, const ChipRunTrace& run) {
   std::string events;
   uint64_t flow = 1;
   const uint64_t dropped = render_chip_run(run, flow, events);
-  return write_trace_file(dir, trace_document(run.level, {{run.run, run.pid, run.label, dropped}}, events));
+  return write_trace_file(dir, run.run, trace_document(run.level, {{run.run, run.pid, run.label, dropped}}, events));
 }
 
 }  // namespace simpler::diag

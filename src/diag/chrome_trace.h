@@ -44,8 +44,10 @@ struct TraceRunEntry {
 std::string trace_document(uint32_t level, const std::vector<TraceRunEntry>& runs, const std::string& events);
 
 // Writes `dir`/trace.json through a temporary file renamed into place, so a
-// reader never sees half a file. FAILED_PRECONDITION naming the path on failure.
-Status write_trace_file(const std::string& dir, const std::string& document);
+// reader never sees half a file; `run` names the temporary file, so runs
+// ending at once on different threads never share one (the last rename
+// wins). FAILED_PRECONDITION naming the path on failure.
+Status write_trace_file(const std::string& dir, uint64_t run, const std::string& document);
 
 // The one-call form for a chip Worker's run.
 Status export_chip_run(const std::string& dir, const ChipRunTrace& run);
