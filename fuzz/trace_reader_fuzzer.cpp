@@ -36,8 +36,8 @@ void check(std::string_view text) {
   const TraceSummary s = summarize(*t);
   for (const LaneBusy& b : s.lanes) FUZZ_CHECK(b.busy_us <= s.span_us * (1 + 1e-9) + 1e-9);
   for (const CriticalPath& p : s.critical_paths) {
-    FUZZ_CHECK(!p.tasks.empty() && p.tasks.size() <= t->tasks.size());
-    FUZZ_CHECK(t->tasks[p.tasks.front()].preds.empty());
+    FUZZ_CHECK(!p.nodes.empty() && p.nodes.size() <= t->nodes.size());
+    FUZZ_CHECK(t->nodes[p.nodes.front()].preds.empty());
   }
   FUZZ_CHECK(!format_summary(*t, s).empty() && !summary_json(*t, s).empty());
   FUZZ_CHECK(timeline_data_json(*t).find('<') == std::string::npos);

@@ -85,11 +85,14 @@
 
   // ---- the dependency chain ----------------------------------------------
 
-  // Every transitive predecessor of task i, and i: a mark per task.
+  // Every transitive predecessor of task i, and i: a mark per task slice
+  // (all blocks of an SPMD task are slices with its id, and all are marked).
   function chainOf(i) {
     const mark = new Uint8Array(nTasks);
-    const stack = [i];
-    mark[i] = 1;
+    const stack = [];
+    for (let j = 0; j < nTasks; j++) {
+      if (T.id[j] === T.id[i] && T.run[j] === T.run[i] && pidOf(j) === pidOf(i)) { mark[j] = 1; stack.push(j); }
+    }
     while (stack.length) {
       const t = stack.pop();
       for (let k = T.pred_off[t]; k < T.pred_off[t + 1]; k++) {
@@ -399,9 +402,13 @@
   function cardText(h) {
     if (h.task !== undefined) {
       const i = h.task;
-      const preds = [];
-      const n = T.pred_off[i + 1] - T.pred_off[i];
-      for (let k = T.pred_off[i]; k < T.pred_off[i + 1] && preds.length < 16; k++) preds.push(T.id[T.preds[k]]);
+      // Each predecessor once, though an SPMD one has a slice per block.
+      const all = [];
+      for (let k = T.pred_off[i]; k < T.pred_off[i + 1]; k++) {
+        if (all.indexOf(T.id[T.preds[k]]) < 0) all.push(T.id[T.preds[k]]);
+      }
+      const n = all.length;
+      const preds = all.slice(0, 16);
       const lane = data.lanes[T.lane[i]];
       return data.names[T.name[i]] + '\n' +
         'task      ' + T.id[i] + '  (pid ' + pidOf(i) + ', run ' + T.run[i] + ')\n' +
@@ -493,9 +500,11 @@
     for (let i = 0; i < nTasks; i++) {
       if (parts.length === 3 ? keyOf(i) === want : String(T.id[i]) === want) matches.push(i);
     }
-    if (matches.length === 1) return matches[0];
+    // The blocks of one SPMD task share its key: one task, however many slices.
+    const keys = new Set(matches.map(keyOf));
+    if (keys.size === 1) return matches[0];
     showError('#' + param + '=' + want + ': ' +
-      (matches.length ? matches.length + ' tasks have that id; name one as PID:RUN:TASK' : 'no such task'));
+      (keys.size ? keys.size + ' tasks have that id; name one as PID:RUN:TASK' : 'no such task'));
     return -1;
   }
 

@@ -280,16 +280,19 @@ Result<Trace> parse_trace(std::string_view text, const std::string& source) {
     return std::make_tuple(lane_index.at(a.lane), a.ts, a.event) <
            std::make_tuple(lane_index.at(b.lane), b.ts, b.event);
   });
-  // (pid, run, task id) -> index into trace.tasks.
+  // (pid, run, task id) -> its node. A task may have several slices: the
+  // blocks of an SPMD task, each run by a core of its own.
   std::map<std::tuple<int64_t, int64_t, uint64_t>, uint32_t> by_id;
   trace.tasks.reserve(task_drafts.size());
   for (TaskDraft& d : task_drafts) {
     const uint32_t index = static_cast<uint32_t>(trace.tasks.size());
-    auto [it, fresh] = by_id.emplace(std::make_tuple(d.lane.pid, d.run, d.id), index);
-    if (!fresh) {
-      return invalid_argument("{}: event {}: task {} of pid {} run {} appears twice (also event {})", source, d.event,
-                              d.id, d.lane.pid, d.run, trace.tasks[it->second].event);
-    }
+    auto [it, fresh] =
+        by_id.emplace(std::make_tuple(d.lane.pid, d.run, d.id), static_cast<uint32_t>(trace.nodes.size()));
+    if (fresh) trace.nodes.push_back({d.lane.pid, d.run, d.id, d.ts, d.ts + d.dur, {}, {}});
+    TraceNode& node = trace.nodes[it->second];
+    node.start = std::min(node.start, d.ts);
+    node.end = std::max(node.end, d.ts + d.dur);
+    node.slices.push_back(index);
     TraceTask t;
     t.lane = lane_index.at(d.lane);
     t.kernel = intern(d.kernel);
@@ -297,33 +300,45 @@ Result<Trace> parse_trace(std::string_view text, const std::string& source) {
     t.run = d.run;
     t.ts = d.ts;
     t.dur = d.dur;
+    t.node = it->second;
     t.event = d.event;
     trace.tasks.push_back(std::move(t));
   }
   for (size_t i = 0; i < task_drafts.size(); ++i) {
     const TaskDraft& d = task_drafts[i];
     TraceTask& t = trace.tasks[i];
-    t.preds.reserve(d.preds.size());
+    TraceNode& node = trace.nodes[t.node];
     for (uint64_t p : d.preds) {
+      if (p == d.id) {
+        return invalid_argument("{}: event {}: task {} names itself as a predecessor", source, d.event, d.id);
+      }
       auto it = by_id.find(std::make_tuple(d.lane.pid, d.run, p));
       if (it == by_id.end()) {
-        return invalid_argument("{}: event {}: task {} names predecessor {}, which is no task of pid {} run {}", source,
-                                d.event, d.id, p, d.lane.pid, d.run);
+        // A lane that filled up dropped the predecessor's slice (the file's
+        // runs[].dropped counts them): the edge is kept out and counted.
+        if (trace.missing_preds++ == 0) {
+          trace.first_missing_pred =
+              fmt::format("event {}: task {} of pid {} run {} names predecessor {}, which has no slice", d.event, d.id,
+                          d.lane.pid, d.run, p);
+        }
+        continue;
       }
-      if (it->second == i)
-        return invalid_argument("{}: event {}: task {} names itself as a predecessor", source, d.event, d.id);
-      t.preds.push_back(it->second);
+      const TraceNode& pred = trace.nodes[it->second];
+      t.preds.insert(t.preds.end(), pred.slices.begin(), pred.slices.end());
+      if (std::find(node.preds.begin(), node.preds.end(), it->second) == node.preds.end()) {
+        node.preds.push_back(it->second);
+      }
     }
   }
 
   // A cycle through preds is no run's graph (and would loop the chain walks):
   // Kahn's order leaves exactly the tasks on or behind a cycle unvisited.
-  std::vector<uint32_t> unmet(trace.tasks.size());
-  std::vector<std::vector<uint32_t>> succs(trace.tasks.size());
+  std::vector<uint32_t> unmet(trace.nodes.size());
+  std::vector<std::vector<uint32_t>> succs(trace.nodes.size());
   std::vector<uint32_t> ready;
-  for (uint32_t i = 0; i < trace.tasks.size(); ++i) {
-    unmet[i] = static_cast<uint32_t>(trace.tasks[i].preds.size());
-    for (uint32_t p : trace.tasks[i].preds) succs[p].push_back(i);
+  for (uint32_t i = 0; i < trace.nodes.size(); ++i) {
+    unmet[i] = static_cast<uint32_t>(trace.nodes[i].preds.size());
+    for (uint32_t p : trace.nodes[i].preds) succs[p].push_back(i);
     if (unmet[i] == 0) ready.push_back(i);
   }
   size_t visited = 0;
@@ -335,12 +350,12 @@ Result<Trace> parse_trace(std::string_view text, const std::string& source) {
       if (--unmet[s] == 0) ready.push_back(s);
     }
   }
-  if (visited != trace.tasks.size()) {
-    for (uint32_t i = 0; i < trace.tasks.size(); ++i) {
+  if (visited != trace.nodes.size()) {
+    for (uint32_t i = 0; i < trace.nodes.size(); ++i) {
       if (unmet[i] != 0) {
-        const TraceTask& t = trace.tasks[i];
+        const TraceNode& n = trace.nodes[i];
         return invalid_argument("{}: event {}: task {} of pid {} run {} is on or behind a cycle of predecessors",
-                                source, t.event, t.id, trace.lanes[t.lane].pid, t.run);
+                                source, trace.tasks[n.slices.front()].event, n.id, n.pid, n.run);
       }
     }
   }

@@ -32,7 +32,8 @@ struct TraceLane {
   bool core = false;     // an AIC<i>/AIV<i> lane, or one that holds task slices
 };
 
-// A task's slice ("ph":"X","cat":"task") on a core lane.
+// A task's slice ("ph":"X","cat":"task") on a core lane: the whole task, or
+// one block of an SPMD task (its blocks share the task id).
 struct TraceTask {
   uint32_t lane = 0;            // index into Trace::lanes
   uint32_t kernel = 0;          // index into Trace::kernels
@@ -40,8 +41,20 @@ struct TraceTask {
   int64_t run = 0;              // args.run
   double ts = 0;                // µs
   double dur = 0;               // µs
-  std::vector<uint32_t> preds;  // indices into Trace::tasks of args.preds, resolved within (pid, run)
+  std::vector<uint32_t> preds;  // indices into Trace::tasks: every slice of each task args.preds names
+  uint32_t node = 0;            // index into Trace::nodes
   uint32_t event = 0;           // its index in traceEvents, for messages
+};
+
+// A task of a run's graph: one (pid, run, task id), with all its slices.
+struct TraceNode {
+  int64_t pid = 0;
+  int64_t run = 0;
+  uint64_t id = 0;
+  double start = 0;              // its first slice's start, µs
+  double end = 0;                // its last slice's end
+  std::vector<uint32_t> slices;  // indices into Trace::tasks, by (lane, ts)
+  std::vector<uint32_t> preds;   // indices into Trace::nodes, each once
 };
 
 // Any other complete slice (dispatch, sched, submit, host): drawn, not analysed.
@@ -59,15 +72,21 @@ struct Trace {
   std::vector<TraceLane> lanes;         // by process, then sort_index, then tid
   std::vector<std::string> kernels;     // names of task and other slices
   std::vector<TraceTask> tasks;         // by (lane, ts)
-  std::vector<TraceSlice> slices;       // by (lane, ts)
+  std::vector<TraceNode> nodes;         // in order of their first slice in `tasks`
+  // Predecessors named by a task that have no slice (a full lane dropped it,
+  // as the file's runs[].dropped counts): left out of the graph, counted here.
+  uint64_t missing_preds = 0;
+  std::string first_missing_pred;  // "event 40: task 9 of pid 1 run 3 names predecessor 12, which has no slice"
+  std::vector<TraceSlice> slices;  // by (lane, ts)
 };
 
 // Parses and validates trace text. `source` names the input in messages
 // ("trace.json: event 17 has no ts"). Refuses (INVALID_ARGUMENT) malformed
 // JSON, a file that is not a simpler trace (no traceEvents array, no or
 // another otherData.simpler_trace_version), a task slice without its fields
-// or with a negative or non-finite time, a task id used twice in one
-// (pid, run), and a predecessor that is no task of the same (pid, run).
+// or with a negative or non-finite time, a task naming itself as its
+// predecessor, and a cycle through predecessors. A predecessor without a slice
+// is counted (Trace::missing_preds), not refused: a full lane drops events.
 // Events of other phases (flows, instants, counters) are skipped.
 Result<Trace> parse_trace(std::string_view text, const std::string& source = "trace.json");
 

@@ -43,10 +43,10 @@ std::vector<CriticalPath> critical_paths(const Trace& trace) {
   // The last-ending task of each (pid, run); ties go to the lower index so the
   // answer does not depend on the order of equal times.
   std::map<std::pair<int64_t, int64_t>, uint32_t> last;
-  for (uint32_t i = 0; i < trace.tasks.size(); ++i) {
-    const TraceTask& t = trace.tasks[i];
-    auto [it, fresh] = last.emplace(std::make_pair(trace.lanes[t.lane].pid, t.run), i);
-    if (!fresh && end_of(t) > end_of(trace.tasks[it->second])) it->second = i;
+  for (uint32_t i = 0; i < trace.nodes.size(); ++i) {
+    const TraceNode& n = trace.nodes[i];
+    auto [it, fresh] = last.emplace(std::make_pair(n.pid, n.run), i);
+    if (!fresh && n.end > trace.nodes[it->second].end) it->second = i;
   }
   std::vector<CriticalPath> out;
   for (const auto& [key, tail] : last) {
@@ -56,27 +56,32 @@ std::vector<CriticalPath> critical_paths(const Trace& trace) {
     // The reader refuses cycles, so the walk ends at a task without predecessors.
     uint32_t at = tail;
     for (;;) {
-      path.tasks.push_back(at);
-      const TraceTask& t = trace.tasks[at];
-      if (t.preds.empty()) break;
-      uint32_t next = t.preds.front();
-      for (uint32_t p : t.preds) {
-        if (end_of(trace.tasks[p]) > end_of(trace.tasks[next])) next = p;
+      path.nodes.push_back(at);
+      const TraceNode& n = trace.nodes[at];
+      if (n.preds.empty()) break;
+      uint32_t next = n.preds.front();
+      for (uint32_t p : n.preds) {
+        if (trace.nodes[p].end > trace.nodes[next].end) next = p;
       }
       at = next;
     }
-    std::reverse(path.tasks.begin(), path.tasks.end());
-    path.length_us = end_of(trace.tasks[path.tasks.back()]) - trace.tasks[path.tasks.front()].ts;
+    std::reverse(path.nodes.begin(), path.nodes.end());
+    path.length_us = trace.nodes[path.nodes.back()].end - trace.nodes[path.nodes.front()].start;
     out.push_back(std::move(path));
   }
   return out;
 }
 
+// The kernel and lane of a task: its first slice's.
+const TraceTask& first_slice(const Trace& trace, const TraceNode& n) { return trace.tasks[n.slices.front()]; }
+
 }  // namespace
 
 TraceSummary summarize(const Trace& trace) {
   TraceSummary s;
-  s.tasks = trace.tasks.size();
+  s.tasks = trace.nodes.size();
+  s.slices = trace.tasks.size();
+  s.missing_preds = trace.missing_preds;
   if (!trace.tasks.empty()) {
     double begin = std::numeric_limits<double>::infinity();
     double end = -std::numeric_limits<double>::infinity();
@@ -101,11 +106,11 @@ TraceSummary summarize(const Trace& trace) {
   }
 
   std::vector<double> overheads;
-  for (const TraceTask& t : trace.tasks) {
-    if (t.preds.empty()) continue;
+  for (const TraceNode& n : trace.nodes) {
+    if (n.preds.empty()) continue;
     double ready = -std::numeric_limits<double>::infinity();
-    for (uint32_t p : t.preds) ready = std::max(ready, end_of(trace.tasks[p]));
-    overheads.push_back(t.ts - ready);
+    for (uint32_t p : n.preds) ready = std::max(ready, trace.nodes[p].end);
+    overheads.push_back(n.start - ready);
   }
   std::sort(overheads.begin(), overheads.end());
   s.overhead.tasks = overheads.size();
@@ -124,8 +129,16 @@ TraceSummary summarize(const Trace& trace) {
 }
 
 std::string format_summary(const Trace& trace, const TraceSummary& s) {
-  std::string out = fmt::format("{} tasks in {} runs over {:.3f} us (first task start to last task end)\n\n", s.tasks,
+  std::string out = fmt::format("{} tasks in {} runs over {:.3f} us (first task start to last task end)\n", s.tasks,
                                 s.runs, s.span_us);
+  if (s.slices != s.tasks) out += fmt::format("{} task slices (the blocks of SPMD tasks)\n", s.slices);
+  if (s.missing_preds != 0) {
+    out += fmt::format(
+        "{} predecessor references name a task with no slice (dropped events), left out of the paths and "
+        "overheads; the first: {}\n",
+        s.missing_preds, trace.first_missing_pred);
+  }
+  out += "\n";
   out += fmt::format("{:<24} {:<10} {:>8} {:>14} {:>8}\n", "process", "lane", "tasks", "busy us", "busy %");
   for (const LaneBusy& b : s.lanes) {
     const TraceLane& lane = trace.lanes[b.lane];
@@ -142,18 +155,19 @@ std::string format_summary(const Trace& trace, const TraceSummary& s) {
   out += fmt::format("  {:<24} {:>8} {:>8} {:>14}\n", "process", "run", "tasks", "length us");
   const CriticalPath* longest = &s.critical_paths.front();
   for (const CriticalPath& p : s.critical_paths) {
-    const TraceTask& first = trace.tasks[p.tasks.front()];
+    const TraceTask& first = first_slice(trace, trace.nodes[p.nodes.front()]);
     out += fmt::format("  {:<24} {:>8} {:>8} {:>14.3f}\n", trace.processes[trace.lanes[first.lane].process].name, p.run,
-                       p.tasks.size(), p.length_us);
+                       p.nodes.size(), p.length_us);
     if (p.length_us > longest->length_us) longest = &p;
   }
   out += fmt::format("\nthe longest, pid {} run {}: {:.3f} us through {} tasks\n", longest->pid, longest->run,
-                     longest->length_us, longest->tasks.size());
+                     longest->length_us, longest->nodes.size());
   out += fmt::format("  {:>10} {:<20} {:<8} {:>14} {:>12}\n", "task", "kernel", "lane", "start us", "dur us");
-  for (uint32_t i : longest->tasks) {
-    const TraceTask& t = trace.tasks[i];
-    out += fmt::format("  {:>10} {:<20} {:<8} {:>14.3f} {:>12.3f}\n", t.id, trace.kernels[t.kernel],
-                       trace.lanes[t.lane].name, t.ts - s.span_begin_us, t.dur);
+  for (uint32_t i : longest->nodes) {
+    const TraceNode& n = trace.nodes[i];
+    const TraceTask& t = first_slice(trace, n);
+    out += fmt::format("  {:>10} {:<20} {:<8} {:>14.3f} {:>12.3f}\n", n.id, trace.kernels[t.kernel],
+                       trace.lanes[t.lane].name, n.start - s.span_begin_us, n.end - n.start);
   }
   return out;
 }
@@ -162,7 +176,9 @@ std::string summary_json(const Trace& trace, const TraceSummary& s) {
   using Json = nlohmann::ordered_json;
   Json j;
   j["tasks"] = s.tasks;
+  j["slices"] = s.slices;
   j["runs"] = s.runs;
+  j["missing_preds"] = s.missing_preds;
   j["span_begin_us"] = s.span_begin_us;
   j["span_us"] = s.span_us;
   Json lanes = Json::array();
@@ -185,13 +201,15 @@ std::string summary_json(const Trace& trace, const TraceSummary& s) {
   Json paths = Json::array();
   for (const CriticalPath& p : s.critical_paths) {
     Json tasks = Json::array();
-    for (uint32_t i : p.tasks) {
-      const TraceTask& t = trace.tasks[i];
-      tasks.push_back({{"task", t.id},
+    for (uint32_t i : p.nodes) {
+      const TraceNode& n = trace.nodes[i];
+      const TraceTask& t = first_slice(trace, n);
+      tasks.push_back({{"task", n.id},
                        {"kernel", trace.kernels[t.kernel]},
                        {"lane", trace.lanes[t.lane].name},
-                       {"ts", t.ts},
-                       {"dur", t.dur}});
+                       {"ts", n.start},
+                       {"dur", n.end - n.start},
+                       {"blocks", n.slices.size()}});
     }
     paths.push_back({{"pid", p.pid}, {"run", p.run}, {"length_us", p.length_us}, {"tasks", std::move(tasks)}});
   }

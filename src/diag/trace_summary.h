@@ -17,8 +17,9 @@ struct LaneBusy {
   double busy_pct = 0;  // busy_us over the trace's span
 };
 
-// The time between a task's last predecessor ending and its own start, over
-// every task that has a predecessor (nearest-rank percentiles).
+// The time between a task's last predecessor ending and its own (first
+// block's) start, over every task that has a predecessor (nearest-rank
+// percentiles).
 struct OverheadStats {
   uint64_t tasks = 0;
   double mean_us = 0;
@@ -33,14 +34,16 @@ struct CriticalPath {
   int64_t pid = 0;
   int64_t run = 0;
   double length_us = 0;         // end of the last task - start of the first
-  std::vector<uint32_t> tasks;  // indices into Trace::tasks, first to last
+  std::vector<uint32_t> nodes;  // indices into Trace::nodes, first to last
 };
 
 struct TraceSummary {
   double span_begin_us = 0;  // the first task's start
   double span_us = 0;        // to the last task's end
-  uint64_t tasks = 0;
+  uint64_t tasks = 0;        // distinct (pid, run, task id)
+  uint64_t slices = 0;       // task slices (an SPMD task has one per block)
   uint64_t runs = 0;
+  uint64_t missing_preds = 0;   // Trace::missing_preds
   std::vector<LaneBusy> lanes;  // every core lane, in lane order
   OverheadStats overhead;
   std::vector<CriticalPath> critical_paths;  // one per (pid, run), in that order
