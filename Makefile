@@ -6,7 +6,8 @@ PACKAGES := build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev
             libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev clang-format spin stress-ng \
             libopenmpi-dev openmpi-bin \
             clang-14 libclang-rt-14-dev libfuzzer-14-dev \
-            python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
+            python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest \
+            chromium
 SIMPLER := build/default/src/cli/simpler
 # Debian's interpreter, the one the module is built for (not a pyenv/venv python3 on PATH).
 PYTHON := /usr/bin/python3

@@ -9,6 +9,7 @@ fuzzer still runs. Rerun after a wire change and commit the diff:
 The files named by a hash are inputs a fuzzing run found, merged back with
     build/fuzz/fuzz/<target> -merge=1 fuzz/corpus/<target> build/fuzz/corpus/<target>
 """
+import json
 import os
 import struct
 
@@ -163,6 +164,40 @@ WIRE = {
     "bad_size": wire(4, size=4),
 }
 
+# trace.json (docs/diagnostics.md): a diamond with metadata, flows and other
+# slices, and one input per kind of refusal.
+def trace(events, version=1):
+    return json.dumps({"displayTimeUnit": "ns", "otherData": {"simpler_trace_version": version, "swimlane_level": 2},
+                       "traceEvents": events}).encode()
+
+
+def task(tid, task_id, ts, dur, preds, run=0, pid=1):
+    return {"name": "k%d" % task_id, "cat": "task", "ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"task": task_id, "run": run, "func_id": 0, "core": "AIV%d" % tid, "preds": preds}}
+
+
+TRACE_META = [{"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "chip0"}},
+              {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "AIV0"}},
+              {"name": "thread_name", "ph": "M", "pid": 1, "tid": 2, "args": {"name": "AIV1"}},
+              {"name": "thread_sort_index", "ph": "M", "pid": 1, "tid": 2, "args": {"sort_index": 1}},
+              {"name": "thread_name", "ph": "M", "pid": 1, "tid": 3, "args": {"name": "AICPU0"}}]
+TRACE_DIAMOND = [task(1, 0, 0, 10, []), task(1, 1, 10, 20, [0]), task(2, 2, 11, 4, [0]), task(2, 3, 32, 8, [1, 2]),
+                 {"ph": "s", "cat": "dep", "name": "dep", "id": 0, "pid": 1, "tid": 1, "ts": 10},
+                 {"ph": "f", "bp": "e", "cat": "dep", "name": "dep", "id": 0, "pid": 1, "tid": 1, "ts": 10},
+                 {"name": "poll", "cat": "sched", "ph": "X", "pid": 1, "tid": 3, "ts": 0, "dur": 5, "args": {}}]
+TRACE = {
+    "diamond": trace(TRACE_META + TRACE_DIAMOND),
+    "two_runs": trace(TRACE_META + TRACE_DIAMOND + [task(1, 0, 50, 1, [], run=1), task(2, 1, 52, 1, [0], run=1)]),
+    "empty": trace([]),
+    "foreign": json.dumps({"traceEvents": []}).encode(),
+    "version_2": trace([], version=2),
+    "no_ts": trace(TRACE_META + [{"name": "k", "cat": "task", "ph": "X", "pid": 1, "tid": 1, "dur": 1}]),
+    "dangling_pred": trace(TRACE_META + [task(1, 0, 0, 1, [7])]),
+    "duplicate": trace(TRACE_META + [task(1, 0, 0, 1, []), task(1, 0, 2, 1, [])]),
+    "cycle": trace(TRACE_META + [task(1, 0, 0, 1, [1]), task(1, 1, 2, 1, [0])]),
+    "truncated": trace(TRACE_META + TRACE_DIAMOND)[:200],
+}
+
 
 def write(target, seeds):
     d = os.path.join(ROOT, target)
@@ -175,3 +210,4 @@ def write(target, seeds):
 write("fuzz_args_blob", ARGS)
 write("fuzz_frame_header", HEADERS)
 write("fuzz_dist_wire", WIRE)
+write("fuzz_trace_reader", TRACE)

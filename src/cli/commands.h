@@ -33,10 +33,18 @@ struct BenchFlags {
   std::vector<std::string> names;  // empty: all
 };
 
+struct TraceFlags {
+  std::string dir;
+  bool json = false;
+};
+
 int cmd_demo();
 int cmd_run(const RunFlags& flags);
 int cmd_info();
 int cmd_bench(const BenchFlags& flags);
+// trace_commands.cpp: `simpler trace view|summary DIR` over DIR/trace.json.
+int cmd_trace_view(const TraceFlags& flags);
+int cmd_trace_summary(const TraceFlags& flags);
 
 // Names accepted by --geometry, --runtime and by `simpler run`, for the parser's checks.
 std::vector<std::string> geometry_names();

@@ -76,6 +76,17 @@ int main(int argc, char** argv) {
   bench->add_flag("--json", bench_flags.json, "Print one JSON object per benchmark");
   bench->add_option("name", bench_flags.names, "Benchmarks to run");
 
+  TraceFlags trace_flags;
+  CLI::App* trace = app.add_subcommand("trace", "Read a trace directory (DIR/trace.json)");
+  trace->require_subcommand(1);
+  CLI::App* trace_view =
+      trace->add_subcommand("view", "Write DIR/timeline.html: a self-contained timeline of the trace");
+  trace_view->add_option("dir", trace_flags.dir, "Trace directory")->required();
+  CLI::App* trace_summary = trace->add_subcommand(
+      "summary", "Print busy % per core lane, scheduler overhead per task and each run's critical path");
+  trace_summary->add_option("dir", trace_flags.dir, "Trace directory")->required();
+  trace_summary->add_flag("--json", trace_flags.json, "Print one JSON object");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -86,6 +97,8 @@ int main(int argc, char** argv) {
   if (run->parsed()) return cmd_run(run_flags);
   if (info->parsed()) return cmd_info();
   if (bench->parsed()) return cmd_bench(bench_flags);
+  if (trace_view->parsed()) return cmd_trace_view(trace_flags);
+  if (trace_summary->parsed()) return cmd_trace_summary(trace_flags);
   std::fputs(app.help().c_str(), stderr);
   std::fputs("\nA subcommand is required.\n", stderr);
   return kExitUsage;
