@@ -22,18 +22,28 @@ class CoreDispatcher {
   struct Inflight {
     uint32_t slot = 0;
     uint32_t task = 0;
+    uint32_t id = 0;  // the task's id in its run
     uint32_t token = 0;
     bool busy = false;
   };
-  // Storage for the three queues, built ahead of a regrant.
+  // Storage for the three queues and the per-set record of each core's last
+  // finished task, built ahead of a regrant of `grant` sets.
   struct Storage {
     std::vector<ReadyItem> rings[3];
+    std::vector<uint32_t> last_done;
   };
-  static Storage make_storage(size_t capacity_per_queue);
+  Storage make_storage(size_t capacity_per_queue, uint32_t grant) const;
+  static constexpr uint32_t kNoTask = UINT32_MAX;
 
   explicit CoreDispatcher(Device& device);
 
   void swap_storage(Storage& storage) noexcept;
+  // Forgets set `slot`'s last tasks: its launch, before any of its tasks is queued.
+  void reset_last_done(uint32_t slot);
+  // Per core, the id of the last task of set `slot`'s run it finished
+  // (kNoTask: none); the number of cores written. Read by the thread that
+  // finishes the run, after every task's completion was published to it.
+  uint32_t last_done(uint32_t slot, uint32_t* out, uint32_t capacity) const;
   void push(TaskKind kind, ReadyItem item) { queue(kind).push(item); }
   void push_many(TaskKind kind, const ReadyItem* items, size_t n) { queue(kind).push_many(items, n); }
   // Queues every item of `ready` by its task's kind and empties it.
@@ -76,6 +86,7 @@ class CoreDispatcher {
   ReadyQueue mix_queue_;
   ReadyQueue* queues_[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
   std::vector<Inflight> inflight_;
+  std::vector<uint32_t> last_done_;  // [slot * cores + core]; a set's row is written only while its run is live
   std::vector<uint32_t> next_token_;
   std::unique_ptr<AicpuState[]> aicpu_;
 };
@@ -112,6 +123,8 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
       const uint64_t status = r.status.load(std::memory_order_acquire);
       if ((status >> CoreRegisters::kStateShift) != 2 || (status & CoreRegisters::kTokenMask) != f.token) continue;
       f.busy = false;
+      // Before complete(), whose release of the task publishes this to the run's finisher.
+      last_done_[size_t{f.slot} * regs_.size() + core] = f.id;
       complete(r, f, (status & CoreRegisters::kFailedBit) != 0, ready);
       progress = true;
     }

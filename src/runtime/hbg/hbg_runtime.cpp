@@ -46,7 +46,7 @@ Result<std::unique_ptr<GrantOwner::Pending>> HbgRuntime::build_grant(uint32_t gr
     g->slots.push_back(std::make_unique<Slot>(capacity_, memory_));
     g->slots.back()->index = i;
   }
-  g->queues = CoreDispatcher::make_storage(size_t{grant} * capacity_.tasks);
+  g->queues = dispatcher_.make_storage(size_t{grant} * capacity_.tasks, grant);
   return std::unique_ptr<Pending>(std::move(g));
 }
 
@@ -169,6 +169,7 @@ void HbgRuntime::finalize_graph(Slot& s) {
 void HbgRuntime::launch(uint32_t slot) {
   Slot& s = *slots_[slot];
   s.launch_ns = now_ns();
+  dispatcher_.reset_last_done(slot);
   if (s.task_count == 0) {
     finish_run(s);
     return;
