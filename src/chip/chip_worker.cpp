@@ -459,7 +459,7 @@ void ChipWorker::enqueue_launch(NativeRunContext* ctx) {
   bool now = false;
   {
     std::lock_guard<std::mutex> lock(launch_mu_);
-    if (launched_ < launch_depth_ && launch_queue_.empty()) {
+    if (launched_ < launch_depth_ && launch_queue_.empty() && take_bank(ctx)) {
       ++launched_;
       launched_peak_ = std::max(launched_peak_, launched_);
       now = true;
@@ -470,8 +470,73 @@ void ChipWorker::enqueue_launch(NativeRunContext* ctx) {
   if (now) do_launch(ctx);
 }
 
+bool ChipWorker::take_bank(NativeRunContext* ctx) {
+  return !ctx->config_.diagnostic || banks_.try_acquire(ctx->epoch_).has_value();
+}
+
+void ChipWorker::launch_queued() {
+  for (;;) {
+    NativeRunContext* next = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(launch_mu_);
+      // The front goes first or nothing does: a diagnostic run that finds no
+      // bank keeps its place and is served by the next release (R65).
+      if (launch_queue_.empty() || launched_ >= launch_depth_ || !take_bank(launch_queue_.front())) return;
+      next = launch_queue_.front();
+      launch_queue_.pop_front();
+      ++launched_;
+      launched_peak_ = std::max(launched_peak_, launched_);
+    }
+    do_launch(next);
+  }
+}
+
+std::vector<uint64_t> ChipWorker::waiting_for_bank() const {
+  std::vector<uint64_t> epochs;
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  for (const NativeRunContext* ctx : launch_queue_) {
+    if (ctx->config_.diagnostic) epochs.push_back(ctx->epoch_);
+  }
+  return epochs;
+}
+
+void ChipWorker::not_started(NativeRunContext* ctx, Status why) {
+  const uint32_t slot = ctx->desc_.lease.slot;
+  // Nothing reached the device: that is the bank's proof (R60, R61).
+  if (ctx->config_.diagnostic) (void)banks_.rollback_not_started(ctx->epoch_);
+  {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    --launched_;
+  }
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  if (ctx->auto_finalize_) {
+    runtime_->discard(slot);
+    (void)retire(ctx, std::move(why), 0);
+  } else {
+    // launch() returns once it reads Prepared, and its caller may finalize
+    // at once: nothing of the context is touched after this store.
+    ctx->launch_refusal_ = std::move(why);
+    leaving_.fetch_add(1, std::memory_order_acq_rel);
+    ctx->phase_.store(static_cast<uint32_t>(RunPhase::Prepared), std::memory_order_release);
+    set_bells_[slot].bell.ring();
+    leaving_.fetch_sub(1, std::memory_order_acq_rel);
+    left_bell_.ring();
+  }
+  admission_bell_.ring();
+  launch_queued();
+}
+
 void ChipWorker::do_launch(NativeRunContext* ctx) {
   const uint32_t slot = ctx->desc_.lease.slot;
+  // Arming comes only after acquiring (R55): take_bank acquired the bank.
+  Status refused = ctx->config_.diagnostic ? banks_.arm(ctx->epoch_) : Status();
+  // The preflight again at the marker: a native run queued behind
+  // launch_depth may reach the device long after launch() checked (R52).
+  if (refused.ok() && !ctx->auto_finalize_) refused = context_.validate("launch");
+  if (!refused.ok()) {
+    not_started(ctx, std::move(refused));
+    return;
+  }
   running_[slot] = ctx;
   // The launch marker: the acceptance sink is written here, once, and dropped.
   if (ctx->desc_.accepted_sink != nullptr) {
@@ -485,6 +550,7 @@ void ChipWorker::do_launch(NativeRunContext* ctx) {
     watch.handle = ctx->handle_;
     watch.lease = ctx->desc_.lease;
     watch.epoch = ctx->epoch_;
+    watch.diagnostic = ctx->config_.diagnostic;
     const uint64_t timeout_ns = static_cast<uint64_t>(config_.run_timeout.count()) * 1'000'000ull;
     watch.deadline.store(timeout_ns == 0 ? WatchedRun::kNoDeadline : now_ns() + timeout_ns, std::memory_order_release);
     // Nobody waits for this launch, and the run may finalize itself as soon as
@@ -515,7 +581,8 @@ Status ChipWorker::launch(void* storage, uint64_t epoch) {
   }
   enqueue_launch(c);
   spin_then_park(
-      set_bells_[c->desc_.lease.slot].bell, [&] { return c->phase() == RunPhase::Launched; }, SpinPolicy{});
+      set_bells_[c->desc_.lease.slot].bell, [&] { return c->phase() != RunPhase::Launching; }, SpinPolicy{});
+  if (c->phase() == RunPhase::Prepared) return c->launch_refusal_;
   return Status();
 }
 
@@ -639,16 +706,11 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
     ctx->result_ = make_error(StatusCode::kDeviceFault, "run {} ended by the device's sticky fault: {}", ctx->epoch_,
                               fault.message());
   }
-  NativeRunContext* next = nullptr;
+  // Before the launch slot is handed on, so a run waiting for a bank can take this one.
+  if (ctx->config_.diagnostic) close_terminal(ctx, out);
   {
     std::lock_guard<std::mutex> lock(launch_mu_);
     --launched_;
-    if (!launch_queue_.empty() && launched_ < launch_depth_) {
-      next = launch_queue_.front();
-      launch_queue_.pop_front();
-      ++launched_;
-      launched_peak_ = std::max(launched_peak_, launched_);
-    }
   }
   // Counted out before anyone can see the run done, so a caller returning
   // from wait() finds it no longer in flight. close() joins this thread before
@@ -685,8 +747,26 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
     leaving_.fetch_sub(1, std::memory_order_acq_rel);
     left_bell_.ring();
   }
-  if (next != nullptr) do_launch(next);
+  launch_queued();
   admission_bell_.ring();
+}
+
+void ChipWorker::close_terminal(NativeRunContext* ctx, const RunOutcome& out) {
+  const uint64_t epoch = ctx->epoch_;
+  if (TerminalSnapshot* snap = banks_.lookup(epoch)) {
+    snap->set_status(ctx->result_);
+    snap->tasks = out.tasks;
+    snap->tasks_executed = out.executed;
+    snap->device_ns = out.end_ns - out.launch_ns;
+    snap->core_count = runtime_->last_tasks(ctx->desc_.lease.slot, snap->last_task, TerminalSnapshot::kMaxCores);
+    for (TerminalContributor* c : contributors_) c->write_terminal(epoch, *snap);
+    banks_.publish(epoch);
+  }
+  // The done callback comes after the runtime stopped touching the set, and
+  // a simulated run's producers are this process's AICPU and core threads,
+  // which reach a run only through its runtime: every producer of this run
+  // has stopped (R58). Completion is the run's own outcome, a separate fact (R59).
+  (void)banks_.run_close(epoch, /*completed=*/ctx->result_.ok(), /*producers_stopped=*/true);
 }
 
 // The flag and the count are a Dekker pair (both seq_cst): a completion that
@@ -739,6 +819,14 @@ Status ChipWorker::export_trace(const NativeRunContext& ctx) const {
 }
 
 RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args, const CallConfig& call) {
+  return submit(callable, args, call, call.swimlane_level > 0 || call.dump_args != DumpArgs::Off);
+}
+
+RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args, bool diagnostic) {
+  return submit(callable, args, config_.call, diagnostic);
+}
+
+RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args, const CallConfig& call, bool diagnostic) {
   if (closing_.load(std::memory_order_acquire)) return detail::refused_run(0, failed_precondition("worker is closed"));
   if (Status st = refuse_unhealthy("submit"); !st.ok()) return detail::refused_run(0, st);
   if (callable >= callables_.size()) {
@@ -756,6 +844,7 @@ RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args, const Call
   void* storage = storage_[lease->slot].get();
   RunConfig run_config;
   run_config.call = call;
+  run_config.diagnostic = diagnostic;
   auto epoch = prepare(storage, sizeof(StorageBlock), desc, callable, args, std::move(run_config));
   if (!epoch.ok()) {
     release_lease(*lease);
@@ -789,7 +878,7 @@ ChipWorker::Claim ChipWorker::claim_terminal(uint32_t slot, uint64_t expected) {
     if (expected != 0 && d != expected) return {};  // another run of this set now
     if (watch.deadline.compare_exchange_weak(d, WatchedRun::kClaiming, std::memory_order_acq_rel)) break;
   }
-  Claim claim{std::move(watch.handle), watch.lease, watch.epoch};
+  Claim claim{std::move(watch.handle), watch.lease, watch.epoch, watch.diagnostic};
   watch.deadline.store(WatchedRun::kClaimed, std::memory_order_release);
   return claim;
 }
@@ -825,6 +914,8 @@ void ChipWorker::watchdog_main() {
         // never reused (a no-op if the run ended meanwhile and gave it back).
         // All of this before the terminal, so whoever sees it sees the chip wedged.
         (void)arena_->quarantine(claim.lease);
+        // Nor its terminal bank: no proof that nothing writes it (R57).
+        if (claim.diagnostic) (void)banks_.run_close(claim.epoch, /*completed=*/false, /*producers_stopped=*/false);
         {
           std::lock_guard<std::mutex> wedged_lock(wedged_mu_);
           if (wedged_why_.ok()) wedged_why_ = why;
@@ -893,6 +984,16 @@ Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
             RunStats{});
       }
     }
+    // The runs still on the device can write nothing of a bank any more (the
+    // gate is shut), but none of them proved it stopped: each bank is
+    // quarantined, then finalize takes them all back (R56, R62).
+    for (uint32_t slot = 0; slot < grant(); ++slot) {
+      const NativeRunContext* ctx = running_[slot];
+      if (ctx != nullptr && ctx->config_.diagnostic) {
+        (void)banks_.run_close(ctx->epoch_, /*completed=*/false, /*producers_stopped=*/false);
+      }
+    }
+    banks_.finalize();
     std::deque<NativeRunContext*> queued;
     {
       std::lock_guard<std::mutex> lock(launch_mu_);
@@ -916,6 +1017,7 @@ Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
                       left, drain_timeout.count());
   }
   device_->stop();
+  banks_.finalize();
   runtime_.reset();
   runner_.reset();
   device_.reset();

@@ -31,6 +31,7 @@
 #include "chip/run_resource_arena.h"
 #include "chip/run_state.h"
 #include "device/device.h"
+#include "diag/terminal_banks.h"
 #include "runtime/runtime.h"
 #include "simpler/worker_config.h"
 
@@ -81,12 +82,29 @@ class ChipWorker {
 
   // --- asynchronous runs (Worker::submit) ----------------------------------
   RunHandle submit(uint32_t callable, const TaskArgs& args);
-  // With this run's diagnostics instead of WorkerConfig::call.
+  // With this run's diagnostics instead of WorkerConfig::call; a swimlane
+  // or an argument dump makes it a diagnostic run (RunConfig::diagnostic).
   RunHandle submit(uint32_t callable, const TaskArgs& args, const CallConfig& call);
+  // With WorkerConfig::call, and `diagnostic` as RunConfig::diagnostic.
+  RunHandle submit(uint32_t callable, const TaskArgs& args, bool diagnostic);
   // The process name a traced run's events carry (chip0; a node's chip
   // child: chip<i>), and where its trace goes instead of trace_dir/trace.json
   // when set (a chip child's fragment, merged by its node). Before any run.
   void set_trace_label(std::string label) { trace_label_ = std::move(label); }
+
+  // --- terminal diagnostics (R55-R66) ----------------------------------------
+  // The chip context's terminal banks: a diagnostic run takes one when it is
+  // launched; a run that finds none stays queued, not on the device, until
+  // one comes back, in launch order (R65). Non-diagnostic runs never touch it.
+  TerminalBankTable& terminal_banks() { return banks_; }
+  // The terminal snapshot of a closed diagnostic run, by its epoch (a
+  // RunHandle's run_id()); any thread.
+  Result<TerminalSnapshot> terminal_snapshot(uint64_t epoch) const { return banks_.artifact(epoch); }
+  // Diagnostic runs queued for launch, in launch order, none on the device yet.
+  std::vector<uint64_t> waiting_for_bank() const;
+  // A recorder adding its terminal data to every diagnostic run's snapshot;
+  // controlling thread, before the first run; `c` outlives the worker.
+  void add_terminal_contributor(TerminalContributor* c) { contributors_.push_back(c); }
 
   // Drains launched and queued runs (up to `drain_timeout`), then stops the
   // device. If runs are still on the device then (or the chip is wedged),
@@ -139,6 +157,7 @@ class ChipWorker {
   CompletionGate* completion_gate_for_test() { return gate_.get(); }
 
  private:
+  RunHandle submit(uint32_t callable, const TaskArgs& args, const CallConfig& call, bool diagnostic);
   struct alignas(NativeRunContext) StorageBlock {
     unsigned char bytes[sizeof(NativeRunContext)];
   };
@@ -159,6 +178,7 @@ class ChipWorker {
     std::shared_ptr<detail::RunState> handle;  // set before deadline is published
     Lease lease;
     uint64_t epoch = 0;
+    bool diagnostic = false;
   };
 
   // A phase call's hold on a live run: counted in the run's users_ for the
@@ -200,7 +220,19 @@ class ChipWorker {
   Result<RunRef> lookup(void* storage, uint64_t epoch, const char* call);
   Result<Lease> acquire_set();
   void enqueue_launch(NativeRunContext* ctx);
+  // Under launch_mu_: whether `ctx` may go on the device now as far as
+  // terminal banks go (a diagnostic run takes its bank here).
+  bool take_bank(NativeRunContext* ctx);
+  // Launches queued runs, in order, while launch_depth and the banks allow.
+  void launch_queued();
   void do_launch(NativeRunContext* ctx);
+  // The launch was unwound before the device took the run (a refused arm,
+  // a refused execution context): its bank comes back, a submitted run ends
+  // with `why`, a native one is Prepared again and launch() returns `why`.
+  void not_started(NativeRunContext* ctx, Status why);
+  // The completion path's terminal diagnostics: fills the run's snapshot and
+  // settles its bank.
+  void close_terminal(NativeRunContext* ctx, const RunOutcome& out);
   void on_run_done(uint32_t slot, RunOutcome outcome);
   // Writes a traced, finished run's trace.json (retire, before the context goes).
   Status export_trace(const NativeRunContext& ctx) const;
@@ -210,6 +242,7 @@ class ChipWorker {
     std::shared_ptr<detail::RunState> handle;
     Lease lease;
     uint64_t epoch = 0;
+    bool diagnostic = false;
   };
   // Takes the right to deliver the terminal of the submitted run launched on
   // `slot`, if its deadline still reads `expected` (0: any run there).
@@ -230,6 +263,8 @@ class ChipWorker {
   std::unique_ptr<ChipRuntime> runtime_;
   std::unique_ptr<RunResourceArena> arena_;
   std::atomic<uint32_t> grant_{0};
+  TerminalBankTable banks_;
+  std::vector<TerminalContributor*> contributors_;
 
   // Per-set owners, each exactly grant() wide.
   GenerationFilter filter_;                             // the newest generation admitted per slot

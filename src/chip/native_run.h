@@ -48,6 +48,11 @@ struct RunConfig {
   std::optional<RuntimeEnv> runtime_env;
   // Its diagnostics (checked at prepare, naming the field).
   CallConfig call;
+  // A diagnostic run: it takes one of the chip's terminal banks before its
+  // launch (waiting, queued, while all are held) and its completion path
+  // writes its TerminalSnapshot there (docs/diagnostics.md). The public
+  // CallConfig sets it when it asks for a swimlane or an argument dump.
+  bool diagnostic = false;
 };
 
 enum class RunPhase : uint32_t { Empty = 0, Prepared = 1, Launching = 2, Launched = 3 };
@@ -97,6 +102,9 @@ class NativeRunContext {
   std::atomic<uint32_t> done_{0};
   Status result_;
   RunStats stats_;
+  // Why a launch() was unwound before the device took the run (the run is
+  // Prepared again); written before the phase store that reports it.
+  Status launch_refusal_;
   // Phase calls inside this run right now; finalize destroys the context only
   // once it is the last, so no call is left holding a freed carrier (R49).
   std::atomic<uint32_t> users_{0};

@@ -43,6 +43,14 @@ class ChipRuntime : public AicpuProgram, public GrantOwner {
   virtual void launch(uint32_t slot) = 0;
   // Whether set `slot` holds a HostApi binding: true only inside build() (R88).
   virtual bool binding_held(uint32_t slot) const = 0;
+  // Per core, the id of the last task of set `slot`'s run the core finished
+  // (UINT32_MAX: none), at most `capacity`; returns how many cores it wrote,
+  // 0 when the runtime does not dispatch to cores (the terminal snapshot then
+  // says "not reported"). Only inside the done callback of that run.
+  virtual uint32_t last_tasks(uint32_t slot, uint32_t* out, uint32_t capacity) const {
+    (void)slot, (void)out, (void)capacity;
+    return 0;
+  }
 };
 
 struct RuntimeOptions {

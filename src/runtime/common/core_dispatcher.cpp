@@ -1,11 +1,14 @@
 #include "runtime/common/core_dispatcher.h"
 
+#include <algorithm>
+
 namespace simpler {
 
-CoreDispatcher::Storage CoreDispatcher::make_storage(size_t capacity_per_queue, uint32_t grant) {
+CoreDispatcher::Storage CoreDispatcher::make_storage(size_t capacity_per_queue, uint32_t grant) const {
   Storage s;
   for (auto& ring : s.rings) ring.resize(capacity_per_queue);
   s.traces.resize(grant);
+  s.last_done.assign(size_t{grant} * regs_.size(), kNoTask);
   return s;
 }
 
@@ -25,6 +28,17 @@ CoreDispatcher::CoreDispatcher(Device& device)
 void CoreDispatcher::swap_storage(Storage& storage) noexcept {
   for (int k = 0; k < 3; ++k) queues_[k]->swap_storage(storage.rings[k]);
   traces_.swap(storage.traces);
+  last_done_.swap(storage.last_done);
+}
+
+void CoreDispatcher::reset_last_done(uint32_t slot) {
+  std::fill_n(last_done_.begin() + static_cast<ptrdiff_t>(size_t{slot} * regs_.size()), regs_.size(), kNoTask);
+}
+
+uint32_t CoreDispatcher::last_done(uint32_t slot, uint32_t* out, uint32_t capacity) const {
+  const uint32_t n = std::min<uint32_t>(capacity, static_cast<uint32_t>(regs_.size()));
+  std::copy_n(last_done_.begin() + static_cast<ptrdiff_t>(size_t{slot} * regs_.size()), n, out);
+  return n;
 }
 
 void CoreDispatcher::dispatch(uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub) {

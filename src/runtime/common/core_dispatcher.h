@@ -29,12 +29,15 @@ class CoreDispatcher {
     uint32_t task_id = 0;        // the task's id in its run (task is a window slot on some runtimes)
     const char* name = nullptr;  // the subtask's kernel
   };
-  // Storage for the three queues and each set's trace, built ahead of a regrant.
+  // Storage for the three queues, each set's trace and the per-set record
+  // of each core's last finished task, built ahead of a regrant of `grant` sets.
   struct Storage {
     std::vector<ReadyItem> rings[3];
     std::vector<diag::RunTrace> traces;
+    std::vector<uint32_t> last_done;
   };
-  static Storage make_storage(size_t capacity_per_queue, uint32_t grant);
+  Storage make_storage(size_t capacity_per_queue, uint32_t grant) const;
+  static constexpr uint32_t kNoTask = UINT32_MAX;
 
   explicit CoreDispatcher(Device& device);
 
@@ -42,6 +45,12 @@ class CoreDispatcher {
   // The launching thread, before set `slot`'s run has a task queued: what
   // its tasks record (level 0: nothing).
   void set_trace(uint32_t slot, const diag::RunTrace& trace) { traces_[slot] = trace; }
+  // Forgets set `slot`'s last tasks: its launch, before any of its tasks is queued.
+  void reset_last_done(uint32_t slot);
+  // Per core, the id of the last task of set `slot`'s run it finished
+  // (kNoTask: none); the number of cores written. Read by the thread that
+  // finishes the run, after every task's completion was published to it.
+  uint32_t last_done(uint32_t slot, uint32_t* out, uint32_t capacity) const;
   void push(TaskKind kind, ReadyItem item) { queue(kind).push(item); }
   void push_many(TaskKind kind, const ReadyItem* items, size_t n) { queue(kind).push_many(items, n); }
   // Queues every item of `ready` by its task's kind and empties it.
@@ -85,6 +94,7 @@ class CoreDispatcher {
   ReadyQueue mix_queue_;
   ReadyQueue* queues_[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
   std::vector<Inflight> inflight_;
+  std::vector<uint32_t> last_done_;  // [slot * cores + core]; a set's row is written only while its run is live
   std::vector<uint32_t> next_token_;
   std::vector<diag::RunTrace> traces_;  // per set
   std::unique_ptr<AicpuState[]> aicpu_;
@@ -131,6 +141,8 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
         const uint64_t seen = now_ns();
         rec_->aicpu_lane(aicpu).record(diag::Event{tr.run, seen, seen, f.name, f.task_id, 0, diag::EventKind::kFinish});
       }
+      // Before complete(), whose release of the task publishes this to the run's finisher.
+      last_done_[size_t{f.slot} * regs_.size() + core] = f.task_id;
       complete(r, f, (status & CoreRegisters::kFailedBit) != 0, ready);
       progress = true;
     }

@@ -46,7 +46,7 @@ Result<std::unique_ptr<GrantOwner::Pending>> HbgRuntime::build_grant(uint32_t gr
     g->slots.push_back(std::make_unique<Slot>(capacity_, memory_));
     g->slots.back()->index = i;
   }
-  g->queues = CoreDispatcher::make_storage(size_t{grant} * capacity_.tasks, grant);
+  g->queues = dispatcher_.make_storage(size_t{grant} * capacity_.tasks, grant);
   return std::unique_ptr<Pending>(std::move(g));
 }
 
@@ -172,6 +172,7 @@ void HbgRuntime::launch(uint32_t slot) {
   Slot& s = *slots_[slot];
   s.launch_ns = now_ns();
   dispatcher_.set_trace(slot, s.trace);
+  dispatcher_.reset_last_done(slot);
   if (s.task_count == 0) {
     finish_run(s);
     return;

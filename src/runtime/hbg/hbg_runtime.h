@@ -72,6 +72,9 @@ class HbgRuntime final : public ChipRuntime {
   void discard(uint32_t slot) override;
   void launch(uint32_t slot) override;
   bool binding_held(uint32_t slot) const override { return slots_[slot]->api.bound(); }
+  uint32_t last_tasks(uint32_t slot, uint32_t* out, uint32_t capacity) const override {
+    return dispatcher_.last_done(slot, out, capacity);
+  }
   bool poll(uint32_t aicpu) override;
 
  private:

@@ -543,7 +543,7 @@ Result<std::unique_ptr<GrantOwner::Pending>> TmrRuntime::build_grant(uint32_t gr
   auto g = std::make_unique<GrantState>();
   g->sets.reserve(grant);
   for (uint32_t i = 0; i < grant; ++i) g->sets.push_back(std::make_unique<Set>(const_cast<TmrRuntime&>(*this), i));
-  g->queues = CoreDispatcher::make_storage(size_t{grant} * window_capacity_, grant);
+  g->queues = dispatcher_.make_storage(size_t{grant} * window_capacity_, grant);
   return std::unique_ptr<Pending>(std::move(g));
 }
 
@@ -582,6 +582,7 @@ Status TmrRuntime::build(const HostApi& api, const ChipCallable& callable, const
 void TmrRuntime::launch(uint32_t slot) {
   sets_[slot]->launch_ns_ = now_ns();
   dispatcher_.set_trace(slot, sets_[slot]->trace_);
+  dispatcher_.reset_last_done(slot);
   {
     std::lock_guard<std::mutex> lock(launched_mu_);
     launched_.push_back(slot);

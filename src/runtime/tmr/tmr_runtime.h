@@ -191,6 +191,9 @@ class TmrRuntime final : public ChipRuntime {
   void launch(uint32_t slot) override;
   // The orchestration runs on the device, never with a HostApi binding.
   bool binding_held(uint32_t) const override { return false; }
+  uint32_t last_tasks(uint32_t slot, uint32_t* out, uint32_t capacity) const override {
+    return dispatcher_.last_done(slot, out, capacity);
+  }
   bool poll(uint32_t aicpu) override;
   uint32_t orchestrator_threads() const override { return 1; }
 
