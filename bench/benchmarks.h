@@ -13,6 +13,8 @@ Result<Json> dispatch();
 Result<Json> first_task();
 Result<Json> stream();
 Result<Json> idle_cpu();
+// Only in a build with the examples (swimlane.cpp runs matmul_chain).
+Result<Json> swimlane();
 Result<Json> native_run();
 Result<Json> l3_sub_latency();
 Result<Json> l3_pipelined();

@@ -73,6 +73,7 @@ WorkerConfig worker_config(const ExampleOptions& options) {
   config.runtime = options.runtime;
   config.backend = options.backend;
   config.pipeline_depth = options.pipeline_depth;
+  config.call = options.call;
   return config;
 }
 

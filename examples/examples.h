@@ -31,6 +31,8 @@ struct ExampleOptions {
   uint32_t pipeline_depth = 4;  // the Worker's; also runs kept in flight (at most `runs`)
   // Every wait is bounded so a broken runtime fails the example instead of hanging it.
   std::chrono::seconds run_timeout{60};
+  // Every run's diagnostics (the Worker's default CallConfig).
+  CallConfig call;
   // Called after each finished run; the caller throttles its own output.
   std::function<void(const ExampleProgress&)> progress;
 };

@@ -887,8 +887,9 @@ class RefusesThreeSets final : public ChipRuntime {
   void commit_grant(Pending& pending) noexcept override { inner_->commit_grant(pending); }
   uint32_t width() const override { return inner_->width(); }
   uint64_t arena_bytes() const override { return inner_->arena_bytes(); }
-  Status build(const HostApi& api, const ChipCallable& c, const TaskArgs& a, const RuntimeEnv& env) override {
-    return inner_->build(api, c, a, env);
+  Status build(const HostApi& api, const ChipCallable& c, const TaskArgs& a, const RuntimeEnv& env,
+               const diag::RunTrace& trace) override {
+    return inner_->build(api, c, a, env, trace);
   }
   uint32_t orchestrator_threads() const override { return inner_->orchestrator_threads(); }
   void discard(uint32_t slot) override { inner_->discard(slot); }

@@ -1,6 +1,7 @@
 // Umbrella header of simpler's public API. Include this and link simpler::simpler.
 #pragma once
 
+#include "simpler/call_config.h"
 #include "simpler/callable.h"
 #include "simpler/kernel.h"
 #include "simpler/orchestration.h"

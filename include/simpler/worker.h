@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "simpler/call_config.h"
 #include "simpler/callable.h"
 #include "simpler/orchestrator.h"
 #include "simpler/remote.h"
@@ -87,11 +88,18 @@ class Worker {
   // only while pipeline_depth runs are already in flight. A refused submission
   // returns a handle that is already done with the error.
   RunHandle submit(CallableHandle callable, const TaskArgs& args);
+  // The same with this run's diagnostics instead of WorkerConfig::call; a
+  // bad CallConfig is refused naming the field (docs/diagnostics.md).
+  RunHandle submit(CallableHandle callable, const TaskArgs& args, const CallConfig& call);
   // Level::Node/Network: runs `orchestration` on this thread to build one
   // run of next-level and sub tasks, then schedules it. Blocks only while
   // pipeline_depth runs are admitted (whole-run FIFO). The run is terminal
   // when all its tasks are; its result is the first task error.
   RunHandle submit(std::function<Status(Orchestrator&)> orchestration);
+  // The same with this run's diagnostics: each chip task the run sends a
+  // chip child carries them, and the run's trace.json holds the node's host
+  // lanes and every chip child's events.
+  RunHandle submit(std::function<Status(Orchestrator&)> orchestration, const CallConfig& call);
   // submit + wait.
   Status run(CallableHandle callable, const TaskArgs& args);
 

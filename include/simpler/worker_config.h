@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "simpler/call_config.h"
 #include "simpler/types.h"
 
 namespace simpler {
@@ -55,6 +56,9 @@ struct WorkerConfig {
   std::optional<bool> guard_device_memory{};
   // Every run's RuntimeEnv (a native run may carry its own).
   RuntimeEnv runtime_env{};
+  // Every run's diagnostics, unless its submit brings its own CallConfig.
+  // Level::Node/Network: passed to each chip task the run sends a child.
+  CallConfig call{};
 };
 
 // A chip runtime or device backend this build has, by the name its config

@@ -5,6 +5,7 @@
 #include "base/errors.h"
 #include "base/leak.h"
 #include "chip/chip_worker.h"
+#include "diag/call_config.h"
 #include "dist/mpi_session.h"
 #include "dist/node_server.h"
 #include "dist/remote_port.h"
@@ -268,6 +269,12 @@ Status Worker::Impl::start() {
   if (phase == Phase::Ready) return failed_precondition("init: already initialised");
   if (phase == Phase::Closed) return failed_precondition("init: the worker is closed");
   SIMPLER_RETURN_IF_ERROR(check_fields_of_level(level, config));
+  if (level != Level::Chip && config.call.swimlane_level > 0) {
+    // Each chip child would write its own trace.json over the others'.
+    return make_error(StatusCode::kUnimplemented, "call.swimlane_level = {}: node and network traces are not built yet",
+                      config.call.swimlane_level);
+  }
+  SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(config.call, "call."));
   if (level != Level::Chip) {
     NodeSpec spec;
     spec.level = level;
@@ -333,6 +340,10 @@ Result<MemoryInfo> Worker::memory_info_on(uint32_t worker) const {
 }
 
 RunHandle Worker::submit(CallableHandle callable, const TaskArgs& args) {
+  return submit(callable, args, impl_->config.call);
+}
+
+RunHandle Worker::submit(CallableHandle callable, const TaskArgs& args, const CallConfig& call) {
   if (Status st = impl_->require_ready("submit"); !st.ok()) return detail::refused_run(0, st);
   if (impl_->node != nullptr) {
     return detail::refused_run(
@@ -342,11 +353,21 @@ RunHandle Worker::submit(CallableHandle callable, const TaskArgs& args) {
     return detail::refused_run(0, not_found("submit: callable id {} (digest {}) is not registered with this worker",
                                             callable.id, digest_hex(callable.digest).substr(0, 16)));
   }
-  return impl_->chip->submit(callable.id, args);
+  return impl_->chip->submit(callable.id, args, call);
 }
 
 RunHandle Worker::submit(std::function<Status(Orchestrator&)> orchestration) {
+  return submit(std::move(orchestration), impl_->config.call);
+}
+
+RunHandle Worker::submit(std::function<Status(Orchestrator&)> orchestration, const CallConfig& call) {
   if (Status st = impl_->require_node("submit"); !st.ok()) return detail::refused_run(0, st);
+  if (Status st = diag::validate_call_config(call); !st.ok()) return detail::refused_run(0, st);
+  if (call.swimlane_level > 0) {
+    return detail::refused_run(
+        0, make_error(StatusCode::kUnimplemented, "swimlane_level = {}: node and network traces are not built yet",
+                      call.swimlane_level));
+  }
   return impl_->node->submit(orchestration);
 }
 

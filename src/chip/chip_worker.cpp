@@ -4,12 +4,16 @@
 #include <cstring>
 #include <new>
 
+#include <unistd.h>
+
 #include <fmt/ranges.h>
 
 #include "base/errors.h"
 #include "base/leak.h"
 #include "chip/pipeline_contract.h"
 #include "device/backend_registry.h"
+#include "diag/call_config.h"
+#include "diag/chrome_trace.h"
 #include "task/args_blob.h"
 
 namespace simpler {
@@ -29,6 +33,7 @@ Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& confi
   if (config.run_timeout.count() < 0) {
     return invalid_argument("run_timeout = {} ms: must be >= 0 (0: no deadline)", config.run_timeout.count());
   }
+  SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(config.call, "call."));
   SIMPLER_ASSIGN_OR_RETURN(const BackendInfo* backend, backend_named(config.backend));
   install_kernel_crash_reporter();
   SIMPLER_ASSIGN_OR_RETURN(const RuntimeInfo* runtime, runtime_named(config.runtime));
@@ -314,6 +319,12 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
                                bank_epoch_[desc.arena_bank]);
   }
   const ChipCallable& c = callables_[callable];
+  SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(config.call, "call."));
+  const uint32_t level = config.call.swimlane_level;
+  if (level > 0 && device_->recorder() == nullptr) {
+    return make_error(StatusCode::kUnimplemented, "call.swimlane_level = {}: backend '{}' records no swimlanes", level,
+                      device_->backend());
+  }
   SIMPLER_RETURN_IF_ERROR(args.validate());
   SIMPLER_RETURN_IF_ERROR(check_signature(c, args));
   // The runtime sees the arguments only through their encoded form, the same
@@ -331,6 +342,19 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   // build their graphs through it the same way).
   SIMPLER_ASSIGN_OR_RETURN(TaskArgs decoded, decode_args_blob(reinterpret_cast<const uint8_t*>(staging), blob.size()));
 
+  // The run's own lane, sized for its edges and submits: allocated here, on
+  // the preparing thread, never while it runs.
+  std::unique_ptr<diag::Lane> trace_lane;
+  if (level > 0) {
+    try {
+      trace_lane = std::make_unique<diag::Lane>(
+          std::max<size_t>(diag::Recorder::kDefaultLaneEvents, size_t{config_.max_tasks_per_run} * 4));
+      trace_lane->allocate();
+    } catch (const std::bad_alloc&) {
+      return resource_exhausted("prepare: call.swimlane_level = {}: the run's trace lane does not fit host memory",
+                                level);
+    }
+  }
   const uint64_t t0 = now_ns();
   const uint64_t epoch = next_run_epoch();
   NativeRunContext* ctx = nullptr;
@@ -343,11 +367,17 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   // turned into an error here, so the undo below runs (prepare()'s catch
   // would leave the storage holding a half-prepared run).
   Status st;
+  ctx->trace_lane_ = std::move(trace_lane);
   try {
     st = runtime_->build(ctx->api_, c, ctx->args_,
-                         ctx->config_.runtime_env ? *ctx->config_.runtime_env : config_.runtime_env);
+                         ctx->config_.runtime_env ? *ctx->config_.runtime_env : config_.runtime_env,
+                         diag::RunTrace{level, epoch, ctx->trace_lane_.get()});
     if (st.ok()) st = ctx->api_.upload_callable(callable);
     if (st.ok()) st = pin_arguments(*ctx);
+    if (st.ok() && level > 0) {
+      st = device_->recorder()->begin_run(level);
+      ctx->trace_begun_ = st.ok();
+    }
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(runs_mu_);
       runs_.emplace(epoch, ctx);
@@ -356,6 +386,7 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
     st = resource_exhausted("prepare: host memory exhausted preparing run {}; nothing was prepared", epoch);
   }
   if (!st.ok()) {
+    if (ctx->trace_begun_) device_->recorder()->end_run();
     unpin_arguments(*ctx);
     runtime_->discard(lease.slot);
     ctx->~NativeRunContext();
@@ -567,6 +598,13 @@ Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_hol
       SpinPolicy{});
   bank_epoch_[ctx->desc_.arena_bank] = 0;
   unpin_arguments(*ctx);
+  if (ctx->trace_begun_) {
+    // Only a run that ended on the device has a complete trace; its lanes
+    // are read before the recorder may start a new generation.
+    Status exported = ctx->done() && ctx->trace_end_ns_ != 0 ? export_trace(*ctx) : Status();
+    device_->recorder()->end_run();
+    if (result.ok() && !exported.ok()) result = std::move(exported);
+  }
   std::shared_ptr<detail::RunState> handle = std::move(ctx->handle_);
   const RunStats stats = ctx->stats_;
   {
@@ -590,6 +628,8 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
   ctx->stats_.executed = out.executed;
   ctx->stats_.released_early = out.released_early;
   ctx->stats_.device_us = static_cast<double>(out.end_ns - out.launch_ns) / 1e3;
+  ctx->trace_launch_ns_ = out.launch_ns;
+  ctx->trace_end_ns_ = out.end_ns;
   ctx->result_ = std::move(out.status);
   // CUDA's sticky-error rule: a run that ends after the fault ends with it,
   // whatever its tasks reported (a task may have finished before the fault,
@@ -683,7 +723,22 @@ Result<Lease> ChipWorker::acquire_set() {
   }
 }
 
-RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) {
+RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) { return submit(callable, args, config_.call); }
+
+Status ChipWorker::export_trace(const NativeRunContext& ctx) const {
+  diag::ChipRunTrace t;
+  t.pid = static_cast<int>(::getpid());
+  t.label = trace_label_;
+  t.run = ctx.epoch_;
+  t.level = ctx.config_.call.swimlane_level;
+  t.launch_ns = ctx.trace_launch_ns_;
+  t.end_ns = ctx.trace_end_ns_;
+  t.recorder = device_->recorder();
+  t.orchestrator = ctx.trace_lane_.get();
+  return diag::export_chip_run(ctx.config_.call.trace_dir, t);
+}
+
+RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args, const CallConfig& call) {
   if (closing_.load(std::memory_order_acquire)) return detail::refused_run(0, failed_precondition("worker is closed"));
   if (Status st = refuse_unhealthy("submit"); !st.ok()) return detail::refused_run(0, st);
   if (callable >= callables_.size()) {
@@ -692,13 +747,16 @@ RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) {
   // Refusals that need no set come first, so a bad call never waits for one.
   if (Status st = args.validate(); !st.ok()) return detail::refused_run(0, st);
   if (Status st = check_signature(callables_[callable], args); !st.ok()) return detail::refused_run(0, st);
+  if (Status st = diag::validate_call_config(call); !st.ok()) return detail::refused_run(0, st);
   auto lease = acquire_set();
   if (!lease.ok()) return detail::refused_run(0, lease.status());
   NativeRunDescriptor desc;
   desc.lease = *lease;
   desc.arena_bank = lease->slot;
   void* storage = storage_[lease->slot].get();
-  auto epoch = prepare(storage, sizeof(StorageBlock), desc, callable, args);
+  RunConfig run_config;
+  run_config.call = call;
+  auto epoch = prepare(storage, sizeof(StorageBlock), desc, callable, args, std::move(run_config));
   if (!epoch.ok()) {
     release_lease(*lease);
     return detail::refused_run(0, epoch.status());

@@ -81,6 +81,12 @@ class ChipWorker {
 
   // --- asynchronous runs (Worker::submit) ----------------------------------
   RunHandle submit(uint32_t callable, const TaskArgs& args);
+  // With this run's diagnostics instead of WorkerConfig::call.
+  RunHandle submit(uint32_t callable, const TaskArgs& args, const CallConfig& call);
+  // The process name a traced run's events carry (chip0; a node's chip
+  // child: chip<i>), and where its trace goes instead of trace_dir/trace.json
+  // when set (a chip child's fragment, merged by its node). Before any run.
+  void set_trace_label(std::string label) { trace_label_ = std::move(label); }
 
   // Drains launched and queued runs (up to `drain_timeout`), then stops the
   // device. If runs are still on the device then (or the chip is wedged),
@@ -196,6 +202,8 @@ class ChipWorker {
   void enqueue_launch(NativeRunContext* ctx);
   void do_launch(NativeRunContext* ctx);
   void on_run_done(uint32_t slot, RunOutcome outcome);
+  // Writes a traced, finished run's trace.json (retire, before the context goes).
+  Status export_trace(const NativeRunContext& ctx) const;
   void watchdog_main();
   // What a claim took over: the run's handle (null: no claim), set and epoch.
   struct Claim {
@@ -213,6 +221,7 @@ class ChipWorker {
 
   const WorkerConfig config_;
   const std::vector<ChipCallable> callables_;
+  std::string trace_label_ = "chip0";
   uint32_t launch_depth_;
   ExecutionContext context_;
   std::unique_ptr<CompletionGate> gate_;  // outlives the runtime that calls it

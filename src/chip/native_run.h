@@ -16,6 +16,7 @@
 #include "chip/run_resource_arena.h"
 #include "chip/run_state.h"
 #include "device/host_api.h"
+#include "diag/lane.h"
 #include "simpler/task_args.h"
 #include "simpler/worker_config.h"
 
@@ -45,6 +46,8 @@ struct RunConfig {
   std::vector<HostCopy> copy_back;
   // This run's sizes for a ring-buffer runtime; unset: the worker's.
   std::optional<RuntimeEnv> runtime_env;
+  // Its diagnostics (checked at prepare, naming the field).
+  CallConfig call;
 };
 
 enum class RunPhase : uint32_t { Empty = 0, Prepared = 1, Launching = 2, Launched = 3 };
@@ -105,6 +108,13 @@ class NativeRunContext {
   // at once would wait for the first to leave while the first waits for it.
   std::atomic<bool> finalizing_{false};
   std::shared_ptr<detail::RunState> handle_;
+  // A traced run (config_.call.swimlane_level > 0): its orchestrator lane
+  // (edges, submits), whether the device's recorder counts it in flight,
+  // and its device window.
+  std::unique_ptr<diag::Lane> trace_lane_;
+  bool trace_begun_ = false;
+  uint64_t trace_launch_ns_ = 0;
+  uint64_t trace_end_ns_ = 0;
 };
 
 inline constexpr size_t native_run_storage_size() { return sizeof(NativeRunContext); }

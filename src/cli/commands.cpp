@@ -191,6 +191,10 @@ int cmd_run(const RunFlags& flags) {
   options.runs = flags.runs;
   options.tasks_per_run = flags.tasks;
   options.pipeline_depth = flags.pipeline_depth;
+  if (!flags.trace_dir.empty()) {
+    options.call.swimlane_level = flags.swimlane;
+    options.call.trace_dir = flags.trace_dir;
+  }
   if (examples::serves_on_this_rank(flags.example)) {
     // An MPI example's other ranks serve its nodes, silently unless they fail.
     const Status served = examples::serve_example(flags.example, options);
@@ -210,7 +214,11 @@ int cmd_run(const RunFlags& flags) {
     return kExitUsage;
   }
   print_table(rows);
-  return verdict(rows[0]) == Verdict::kOk ? kExitOk : kExitFailure;
+  const bool ok = verdict(rows[0]) == Verdict::kOk;
+  if (ok && !flags.trace_dir.empty()) {
+    fmt::print("\ntrace (swimlane level {}, the last run): {}/trace.json\n", flags.swimlane, flags.trace_dir);
+  }
+  return ok ? kExitOk : kExitFailure;
 #else
   (void)flags;
   return no_examples();

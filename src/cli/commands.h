@@ -23,6 +23,8 @@ struct RunFlags {
   int runs = 0;        // 0: the example's default
   uint32_t tasks = 0;  // tasks per run of a sized example; 0: its default
   uint32_t pipeline_depth = 4;
+  std::string trace_dir;  // non-empty: every run writes trace_dir/trace.json (the last run's stays)
+  uint32_t swimlane = 1;  // the level of --trace
 };
 
 struct BenchFlags {

@@ -58,6 +58,14 @@ int main(int argc, char** argv) {
   run->add_option("--pipeline-depth", run_flags.pipeline_depth, "Runs in flight before waiting on the oldest")
       ->check(integer_in<uint32_t>(1, std::numeric_limits<uint32_t>::max()))
       ->capture_default_str();
+  CLI::Option* trace = run->add_option("--trace", run_flags.trace_dir,
+                                       "Write a swimlane trace of each run to DIR/trace.json (Perfetto; the last run's "
+                                       "stays; docs/diagnostics.md)");
+  run->add_option("--swimlane", run_flags.swimlane,
+                  "Swimlane level of --trace: 1 tasks, 2 + AICPU dispatch, 3 + scheduler phases, 4 + submits")
+      ->check(integer_in<uint32_t>(1, 4))
+      ->needs(trace)
+      ->capture_default_str();
 
   CLI::App* info =
       app.add_subcommand("info", "Print the version, geometry presets, runtimes, backends and build options");

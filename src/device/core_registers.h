@@ -26,7 +26,10 @@ struct alignas(64) CoreRegisters {
   simpler_kernel_fn fn = nullptr;
   int64_t* args = nullptr;
   KernelLabel label;  // names the kernel if it crashes the process
-  Doorbell bell;      // the core parks here
+  // The run's swimlane level (0: the core records nothing) and epoch.
+  uint32_t trace_level = 0;
+  uint64_t trace_run = 0;
+  Doorbell bell;  // the core parks here
   // core -> AICPU: `failure` is complete before the FIN store that reports it.
   // Each on a line of its own: the AICPU polls `status` while the core
   // resets `failure` for the next kernel.

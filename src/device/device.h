@@ -12,6 +12,7 @@
 #include "base/grant_owner.h"
 #include "device/core_registers.h"
 #include "device/host_api.h"
+#include "diag/lane.h"
 #include "simpler/types.h"
 
 namespace simpler {
@@ -121,6 +122,9 @@ class Device {
   // from then on it starts no kernel, and only destroying it clears the
   // fault (cudaDeviceReset; a chip child's exit). Any thread.
   virtual Status fault() const = 0;
+  // The swimlane lanes of its cores and AICPU threads, or null for a backend
+  // that records none (a traced run is then refused). Stable for its life.
+  virtual diag::Recorder* recorder() { return nullptr; }
 
   uint32_t core_count() const { return geometry().cores(); }
   static CoreType core_type(uint32_t core) { return core % 3 == 0 ? CoreType::AIC : CoreType::AIV; }

@@ -32,9 +32,10 @@ class ChipRuntime : public AicpuProgram, public GrantOwner {
   // thread; a streaming one only checks and records, and runs it on the
   // device after launch. On an error nothing is launched and the set holds
   // nothing (its intermediates are freed). `callable` and `run_args` outlive
-  // the run's done callback.
+  // the run's done callback. `trace` says what the run records (level 0:
+  // nothing); its orchestrator lane outlives the run's done callback.
   virtual Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args,
-                       const RuntimeEnv& env) = 0;
+                       const RuntimeEnv& env, const diag::RunTrace& trace) = 0;
   // Frees what a built, never-launched run holds: the abort of a prepared run.
   virtual void discard(uint32_t slot) = 0;
   // Hands the built run of `slot` to the device. Its outcome comes through

@@ -4,12 +4,13 @@
 
 #include <fmt/format.h>
 
+#include "base/clock.h"
 #include "base/thread_name.h"
 
 namespace simpler {
 
-Core::Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, StickyFault* fault)
-    : id_(id), type_(type), cluster_(cluster), owner_bell_(owner_bell), fault_(fault) {}
+Core::Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, StickyFault* fault, diag::Lane* lane)
+    : id_(id), type_(type), cluster_(cluster), owner_bell_(owner_bell), fault_(fault), lane_(lane) {}
 
 Core::~Core() { stop(); }
 
@@ -40,7 +41,14 @@ void Core::loop(SpinPolicy policy) {
     last = token;
     const uint64_t tok = token & CoreRegisters::kTokenMask;
     regs_.status.store(CoreRegisters::kAck | tok, std::memory_order_release);
+    // Recorded before FIN: once the owner reaps it, the run may end and be exported.
+    const bool traced = regs_.trace_level != 0 && lane_ != nullptr;
+    const uint64_t begin = traced ? now_ns() : 0;
     const bool ok = execute();
+    if (traced) {
+      lane_->record(diag::Event{regs_.trace_run, begin, now_ns(), regs_.label.name, regs_.label.task,
+                                regs_.label.func_id, diag::EventKind::kTask});
+    }
     executed_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t fin = CoreRegisters::kFin | (ok ? 0 : CoreRegisters::kFailedBit) | tok;
     regs_.status.store(fin, std::memory_order_release);

@@ -13,6 +13,7 @@
 #include "base/doorbell.h"
 #include "device/core_registers.h"
 #include "device/sim/sticky_fault.h"
+#include "diag/lane.h"
 #include "simpler/types.h"
 
 namespace simpler {
@@ -20,7 +21,9 @@ namespace simpler {
 class Core {
  public:
   // `fault`: the device's sticky fault, or null for a core of no device.
-  Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, StickyFault* fault = nullptr);
+  // `lane`: where it records its tasks when their run is traced (null: never).
+  Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, StickyFault* fault = nullptr,
+       diag::Lane* lane = nullptr);
   ~Core();
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
@@ -45,6 +48,7 @@ class Core {
   const uint32_t cluster_;
   Doorbell* const owner_bell_;
   StickyFault* const fault_;
+  diag::Lane* const lane_;
   CoreRegisters regs_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> executed_{0};

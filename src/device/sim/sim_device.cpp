@@ -18,12 +18,13 @@ Result<std::unique_ptr<SimDevice>> SimDevice::create(const Geometry& geometry, u
 
 SimDevice::SimDevice(Geometry geometry, std::unique_ptr<GlobalMemory> memory)
     : geometry_(std::move(geometry)),
+      recorder_(geometry_.cores(), geometry_.aicpu_threads),
       memory_(std::move(memory)),
       bells_(new PaddedBell[geometry_.aicpu_threads + AicpuProgram::kMaxOrchestratorThreads]) {
   for (uint32_t i = 0; i < geometry_.cores(); ++i) {
     const uint32_t cluster = i / 3;
-    cores_.push_back(
-        std::make_unique<Core>(i, core_type(i), cluster, &bells_[owner_of_cluster(cluster)].bell, &fault_));
+    cores_.push_back(std::make_unique<Core>(i, core_type(i), cluster, &bells_[owner_of_cluster(cluster)].bell, &fault_,
+                                            &recorder_.core_lane(i)));
   }
 }
 
@@ -84,7 +85,13 @@ void SimDevice::aicpu_loop(uint32_t index) {
       continue;
     }
     parks_.fetch_add(1, std::memory_order_relaxed);
+    // Level 3 shows a scheduler thread's parks; a spin is not worth an event.
+    const bool traced = index < geometry_.aicpu_threads && recorder_.live_level() >= 3;
+    const uint64_t parked = traced ? now_ns() : 0;
     bell.park(armed);
+    if (traced) {
+      recorder_.aicpu_lane(index).record(diag::Event{0, parked, now_ns(), "idle", 0, 0, diag::EventKind::kSched});
+    }
     idle_since = 0;
   }
 }

@@ -32,6 +32,7 @@ class SimDevice final : public Device {
   void ring_aicpu(uint32_t aicpu) override { bells_[aicpu].bell.ring(); }
   Result<std::unique_ptr<DeviceRunner>> create_runner(uint64_t arena_bytes) override;
   Status fault() const override { return fault_.status(); }
+  diag::Recorder* recorder() override { return &recorder_; }
 
   Core& core(uint32_t i) { return *cores_[i]; }
   uint64_t aicpu_parks() const { return parks_.load(std::memory_order_relaxed); }
@@ -46,7 +47,8 @@ class SimDevice final : public Device {
   };
 
   const Geometry geometry_;
-  StickyFault fault_;  // before the cores, which point at it
+  StickyFault fault_;        // before the cores, which point at it
+  diag::Recorder recorder_;  // likewise
   std::unique_ptr<GlobalMemory> memory_;
   std::unique_ptr<PaddedBell[]> bells_;
   std::vector<std::unique_ptr<Core>> cores_;

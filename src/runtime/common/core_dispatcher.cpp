@@ -2,14 +2,16 @@
 
 namespace simpler {
 
-CoreDispatcher::Storage CoreDispatcher::make_storage(size_t capacity_per_queue) {
+CoreDispatcher::Storage CoreDispatcher::make_storage(size_t capacity_per_queue, uint32_t grant) {
   Storage s;
   for (auto& ring : s.rings) ring.resize(capacity_per_queue);
+  s.traces.resize(grant);
   return s;
 }
 
 CoreDispatcher::CoreDispatcher(Device& device)
     : device_(device),
+      rec_(device.recorder()),
       aic_queue_(0),
       aiv_queue_(0),
       mix_queue_(0),
@@ -22,21 +24,33 @@ CoreDispatcher::CoreDispatcher(Device& device)
 
 void CoreDispatcher::swap_storage(Storage& storage) noexcept {
   for (int k = 0; k < 3; ++k) queues_[k]->swap_storage(storage.rings[k]);
+  traces_.swap(storage.traces);
 }
 
 void CoreDispatcher::dispatch(uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub) {
+  const diag::RunTrace& tr = traces_[item.slot];
+  const uint64_t begin = tr.level >= 2 ? now_ns() : 0;
   Inflight& f = inflight_[core];
+  const uint32_t k = kernel_of(task.kind, sub);
   f.slot = item.slot;
   f.task = item.task;
   f.token = ++next_token_[core];
   f.busy = true;
+  f.task_id = task.id;
+  f.name = task.name[k];
   CoreRegisters& r = *regs_[core];
-  const uint32_t k = kernel_of(task.kind, sub);
+  r.trace_level = tr.level;
+  r.trace_run = tr.run;
   r.fn = task.fn[k];
   r.args = task.args;
   r.label = KernelLabel{task.name[k], task.id, task.func_id[k], task.kind == TaskKind::Mix ? 0 : sub, task.blocks};
   r.task.store((uint64_t{sub} << 32) | f.token, std::memory_order_release);
   r.bell.ring();
+  if (tr.level >= 2) {
+    // Only the cluster's owning AICPU thread dispatches to its cores.
+    rec_->aicpu_lane(device_.owner_of_cluster(core / 3))
+        .record(diag::Event{tr.run, begin, now_ns(), f.name, f.task_id, 0, diag::EventKind::kDispatch});
+  }
 }
 
 }  // namespace simpler

@@ -10,7 +10,9 @@
 #include <memory>
 #include <vector>
 
+#include "base/clock.h"
 #include "device/device.h"
+#include "diag/lane.h"
 #include "runtime/common/ready_queue.h"
 #include "runtime/common/task_graph.h"
 
@@ -24,16 +26,22 @@ class CoreDispatcher {
     uint32_t task = 0;
     uint32_t token = 0;
     bool busy = false;
+    uint32_t task_id = 0;        // the task's id in its run (task is a window slot on some runtimes)
+    const char* name = nullptr;  // the subtask's kernel
   };
-  // Storage for the three queues, built ahead of a regrant.
+  // Storage for the three queues and each set's trace, built ahead of a regrant.
   struct Storage {
     std::vector<ReadyItem> rings[3];
+    std::vector<diag::RunTrace> traces;
   };
-  static Storage make_storage(size_t capacity_per_queue);
+  static Storage make_storage(size_t capacity_per_queue, uint32_t grant);
 
   explicit CoreDispatcher(Device& device);
 
   void swap_storage(Storage& storage) noexcept;
+  // The launching thread, before set `slot`'s run has a task queued: what
+  // its tasks record (level 0: nothing).
+  void set_trace(uint32_t slot, const diag::RunTrace& trace) { traces_[slot] = trace; }
   void push(TaskKind kind, ReadyItem item) { queue(kind).push(item); }
   void push_many(TaskKind kind, const ReadyItem* items, size_t n) { queue(kind).push_many(items, n); }
   // Queues every item of `ready` by its task's kind and empties it.
@@ -70,6 +78,7 @@ class CoreDispatcher {
   }
 
   Device& device_;
+  diag::Recorder* const rec_;         // null: the backend records nothing (no run is traced then)
   std::vector<CoreRegisters*> regs_;  // per core, fixed for the device's life
   ReadyQueue aic_queue_;
   ReadyQueue aiv_queue_;
@@ -77,6 +86,7 @@ class CoreDispatcher {
   ReadyQueue* queues_[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
   std::vector<Inflight> inflight_;
   std::vector<uint32_t> next_token_;
+  std::vector<diag::RunTrace> traces_;  // per set
   std::unique_ptr<AicpuState[]> aicpu_;
 };
 
@@ -104,6 +114,8 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
   AicpuState& st = aicpu_[aicpu];
   std::vector<ReadyItem>& ready = st.scratch;
   bool progress = false;
+  const bool sched = rec_ != nullptr && rec_->live_level() >= 3;
+  const uint64_t poll_begin = sched ? now_ns() : 0;
   for (uint32_t c : st.clusters) {
     for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
       Inflight& f = inflight_[core];
@@ -112,6 +124,13 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
       const uint64_t status = r.status.load(std::memory_order_acquire);
       if ((status >> CoreRegisters::kStateShift) != 2 || (status & CoreRegisters::kTokenMask) != f.token) continue;
       f.busy = false;
+      const diag::RunTrace& tr = traces_[f.slot];
+      if (tr.level >= 2) {
+        // Recorded before complete(): finishing a run's last task exports its
+        // trace from inside it. The release that follows is level 3's `resolve`.
+        const uint64_t seen = now_ns();
+        rec_->aicpu_lane(aicpu).record(diag::Event{tr.run, seen, seen, f.name, f.task_id, 0, diag::EventKind::kFinish});
+      }
       complete(r, f, (status & CoreRegisters::kFailedBit) != 0, ready);
       progress = true;
     }
@@ -121,6 +140,10 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
   // for the others, woken at the end.
   const bool published = progress;
   bool handed_back = false;
+  const uint64_t place_begin = sched ? now_ns() : 0;
+  if (sched && published) {
+    rec_->aicpu_lane(aicpu).record(diag::Event{0, poll_begin, place_begin, "resolve", 0, 0, diag::EventKind::kSched});
+  }
   // While mix tasks wait, one busy cluster per AICPU thread takes no single
   // tasks, so it drains and a mix task cannot starve behind a stream of singles.
   bool reserve_for_mix = !mix_queue_.empty_hint();
@@ -154,6 +177,9 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
     for (uint32_t a = 0; a < device_.geometry().aicpu_threads; ++a) {
       if (a != aicpu) device_.ring_aicpu(a);
     }
+  }
+  if (sched && progress != published) {
+    rec_->aicpu_lane(aicpu).record(diag::Event{0, place_begin, now_ns(), "place", 0, 0, diag::EventKind::kSched});
   }
   return progress;
 }

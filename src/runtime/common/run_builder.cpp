@@ -4,6 +4,7 @@
 #include <exception>
 #include <new>
 
+#include "base/clock.h"
 #include "base/errors.h"
 
 namespace simpler {
@@ -149,6 +150,7 @@ Result<Intermediates::Held> RunBuilder::allocation_of(uint64_t addr, uint64_t by
 }
 
 Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args, uint32_t blocks) {
+  const uint64_t submit_begin = trace_.level >= 4 ? now_ns() : 0;
   if (!build_error_.ok()) {
     return Status(StatusCode::kAborted, "an earlier submit of this run was refused: " + build_error_.message());
   }
@@ -247,6 +249,10 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
   place(t);
   deps_.clear();
   task_count_ = t.id + 1;
+  if (trace_.level >= 4) {
+    trace_.orchestrator->record(
+        diag::Event{trace_.run, submit_begin, now_ns(), t.name[0], t.id, t.func_id[0], diag::EventKind::kSubmit});
+  }
   return ref;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "device/device.h"
+#include "diag/lane.h"
 #include "runtime/common/run_allocations.h"
 #include "runtime/common/task_graph.h"
 #include "simpler/callable.h"
@@ -173,6 +174,8 @@ class RunBuilder : public ChipOrchestrator {
   // run even when the orchestration ignored the refused call's result); a
   // thrown exception becomes an error here and never leaves.
   Status orchestrate(const TaskArgs& run_args);
+  // The run's swimlane recording (level 0: none), before orchestrate().
+  void set_trace(const diag::RunTrace& trace) { trace_ = trace; }
 
  protected:
   // The runtime's own capacity for one more task with `tensors` tensor
@@ -183,6 +186,12 @@ class RunBuilder : public ChipOrchestrator {
 
   DeviceMemory& memory() const { return memory_; }
   const ChipCallable& callable() const { return callable_; }
+  // Each runtime reports every dependency edge it adds, once, for the trace.
+  void trace_edge(uint32_t producer, uint32_t consumer) {
+    if (trace_.level != 0) {
+      trace_.orchestrator->record(diag::Event{trace_.run, 0, 0, nullptr, consumer, producer, diag::EventKind::kEdge});
+    }
+  }
 
  private:
   Result<TaskRef> submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args, uint32_t blocks = 1);
@@ -212,6 +221,7 @@ class RunBuilder : public ChipOrchestrator {
   uint32_t manual_scopes_ = 0;
   std::vector<uint32_t> deps_;
   std::unordered_map<uint32_t, uint32_t> made_in_manual_;
+  diag::RunTrace trace_;
 };
 
 }  // namespace simpler

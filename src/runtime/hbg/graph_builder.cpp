@@ -18,6 +18,7 @@ void GraphBuilder::add_edge(uint32_t from, uint32_t to) {
   if (from == to || s_.pred_mark[from] == to + 1) return;
   s_.pred_mark[from] = to + 1;
   s_.edges.emplace_back(from, to);
+  trace_edge(from, to);
 }
 
 void GraphBuilder::add_dependencies(uint32_t task, const TensorView& view, Tag tag, uint64_t base) {

@@ -46,7 +46,7 @@ Result<std::unique_ptr<GrantOwner::Pending>> HbgRuntime::build_grant(uint32_t gr
     g->slots.push_back(std::make_unique<Slot>(capacity_, memory_));
     g->slots.back()->index = i;
   }
-  g->queues = CoreDispatcher::make_storage(size_t{grant} * capacity_.tasks);
+  g->queues = CoreDispatcher::make_storage(size_t{grant} * capacity_.tasks, grant);
   return std::unique_ptr<Pending>(std::move(g));
 }
 
@@ -87,8 +87,8 @@ Status HbgRuntime::bind_arena(Slot& s, const HostApi& api) {
 
 void HbgRuntime::discard(uint32_t slot) { slots_[slot]->allocations.release_all(); }
 
-Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args,
-                         const RuntimeEnv&) {
+Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args, const RuntimeEnv&,
+                         const diag::RunTrace& trace) {
   if (api.slot >= slots_.size()) {
     return invalid_argument("pipeline_slot = {} is outside the grant of {}", api.slot, slots_.size());
   }
@@ -106,6 +106,7 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
   s.executed.store(0, std::memory_order_relaxed);
   s.released_early.store(0, std::memory_order_relaxed);
   s.error.reset();
+  s.trace = trace;
   SIMPLER_RETURN_IF_ERROR(bind_arena(s, api));
   // The builder reaches the run's HostApi through the slot only while this
   // call runs; the guard unbinds it on every exit, so no finished run's
@@ -116,6 +117,7 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
   } guard{s};
   s.api = api;
   GraphBuilder builder(*this, s, callable);
+  builder.set_trace(trace);
   Status st = builder.orchestrate(run_args);
   if (st.ok() && s.edges.size() > capacity_.edges) {
     st = resource_exhausted("graph capacity: the run has {} dependency edges, more than {} (8 x max_tasks_per_run)",
@@ -169,6 +171,7 @@ void HbgRuntime::finalize_graph(Slot& s) {
 void HbgRuntime::launch(uint32_t slot) {
   Slot& s = *slots_[slot];
   s.launch_ns = now_ns();
+  dispatcher_.set_trace(slot, s.trace);
   if (s.task_count == 0) {
     finish_run(s);
     return;

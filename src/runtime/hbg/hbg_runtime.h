@@ -46,6 +46,7 @@ struct Slot {
   std::vector<uint32_t> counts;                          // CSR scratch
   AccessIndex accesses;
   RunAllocations allocations;
+  diag::RunTrace trace;  // the run's, handed to the dispatcher at launch
 
   // Execution state: shared by AICPU threads after launch.
   std::atomic<uint32_t> remaining{0};
@@ -66,8 +67,8 @@ class HbgRuntime final : public ChipRuntime {
   void commit_grant(Pending& pending) noexcept override;
   uint32_t width() const override { return static_cast<uint32_t>(slots_.size()); }
   uint64_t arena_bytes() const override;
-  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args,
-               const RuntimeEnv& env) override;
+  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args, const RuntimeEnv& env,
+               const diag::RunTrace& trace) override;
   void discard(uint32_t slot) override;
   void launch(uint32_t slot) override;
   bool binding_held(uint32_t slot) const override { return slots_[slot]->api.bound(); }

@@ -143,7 +143,8 @@ class ReferenceRuntime final : public ChipRuntime {
   uint64_t arena_bytes() const override { return uint64_t{max_tasks_} * kDescriptorsPerTask * sizeof(DeviceTensor); }
   bool binding_held(uint32_t slot) const override { return slots_[slot]->api.bound(); }
 
-  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args, const RuntimeEnv&) override {
+  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args, const RuntimeEnv&,
+               const diag::RunTrace& trace) override {
     if (api.slot >= slots_.size()) {
       return invalid_argument("pipeline_slot = {} is outside the grant of {}", api.slot, slots_.size());
     }
@@ -168,6 +169,7 @@ class ReferenceRuntime final : public ChipRuntime {
     } guard{s};
     s.api = api;
     ReferenceBuilder builder(s, callable, memory_, max_tasks_);
+    builder.set_trace(trace);
     const Status st = builder.orchestrate(run_args);
     if (!st.ok()) s.allocations.release_all();
     return st;

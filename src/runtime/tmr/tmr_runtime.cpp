@@ -143,6 +143,7 @@ void StreamBuilder::place(const CheckedTask& t) {
     if (earlier != TensorMap::kTombstone) {
       if (s.edge_mark_[earlier % s.sizes_.window] == mark) return;
       s.edge_mark_[earlier % s.sizes_.window] = mark;
+      trace_edge(earlier, t.id);
     }
     s.preds_.push_back(earlier);
   };
@@ -542,7 +543,7 @@ Result<std::unique_ptr<GrantOwner::Pending>> TmrRuntime::build_grant(uint32_t gr
   auto g = std::make_unique<GrantState>();
   g->sets.reserve(grant);
   for (uint32_t i = 0; i < grant; ++i) g->sets.push_back(std::make_unique<Set>(const_cast<TmrRuntime&>(*this), i));
-  g->queues = CoreDispatcher::make_storage(size_t{grant} * window_capacity_);
+  g->queues = CoreDispatcher::make_storage(size_t{grant} * window_capacity_, grant);
   return std::unique_ptr<Pending>(std::move(g));
 }
 
@@ -553,7 +554,7 @@ void TmrRuntime::commit_grant(Pending& pending) noexcept {
 }
 
 Status TmrRuntime::build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args,
-                         const RuntimeEnv& env) {
+                         const RuntimeEnv& env, const diag::RunTrace& trace) {
   if (api.slot >= sets_.size()) {
     return invalid_argument("pipeline_slot = {} is outside the grant of {}", api.slot, sets_.size());
   }
@@ -574,11 +575,13 @@ Status TmrRuntime::build(const HostApi& api, const ChipCallable& callable, const
   s.reset(sizes);
   s.callable_ = &callable;
   s.run_args_ = &run_args;
+  s.trace_ = trace;
   return Status();
 }
 
 void TmrRuntime::launch(uint32_t slot) {
   sets_[slot]->launch_ns_ = now_ns();
+  dispatcher_.set_trace(slot, sets_[slot]->trace_);
   {
     std::lock_guard<std::mutex> lock(launched_mu_);
     launched_.push_back(slot);
@@ -609,6 +612,7 @@ void TmrRuntime::stream(Set& s) {
   Status st;
   {
     StreamBuilder builder(*this, s);
+    builder.set_trace(s.trace_);
     st = builder.orchestrate(*s.run_args_);
   }
   // Nothing is placed any more: the map's records go now, while the tasks

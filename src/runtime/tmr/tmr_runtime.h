@@ -138,6 +138,7 @@ class Set final : public Intermediates {
   const ChipCallable* callable_ = nullptr;
   const TaskArgs* run_args_ = nullptr;
   uint64_t launch_ns_ = 0;
+  diag::RunTrace trace_;
   std::atomic<uint32_t> remaining_{0};  // tasks in flight + 1 while the orchestration runs
   std::atomic<uint32_t> executed_{0};
   std::atomic<uint32_t> released_early_{0};
@@ -184,8 +185,8 @@ class TmrRuntime final : public ChipRuntime {
   void commit_grant(Pending& pending) noexcept override;
   uint32_t width() const override { return static_cast<uint32_t>(sets_.size()); }
   uint64_t arena_bytes() const override;
-  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args,
-               const RuntimeEnv& env) override;
+  Status build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args, const RuntimeEnv& env,
+               const diag::RunTrace& trace) override;
   void discard(uint32_t) override {}
   void launch(uint32_t slot) override;
   // The orchestration runs on the device, never with a HostApi binding.

@@ -1,0 +1,72 @@
+// swimlane: the cost of swimlane recording on the matmul_chain example (its
+// 32 runs of 384 AIC/AIV tasks, pipeline depth 4), levels 1 and 4 against
+// diagnostics off, in one process: the configurations alternate round by
+// round so a neighbour's burst lands on all of them, and the figure is each
+// one's median. "off" runs twice per round, its second copy the A/A noise
+// floor that "off is indistinguishable" is judged against.
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "base/errors.h"
+#include "benchmarks.h"
+#include "examples.h"
+
+namespace simpler::bench {
+namespace {
+
+constexpr int kRounds = 7;
+constexpr double kGoalLevel1 = 1.05;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+Result<Json> swimlane() {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("simpler_bench_swimlane_" + std::to_string(::getpid()))).string();
+  struct Config {
+    const char* name;
+    uint32_t level;
+    std::vector<double> wall_s;
+  };
+  std::vector<Config> configs = {{"off", 0, {}}, {"off_again", 0, {}}, {"level1", 1, {}}, {"level4", 4, {}}};
+  uint64_t tasks = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    for (Config& c : configs) {
+      examples::ExampleOptions options;
+      options.call.swimlane_level = c.level;
+      if (c.level > 0) options.call.trace_dir = dir;
+      Result<examples::ExampleReport> r = examples::run_example("matmul_chain", options);
+      if (!r.ok()) return r.status();
+      if (!r->verified) return internal_error("matmul_chain ({}) did not verify: {}", c.name, r->detail);
+      c.wall_s.push_back(r->wall_s);
+      tasks = r->tasks;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  const double off = median(configs[0].wall_s);
+  Json j;
+  j["workload"] = "matmul_chain example, default options (small geometry, host_build_graph, pipeline depth 4)";
+  j["tasks_per_measurement"] = tasks;
+  j["rounds"] = kRounds;
+  Json medians;
+  for (const Config& c : configs) medians[c.name] = round3(median(c.wall_s) * 1e3);
+  j["median_wall_ms"] = medians;
+  j["peer"] = "the same example with diagnostics off, in the same process, alternating";
+  const double r1 = median(configs[2].wall_s) / off;
+  j["ratio_vs_off"] = {{"off_again", round3(median(configs[1].wall_s) / off)},
+                       {"level1", round3(r1)},
+                       {"level4", round3(median(configs[3].wall_s) / off)}};
+  j["goal"] = {{"level1_ratio_max", kGoalLevel1}, {"met", r1 <= kGoalLevel1}};
+  return j;
+}
+
+}  // namespace simpler::bench

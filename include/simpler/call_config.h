@@ -1,0 +1,29 @@
+// CallConfig: the diagnostics one run asks for (swimlane timeline, argument
+// dumps), given per submit or as a Worker's default (WorkerConfig::call).
+// Plain values; any thread. Checked at submit (or init for the default),
+// naming the field, before anything of the run exists.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace simpler {
+
+inline constexpr uint32_t kMaxSwimlaneLevel = 4;
+
+// Argument dumps of the run's tasks (not built yet: anything but Off is
+// refused with UNIMPLEMENTED).
+enum class DumpArgs : uint8_t { Off = 0, Partial = 1, Hybrid = 2, Full = 3 };
+
+struct CallConfig {
+  // 0 off; 1 a slice per task on its core's lane; 2 + AICPU dispatch and
+  // finish; 3 + scheduler phases per AICPU thread; 4 + orchestrator submits.
+  // Any level > 0 writes `trace_dir`/trace.json when the run ends
+  // (docs/diagnostics.md).
+  uint32_t swimlane_level = 0;
+  // Created if missing; required when swimlane_level > 0.
+  std::string trace_dir;
+  DumpArgs dump_args = DumpArgs::Off;
+};
+
+}  // namespace simpler

@@ -1,0 +1,200 @@
+#include "diag/chrome_trace.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <unordered_map>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "base/errors.h"
+
+namespace simpler::diag {
+
+namespace {
+
+// Chrome's unit is the microsecond; ns keep three decimals.
+std::string us(uint64_t ns, int64_t offset_ns) {
+  const int64_t t = static_cast<int64_t>(ns) + offset_ns;
+  return fmt::format("{}.{:03}", t / 1000, t % 1000);
+}
+std::string dur_us(uint64_t begin, uint64_t end) {
+  const uint64_t d = end > begin ? end - begin : 0;
+  return fmt::format("{}.{:03}", d / 1000, d % 1000);
+}
+
+void append(std::string& out, const std::string& event) {
+  if (!out.empty()) out += ",\n";
+  out += event;
+}
+
+struct TaskSlices {
+  // The first start and the last end over the task's subtasks, with their lanes.
+  uint64_t first_begin = UINT64_MAX;
+  uint32_t first_tid = 0;
+  uint64_t last_end = 0;
+  uint32_t last_tid = 0;
+};
+
+}  // namespace
+
+std::string json_escape(const char* s) {
+  std::string out;
+  if (s == nullptr) return "?";
+  for (const char* p = s; *p != '\0'; ++p) {
+    const unsigned char c = static_cast<unsigned char>(*p);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      out += fmt::format("\\u{:04x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::string& events) {
+  const Recorder& rec = *r.recorder;
+  const int64_t off = r.clock_offset_ns;
+  uint64_t dropped = 0;
+  append(events, fmt::format(R"({{"name":"process_name","ph":"M","pid":{},"tid":0,"args":{{"name":"{}"}}}})", r.pid,
+                             json_escape(r.label.c_str())));
+  const auto thread_name = [&](const LaneInfo& info) {
+    append(events, fmt::format(R"({{"name":"thread_name","ph":"M","pid":{},"tid":{},"args":{{"name":"{}"}}}})", r.pid,
+                               info.tid, info.name));
+    append(events,
+           fmt::format(R"({{"name":"thread_sort_index","ph":"M","pid":{},"tid":{},"args":{{"sort_index":{}}}}})", r.pid,
+                       info.tid, info.tid));
+  };
+  for (uint32_t c = 0; c < rec.cores(); ++c) thread_name(Recorder::core_info(c));
+  for (uint32_t a = 0; a < rec.aicpu_threads(); ++a) thread_name(rec.aicpu_info(a));
+  const LaneInfo orch{"Orchestrator", rec.orchestrator_tid()};
+  thread_name(orch);
+
+  // The run's graph, from its orchestrator lane.
+  std::vector<std::vector<uint32_t>> preds;
+  std::vector<std::pair<uint32_t, uint32_t>> edges;  // (producer, consumer)
+  if (r.orchestrator != nullptr) {
+    const Lane& o = *r.orchestrator;
+    dropped += o.dropped();
+    for (uint64_t i = 0, n = o.size(); i < n; ++i) {
+      const Event& e = o.at(i);
+      if (e.kind == EventKind::kEdge) {
+        if (preds.size() <= e.task) preds.resize(size_t{e.task} + 1);
+        auto& p = preds[e.task];
+        if (std::find(p.begin(), p.end(), e.aux) != p.end()) continue;
+        p.push_back(e.aux);
+        edges.emplace_back(e.aux, e.task);
+      } else if (e.kind == EventKind::kSubmit && r.level >= 4) {
+        append(events, fmt::format(R"({{"name":"submit {}","cat":"submit","ph":"X","pid":{},"tid":{},"ts":{},)"
+                                   R"("dur":{},"args":{{"task":{},"run":{}}}}})",
+                                   json_escape(e.name), r.pid, orch.tid, us(e.begin_ns, off),
+                                   dur_us(e.begin_ns, e.end_ns), e.task, r.run));
+      }
+    }
+  }
+  const auto preds_json = [&](uint32_t task) {
+    if (task >= preds.size() || preds[task].empty()) return std::string("[]");
+    return fmt::format("[{}]", fmt::join(preds[task], ","));
+  };
+
+  std::unordered_map<uint32_t, TaskSlices> slices;
+  for (uint32_t c = 0; c < rec.cores(); ++c) {
+    const Lane& lane = rec.core_lane(c);
+    if (!lane.allocated()) continue;
+    dropped += lane.dropped();
+    const LaneInfo info = Recorder::core_info(c);
+    for (uint64_t i = 0, n = lane.size(); i < n; ++i) {
+      const Event& e = lane.at(i);
+      if (e.kind != EventKind::kTask || e.run != r.run) continue;
+      append(events, fmt::format(R"({{"name":"{}","cat":"task","ph":"X","pid":{},"tid":{},"ts":{},"dur":{},)"
+                                 R"("args":{{"task":{},"run":{},"func_id":{},"core":"{}","preds":{}}}}})",
+                                 json_escape(e.name), r.pid, info.tid, us(e.begin_ns, off),
+                                 dur_us(e.begin_ns, e.end_ns), e.task, r.run, e.aux, info.name, preds_json(e.task)));
+      TaskSlices& s = slices[e.task];
+      if (e.begin_ns < s.first_begin) {
+        s.first_begin = e.begin_ns;
+        s.first_tid = info.tid;
+      }
+      if (e.end_ns >= s.last_end) {
+        s.last_end = e.end_ns;
+        s.last_tid = info.tid;
+      }
+    }
+  }
+  // One flow pair per edge whose both ends ran (a poisoned task has no slice).
+  for (auto [from, to] : edges) {
+    auto p = slices.find(from);
+    auto c = slices.find(to);
+    if (p == slices.end() || c == slices.end()) continue;
+    const uint64_t id = next_flow_id++;
+    append(events, fmt::format(R"({{"ph":"s","cat":"dep","name":"dep","id":{},"pid":{},"tid":{},"ts":{}}})", id, r.pid,
+                               p->second.last_tid, us(p->second.last_end, off)));
+    append(events, fmt::format(R"({{"ph":"f","bp":"e","cat":"dep","name":"dep","id":{},"pid":{},"tid":{},"ts":{}}})",
+                               id, r.pid, c->second.first_tid, us(c->second.first_begin, off)));
+  }
+
+  if (r.level >= 2) {
+    for (uint32_t a = 0; a < rec.aicpu_threads(); ++a) {
+      const Lane& lane = rec.aicpu_lane(a);
+      if (!lane.allocated()) continue;
+      dropped += lane.dropped();
+      const LaneInfo info = rec.aicpu_info(a);
+      for (uint64_t i = 0, n = lane.size(); i < n; ++i) {
+        const Event& e = lane.at(i);
+        if ((e.kind == EventKind::kDispatch || e.kind == EventKind::kFinish) && e.run == r.run) {
+          append(events, fmt::format(R"({{"name":"{} {}","cat":"dispatch","ph":"X","pid":{},"tid":{},"ts":{},)"
+                                     R"("dur":{},"args":{{"task":{},"run":{}}}}})",
+                                     e.kind == EventKind::kDispatch ? "dispatch" : "finish", json_escape(e.name), r.pid,
+                                     info.tid, us(e.begin_ns, off), dur_us(e.begin_ns, e.end_ns), e.task, r.run));
+        } else if (e.kind == EventKind::kSched && r.level >= 3 && e.begin_ns >= r.launch_ns && e.begin_ns <= r.end_ns) {
+          append(events,
+                 fmt::format(R"({{"name":"{}","cat":"sched","ph":"X","pid":{},"tid":{},"ts":{},"dur":{}}})",
+                             json_escape(e.name), r.pid, info.tid, us(e.begin_ns, off), dur_us(e.begin_ns, e.end_ns)));
+        }
+      }
+    }
+  }
+  return dropped;
+}
+
+std::string trace_document(uint32_t level, const std::vector<TraceRunEntry>& runs, const std::string& events) {
+  std::vector<std::string> entries;
+  for (const TraceRunEntry& e : runs) {
+    entries.push_back(fmt::format(R"({{"run":{},"pid":{},"label":"{}","dropped":{}}})", e.run, e.pid,
+                                  json_escape(e.label.c_str()), e.dropped));
+  }
+  return fmt::format(
+      "{{\"displayTimeUnit\":\"ns\",\n\"otherData\":{{\"simpler_trace_version\":{},\"swimlane_level\":{},"
+      "\"runs\":[{}]}},\n\"traceEvents\":[\n{}\n]}}\n",
+      kTraceFormatVersion, level, fmt::join(entries, ","), events);
+}
+
+Status write_trace_file(const std::string& dir, uint64_t run, const std::string& document) {
+  const std::string path = (std::filesystem::path(dir) / "trace.json").string();
+  const std::string tmp = fmt::format("{}.{}.{}.tmp", path, ::getpid(), run);
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return failed_precondition("trace: cannot open '{}' for writing", tmp);
+  const bool wrote = std::fwrite(document.data(), 1, document.size(), f) == document.size();
+  const bool closed = std::fclose(f) == 0;
+  std::error_code ec;
+  if (wrote && closed) std::filesystem::rename(tmp, path, ec);
+  if (!wrote || !closed || ec) {
+    std::filesystem::remove(tmp, ec);
+    return failed_precondition("trace: writing '{}' failed", path);
+  }
+  return Status();
+}
+
+Status export_chip_run(const std::string& dir, const ChipRunTrace& run) {
+  std::string events;
+  uint64_t flow = 1;
+  const uint64_t dropped = render_chip_run(run, flow, events);
+  return write_trace_file(dir, run.run, trace_document(run.level, {{run.run, run.pid, run.label, dropped}}, events));
+}
+
+}  // namespace simpler::diag

@@ -1,0 +1,146 @@
+// Swimlane recording: a Lane is one thread's fixed-size event buffer (one
+// writer, readers after the run it belongs to ends); the Recorder holds a
+// device's core and AICPU lanes and says which level is live. Writers never
+// allocate, lock or block: a full lane counts the event as dropped. Buffers
+// are allocated by Recorder::begin_run on the thread preparing a traced run,
+// before any device thread can see that run.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "simpler/status.h"
+
+namespace simpler::diag {
+
+enum class EventKind : uint8_t {
+  kTask = 0,      // a core ran (a subtask of) a task: name = kernel, aux = func_id
+  kDispatch = 1,  // an AICPU thread wrote a task into a core's registers
+  kFinish = 2,    // an AICPU thread reaped a core's FIN and released successors
+  kSched = 3,     // an AICPU thread's scheduler phase: name = phase
+  kSubmit = 4,    // the orchestrator checked and placed a task
+  kEdge = 5,      // a dependency edge: task = consumer, aux = producer
+};
+
+struct Event {
+  uint64_t run = 0;  // the run's epoch; 0 for scheduler phases, which serve every run
+  uint64_t begin_ns = 0;
+  uint64_t end_ns = 0;
+  const char* name = nullptr;  // static, or a kernel name living as long as its callable
+  uint32_t task = 0;
+  uint32_t aux = 0;
+  EventKind kind = EventKind::kTask;
+};
+
+class Lane {
+ public:
+  // `generation`: the recorder's, or null for a lane of one run (an
+  // orchestrator's), which is never reset.
+  explicit Lane(size_t capacity, const std::atomic<uint64_t>* generation = nullptr)
+      : capacity_(capacity), generation_(generation) {}
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  // The writing thread only, and only while a traced run that uses the lane
+  // is in flight (the buffer exists then).
+  void record(const Event& e) noexcept {
+    if (generation_ != nullptr) {
+      const uint64_t g = generation_->load(std::memory_order_acquire);
+      if (g != seen_) {
+        // A new generation starts only while no traced run is in flight,
+        // so no reader is looking at what this overwrites.
+        seen_ = g;
+        count_.store(0, std::memory_order_relaxed);
+        dropped_.store(0, std::memory_order_relaxed);
+      }
+    }
+    const uint64_t n = count_.load(std::memory_order_relaxed);
+    if (n >= capacity_) {
+      dropped_.store(dropped_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      return;
+    }
+    events_[n] = e;
+    count_.store(n + 1, std::memory_order_release);
+  }
+
+  // Any thread: the events recorded so far (a prefix, complete).
+  uint64_t size() const { return count_.load(std::memory_order_acquire); }
+  const Event& at(uint64_t i) const { return events_[i]; }
+  uint64_t dropped() const { return dropped_.load(std::memory_order_acquire); }
+  size_t capacity() const { return capacity_; }
+
+  // The owner, before any writer may use the lane; idempotent.
+  void allocate() {
+    if (!events_) events_.reset(new Event[capacity_]);
+  }
+  bool allocated() const { return events_ != nullptr; }
+
+ private:
+  const size_t capacity_;
+  const std::atomic<uint64_t>* const generation_;
+  std::unique_ptr<Event[]> events_;
+  uint64_t seen_ = 0;  // the writer's
+  std::atomic<uint64_t> count_{0};
+  std::atomic<uint64_t> dropped_{0};
+};
+
+// What a runtime needs to record one run: its level (0: nothing), its
+// epoch, and its orchestrator lane (the run's own, non-null when level > 0).
+struct RunTrace {
+  uint32_t level = 0;
+  uint64_t run = 0;
+  Lane* orchestrator = nullptr;
+};
+
+// A lane's name and thread id as the trace shows them.
+struct LaneInfo {
+  std::string name;  // AIC<i>, AIV<i>, AICPU<i>, Orchestrator
+  uint32_t tid = 0;
+};
+
+// The core and AICPU lanes of one device. Core i of the geometry is AIC when
+// i % 3 == 0 (cluster i / 3); its lane is named by its index among its type.
+class Recorder {
+ public:
+  static constexpr size_t kDefaultLaneEvents = 1 << 15;
+
+  Recorder(uint32_t cores, uint32_t aicpu_threads, size_t lane_events = kDefaultLaneEvents);
+
+  Lane& core_lane(uint32_t core) { return *cores_[core]; }
+  Lane& aicpu_lane(uint32_t aicpu) { return *aicpu_[aicpu]; }
+  const Lane& core_lane(uint32_t core) const { return *cores_[core]; }
+  const Lane& aicpu_lane(uint32_t aicpu) const { return *aicpu_[aicpu]; }
+  uint32_t cores() const { return static_cast<uint32_t>(cores_.size()); }
+  uint32_t aicpu_threads() const { return static_cast<uint32_t>(aicpu_.size()); }
+  static LaneInfo core_info(uint32_t core);
+  LaneInfo aicpu_info(uint32_t aicpu) const;
+  // After every core and AICPU lane.
+  uint32_t orchestrator_tid() const { return 1 + cores() + aicpu_threads(); }
+
+  // A traced run of `level` (1-4) is about to launch: allocates the lanes
+  // the first time, starts a new generation when no traced run is in flight,
+  // and raises the scheduler level to at least `level` until every traced
+  // run ended. RESOURCE_EXHAUSTED if the buffers cannot be allocated.
+  Status begin_run(uint32_t level);
+  // The run's trace was read (or will never be): pairs with begin_run.
+  void end_run();
+  // The highest level of the traced runs in flight: AICPU threads record
+  // scheduler phases when it is >= 3. One load.
+  uint32_t live_level() const { return static_cast<uint32_t>(state_.load(std::memory_order_acquire) >> 32); }
+
+ private:
+  std::vector<std::unique_ptr<Lane>> cores_;
+  std::vector<std::unique_ptr<Lane>> aicpu_;
+  std::atomic<uint64_t> generation_{0};
+  // (live level << 32) | traced runs in flight: one word, so a run ending and
+  // another beginning cannot leave the level wrong.
+  std::atomic<uint64_t> state_{0};
+  std::mutex alloc_mu_;
+};
+
+}  // namespace simpler::diag
