@@ -78,12 +78,12 @@ int main(int argc, char** argv) {
   bench->add_option("name", bench_flags.names, "Benchmarks to run");
 
   TraceFlags trace_flags;
-  CLI::App* trace = app.add_subcommand("trace", "Read a trace directory (DIR/trace.json)");
-  trace->require_subcommand(1);
+  CLI::App* trace_cmd = app.add_subcommand("trace", "Read a trace directory (DIR/trace.json)");
+  trace_cmd->require_subcommand(1);
   CLI::App* trace_view =
-      trace->add_subcommand("view", "Write DIR/timeline.html: a self-contained timeline of the trace");
+      trace_cmd->add_subcommand("view", "Write DIR/timeline.html: a self-contained timeline of the trace");
   trace_view->add_option("dir", trace_flags.dir, "Trace directory")->required();
-  CLI::App* trace_summary = trace->add_subcommand(
+  CLI::App* trace_summary = trace_cmd->add_subcommand(
       "summary", "Print busy % per core lane, scheduler overhead per task and each run's critical path");
   trace_summary->add_option("dir", trace_flags.dir, "Trace directory")->required();
   trace_summary->add_flag("--json", trace_flags.json, "Print one JSON object");
