@@ -31,10 +31,23 @@ struct BenchFlags {
   std::vector<std::string> names;  // empty: all
 };
 
+struct DumpShowFlags {
+  std::string dir;
+  int64_t task = -1;  // -1: every task
+};
+
+struct DumpDiffFlags {
+  std::string a, b;
+  double rtol = 0, atol = 0;
+};
+
 int cmd_demo();
 int cmd_run(const RunFlags& flags);
 int cmd_info();
 int cmd_bench(const BenchFlags& flags);
+// Exit 1 when the dumps differ (diff) or cannot be read.
+int cmd_dump_show(const DumpShowFlags& flags);
+int cmd_dump_diff(const DumpDiffFlags& flags);
 
 // Names accepted by --geometry, --runtime and by `simpler run`, for the parser's checks.
 std::vector<std::string> geometry_names();

@@ -68,6 +68,24 @@ int main(int argc, char** argv) {
   bench->add_flag("--json", bench_flags.json, "Print one JSON object per benchmark");
   bench->add_option("name", bench_flags.names, "Benchmarks to run");
 
+  CLI::App* dump = app.add_subcommand("dump", "Read a run's argument dump");
+  dump->require_subcommand(1);
+  DumpShowFlags show_flags;
+  CLI::App* show = dump->add_subcommand("show", "Print each captured argument with min, max, mean, NaN and Inf");
+  show->add_option("dir", show_flags.dir, "The dump directory (or its run's, or a node's)")->required();
+  show->add_option("--task", show_flags.task, "Only this task")->check(integer_in<int64_t>(0, INT64_MAX));
+  DumpDiffFlags diff_flags;
+  CLI::App* diff = dump->add_subcommand(
+      "diff", "Name the first task, in execution order, whose output differs between two runs' dumps");
+  diff->add_option("a", diff_flags.a, "The first run's dump directory")->required();
+  diff->add_option("b", diff_flags.b, "The second run's dump directory")->required();
+  diff->add_option("--rtol", diff_flags.rtol, "Relative tolerance")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  diff->add_option("--atol", diff_flags.atol, "Absolute tolerance")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -78,6 +96,8 @@ int main(int argc, char** argv) {
   if (run->parsed()) return cmd_run(run_flags);
   if (info->parsed()) return cmd_info();
   if (bench->parsed()) return cmd_bench(bench_flags);
+  if (show->parsed()) return cmd_dump_show(show_flags);
+  if (diff->parsed()) return cmd_dump_diff(diff_flags);
   std::fputs(app.help().c_str(), stderr);
   std::fputs("\nA subcommand is required.\n", stderr);
   return kExitUsage;
