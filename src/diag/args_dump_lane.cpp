@@ -65,16 +65,17 @@ bool DumpLane::IndexQueue::pop(uint32_t* v) {
   return true;
 }
 
-Result<std::unique_ptr<DumpLane>> DumpLane::create(const DumpLaneConfig& config) {
+Result<std::unique_ptr<DumpLane>> DumpLane::create(const DumpLaneConfig& config, Doorbell* host_bell) {
   SIMPLER_RETURN_IF_ERROR(check_dump_lane_config(config));
-  return std::unique_ptr<DumpLane>(new DumpLane(config));
+  return std::unique_ptr<DumpLane>(new DumpLane(config, host_bell));
 }
 
-DumpLane::DumpLane(const DumpLaneConfig& config)
+DumpLane::DumpLane(const DumpLaneConfig& config, Doorbell* host_bell)
     : config_(config),
       payload_limit_(config.arena_bytes / 2),
       buffers_(config.buffers),
-      arena_(new uint8_t[config.arena_bytes]) {
+      arena_(new uint8_t[config.arena_bytes]),
+      host_bell_(host_bell != nullptr ? host_bell : &own_host_bell_) {
   for (Buffer& b : buffers_) b.records.resize(config.records_per_buffer);
   free_.init(config.buffers);
   ready_.init(config.buffers);
@@ -102,7 +103,7 @@ void DumpLane::publish_current() {
   // ready_ has room for every buffer, so the push cannot fail.
   ready_.push(current_);
   current_ = kNone;
-  host_bell_.ring();
+  host_bell_->ring();
 }
 
 DumpStep DumpLane::try_begin(const DumpRecord& meta, const DumpSource* src) {

@@ -91,7 +91,9 @@ struct DumpCounts {
 
 class DumpLane {
  public:
-  static Result<std::unique_ptr<DumpLane>> create(const DumpLaneConfig& config);
+  // `host_bell`: the doorbell the producer rings when it publishes a buffer
+  // (one host thread serving several lanes passes its own); null: the lane's.
+  static Result<std::unique_ptr<DumpLane>> create(const DumpLaneConfig& config, Doorbell* host_bell = nullptr);
   ~DumpLane();
   DumpLane(const DumpLane&) = delete;
   DumpLane& operator=(const DumpLane&) = delete;
@@ -132,11 +134,11 @@ class DumpLane {
   // Producer's counters; exact once the producer stopped.
   DumpCounts counts() const;
   // Rung when the producer publishes a buffer: a host thread parks on it.
-  Doorbell& host_bell() { return host_bell_; }
+  Doorbell& host_bell() { return *host_bell_; }
   const DumpLaneConfig& config() const { return config_; }
 
  private:
-  explicit DumpLane(const DumpLaneConfig& config);
+  DumpLane(const DumpLaneConfig& config, Doorbell* host_bell);
   struct Buffer;
   // A single-producer single-consumer ring of buffer indices.
   class IndexQueue {
@@ -162,7 +164,8 @@ class DumpLane {
   std::unique_ptr<uint8_t[]> arena_;
   IndexQueue free_;   // host -> producer
   IndexQueue ready_;  // producer -> host
-  Doorbell host_bell_;
+  Doorbell own_host_bell_;
+  Doorbell* const host_bell_;
   Doorbell producer_bell_;
   std::atomic<uint64_t> host_progress_{0};  // bumped with every ack or returned buffer
   std::atomic<uint64_t> acked_pos_{0};      // host: payload bytes consumed (monotonic)
