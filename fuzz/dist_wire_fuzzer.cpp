@@ -29,7 +29,10 @@ void check(std::span<const uint8_t> in) {
   // The views never leave the input, and the sizes agree with the header.
   FUZZ_CHECK(m->payload.size() == m->h.payload_bytes);
   FUZZ_CHECK(m->rows.size() <= kMaxTaskArgs && m->sizes.size() <= kMaxTaskArgs);
-  for (const TensorRow& r : m->rows) FUZZ_CHECK(r.bytes != 0 && r.bytes <= kWireMaxTensorBytes);
+  for (const TensorRow& r : m->rows) {
+    FUZZ_CHECK(r.bytes != 0 && r.bytes <= kWireMaxTensorBytes);
+    FUZZ_CHECK(r.offset % kRowAlignment == 0 && r.offset <= r.buffer_bytes && r.bytes <= r.buffer_bytes - r.offset);
+  }
   const Classified reply = classify_reply(*m, kSession, entries);
   if (reply.verdict == Verdict::kAccept) {
     FUZZ_CHECK(m->h.entry < count && m->h.generation % 2 == 1 && m->h.generation == entries[m->h.entry].generation);

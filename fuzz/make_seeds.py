@@ -130,7 +130,7 @@ HEADERS = {
 
 # --- MPI wire (src/dist/wire.h): 9 bytes of fuzzer prelude (entry count,
 # 8 generations), then one message: the 64-byte header and its payload ---
-WIRE_MAGIC, WIRE_VERSION = 0x49504D53, 1
+WIRE_MAGIC, WIRE_VERSION = 0x49504D53, 2
 
 
 def wire(kind, payload=b"", session=0x5E55, entry=0, tensors=0, generation=3, epoch=9, code=0, value=0,
@@ -143,7 +143,7 @@ def wire(kind, payload=b"", session=0x5E55, entry=0, tensors=0, generation=3, ep
 
 def wire_request(generation=5, entry=0):
     rec = record(addr=0x10000, nbytes=4096)
-    row = struct.pack("<QQII", 0x10000, 4096, 1, 0)
+    row = struct.pack("<QQQQII", 0x10000, 4096, 0, 4096, 1, 0)
     return wire(3, bytes(32) + row + blob(rec), entry=entry, tensors=1, generation=generation, epoch=0)
 
 

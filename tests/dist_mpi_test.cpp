@@ -215,6 +215,51 @@ TEST(DistMpi, LocalAndRemoteNodesAreBitExact) {
   EXPECT_TRUE(n.w->close().ok());
 }
 
+// A remote node returns exactly the elements its run wrote, as a local node
+// does: two runs writing the even and the odd elements of one buffer on two
+// ranks at once both keep theirs (neither's copy of the other's elements
+// comes back over them), and elements an output's kernel leaves unwritten
+// keep the caller's values instead of coming back zeroed.
+TEST(DistMpi, RemoteOutputsReturnExactlyTheirElements) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(2);
+  const int64_t len = 2048;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  const DeviceBuffer y = shared_floats(*n.w, 2 * len, 0);
+  const DeviceBuffer z = shared_floats(*n.w, 2 * len, 0);
+  for (int64_t i = 0; i < 2 * len; ++i) {
+    const_cast<float*>(floats(y))[i] = -7.0f;
+    const_cast<float*>(floats(z))[i] = -9.0f;
+  }
+  const int64_t one[] = {len}, two[] = {2};
+  const TensorView xs = x.view({len}, DType::F32);
+  const TensorView even = TensorView::from_parts(y, DType::F32, 1, one, two, 0);
+  const TensorView odd = TensorView::from_parts(y, DType::F32, 1, one, two, 1);
+  // The kernel writes as many elements as its input has: half of z's view.
+  const TensorView half_in = xs.tile({0}, {len / 2}).value();
+  const TensorView z_view = z.view({2 * len}, DType::F32);
+  const auto task = [&](const TensorView& in, const TensorView& out, int64_t mul, int64_t add) {
+    TaskArgs a;
+    a.add_tensor(in, Tag::Input).add_tensor(out, Tag::OutputExisting).add_scalar(mul).add_scalar(add);
+    return a;
+  };
+  RunHandle h = n.w->submit([&](Orchestrator& o) -> Status {
+    SIMPLER_RETURN_IF_ERROR(o.submit_next_level(n.scale, task(xs, even, 3, 1), n.rank1).status());
+    SIMPLER_RETURN_IF_ERROR(o.submit_next_level(n.scale, task(xs, odd, 5, 2), n.rank2).status());
+    return o.submit_next_level(n.scale, task(half_in, z_view, 2, 0), n.rank1).status();
+  });
+  ASSERT_TRUE(wait_run(h).ok()) << h.result().to_string();
+  for (int64_t i = 0; i < len; ++i) {
+    ASSERT_EQ(floats(y)[2 * i], floats(x)[i] * 3.0f + 1.0f) << "even element " << 2 * i << " (rank 1)";
+    ASSERT_EQ(floats(y)[2 * i + 1], floats(x)[i] * 5.0f + 2.0f) << "odd element " << 2 * i + 1 << " (rank 2)";
+  }
+  for (int64_t i = 0; i < 2 * len; ++i) {
+    const float want = i < len / 2 ? floats(x)[i] * 2.0f : -9.0f;
+    ASSERT_EQ(floats(z)[i], want) << "element " << i << (i < len / 2 ? ", written" : ", which no kernel wrote");
+  }
+  EXPECT_TRUE(n.w->close().ok());
+}
+
 // pipeline_depth runs in flight per remote node, across both ranks and the
 // local node; each run's outputs are its own.
 TEST(DistMpi, PipelinedRunsAcrossRanks) {

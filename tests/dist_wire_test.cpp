@@ -17,9 +17,9 @@ constexpr uint64_t kSession = 0x5e55;
 std::vector<uint8_t> request_bytes(const TaskArgs& args, uint32_t entry = 0, uint64_t generation = 1) {
   std::vector<uint8_t> blob;
   EXPECT_TRUE(encode_args_blob(args, blob).ok());
-  auto rows = tensor_rows(args);
-  EXPECT_TRUE(rows.ok()) << rows.status().to_string();
-  return encode_request(kSession, entry, generation, 7, Digest{1, 2, 3}, *rows, blob);
+  auto plan = plan_tensors(args);
+  EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+  return encode_request(kSession, entry, generation, 7, Digest{1, 2, 3}, plan->rows, blob);
 }
 
 TaskArgs two_tensor_args() {
@@ -48,29 +48,91 @@ TEST(DistWire, RequestRoundTrips) {
   EXPECT_EQ(m->callable, (Digest{1, 2, 3}));
   ASSERT_EQ(m->rows.size(), 2u);
   EXPECT_EQ(m->rows[0].flags, kToNode);
-  EXPECT_EQ(m->rows[1].flags, kFromNode);
+  EXPECT_EQ(m->rows[1].flags, kToNode | kFromNode);  // an output's unwritten bytes keep the caller's
   auto decoded = decode_args_blob(m->args_blob.data(), m->args_blob.size());
   ASSERT_TRUE(decoded.ok());
   EXPECT_EQ(decoded->size(), 3u);
 }
 
-TEST(DistWire, OneRowPerBufferWithTheUnionOfDirections) {
+TEST(DistWire, OneRowPerBufferWithTheUnionOfDirectionsAndSpans) {
   TaskArgs a;
-  const DeviceBuffer b{0x10000, 128};
-  a.add_tensor(TensorView(b, {16}, DType::F32, 0), Tag::Input);
-  a.add_tensor(TensorView(b, {16}, DType::F32, 16), Tag::OutputExisting);
-  auto rows = tensor_rows(a);
-  ASSERT_TRUE(rows.ok());
-  ASSERT_EQ(rows->size(), 1u);
-  EXPECT_EQ((*rows)[0].flags, kToNode | kFromNode);
+  const DeviceBuffer b{0x10000, 4096};
+  a.add_tensor(TensorView(b, {16}, DType::F32, 40), Tag::Input);            // bytes [160, 224)
+  a.add_tensor(TensorView(b, {16}, DType::F32, 300), Tag::OutputExisting);  // bytes [1200, 1264)
+  a.add_tensor(DeviceBuffer{0x20000, 256}.view({64}, DType::F32), Tag::Input);
+  auto plan = plan_tensors(a);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->rows.size(), 2u);
+  const TensorRow& r = plan->rows[0];
+  EXPECT_EQ(r.flags, kToNode | kFromNode);
+  EXPECT_EQ(r.buffer_bytes, 4096u);
+  EXPECT_EQ(r.offset, 128u);  // 160, down to a 64-byte boundary
+  EXPECT_EQ(r.bytes, 1264u - 128u);
+  ASSERT_EQ(plan->writes[0].size(), 1u);  // only the written view comes back
+  EXPECT_EQ(plan->writes[0][0].offset(), 300);
+  EXPECT_EQ(plan->rows[1].flags, kToNode);
+  EXPECT_TRUE(plan->writes[1].empty());
+}
+
+// A returned row lands in place only when it holds nothing but the run's
+// written elements; otherwise exactly those elements are copied out, and
+// the bytes between them (a task beside this one may be writing them) stay.
+TEST(DistWire, AReturnedRowWritesExactlyTheRunsElements) {
+  std::vector<float> caller(64, -7.0f);
+  const DeviceBuffer y{reinterpret_cast<uint64_t>(caller.data()), caller.size() * sizeof(float)};
+  const int64_t shape[] = {32}, stride[] = {2};
+  const TensorView even = TensorView::from_parts(y, DType::F32, 1, shape, stride, 0);
+  TaskArgs a;
+  a.add_tensor(even, Tag::OutputExisting);
+  auto plan = plan_tensors(a);
+  ASSERT_TRUE(plan.ok());
+  const TensorRow& row = plan->rows[0];
+  EXPECT_FALSE(row_lands_in_place(row, plan->writes[0]));
+  std::vector<float> received(row.bytes / sizeof(float), 1.5f);  // what the node sent back: every byte of the row
+  scatter_writes(row, plan->writes[0], reinterpret_cast<const uint8_t*>(received.data()),
+                 reinterpret_cast<uint8_t*>(y.addr));
+  for (size_t i = 0; i < caller.size(); ++i) {
+    ASSERT_EQ(caller[i], i % 2 == 0 && i < 63 ? 1.5f : -7.0f) << "element " << i;
+  }
+  TaskArgs dense;
+  dense.add_tensor(TensorView(y, {16}, DType::F32, 16), Tag::OutputExisting);
+  auto p2 = plan_tensors(dense);
+  ASSERT_TRUE(p2.ok());
+  EXPECT_TRUE(row_lands_in_place(p2->rows[0], p2->writes[0]));
+  dense.add_tensor(TensorView(y, {4}, DType::F32, 40), Tag::Input);  // now the row holds an input's bytes too
+  p2 = plan_tensors(dense);
+  ASSERT_TRUE(p2.ok());
+  EXPECT_FALSE(row_lands_in_place(p2->rows[0], p2->writes[0]));
 }
 
 TEST(DistWire, RuntimeAllocatedOutputIsRefusedForARemoteNode) {
   TaskArgs a;
   a.add_output({4}, DType::F32);
-  auto rows = tensor_rows(a);
-  ASSERT_FALSE(rows.ok());
-  EXPECT_NE(rows.status().message().find("runtime-allocated Output"), std::string::npos);
+  auto plan = plan_tensors(a);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("runtime-allocated Output"), std::string::npos);
+}
+
+// The node rebases each view into its row's bytes: a row that does not
+// hold a view, or is not a 64-byte aligned span of its buffer, is refused.
+TEST(DistWire, ARowThatDoesNotHoldItsViewsIsRefused) {
+  TaskArgs a;
+  const DeviceBuffer b{0x10000, 4096};
+  a.add_tensor(TensorView(b, {16}, DType::F32, 300), Tag::Input);  // bytes [1200, 1264)
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(encode_args_blob(a, blob).ok());
+  const auto refused = [&](TensorRow row, const char* why) {
+    const auto bytes = encode_request(kSession, 0, 1, 0, Digest{}, std::span(&row, 1), blob);
+    auto m = decode_message(bytes);
+    ASSERT_FALSE(m.ok()) << why;
+    EXPECT_NE(m.status().message().find(why), std::string::npos) << m.status().message();
+  };
+  refused({0x10000, 4096, 1216, 64, kToNode, 0}, "outside tensor row 0");  // starts after the view
+  refused({0x10000, 4096, 1152, 64, kToNode, 0}, "outside tensor row 0");  // ends before it
+  refused({0x10000, 4096, 1200, 64, kToNode, 0}, "aligned");
+  refused({0x10000, 4096, 4032, 128, kToNode, 0}, "aligned");  // past the buffer's end
+  const TensorRow good{0x10000, 4096, 1152, 128, kToNode, 0};
+  EXPECT_TRUE(decode_message(encode_request(kSession, 0, 1, 0, Digest{}, std::span(&good, 1), blob)).ok());
 }
 
 TEST(DistWire, EveryTruncationIsRefused) {
@@ -90,7 +152,7 @@ TEST(DistWire, HeaderFieldsAreCheckedAndNamed) {
   };
   const Case cases[] = {
       {[](WireHeader& h) { h.magic ^= 1; }, "magic"},
-      {[](WireHeader& h) { h.version = 2; }, "version"},
+      {[](WireHeader& h) { h.version = kWireVersion + 1; }, "version"},
       {[](WireHeader& h) { h.kind = 0; }, "kind"},
       {[](WireHeader& h) { h.kind = kMsgKindLast + 1; }, "kind"},
       {[](WireHeader& h) { h.payload_bytes = 1; }, "payload_bytes"},
@@ -113,7 +175,7 @@ TEST(DistWire, RequestWhoseArgsNameNoRowIsRefused) {
   std::vector<uint8_t> blob;
   ASSERT_TRUE(encode_args_blob(a, blob).ok());
   // The table lists only the first buffer: the second argument's is no row.
-  const TensorRow row{0x10000, 64, kToNode, 0};
+  const TensorRow row{0x10000, 64, 0, 64, kToNode, 0};
   const auto bytes = encode_request(kSession, 0, 1, 0, Digest{}, std::span(&row, 1), blob);
   auto m = decode_message(bytes);
   ASSERT_FALSE(m.ok());

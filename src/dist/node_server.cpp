@@ -322,8 +322,12 @@ void NodeServer::handle_request(const Message& m) {
       shape[d] = t.shape(d);
       stride[d] = t.stride(d);
     }
+    // The row holds the buffer from its offset, a multiple of every element
+    // size, and the decoder checked the view lies inside it.
+    const int64_t rebased =
+        t.numel() == 0 ? 0 : t.offset() - static_cast<int64_t>(m.rows[row].offset / dtype_size(t.dtype()));
     a.tensor = TensorView::from_parts(DeviceBuffer{h->allocs[row], m.rows[row].bytes}, t.dtype(), t.ndim(), shape,
-                                      stride, t.offset());
+                                      stride, rebased);
   }
   const NodeCallable& callable = callables_[k];
   Held* held = h.get();

@@ -150,11 +150,11 @@ Result<Publication> RemotePort::publish(const PublishSpec& spec) {
   if (poisoned_) return *poisoned_;
   SIMPLER_ASSIGN_OR_RETURN(const TaskArgs args, decode_args_blob(spec.args_blob.data(), spec.args_blob.size()), "{}",
                            who());
-  SIMPLER_ASSIGN_OR_RETURN(std::vector<TensorRow> rows, tensor_rows(args), "{}", who());
-  for (const TensorRow& r : rows) {
-    if (!ctx_.shared.contains(r.addr, r.bytes)) {
+  SIMPLER_ASSIGN_OR_RETURN(TensorPlan plan, plan_tensors(args), "{}", who());
+  for (const TensorRow& r : plan.rows) {
+    if (!ctx_.shared.contains(r.addr, r.buffer_bytes)) {
       return out_of_range("{}: buffer {:#x}+{} is not in the network's shared heap, the only memory sent to a node",
-                          who(), r.addr, r.bytes);
+                          who(), r.addr, r.buffer_bytes);
     }
   }
   if (free_.empty()) {
@@ -174,8 +174,9 @@ Result<Publication> RemotePort::publish(const PublishSpec& spec) {
   en.dispatch_id = spec.dispatch_id;
   en.task_slot = spec.task_slot;
   en.published_ns = now_ns();
-  en.rows = std::move(rows);
-  en.request = encode_request(session_, e, en.id.generation, spec.dispatch_id, spec.callable, en.rows, spec.args_blob);
+  en.plan = std::move(plan);
+  en.request =
+      encode_request(session_, e, en.id.generation, spec.dispatch_id, spec.callable, en.plan.rows, spec.args_blob);
   if (!spec.staged) {
     if (Status st = send_request(e); !st.ok()) {
       // Not live: the entry goes back unreported, and the endpoint stops.
@@ -197,10 +198,10 @@ Status RemotePort::send_request(uint32_t e) {
     return internal_error("{}: MPI_Isend of a request failed", who());
   }
   en.sends.push_back(r);
-  for (const TensorRow& row : en.rows) {
+  for (const TensorRow& row : en.plan.rows) {
     if ((row.flags & kToNode) == 0) continue;
     SIMPLER_RETURN_IF_ERROR(post_chunks(rank_, kTagDataBase + static_cast<int>(e),
-                                        reinterpret_cast<const uint8_t*>(row.addr), row.bytes, en.sends),
+                                        reinterpret_cast<const uint8_t*>(row.addr + row.offset), row.bytes, en.sends),
                             "{}", who());
   }
   return Status();
@@ -259,7 +260,7 @@ void RemotePort::finish(uint32_t e, const Status& status, bool endpoint_failure)
   }
   en.held = false;
   en.staged = false;
-  en.rows.clear();
+  en.plan = {};
   ++en.id.generation;  // even: free
   en.id.run_epoch = 0;
   free_.push_back(e);
@@ -440,12 +441,12 @@ void RemotePort::handle_reply(const Message& m) {
     finish(e, Status(static_cast<StatusCode>(m.h.status_code), fmt::format("{}: {}", who(), m.text)), false);
     return;
   }
-  std::vector<const TensorRow*> outs;
-  for (const TensorRow& r : en.rows) {
-    if ((r.flags & kFromNode) != 0) outs.push_back(&r);
+  std::vector<size_t> outs;
+  for (size_t k = 0; k < en.plan.rows.size(); ++k) {
+    if ((en.plan.rows[k].flags & kFromNode) != 0) outs.push_back(k);
   }
   bool sizes_agree = outs.size() == m.sizes.size();
-  for (size_t i = 0; sizes_agree && i < outs.size(); ++i) sizes_agree = outs[i]->bytes == m.sizes[i];
+  for (size_t i = 0; sizes_agree && i < outs.size(); ++i) sizes_agree = en.plan.rows[outs[i]].bytes == m.sizes[i];
   if (!sizes_agree) {
     poison_locked(make_error(StatusCode::kAborted,
                              "{}: TERMINAL for entry {} returns {} buffers, the request expects {} of its sizes; the "
@@ -453,9 +454,9 @@ void RemotePort::handle_reply(const Message& m) {
                              who(), e, m.sizes.size(), outs.size()));
     return;
   }
-  for (const TensorRow* r : outs) {
-    if (Status st = recv_chunks(rank_, kTagDataBase + static_cast<int>(e), reinterpret_cast<uint8_t*>(r->addr),
-                                r->bytes, transfer_deadline(timeout_ns, r->bytes));
+  for (size_t k : outs) {
+    if (Status st = receive_outputs(en.plan.rows[k], en.plan.writes[k], kTagDataBase + static_cast<int>(e),
+                                    transfer_deadline(timeout_ns, en.plan.rows[k].bytes));
         !st.ok()) {
       poison_locked(
           make_error(StatusCode::kAborted, "{}: receiving task {}'s outputs: {}", who(), en.dispatch_id, st.message()));
@@ -463,6 +464,19 @@ void RemotePort::handle_reply(const Message& m) {
     }
   }
   finish(e, Status(), false);
+}
+
+Status RemotePort::receive_outputs(const TensorRow& row, const std::vector<TensorView>& writes, int tag,
+                                   uint64_t deadline_ns) {
+  uint8_t* const base = reinterpret_cast<uint8_t*>(row.addr);
+  if (row_lands_in_place(row, writes)) return recv_chunks(rank_, tag, base + row.offset, row.bytes, deadline_ns);
+  // The row holds bytes this run did not write (an input view's, or between
+  // strided elements) that a task beside it may be writing now: only the
+  // written elements leave the staging buffer.
+  staging_.resize(row.bytes);
+  SIMPLER_RETURN_IF_ERROR(recv_chunks(rank_, tag, staging_.data(), row.bytes, deadline_ns));
+  scatter_writes(row, writes, staging_.data(), base);
+  return Status();
 }
 
 Result<MemoryInfo> RemotePort::memory_info(uint64_t deadline_ns) {

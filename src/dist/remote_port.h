@@ -65,7 +65,7 @@ class RemotePort final : public ExternalWorker {
     uint64_t dispatch_id = 0;
     uint32_t task_slot = 0;
     uint64_t published_ns = 0;
-    std::vector<TensorRow> rows;
+    TensorPlan plan;
     std::vector<uint8_t> request;    // the encoded request, kept for the send
     std::vector<MPI_Request> sends;  // its input chunks in flight
   };
@@ -77,10 +77,13 @@ class RemotePort final : public ExternalWorker {
   void handle_reply(const Message& m);
   // Sends entry `e`'s request and input chunks; requires mu_.
   Status send_request(uint32_t e);
-  // Ends held entry `e` with `status`; requires mu_.
   // The event naming entry e's run, of `kind`; the caller adds what else it carries.
   EndpointEvent event_of(uint32_t e, EndpointEvent::Kind kind) const;
+  // Ends held entry `e` with `status`; requires mu_.
   void finish(uint32_t e, const Status& status, bool endpoint_failure);
+  // Receives a TERMINAL's row into the caller's buffer: exactly `writes`'
+  // elements; requires mu_.
+  Status receive_outputs(const TensorRow& row, const std::vector<TensorView>& writes, int tag, uint64_t deadline_ns);
   void poison_locked(const Status& cause);
   void check_deadlines();
   std::string who() const;
@@ -96,6 +99,7 @@ class RemotePort final : public ExternalWorker {
   std::vector<uint32_t> free_;           // a stack of free entries
   std::atomic<uint32_t> free_count_{0};  // free_.size(), 0 once poisoned
   std::vector<EndpointEvent> pending_;   // for the next poll
+  std::vector<uint8_t> staging_;         // receive_outputs' bytes for a row it cannot receive in place
   std::optional<Status> poisoned_;       // written once, under mu_, before stopped_
   std::atomic<bool> stopped_{false};
   uint64_t next_publication_ = 0;

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "base/errors.h"
+#include "task/byte_runs.h"
 
 namespace simpler::dist {
 
@@ -83,6 +84,11 @@ Status decode_request(Message& m) {
     if (r.bytes == 0 || r.bytes > kWireMaxTensorBytes) {
       return invalid_argument("REQUEST: tensor row {}: bytes {} outside [1, {}]", i, r.bytes, kWireMaxTensorBytes);
     }
+    if (r.offset % kRowAlignment != 0 || r.offset > r.buffer_bytes || r.bytes > r.buffer_bytes - r.offset) {
+      return invalid_argument(
+          "REQUEST: tensor row {}: bytes [{}, +{}) are not a {}-byte aligned span of its {}-byte buffer", i, r.offset,
+          r.bytes, kRowAlignment, r.buffer_bytes);
+    }
     if (r.flags == 0 || (r.flags & ~(kToNode | kFromNode)) != 0) {
       return invalid_argument("REQUEST: tensor row {}: flags {:#x} are not a direction", i, r.flags);
     }
@@ -100,12 +106,19 @@ Status decode_request(Message& m) {
   std::vector<bool> used(n, false);
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].kind != TaskArg::Kind::Tensor) continue;
-    const DeviceBuffer& b = args[i].tensor.buffer();
+    const TensorView& v = args[i].tensor;
+    const DeviceBuffer& b = v.buffer();
     uint32_t k = 0;
-    while (k < n && !(m.rows[k].addr == b.addr && m.rows[k].bytes == b.bytes)) ++k;
+    while (k < n && !(m.rows[k].addr == b.addr && m.rows[k].buffer_bytes == b.bytes)) ++k;
     if (k == n) {
       return invalid_argument("REQUEST: argument {}: buffer {:#x}+{} is no row of the tensor table", i, b.addr,
                               b.bytes);
+    }
+    // The node rebases the view into the row's bytes: it must lie inside them.
+    const TensorRow& r = m.rows[k];
+    if (v.numel() != 0 && (v.first_byte() < r.offset || v.end_byte() > r.offset + r.bytes)) {
+      return invalid_argument("REQUEST: argument {}: bytes [{}, {}) of its buffer are outside tensor row {}'s [{}, {})",
+                              i, v.first_byte(), v.end_byte(), k, r.offset, r.offset + r.bytes);
     }
     used[k] = true;
   }
@@ -262,8 +275,9 @@ std::vector<uint8_t> encode_memory_reply(uint64_t session, uint64_t total, uint6
   return out;
 }
 
-Result<std::vector<TensorRow>> tensor_rows(const TaskArgs& args) {
-  std::vector<TensorRow> rows;
+Result<TensorPlan> plan_tensors(const TaskArgs& args) {
+  TensorPlan plan;
+  std::vector<uint64_t> ends;  // per row: the end of its views' span
   for (size_t i = 0; i < args.size(); ++i) {
     const TaskArg& a = args[i];
     if (a.kind != TaskArg::Kind::Tensor) continue;
@@ -281,27 +295,48 @@ Result<std::vector<TensorRow>> tensor_rows(const TaskArgs& args) {
         flags = kToNode;
         break;
       case Tag::InOut:
-        flags = kToNode | kFromNode;
-        break;
       case Tag::Output:
       case Tag::OutputExisting:
-        flags = kFromNode;
+        flags = kToNode | kFromNode;
         break;
       default:
         return invalid_argument("argument {}: tag {} is no tag", i, static_cast<int>(a.tag));
     }
+    const uint64_t first = a.tensor.numel() == 0 ? 0 : a.tensor.first_byte() / kRowAlignment * kRowAlignment;
+    const uint64_t end = a.tensor.numel() == 0 ? std::min<uint64_t>(b.bytes, 1) : a.tensor.end_byte();
     size_t k = 0;
-    while (k < rows.size() && rows[k].addr != b.addr) ++k;
-    if (k == rows.size()) {
-      rows.push_back(TensorRow{b.addr, b.bytes, flags, 0});
-    } else if (rows[k].bytes != b.bytes) {
-      return invalid_argument("argument {}: buffer {:#x} is named with {} and {} bytes", i, b.addr, rows[k].bytes,
-                              b.bytes);
+    while (k < plan.rows.size() && plan.rows[k].addr != b.addr) ++k;
+    if (k == plan.rows.size()) {
+      plan.rows.push_back(TensorRow{b.addr, b.bytes, first, 0, flags, 0});
+      plan.writes.emplace_back();
+      ends.push_back(end);
+    } else if (plan.rows[k].buffer_bytes != b.bytes) {
+      return invalid_argument("argument {}: buffer {:#x} is named with {} and {} bytes", i, b.addr,
+                              plan.rows[k].buffer_bytes, b.bytes);
     } else {
-      rows[k].flags |= flags;
+      plan.rows[k].flags |= flags;
+      plan.rows[k].offset = std::min(plan.rows[k].offset, first);
+      ends[k] = std::max(ends[k], end);
     }
+    if (tag_writes(a.tag) && a.tensor.numel() != 0) plan.writes[k].push_back(a.tensor);
   }
-  return rows;
+  for (size_t k = 0; k < plan.rows.size(); ++k) plan.rows[k].bytes = ends[k] - plan.rows[k].offset;
+  return plan;
+}
+
+bool row_lands_in_place(const TensorRow& row, const std::vector<TensorView>& writes) {
+  return writes.size() == 1 && is_dense(writes[0]) && writes[0].first_byte() == row.offset &&
+         writes[0].end_byte() == row.offset + row.bytes;
+}
+
+void scatter_writes(const TensorRow& row, const std::vector<TensorView>& writes, const uint8_t* received,
+                    uint8_t* buffer) {
+  for (const TensorView& w : writes) {
+    (void)for_each_byte_run(w, [&](uint64_t at, uint64_t bytes) {
+      std::memcpy(buffer + at, received + (at - row.offset), bytes);
+      return Status();
+    });
+  }
 }
 
 Classified classify_reply(const Message& m, uint64_t session, std::span<const EntryIdentity> entries) {

@@ -19,7 +19,7 @@
 namespace simpler::dist {
 
 inline constexpr uint32_t kWireMagic = 0x49504d53;  // "SMPI"
-inline constexpr uint16_t kWireVersion = 1;
+inline constexpr uint16_t kWireVersion = 2;
 // Control messages travel on kTagControl; the tensor bytes of the run that
 // occupies entry e on kTagDataBase + e, so the chunks of two runs never
 // interleave and a refused message's chunks can be drained by their own tag.
@@ -74,18 +74,26 @@ static_assert(offsetof(WireHeader, value) == 48);
 static_assert(offsetof(WireHeader, payload_bytes) == 60);
 
 // A request's tensor table: one row per distinct buffer its arguments name,
-// in first-use order. The node allocates `bytes` of its own, receives the
-// row's chunks when kToNode, sends them back with the terminal when kFromNode.
-inline constexpr uint32_t kToNode = 1;    // read by the run (Input, InOut)
-inline constexpr uint32_t kFromNode = 2;  // written by the run (OutputExisting, InOut)
+// in first-use order. A row carries bytes [offset, offset + bytes) of its
+// buffer: the span of every view of it, from a 64-byte boundary (so each
+// view's element offset rebases exactly). The node allocates `bytes` of its
+// own, receives the row's chunks when kToNode, sends them back with the
+// terminal when kFromNode. A written row goes both ways: the bytes a kernel
+// leaves unwritten keep the caller's values, as on a local node.
+inline constexpr uint32_t kToNode = 1;    // read by the run, or written (whose unwritten bytes are kept)
+inline constexpr uint32_t kFromNode = 2;  // written by the run (Output, OutputExisting, InOut)
+inline constexpr uint64_t kRowAlignment = 64;
 struct TensorRow {
-  uint64_t addr;  // the network's address, only to match the args blob's buffers
+  uint64_t addr;          // the network's buffer address, only to match the args blob's buffers
+  uint64_t buffer_bytes;  // the buffer's size, as the args blob names it
+  uint64_t offset;        // of the row's first byte in the buffer; a multiple of kRowAlignment
   uint64_t bytes;
   uint32_t flags;
   uint32_t reserved;
 };
-static_assert(sizeof(TensorRow) == 24);
-static_assert(offsetof(TensorRow, flags) == 16);
+static_assert(sizeof(TensorRow) == 40);
+static_assert(offsetof(TensorRow, offset) == 16);
+static_assert(offsetof(TensorRow, flags) == 32);
 
 // Layouts of the payloads:
 //   hello reply: digests (32 bytes each, header.value >= requested)
@@ -135,10 +143,23 @@ std::vector<uint8_t> encode_terminal(uint64_t session, uint32_t entry, uint64_t 
 std::vector<uint8_t> encode_text(MsgKind kind, uint64_t session, std::string_view text);
 std::vector<uint8_t> encode_memory_reply(uint64_t session, uint64_t total, uint64_t free_bytes);
 
-// The distinct buffers of `args` as a request's tensor table, or why they
-// cannot go to a remote node (a runtime-allocated Output has no bytes to
-// send or a place to return them to).
-Result<std::vector<TensorRow>> tensor_rows(const TaskArgs& args);
+// The distinct buffers of `args` as a request's tensor table, and per row the
+// views the run writes (exactly their elements come back: a row's other
+// bytes may belong to a task beside it). Or why they cannot go to a remote
+// node: a runtime-allocated Output has no bytes to send or a place to return them to.
+struct TensorPlan {
+  std::vector<TensorRow> rows;
+  std::vector<std::vector<TensorView>> writes;  // per row
+};
+Result<TensorPlan> plan_tensors(const TaskArgs& args);
+// Whether a returned row may land in the caller's buffer as it arrives: only
+// when its one written view is dense and spans the row, so the row holds no
+// byte the run did not write.
+bool row_lands_in_place(const TensorRow& row, const std::vector<TensorView>& writes);
+// Copies exactly `writes`' elements from `received` (the row's bytes) into
+// the caller's buffer at `buffer` (its first byte).
+void scatter_writes(const TensorRow& row, const std::vector<TensorView>& writes, const uint8_t* received,
+                    uint8_t* buffer);
 
 // What one side knows about an entry: the generation it occupies it under
 // (even: free) and, on the network's side, the epoch the node acknowledged.

@@ -10,6 +10,7 @@
 #include "base/errors.h"
 #include "chip/native_run.h"
 #include "task/args_blob.h"
+#include "task/byte_runs.h"
 
 namespace simpler {
 
@@ -149,34 +150,6 @@ Status ChipChildHandler::map_in(TaskArgs& args, std::vector<Staged>& staged) {
   }
   return Status();
 }
-
-namespace {
-// Calls `copy(byte_offset, bytes)` for each run of contiguous bytes `v`
-// covers, relative to its buffer start: the whole span when the view is
-// dense, else its innermost rows (or single elements when those are strided).
-template <typename F>
-Status for_each_byte_run(const TensorView& v, F&& copy) {
-  const int64_t n = v.numel();
-  if (n == 0) return Status();
-  const uint64_t esize = dtype_size(v.dtype());
-  if (v.end_byte() - v.first_byte() == static_cast<uint64_t>(n) * esize) {
-    return copy(v.first_byte(), v.end_byte() - v.first_byte());
-  }
-  const int nd = v.ndim();
-  const bool dense_rows = v.stride(nd - 1) == 1;
-  const int outer = dense_rows ? nd - 1 : nd;
-  const uint64_t run_bytes = dense_rows ? static_cast<uint64_t>(v.shape(nd - 1)) * esize : esize;
-  std::array<int64_t, kMaxDims> idx{};
-  for (;;) {
-    int64_t e = v.offset();
-    for (int d = 0; d < outer; ++d) e += idx[d] * v.stride(d);
-    SIMPLER_RETURN_IF_ERROR(copy(static_cast<uint64_t>(e) * esize, run_bytes));
-    int d = outer - 1;
-    while (d >= 0 && ++idx[d] == v.shape(d)) idx[d--] = 0;
-    if (d < 0) return Status();
-  }
-}
-}  // namespace
 
 Status ChipChildHandler::copy_in(const std::vector<Staged>& staged) {
   // Every element the run reads or writes: a partially written output keeps

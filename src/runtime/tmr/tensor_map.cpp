@@ -3,12 +3,13 @@
 namespace simpler::tmr {
 
 void TensorMap::reset(uint32_t window) {
-  // Only what the last run left (tombstones, tasks it never retired) is
-  // still linked: clearing that costs what the run left, not the window.
+  // Only the buckets and task lists that the last run's live records
+  // (tombstones, tasks it never retired) still link are cleared, not the
+  // whole table: the walk costs the run's peak record count, off the submit path.
   for (const Rec& rec : recs_) {
     if (!rec.live) continue;
     for (uint32_t k = 0; k < rec.granules; ++k) heads_[links_[(&rec - recs_.data()) * kMaxGranules + k].bucket] = 0;
-    if (rec.task != kTombstone && rec.slot < task_head_.size()) task_head_[rec.slot] = 0;
+    if (rec.task != kTombstone) task_head_[rec.slot] = 0;
   }
   recs_.clear();
   free_recs_.clear();

@@ -24,8 +24,8 @@ class TensorMap {
   // The task of a tombstone: a failed or poisoned task that has retired.
   static constexpr uint32_t kTombstone = UINT32_MAX;
 
-  // Forgets every record, in time proportional to what is left. Room for the
-  // records of `window` tasks; grows only past that.
+  // Forgets every record, walking the records the last run used at its
+  // peak. Room for the records of `window` tasks; grows only past that.
   void reset(uint32_t window);
 
   // Records the access of task `task` (window slot `slot`) to bytes [first,
