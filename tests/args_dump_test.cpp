@@ -10,6 +10,7 @@
 #include "diag/args_dump_collector.h"
 #include "diag/args_dump_file.h"
 #include "diag/args_dump_lane.h"
+#include "runtime/common/arg_capture.h"
 #include "test_util.h"
 
 namespace simpler::testing {
@@ -402,6 +403,80 @@ TEST(ArgsDumpCollector, TwoLanesDrainedByOneHostThreadLoseNothing) {
     ASSERT_EQ(s.min, static_cast<double>(a.task)) << "task " << a.task << " holds another task's bytes";
     ASSERT_EQ(s.max, static_cast<double>(a.task));
   }
+}
+
+// What each selection captures of one task (input a, output c marked with
+// dump(), inout b, a scalar), and at which stage: inputs and inouts before,
+// outputs and inouts after; Hybrid keeps metadata for the unmarked.
+TEST(ArgCapture, EachSelectionCapturesWhatItSays) {
+  Watchdog dog;
+  HostTensor a(8), b(8), c(8);
+  for (int i = 0; i < 8; ++i) a.data[i] = static_cast<float>(i);
+  a.buffer.addr = reinterpret_cast<uint64_t>(a.data.data());
+  b.buffer.addr = reinterpret_cast<uint64_t>(b.data.data());
+  c.buffer.addr = reinterpret_cast<uint64_t>(c.data.data());
+  TaskArgs args;
+  args.add_tensor(a.buffer.view({8}, DType::F32), Tag::Input)
+      .add_tensor(b.buffer.view({8}, DType::F32), Tag::InOut)
+      .add_scalar(3)
+      .add_tensor(c.buffer.view({8}, DType::F32), Tag::OutputExisting)
+      .dump();
+  ASSERT_TRUE(args.validate().ok());
+  struct Want {
+    DumpSelection sel;
+    std::vector<std::tuple<uint32_t, DumpStage, bool>> records;  // arg, stage, metadata only
+  };
+  const std::vector<Want> wants = {
+      {DumpSelection::kFull,
+       {{0, DumpStage::kBefore, false},
+        {1, DumpStage::kBefore, false},
+        {1, DumpStage::kAfter, false},
+        {3, DumpStage::kAfter, false}}},
+      {DumpSelection::kPartial, {{3, DumpStage::kAfter, false}}},
+      {DumpSelection::kHybrid,
+       {{0, DumpStage::kBefore, true},
+        {1, DumpStage::kBefore, true},
+        {1, DumpStage::kAfter, true},
+        {3, DumpStage::kAfter, false}}},
+  };
+  for (const Want& w : wants) {
+    const std::string dir = fresh_dir(dump_selection_name(w.sel));
+    ArgsDumpCollector::Options o;
+    o.dir = dir;
+    o.selection = w.sel;
+    o.run_epoch = 5;
+    auto col = ArgsDumpCollector::start(o);
+    ASSERT_TRUE(col.ok());
+    ArgCapture cap(**col, 4, 5);
+    cap.add_task(2, 77, 9, args);
+    cap.before(0, 2);
+    for (float& x : c.data) x = 42;  // the "kernel"
+    cap.after(0, 2);
+    ASSERT_TRUE((*col)->finish(true).ok());
+    auto dump = load_args_dump(dir);
+    ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+    ASSERT_EQ(dump->args.size(), w.records.size()) << dump_selection_name(w.sel);
+    for (size_t i = 0; i < w.records.size(); ++i) {
+      const DumpedArg& got = dump->args[i];
+      EXPECT_EQ(got.task, 77u);
+      EXPECT_EQ(got.func_id, 9u);
+      EXPECT_EQ(got.arg, std::get<0>(w.records[i])) << dump_selection_name(w.sel) << " record " << i;
+      EXPECT_EQ(got.stage, std::get<1>(w.records[i])) << dump_selection_name(w.sel) << " record " << i;
+      EXPECT_EQ(got.metadata_only, std::get<2>(w.records[i])) << dump_selection_name(w.sel) << " record " << i;
+      if (got.arg == 3) {
+        EXPECT_EQ(summarize(*dump, got).min, 42);  // after the kernel wrote it
+      }
+    }
+  }
+}
+
+TEST(ArgCapture, DumpMarksOnlyATensorArgument) {
+  TaskArgs none;
+  none.dump();
+  EXPECT_REFUSED(none.validate(), StatusCode::kInvalidArgument, "before any argument");
+  TaskArgs scalar;
+  scalar.add_scalar(1).dump();
+  EXPECT_REFUSED(scalar.validate(), StatusCode::kInvalidArgument, "args[0]");
 }
 
 }  // namespace
