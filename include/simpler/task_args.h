@@ -19,6 +19,7 @@ struct TaskArg {
   Tag tag = Tag::NoDep;  // tensors only
   TensorView tensor;     // tensors only
   uint64_t scalar = 0;   // scalars only: raw 64 bits
+  bool dump = false;     // tensors only: captured under DumpArgs::Partial and Hybrid (TaskArgs::dump)
 };
 
 class TaskArgs {
@@ -30,6 +31,9 @@ class TaskArgs {
   TaskArgs& add_scalar_u64(uint64_t v);
   TaskArgs& add_scalar_f64(double v);
   TaskArgs& add_scalar_f32(float v);
+  // Marks the argument added last (a tensor) for argument dumps that
+  // capture only marked arguments (Partial) or only their bytes (Hybrid).
+  TaskArgs& dump();
 
   size_t size() const { return args_.size(); }
   bool empty() const { return args_.empty(); }
@@ -44,6 +48,7 @@ class TaskArgs {
 
  private:
   std::vector<TaskArg> args_;
+  bool dump_without_argument_ = false;  // dump() before any add_: refused by validate()
 };
 
 // One parameter of a callable's signature: a tensor with its direction, or a

@@ -38,6 +38,16 @@ struct TraceFlags {
   bool json = false;
 };
 
+struct DumpShowFlags {
+  std::string dir;
+  int64_t task = -1;  // -1: every task
+};
+
+struct DumpDiffFlags {
+  std::string a, b;
+  double rtol = 0, atol = 0;
+};
+
 int cmd_demo();
 int cmd_run(const RunFlags& flags);
 int cmd_info();
@@ -45,6 +55,9 @@ int cmd_bench(const BenchFlags& flags);
 // trace_commands.cpp: `simpler trace view|summary DIR` over DIR/trace.json.
 int cmd_trace_view(const TraceFlags& flags);
 int cmd_trace_summary(const TraceFlags& flags);
+// Exit 1 when the dumps differ (diff) or cannot be read.
+int cmd_dump_show(const DumpShowFlags& flags);
+int cmd_dump_diff(const DumpDiffFlags& flags);
 
 // Names accepted by --geometry, --runtime and by `simpler run`, for the parser's checks.
 std::vector<std::string> geometry_names();

@@ -87,6 +87,23 @@ int main(int argc, char** argv) {
       "summary", "Print busy % per core lane, scheduler overhead per task and each run's critical path");
   trace_summary->add_option("dir", trace_flags.dir, "Trace directory")->required();
   trace_summary->add_flag("--json", trace_flags.json, "Print one JSON object");
+  CLI::App* dump = app.add_subcommand("dump", "Read a run's argument dump");
+  dump->require_subcommand(1);
+  DumpShowFlags show_flags;
+  CLI::App* show = dump->add_subcommand("show", "Print each captured argument with min, max, mean, NaN and Inf");
+  show->add_option("dir", show_flags.dir, "The dump directory (or its run's, or a node's)")->required();
+  show->add_option("--task", show_flags.task, "Only this task")->check(integer_in<int64_t>(0, INT64_MAX));
+  DumpDiffFlags diff_flags;
+  CLI::App* diff = dump->add_subcommand(
+      "diff", "Name the first task, in execution order, whose output differs between two runs' dumps");
+  diff->add_option("a", diff_flags.a, "The first run's dump directory")->required();
+  diff->add_option("b", diff_flags.b, "The second run's dump directory")->required();
+  diff->add_option("--rtol", diff_flags.rtol, "Relative tolerance")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  diff->add_option("--atol", diff_flags.atol, "Absolute tolerance")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -100,6 +117,8 @@ int main(int argc, char** argv) {
   if (bench->parsed()) return cmd_bench(bench_flags);
   if (trace_view->parsed()) return cmd_trace_view(trace_flags);
   if (trace_summary->parsed()) return cmd_trace_summary(trace_flags);
+  if (show->parsed()) return cmd_dump_show(show_flags);
+  if (diff->parsed()) return cmd_dump_diff(diff_flags);
   std::fputs(app.help().c_str(), stderr);
   std::fputs("\nA subcommand is required.\n", stderr);
   return kExitUsage;

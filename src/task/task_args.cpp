@@ -39,12 +39,25 @@ TaskArgs& TaskArgs::add_scalar_f32(float v) {
   return add_scalar_u64(bits);
 }
 
+TaskArgs& TaskArgs::dump() {
+  if (args_.empty()) {
+    dump_without_argument_ = true;
+  } else {
+    args_.back().dump = true;
+  }
+  return *this;
+}
+
 Status TaskArgs::validate() const {
   if (args_.size() > kMaxTaskArgs) {
     return invalid_argument("args: {} arguments exceed the limit of {}", args_.size(), kMaxTaskArgs);
   }
+  if (dump_without_argument_) return invalid_argument("args: dump() was called before any argument was added");
   for (size_t i = 0; i < args_.size(); ++i) {
     const TaskArg& a = args_[i];
+    if (a.kind == TaskArg::Kind::Scalar && a.dump) {
+      return invalid_argument("args[{}]: dump() marks a scalar; only tensor arguments are captured", i);
+    }
     if (a.kind == TaskArg::Kind::Scalar) continue;
     if (a.kind != TaskArg::Kind::Tensor) return invalid_argument("args[{}]: unknown argument kind", i);
     if (static_cast<size_t>(a.tag) >= static_cast<size_t>(Tag::kCount)) {

@@ -1,0 +1,58 @@
+#include "runtime/common/arg_capture.h"
+
+namespace simpler {
+
+ArgCapture::ArgCapture(ArgsDumpCollector& collector, uint32_t capacity, uint64_t run_epoch)
+    : collector_(collector), run_epoch_(run_epoch), tasks_(capacity) {}
+
+void ArgCapture::add_task(uint32_t key, uint64_t task, uint32_t func_id, const TaskArgs& args) {
+  Task& t = tasks_[key];
+  t.id = task;
+  t.func_id = func_id;
+  t.args.clear();
+  const DumpSelection sel = collector_.selection();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const TaskArg& a = args[i];
+    if (a.kind != TaskArg::Kind::Tensor || a.tag == Tag::NoDep) continue;
+    if (sel == DumpSelection::kPartial && !a.dump) continue;
+    const DumpRole role = a.tag == Tag::Input   ? DumpRole::kInput
+                          : a.tag == Tag::InOut ? DumpRole::kInOut
+                                                : DumpRole::kOutput;
+    t.args.push_back({a.tensor, static_cast<uint16_t>(i), role, sel == DumpSelection::kFull || a.dump});
+  }
+}
+
+void ArgCapture::before(uint32_t aicpu, uint32_t key) { capture(aicpu, tasks_[key], DumpStage::kBefore); }
+
+void ArgCapture::after(uint32_t aicpu, uint32_t key) { capture(aicpu, tasks_[key], DumpStage::kAfter); }
+
+void ArgCapture::capture(uint32_t aicpu, const Task& t, DumpStage stage) {
+  DumpLane& lane = collector_.lane(aicpu);
+  for (const Arg& a : t.args) {
+    const bool wanted = stage == DumpStage::kBefore ? a.role != DumpRole::kOutput : a.role != DumpRole::kInput;
+    if (!wanted) continue;
+    DumpRecord r;
+    r.run_epoch = run_epoch_;
+    r.task_id = t.id;
+    r.order = collector_.next_order();
+    r.func_id = t.func_id;
+    r.arg_index = a.index;
+    r.role = static_cast<uint8_t>(a.role);
+    r.stage = static_cast<uint8_t>(stage);
+    r.dtype = static_cast<uint8_t>(a.view.dtype());
+    r.ndim = static_cast<uint8_t>(a.view.ndim());
+    r.offset = a.view.offset();
+    for (int d = 0; d < a.view.ndim(); ++d) {
+      r.shape[d] = a.view.shape(d);
+      r.stride[d] = a.view.stride(d);
+    }
+    r.device_addr = a.view.buffer().addr;
+    r.logical_bytes = static_cast<uint64_t>(a.view.numel()) * dtype_size(a.view.dtype());
+    if (!a.bytes) r.flags |= DumpRecord::kMetadataOnly;
+    // Device memory is host-mapped on every backend that dumps (checked at prepare).
+    const DumpSource src{reinterpret_cast<const uint8_t*>(a.view.buffer().addr), a.view};
+    lane.record(r, a.bytes ? &src : nullptr);
+  }
+}
+
+}  // namespace simpler

@@ -1,0 +1,483 @@
+// The argument-dump lane (metadata buffers, payload arena, back-pressure,
+// the resumable producer) and the dump's files: manifest + args.bin written,
+// loaded with validation, summarised and diffed.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "base/errors.h"
+#include "diag/args_dump_collector.h"
+#include "diag/args_dump_file.h"
+#include "diag/args_dump_lane.h"
+#include "runtime/common/arg_capture.h"
+#include "test_util.h"
+
+namespace simpler::testing {
+namespace {
+
+// A fresh directory under the test's temp dir.
+std::string fresh_dir(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("simpler_dump_" + std::to_string(::getpid()) + "_" + info->name() + "_" + name))
+                              .string();
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+DumpRecord meta_for(uint64_t task, uint16_t arg, DumpRole role, DumpStage stage, const TensorView& v, uint64_t order) {
+  DumpRecord r;
+  r.run_epoch = 7;
+  r.task_id = task;
+  r.order = order;
+  r.func_id = 3;
+  r.arg_index = arg;
+  r.role = static_cast<uint8_t>(role);
+  r.stage = static_cast<uint8_t>(stage);
+  r.dtype = static_cast<uint8_t>(v.dtype());
+  r.ndim = static_cast<uint8_t>(v.ndim());
+  r.offset = v.offset();
+  for (int d = 0; d < v.ndim(); ++d) {
+    r.shape[d] = v.shape(d);
+    r.stride[d] = v.stride(d);
+  }
+  r.logical_bytes = static_cast<uint64_t>(v.numel()) * dtype_size(v.dtype());
+  return r;
+}
+
+// A host buffer standing in for device memory, with a DeviceBuffer naming it.
+struct HostTensor {
+  std::vector<float> data;
+  DeviceBuffer buffer;
+  explicit HostTensor(size_t n) : data(n) { buffer = {0x1000, n * sizeof(float)}; }
+  DumpSource source(const TensorView& v) const { return {reinterpret_cast<const uint8_t*>(data.data()), v}; }
+};
+
+// Drains `lane` into `writer` on its own thread until stopped.
+class HostDrainer {
+ public:
+  HostDrainer(DumpLane& lane, ArgsDumpWriter& writer)
+      : lane_(lane), sink_(writer.sink_for(0)), thread_([this] { loop(); }) {}
+  ~HostDrainer() { stop(); }
+  void stop() {
+    if (!thread_.joinable()) return;
+    stop_.store(true);
+    lane_.host_bell().ring();
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    while (!stop_.load()) {
+      const uint32_t armed = lane_.host_bell().arm();
+      if (lane_.drain(sink_) == 0 && !stop_.load()) lane_.host_bell().park(armed, now_ns() + 50'000'000);
+    }
+  }
+  DumpLane& lane_;
+  DumpLane::Sink sink_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+Result<ArgsDump> finish_and_load(ArgsDumpWriter& writer, DumpLane& lane, const std::string& dir) {
+  ArgsDumpWriter::Summary s;
+  s.run_epoch = 7;
+  s.complete = lane.drain_final(writer.sink_for(0)).ok();
+  s.lanes = {lane.counts()};
+  s.kernel_name = [](uint32_t f) { return "kernel" + std::to_string(f); };
+  SIMPLER_RETURN_IF_ERROR(writer.finish(s));
+  return load_args_dump(dir);
+}
+
+TEST(ArgsDumpLane, RecordsEveryArgumentWithItsBytesInRowMajorOrder) {
+  Watchdog dog;
+  const std::string dir = fresh_dir("a");
+  auto writer = ArgsDumpWriter::open(dir).value();
+  DumpLaneConfig cfg;
+  cfg.buffers = 2;
+  cfg.records_per_buffer = 3;  // buffers cycle many times
+  cfg.arena_bytes = 8192;      // and the arena wraps
+  auto lane = DumpLane::create(cfg).value();
+  HostTensor t(64 * 16);
+  for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = static_cast<float>(i);
+  const TensorView whole(t.buffer, {64, 16}, DType::F32);
+  const int64_t shape[] = {64, 8}, stride[] = {16, 2};
+  const TensorView column = TensorView::from_parts(t.buffer, DType::F32, 2, shape, stride, 1);  // odd columns
+  ASSERT_TRUE(column.validate().ok());
+  const TensorView block = whole.tile({10, 4}, {7, 9}).value();
+  {
+    HostDrainer host(*lane, *writer);
+    for (uint64_t k = 0; k < 40; ++k) {
+      const TensorView& v = k % 3 == 0 ? column : (k % 3 == 1 ? block : whole);
+      const DumpSource src = t.source(v);
+      ASSERT_TRUE(lane->record(meta_for(k, k % 4, DumpRole::kInput, DumpStage::kBefore, v, k), &src)) << k;
+    }
+  }
+  auto dump = finish_and_load(*writer, *lane, dir);
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  ASSERT_EQ(dump->args.size(), 40u);
+  EXPECT_TRUE(dump->complete);
+  EXPECT_EQ(dump->counts.total, 40u);
+  EXPECT_EQ(dump->counts.collected, 40u);
+  EXPECT_EQ(dump->counts.dropped, 0u);
+  for (const DumpedArg& a : dump->args) {
+    const TensorView& v = a.task % 3 == 0 ? column : (a.task % 3 == 1 ? block : whole);
+    ASSERT_EQ(dumped_elements(a), static_cast<uint64_t>(v.numel())) << a.task;
+    ASSERT_EQ(a.kernel, "kernel3");
+    // Element i of the dump is element (r, c) of the view, read through its strides.
+    const int64_t cols = v.shape(1);
+    for (int64_t i = 0; i < v.numel(); ++i) {
+      const int64_t at = v.offset() + (i / cols) * v.stride(0) + (i % cols) * v.stride(1);
+      ASSERT_EQ(dumped_element(*dump, a, static_cast<uint64_t>(i)), t.data[static_cast<size_t>(at)])
+          << "task " << a.task << " element " << i;
+    }
+  }
+}
+
+TEST(ArgsDumpLane, APayloadLargerThanHalfTheArenaIsMarkedTruncatedNeverShort) {
+  Watchdog dog;
+  const std::string dir = fresh_dir("a");
+  auto writer = ArgsDumpWriter::open(dir).value();
+  DumpLaneConfig cfg;
+  cfg.arena_bytes = 4096;
+  auto lane = DumpLane::create(cfg).value();
+  HostTensor t(4096);
+  for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = static_cast<float>(i) * 0.5f;
+  const TensorView v(t.buffer, {4096}, DType::F32);
+  const DumpSource src = t.source(v);
+  {
+    HostDrainer host(*lane, *writer);
+    ASSERT_TRUE(lane->record(meta_for(1, 0, DumpRole::kOutput, DumpStage::kAfter, v, 0), &src));
+  }
+  auto dump = finish_and_load(*writer, *lane, dir);
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  ASSERT_EQ(dump->args.size(), 1u);
+  const DumpedArg& a = dump->args[0];
+  EXPECT_TRUE(a.truncated);
+  EXPECT_EQ(a.bytes, 2048u);  // arena_bytes / 2
+  EXPECT_EQ(a.logical_bytes, 4096u * 4);
+  EXPECT_EQ(dump->counts.truncated, 1u);
+  for (uint64_t i = 0; i < dumped_elements(a); ++i) ASSERT_EQ(dumped_element(*dump, a, i), t.data[i]);
+}
+
+// The producer's wait must not depend on records it holds itself: with the
+// arena full of bytes that only its unpublished buffer names, try_begin
+// hands that buffer over so the host can acknowledge them.
+TEST(ArgsDumpLane, AFullArenaPublishesTheRecordsThatHoldItInsteadOfWaitingOnThem) {
+  Watchdog dog;
+  const std::string dir = fresh_dir("a");
+  auto writer = ArgsDumpWriter::open(dir).value();
+  DumpLaneConfig cfg;
+  cfg.arena_bytes = 4096;
+  cfg.records_per_buffer = 256;  // never fills by count in this test
+  cfg.wait_ns = 20'000'000'000;  // a drop here would be the defect, not a slow machine
+  auto lane = DumpLane::create(cfg).value();
+  HostTensor t(256);
+  const TensorView v(t.buffer, {256}, DType::F32);  // 1 KiB: four fill the arena
+  const DumpSource src = t.source(v);
+  {
+    HostDrainer host(*lane, *writer);
+    for (uint64_t k = 0; k < 64; ++k) {
+      ASSERT_TRUE(lane->record(meta_for(k, 0, DumpRole::kInput, DumpStage::kBefore, v, k), &src)) << k;
+    }
+  }
+  auto dump = finish_and_load(*writer, *lane, dir);
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_EQ(dump->counts.collected, 64u);
+  EXPECT_EQ(dump->counts.dropped, 0u);
+}
+
+// Back-pressure: a host that stops acknowledging makes the producer wait
+// out its deadline and record a drop: never a hang, never a short record,
+// and total == collected + dropped throughout. Once the host drains again,
+// capture resumes.
+TEST(ArgsDumpLane, AHostThatStopsAcknowledgingCostsDropsNotAHang) {
+  Watchdog dog;
+  const std::string dir = fresh_dir("a");
+  auto writer = ArgsDumpWriter::open(dir).value();
+  DumpLaneConfig cfg;
+  cfg.arena_bytes = 4096;
+  cfg.wait_ns = 5'000'000;
+  auto lane = DumpLane::create(cfg).value();
+  HostTensor t(256);
+  const TensorView v(t.buffer, {256}, DType::F32);
+  const DumpSource src = t.source(v);
+  uint64_t ok = 0;
+  for (uint64_t k = 0; k < 10; ++k) {
+    ok += lane->record(meta_for(k, 0, DumpRole::kInput, DumpStage::kBefore, v, k), &src) ? 1 : 0;
+    const DumpCounts c = lane->counts();
+    ASSERT_EQ(c.total, c.collected + c.dropped) << k;
+  }
+  EXPECT_EQ(ok, 4u);  // the arena holds four; nobody acknowledges them
+  EXPECT_EQ(lane->counts().dropped, 6u);
+  lane->drain(writer->sink_for(0));
+  EXPECT_TRUE(lane->record(meta_for(10, 0, DumpRole::kInput, DumpStage::kBefore, v, 10), &src));
+  auto dump = finish_and_load(*writer, *lane, dir);
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_EQ(dump->counts.total, 11u);
+  EXPECT_EQ(dump->counts.collected, 5u);
+  EXPECT_EQ(dump->counts.dropped, 6u);
+  EXPECT_EQ(dump->args.size(), 5u);
+}
+
+// The resumable producer: a would-block retry is not counted again; an
+// abandon rolls the arena back to where the reservation began; a lane left
+// with a reservation open refuses its final drain (accounting unknown).
+TEST(ArgsDumpLane, TheResumableProducerCountsOnceAndAbandonRollsTheArenaBack) {
+  DumpLaneConfig cfg;
+  cfg.arena_bytes = 4096;
+  auto lane = DumpLane::create(cfg).value();
+  HostTensor t(512);
+  const TensorView big(t.buffer, {512}, DType::F32);  // 2 KiB, the clamp
+  const DumpSource src = t.source(big);
+  std::vector<DumpRecord> seen;
+  const DumpLane::Sink sink = [&](const DumpRecord& r, const uint8_t*, size_t, const uint8_t*, size_t) {
+    seen.push_back(r);
+  };
+
+  ASSERT_EQ(lane->try_begin(meta_for(1, 0, DumpRole::kInput, DumpStage::kBefore, big, 0), &src), DumpStep::kDone);
+  while (lane->copy_chunk(100) == DumpStep::kInProgress) {
+  }
+  lane->commit();
+  ASSERT_EQ(lane->try_begin(meta_for(2, 0, DumpRole::kInput, DumpStage::kBefore, big, 1), &src), DumpStep::kDone);
+  EXPECT_EQ(lane->copy_chunk(1000), DumpStep::kInProgress);
+  lane->abandon();  // rolls back 2 KiB
+  EXPECT_EQ(lane->counts().dropped, 1u);
+  ASSERT_EQ(lane->try_begin(meta_for(3, 0, DumpRole::kInput, DumpStage::kBefore, big, 2), &src), DumpStep::kDone);
+  lane->copy_chunk(1 << 20);
+  lane->commit();
+  // The arena is now full (two committed 2 KiB payloads, nothing acknowledged).
+  const DumpRecord fourth = meta_for(4, 0, DumpRole::kInput, DumpStage::kBefore, big, 3);
+  EXPECT_EQ(lane->try_begin(fourth, &src), DumpStep::kWouldBlock);
+  EXPECT_EQ(lane->try_begin(fourth, &src), DumpStep::kWouldBlock);
+  EXPECT_EQ(lane->counts().total, 4u);  // tasks 1, 2, 3 and 4 once, however often 4 retried
+  EXPECT_EQ(lane->drain(sink), 2u);     // the would-block published them
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].task_id, 3u);
+  EXPECT_EQ(seen[1].arena_pos, 2048u);  // where task 2's abandoned reservation began
+  ASSERT_EQ(lane->try_begin(fourth, &src), DumpStep::kDone);
+  lane->copy_chunk(1);
+  EXPECT_FALSE(lane->drain_final(sink).ok());  // mid-copy: the accounting is unknown
+}
+
+TEST(ArgsDumpLane, RefusesAConfigItCannotRunNamingTheField) {
+  DumpLaneConfig c;
+  c.buffers = 1;
+  EXPECT_REFUSED(DumpLane::create(c).status(), StatusCode::kInvalidArgument, "buffers");
+  c = {};
+  c.records_per_buffer = 0;
+  EXPECT_REFUSED(DumpLane::create(c).status(), StatusCode::kInvalidArgument, "records_per_buffer");
+  c = {};
+  c.arena_bytes = 100;
+  EXPECT_REFUSED(DumpLane::create(c).status(), StatusCode::kInvalidArgument, "arena_bytes");
+}
+
+// A dump of one task per element vector, written through a real lane.
+std::string write_chain_dump(const std::string& dir, uint64_t tasks, uint64_t perturbed_task, int64_t perturbed_elem) {
+  auto writer = ArgsDumpWriter::open(dir).value();
+  auto lane = DumpLane::create({}).value();
+  HostTensor t(32);
+  const TensorView v(t.buffer, {4, 8}, DType::F32);
+  const DumpSource src = t.source(v);
+  {
+    HostDrainer host(*lane, *writer);
+    for (uint64_t k = 0; k < tasks; ++k) {
+      for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = static_cast<float>(k) + static_cast<float>(i) / 64;
+      if (k == perturbed_task) t.data[static_cast<size_t>(perturbed_elem)] += 0.25f;
+      EXPECT_TRUE(lane->record(meta_for(k, 1, DumpRole::kOutput, DumpStage::kAfter, v, k), &src));
+    }
+  }
+  EXPECT_TRUE(finish_and_load(*writer, *lane, dir).ok());
+  return dir;
+}
+
+TEST(ArgsDumpDiff, NamesTheFirstPerturbedTaskOfAThousandTaskChain) {
+  Watchdog dog;
+  const std::string a = write_chain_dump(fresh_dir("a"), 1000, UINT64_MAX, 0);
+  const std::string b = write_chain_dump(fresh_dir("b"), 1000, 637, 13);
+  auto da = load_args_dump(a);
+  auto db = load_args_dump(b);
+  ASSERT_TRUE(da.ok() && db.ok());
+  const DumpDifference d = diff_args_dumps(*da, *db, 0, 0);
+  ASSERT_TRUE(d.differs) << d.what;
+  EXPECT_EQ(d.task, 637u);
+  EXPECT_EQ(d.arg, 1u);
+  EXPECT_EQ(d.index, (std::vector<int64_t>{1, 5}));  // element 13 of a 4x8 tensor
+  EXPECT_FLOAT_EQ(d.a, 637.f + 13.f / 64);
+  EXPECT_FLOAT_EQ(d.b, 637.f + 13.f / 64 + 0.25f);
+  EXPECT_TRUE(contains(d.what, "task 637")) << d.what;
+  // Within tolerance, nothing differs; a run against itself never differs.
+  EXPECT_FALSE(diff_args_dumps(*da, *db, 0, 0.3).differs);
+  EXPECT_FALSE(diff_args_dumps(*da, *da, 0, 0).differs);
+}
+
+TEST(ArgsDumpFile, SummarisesATensorCountingNanAndInf) {
+  const std::string dir = fresh_dir("a");
+  auto writer = ArgsDumpWriter::open(dir).value();
+  auto lane = DumpLane::create({}).value();
+  HostTensor t(6);
+  t.data = {1.f, -2.f, std::numeric_limits<float>::quiet_NaN(), 4.f, std::numeric_limits<float>::infinity(), 3.f};
+  const TensorView v(t.buffer, {6}, DType::F32);
+  const DumpSource src = t.source(v);
+  ASSERT_TRUE(lane->record(meta_for(0, 0, DumpRole::kInOut, DumpStage::kAfter, v, 0), &src));
+  auto dump = finish_and_load(*writer, *lane, dir);
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  const TensorSummary s = summarize(*dump, dump->args[0]);
+  EXPECT_EQ(s.elements, 6u);
+  EXPECT_EQ(s.nan, 1u);
+  EXPECT_EQ(s.inf, 1u);
+  EXPECT_EQ(s.min, -2);
+  EXPECT_EQ(s.max, 4);
+  EXPECT_DOUBLE_EQ(s.mean, 1.5);
+}
+
+// The loader trusts nothing: each corruption is refused naming what is wrong.
+TEST(ArgsDumpFile, RefusesAManifestThatDisagreesWithItselfOrItsBin) {
+  const std::string dir = write_chain_dump(fresh_dir("a"), 3, UINT64_MAX, 0);
+  const std::string path = dir + "/manifest.json";
+  nlohmann::json good;
+  std::ifstream(path) >> good;
+  const auto refused_after = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& why) {
+    nlohmann::json m = good;
+    edit(m);
+    std::ofstream(path) << m.dump();
+    auto d = load_args_dump(dir);
+    ASSERT_FALSE(d.ok()) << why;
+    EXPECT_TRUE(contains(d.status().message(), why)) << d.status().to_string();
+  };
+  refused_after([](auto& m) { m["records"][1].erase("dtype"); }, "record 1 has no \"dtype\"");
+  refused_after([](auto& m) { m["records"][2]["bin_offset"] = 1u << 20; }, "record 2 names bytes");
+  refused_after([](auto& m) { m["records"][0]["dtype"] = "f99"; }, "unknown dtype");
+  refused_after([](auto& m) { m["records"][0]["shape"] = {4, 9}; }, "logical_bytes");
+  refused_after([](auto& m) { m["records"][0]["truncated"] = true; }, "do not allow");
+  refused_after([](auto& m) { m["dropped"] = 1; }, "total");
+  refused_after([](auto& m) { m["collected"] = 2; }, "lists 3 records");
+  refused_after([](auto& m) { m["simpler_args_dump_version"] = 2; }, "version");
+  std::ofstream(path) << good.dump();
+  EXPECT_TRUE(load_args_dump(dir).ok());
+}
+
+// Two AICPU threads capture at once through one collector: every record
+// arrives once, in one capture order, with the lanes' accounting summed.
+TEST(ArgsDumpCollector, TwoLanesDrainedByOneHostThreadLoseNothing) {
+  Watchdog dog;
+  const std::string dir = fresh_dir("a");
+  ArgsDumpCollector::Options o;
+  o.dir = dir;
+  o.lanes = 2;
+  o.lane.arena_bytes = 8192;  // 8 payloads: the producers wait on the host throughout
+  o.lane.records_per_buffer = 4;
+  o.lane.wait_ns = 20'000'000'000;
+  o.run_epoch = 9;
+  o.kernel_name = [](uint32_t f) { return "k" + std::to_string(f); };
+  auto c = ArgsDumpCollector::start(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  HostTensor t(256);
+  const TensorView v(t.buffer, {256}, DType::F32);
+  std::vector<std::thread> producers;
+  for (uint32_t lane = 0; lane < 2; ++lane) {
+    producers.emplace_back([&, lane] {
+      HostTensor mine(256);
+      for (uint64_t k = 0; k < 500; ++k) {
+        std::fill(mine.data.begin(), mine.data.end(), static_cast<float>(lane * 1000 + k));
+        const DumpSource src = mine.source(v);
+        EXPECT_TRUE((*c)->lane(lane).record(
+            meta_for(lane * 1000 + k, 0, DumpRole::kOutput, DumpStage::kAfter, v, (*c)->next_order()), &src));
+      }
+    });
+  }
+  for (std::thread& p : producers) p.join();
+  ASSERT_TRUE((*c)->finish(true).ok());
+  auto dump = load_args_dump(dir);
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_TRUE(dump->complete);
+  ASSERT_EQ(dump->args.size(), 1000u);
+  EXPECT_EQ(dump->counts.total, 1000u);
+  EXPECT_EQ(dump->counts.dropped, 0u);
+  for (size_t i = 0; i < dump->args.size(); ++i) {
+    const DumpedArg& a = dump->args[i];
+    ASSERT_EQ(a.order, i);  // one capture order, no gaps, no repeats
+    ASSERT_EQ(a.lane, a.task >= 1000 ? 1u : 0u);
+    const TensorSummary s = summarize(*dump, a);
+    ASSERT_EQ(s.min, static_cast<double>(a.task)) << "task " << a.task << " holds another task's bytes";
+    ASSERT_EQ(s.max, static_cast<double>(a.task));
+  }
+}
+
+// What each selection captures of one task (input a, output c marked with
+// dump(), inout b, a scalar), and at which stage: inputs and inouts before,
+// outputs and inouts after; Hybrid keeps metadata for the unmarked.
+TEST(ArgCapture, EachSelectionCapturesWhatItSays) {
+  Watchdog dog;
+  HostTensor a(8), b(8), c(8);
+  for (int i = 0; i < 8; ++i) a.data[i] = static_cast<float>(i);
+  a.buffer.addr = reinterpret_cast<uint64_t>(a.data.data());
+  b.buffer.addr = reinterpret_cast<uint64_t>(b.data.data());
+  c.buffer.addr = reinterpret_cast<uint64_t>(c.data.data());
+  TaskArgs args;
+  args.add_tensor(a.buffer.view({8}, DType::F32), Tag::Input)
+      .add_tensor(b.buffer.view({8}, DType::F32), Tag::InOut)
+      .add_scalar(3)
+      .add_tensor(c.buffer.view({8}, DType::F32), Tag::OutputExisting)
+      .dump();
+  ASSERT_TRUE(args.validate().ok());
+  struct Want {
+    DumpSelection sel;
+    std::vector<std::tuple<uint32_t, DumpStage, bool>> records;  // arg, stage, metadata only
+  };
+  const std::vector<Want> wants = {
+      {DumpSelection::kFull,
+       {{0, DumpStage::kBefore, false},
+        {1, DumpStage::kBefore, false},
+        {1, DumpStage::kAfter, false},
+        {3, DumpStage::kAfter, false}}},
+      {DumpSelection::kPartial, {{3, DumpStage::kAfter, false}}},
+      {DumpSelection::kHybrid,
+       {{0, DumpStage::kBefore, true},
+        {1, DumpStage::kBefore, true},
+        {1, DumpStage::kAfter, true},
+        {3, DumpStage::kAfter, false}}},
+  };
+  for (const Want& w : wants) {
+    const std::string dir = fresh_dir(dump_selection_name(w.sel));
+    ArgsDumpCollector::Options o;
+    o.dir = dir;
+    o.selection = w.sel;
+    o.run_epoch = 5;
+    auto col = ArgsDumpCollector::start(o);
+    ASSERT_TRUE(col.ok());
+    ArgCapture cap(**col, 4, 5);
+    cap.add_task(2, 77, 9, args);
+    cap.before(0, 2);
+    for (float& x : c.data) x = 42;  // the "kernel"
+    cap.after(0, 2);
+    ASSERT_TRUE((*col)->finish(true).ok());
+    auto dump = load_args_dump(dir);
+    ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+    ASSERT_EQ(dump->args.size(), w.records.size()) << dump_selection_name(w.sel);
+    for (size_t i = 0; i < w.records.size(); ++i) {
+      const DumpedArg& got = dump->args[i];
+      EXPECT_EQ(got.task, 77u);
+      EXPECT_EQ(got.func_id, 9u);
+      EXPECT_EQ(got.arg, std::get<0>(w.records[i])) << dump_selection_name(w.sel) << " record " << i;
+      EXPECT_EQ(got.stage, std::get<1>(w.records[i])) << dump_selection_name(w.sel) << " record " << i;
+      EXPECT_EQ(got.metadata_only, std::get<2>(w.records[i])) << dump_selection_name(w.sel) << " record " << i;
+      if (got.arg == 3) {
+        EXPECT_EQ(summarize(*dump, got).min, 42);  // after the kernel wrote it
+      }
+    }
+  }
+}
+
+TEST(ArgCapture, DumpMarksOnlyATensorArgument) {
+  TaskArgs none;
+  none.dump();
+  EXPECT_REFUSED(none.validate(), StatusCode::kInvalidArgument, "before any argument");
+  TaskArgs scalar;
+  scalar.add_scalar(1).dump();
+  EXPECT_REFUSED(scalar.validate(), StatusCode::kInvalidArgument, "args[0]");
+}
+
+}  // namespace
+}  // namespace simpler::testing
