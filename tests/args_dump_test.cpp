@@ -7,10 +7,11 @@
 #include <thread>
 
 #include "base/errors.h"
+#include "diag/arg_capture.h"
 #include "diag/args_dump_collector.h"
 #include "diag/args_dump_file.h"
 #include "diag/args_dump_lane.h"
-#include "runtime/common/arg_capture.h"
+#include "kernels.h"
 #include "test_util.h"
 
 namespace simpler::testing {
@@ -448,10 +449,12 @@ TEST(ArgCapture, EachSelectionCapturesWhatItSays) {
     auto col = ArgsDumpCollector::start(o);
     ASSERT_TRUE(col.ok());
     ArgCapture cap(**col, 4, 5);
-    cap.add_task(2, 77, 9, args);
-    cap.before(0, 2);
+    std::array<TensorView, kMaxTaskArgs> views;
+    for (size_t i = 0; i < args.size(); ++i) views[i] = args[i].tensor;
+    cap.add_task(77, 9, args, views.data());
+    cap.before(0, 77);
     for (float& x : c.data) x = 42;  // the "kernel"
-    cap.after(0, 2);
+    cap.after(0, 77);
     ASSERT_TRUE((*col)->finish(true).ok());
     auto dump = load_args_dump(dir);
     ASSERT_TRUE(dump.ok()) << dump.status().to_string();
@@ -477,6 +480,116 @@ TEST(ArgCapture, DumpMarksOnlyATensorArgument) {
   TaskArgs scalar;
   scalar.add_scalar(1).dump();
   EXPECT_REFUSED(scalar.validate(), StatusCode::kInvalidArgument, "args[0]");
+}
+
+// A dumping chip run, end to end, on each runtime whose AICPU sees task
+// boundaries: c = a * 2 + 1, then d = c * 3 + 2. Each stage holds the bytes
+// of its own moment, and the second task's input c is, byte for byte, what
+// the first task's output c was when it finished (the hand-off of R126 on
+// these routes).
+class ArgsDumpRun : public ::testing::TestWithParam<std::string> {};
+
+ChipCallable two_axpb(bool mark_only_d) {
+  return ChipCallable("two_axpb",
+                      [mark_only_d](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                        TaskArgs t0;
+                        t0.add_tensor(a[0].tensor, Tag::Input).add_tensor(a[1].tensor, Tag::OutputExisting);
+                        t0.add_scalar_f32(2).add_scalar_f32(1);
+                        if (auto r = o.submit_aiv(1, t0); !r.ok()) return r.status();
+                        TaskArgs t1;
+                        t1.add_tensor(a[1].tensor, Tag::Input).add_tensor(a[2].tensor, Tag::OutputExisting);
+                        if (mark_only_d) t1.dump();
+                        t1.add_scalar_f32(3).add_scalar_f32(2);
+                        return o.submit_aiv(1, t1).status();
+                      },
+                      make_kernels({{1, CoreType::AIV, "axpb", axpb_kernel}}),
+                      {Param::input(), Param::output(), Param::output()});
+}
+
+TEST_P(ArgsDumpRun, EachStageHoldsTheBytesOfItsMomentAndTheHandOffIsExact) {
+  Watchdog dog;
+  WorkerConfig config = small_config();
+  config.runtime = GetParam();
+  Harness hw(two_axpb(false), config);
+  constexpr int64_t n = 1000;
+  std::vector<float> a(n);
+  for (int64_t i = 0; i < n; ++i) a[i] = static_cast<float>(i) * 0.5f;
+  const DeviceBuffer da = upload(hw.w, a), dc = upload(hw.w, std::vector<float>(n, -1)),
+                     dd = upload(hw.w, std::vector<float>(n, -1));
+  TaskArgs args;
+  args.add_tensor(da.view({n}, DType::F32), Tag::Input)
+      .add_tensor(dc.view({n}, DType::F32), Tag::OutputExisting)
+      .add_tensor(dd.view({n}, DType::F32), Tag::OutputExisting);
+  const std::string dir = fresh_dir(GetParam());
+  CallConfig call;
+  call.trace_dir = dir;
+  call.dump_args = DumpArgs::Full;
+  RunHandle h = hw.w.submit(hw.h, args, call);
+  ASSERT_TRUE(wait_run(h).ok()) << h.result().to_string();
+  auto dump = load_args_dump(dir + "/args_dump");
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_TRUE(dump->complete);
+  ASSERT_EQ(dump->args.size(), 4u);  // t0: a before, c after; t1: c before, d after
+  const auto find = [&](uint64_t task, DumpStage stage) -> const DumpedArg& {
+    for (const DumpedArg& x : dump->args) {
+      if (x.task == task && x.stage == stage) return x;
+    }
+    ADD_FAILURE() << "no record of task " << task << " " << dump_stage_name(stage);
+    return dump->args[0];
+  };
+  const DumpedArg& a_in = find(0, DumpStage::kBefore);
+  const DumpedArg& c_out = find(0, DumpStage::kAfter);
+  const DumpedArg& c_in = find(1, DumpStage::kBefore);
+  const DumpedArg& d_out = find(1, DumpStage::kAfter);
+  EXPECT_EQ(a_in.kernel, "axpb");
+  EXPECT_EQ(c_out.role, DumpRole::kOutput);
+  EXPECT_LT(c_out.order, c_in.order);
+  for (int64_t i = 0; i < n; ++i) {
+    const float c = a[i] * 2 + 1;
+    ASSERT_EQ(dumped_element(*dump, a_in, i), a[i]) << i;
+    ASSERT_EQ(dumped_element(*dump, c_out, i), c) << i;
+    ASSERT_EQ(dumped_element(*dump, c_in, i), c) << i;  // the hand-off: what t0 left is what t1 read
+    ASSERT_EQ(dumped_element(*dump, d_out, i), c * 3 + 2) << i;
+  }
+  // Partial: only the marked argument, at its stage.
+  Harness marked(two_axpb(true), config);
+  const DeviceBuffer ma = upload(marked.w, a), mc = upload(marked.w, std::vector<float>(n, -1)),
+                     md = upload(marked.w, std::vector<float>(n, -1));
+  TaskArgs margs;
+  margs.add_tensor(ma.view({n}, DType::F32), Tag::Input)
+      .add_tensor(mc.view({n}, DType::F32), Tag::OutputExisting)
+      .add_tensor(md.view({n}, DType::F32), Tag::OutputExisting);
+  call.trace_dir = fresh_dir(GetParam() + "_partial");
+  call.dump_args = DumpArgs::Partial;
+  RunHandle p = marked.w.submit(marked.h, margs, call);
+  ASSERT_TRUE(wait_run(p).ok()) << p.result().to_string();
+  auto partial = load_args_dump(call.trace_dir + "/args_dump");
+  ASSERT_TRUE(partial.ok()) << partial.status().to_string();
+  ASSERT_EQ(partial->args.size(), 1u);
+  EXPECT_EQ(partial->args[0].task, 1u);
+  EXPECT_EQ(partial->args[0].arg, 1u);
+  EXPECT_EQ(partial->args[0].stage, DumpStage::kAfter);
+}
+
+INSTANTIATE_TEST_SUITE_P(Runtimes, ArgsDumpRun, ::testing::Values("host_build_graph", "tensormap_and_ringbuffer"));
+
+TEST(ArgsDumpRun, ARuntimeThatCannotCaptureRefusesTheDumpNamingTheField) {
+  WorkerConfig config = small_config();
+  config.runtime = "reference";
+  Harness hw(two_axpb(false), config);
+  constexpr int64_t n = 8;
+  const DeviceBuffer b = upload(hw.w, std::vector<float>(n, 1));
+  TaskArgs args;
+  args.add_tensor(b.view({n}, DType::F32), Tag::Input)
+      .add_tensor(b.view({n}, DType::F32), Tag::OutputExisting)
+      .add_tensor(b.view({n}, DType::F32), Tag::OutputExisting);
+  CallConfig call;
+  call.trace_dir = fresh_dir("reference");
+  call.dump_args = DumpArgs::Full;
+  RunHandle h = hw.w.submit(hw.h, args, call);
+  EXPECT_REFUSED(h.result(), StatusCode::kUnimplemented, "dump_args");
+  call.trace_dir.clear();
+  EXPECT_REFUSED(hw.w.submit(hw.h, args, call).result(), StatusCode::kInvalidArgument, "trace_dir");
 }
 
 }  // namespace

@@ -270,11 +270,15 @@ TEST(TraceTest, BadCallConfigIsRefusedNamingTheField) {
   std::filesystem::remove(file);
 
   CallConfig dump;
-  dump.dump_args = DumpArgs::Full;
+  dump.dump_args = DumpArgs::Full;  // with nowhere to write it
   st = d.w.submit(d.h, d.args(), dump).wait_for(10s);
-  EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("trace_dir"), std::string::npos) << st.to_string();
+  dump.dump_args = static_cast<DumpArgs>(9);
+  dump.trace_dir = file;
+  st = d.w.submit(d.h, d.args(), dump).wait_for(10s);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("dump_args"), std::string::npos) << st.to_string();
-  EXPECT_NE(st.message().find("argument dumps are not built yet"), std::string::npos) << st.to_string();
 
   // The refusals changed nothing: the next run is fine.
   ASSERT_TRUE(d.w.submit(d.h, d.args()).wait_for(20s).ok());

@@ -11,8 +11,13 @@ namespace simpler {
 
 inline constexpr uint32_t kMaxSwimlaneLevel = 4;
 
-// Argument dumps of the run's tasks (not built yet: anything but Off is
-// refused with UNIMPLEMENTED).
+// Argument dumps of a chip run's tasks, on the runtimes whose AICPU threads
+// see task boundaries (host_build_graph, tensormap_and_ringbuffer): Partial
+// captures the arguments marked with TaskArgs::dump(), Hybrid every tensor
+// argument's metadata and the marked ones' bytes, Full everything. Inputs
+// are captured before a task runs, outputs after, inouts both; the dump is
+// `trace_dir`/args_dump (docs/diagnostics.md). Node and network runs refuse
+// it (UNIMPLEMENTED) for now.
 enum class DumpArgs : uint8_t { Off = 0, Partial = 1, Hybrid = 2, Full = 3 };
 
 struct CallConfig {
@@ -21,7 +26,8 @@ struct CallConfig {
   // Any level > 0 writes `trace_dir`/trace.json when the run ends
   // (docs/diagnostics.md).
   uint32_t swimlane_level = 0;
-  // Created if missing; required when swimlane_level > 0.
+  // Where a run's diagnostics go: created if missing; required when
+  // swimlane_level > 0 or dump_args is not Off.
   std::string trace_dir;
   DumpArgs dump_args = DumpArgs::Off;
 };

@@ -274,6 +274,9 @@ Status Worker::Impl::start() {
     return make_error(StatusCode::kUnimplemented, "call.swimlane_level = {}: node and network traces are not built yet",
                       config.call.swimlane_level);
   }
+  if (level != Level::Chip && config.call.dump_args != DumpArgs::Off) {
+    return make_error(StatusCode::kUnimplemented, "call.dump_args: node and network argument dumps are not built yet");
+  }
   SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(config.call, "call."));
   if (level != Level::Chip) {
     NodeSpec spec;
@@ -367,6 +370,10 @@ RunHandle Worker::submit(std::function<Status(Orchestrator&)> orchestration, con
     return detail::refused_run(
         0, make_error(StatusCode::kUnimplemented, "swimlane_level = {}: node and network traces are not built yet",
                       call.swimlane_level));
+  }
+  if (call.dump_args != DumpArgs::Off) {
+    return detail::refused_run(
+        0, make_error(StatusCode::kUnimplemented, "dump_args: node and network argument dumps are not built yet"));
   }
   return impl_->node->submit(orchestration);
 }

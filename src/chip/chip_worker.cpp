@@ -38,6 +38,7 @@ Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& confi
   install_kernel_crash_reporter();
   SIMPLER_ASSIGN_OR_RETURN(const RuntimeInfo* runtime, runtime_named(config.runtime));
   std::unique_ptr<ChipWorker> w(new ChipWorker(config, std::move(callables)));
+  w->runtime_captures_args_ = runtime->captures_args;
   SIMPLER_ASSIGN_OR_RETURN(
       w->device_, backend->create(DeviceOptions{config.geometry, config.device_memory_bytes,
                                                 config.guard_device_memory.value_or(kGuardDeviceMemoryByDefault)}));
@@ -325,6 +326,16 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
     return make_error(StatusCode::kUnimplemented, "call.swimlane_level = {}: backend '{}' records no swimlanes", level,
                       device_->backend());
   }
+  if (config.call.dump_args != DumpArgs::Off && !runtime_captures_args_) {
+    return make_error(StatusCode::kUnimplemented,
+                      "call.dump_args: runtime '{}' does not see task boundaries on its AICPU threads; argument dumps "
+                      "run on host_build_graph and tensormap_and_ringbuffer",
+                      config_.runtime);
+  }
+  if (config.call.dump_args != DumpArgs::Off && !device_->memory().host_mapped()) {
+    return make_error(StatusCode::kUnimplemented, "call.dump_args: backend '{}' memory is not host-mapped",
+                      device_->backend());
+  }
   SIMPLER_RETURN_IF_ERROR(args.validate());
   SIMPLER_RETURN_IF_ERROR(check_signature(c, args));
   // The runtime sees the arguments only through their encoded form, the same
@@ -369,9 +380,12 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   Status st;
   ctx->trace_lane_ = std::move(trace_lane);
   try {
-    st = runtime_->build(ctx->api_, c, ctx->args_,
-                         ctx->config_.runtime_env ? *ctx->config_.runtime_env : config_.runtime_env,
-                         diag::RunTrace{level, epoch, ctx->trace_lane_.get()});
+    if (ctx->config_.call.dump_args != DumpArgs::Off) st = start_dump(*ctx);
+    if (st.ok()) {
+      st = runtime_->build(ctx->api_, c, ctx->args_,
+                           ctx->config_.runtime_env ? *ctx->config_.runtime_env : config_.runtime_env,
+                           diag::RunTrace{level, epoch, ctx->trace_lane_.get(), ctx->capture_.get()});
+    }
     if (st.ok()) st = ctx->api_.upload_callable(callable);
     if (st.ok()) st = pin_arguments(*ctx);
     if (st.ok() && level > 0) {
@@ -665,6 +679,12 @@ Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_hol
       SpinPolicy{});
   bank_epoch_[ctx->desc_.arena_bank] = 0;
   unpin_arguments(*ctx);
+  if (ctx->dump_ != nullptr) {
+    // The done callback came after the runtime stopped touching the set: the
+    // proof that no AICPU thread still writes a lane.
+    Status dumped = ctx->dump_->finish(ctx->done());
+    if (result.ok() && !dumped.ok()) result = std::move(dumped);
+  }
   if (ctx->trace_begun_) {
     // Only a run that ended on the device has a complete trace; its lanes
     // are read before the recorder may start a new generation.
@@ -804,6 +824,27 @@ Result<Lease> ChipWorker::acquire_set() {
 }
 
 RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args) { return submit(callable, args, config_.call); }
+
+static_assert(static_cast<int>(DumpSelection::kPartial) == static_cast<int>(DumpArgs::Partial) &&
+                  static_cast<int>(DumpSelection::kHybrid) == static_cast<int>(DumpArgs::Hybrid) &&
+                  static_cast<int>(DumpSelection::kFull) == static_cast<int>(DumpArgs::Full),
+              "a CallConfig's dump_args is its dump's selection");
+
+Status ChipWorker::start_dump(NativeRunContext& ctx) {
+  ArgsDumpCollector::Options o;
+  o.dir = ctx.config_.call.trace_dir + "/args_dump";
+  o.selection = static_cast<DumpSelection>(ctx.config_.call.dump_args);
+  o.lanes = device_->geometry().aicpu_threads;
+  o.run_epoch = ctx.epoch_;
+  const ChipCallable* callable = ctx.callable_;
+  o.kernel_name = [callable](uint32_t func_id) {
+    const KernelInfo* k = callable->kernels().find(func_id);
+    return k == nullptr ? std::string() : k->name;
+  };
+  SIMPLER_ASSIGN_OR_RETURN(ctx.dump_, ArgsDumpCollector::start(std::move(o)), "call.dump_args");
+  ctx.capture_ = std::make_unique<ArgCapture>(*ctx.dump_, config_.max_tasks_per_run, ctx.epoch_);
+  return Status();
+}
 
 Status ChipWorker::export_trace(const NativeRunContext& ctx) const {
   diag::ChipRunTrace t;

@@ -236,6 +236,8 @@ class ChipWorker {
   void on_run_done(uint32_t slot, RunOutcome outcome);
   // Writes a traced, finished run's trace.json (retire, before the context goes).
   Status export_trace(const NativeRunContext& ctx) const;
+  // A dumping run's collector and capture table, or why it cannot dump.
+  Status start_dump(NativeRunContext& ctx);
   void watchdog_main();
   // What a claim took over: the run's handle (null: no claim), set and epoch.
   struct Claim {
@@ -261,6 +263,7 @@ class ChipWorker {
   std::unique_ptr<Device> device_;
   std::unique_ptr<DeviceRunner> runner_;
   std::unique_ptr<ChipRuntime> runtime_;
+  bool runtime_captures_args_ = false;  // RuntimeInfo::captures_args
   std::unique_ptr<RunResourceArena> arena_;
   std::atomic<uint32_t> grant_{0};
   TerminalBankTable banks_;

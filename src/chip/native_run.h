@@ -16,6 +16,8 @@
 #include "chip/run_resource_arena.h"
 #include "chip/run_state.h"
 #include "device/host_api.h"
+#include "diag/arg_capture.h"
+#include "diag/args_dump_collector.h"
 #include "diag/lane.h"
 #include "simpler/task_args.h"
 #include "simpler/worker_config.h"
@@ -121,6 +123,10 @@ class NativeRunContext {
   // and its device window.
   std::unique_ptr<diag::Lane> trace_lane_;
   bool trace_begun_ = false;
+  // A dumping run's argument dump: the capture table the runtime fills and
+  // the collector that writes DIR/args_dump when the run retires.
+  std::unique_ptr<ArgsDumpCollector> dump_;
+  std::unique_ptr<ArgCapture> capture_;
   uint64_t trace_launch_ns_ = 0;
   uint64_t trace_end_ns_ = 0;
 };

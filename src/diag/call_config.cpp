@@ -13,14 +13,13 @@ Status validate_call_config(const CallConfig& config, const char* prefix) {
     return invalid_argument("{}swimlane_level = {} is out of range [0, {}]", prefix, config.swimlane_level,
                             kMaxSwimlaneLevel);
   }
-  if (config.dump_args != DumpArgs::Off) {
-    return make_error(StatusCode::kUnimplemented, "{}dump_args = {}: argument dumps are not built yet", prefix,
-                      static_cast<int>(config.dump_args));
+  if (static_cast<uint8_t>(config.dump_args) > static_cast<uint8_t>(DumpArgs::Full)) {
+    return invalid_argument("{}dump_args = {} is no DumpArgs", prefix, static_cast<int>(config.dump_args));
   }
-  if (config.swimlane_level == 0) return Status();
+  if (config.swimlane_level == 0 && config.dump_args == DumpArgs::Off) return Status();
   if (config.trace_dir.empty()) {
-    return invalid_argument("{}trace_dir is empty: swimlane_level = {} writes a trace there", prefix,
-                            config.swimlane_level);
+    return invalid_argument("{}trace_dir is empty: {} writes there", prefix,
+                            config.swimlane_level > 0 ? "a swimlane trace" : "an argument dump");
   }
   std::error_code ec;
   std::filesystem::create_directories(config.trace_dir, ec);

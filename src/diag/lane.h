@@ -16,6 +16,10 @@
 #include "base/clock.h"
 #include "simpler/status.h"
 
+namespace simpler {
+class ArgCapture;
+}  // namespace simpler
+
 namespace simpler::diag {
 
 enum class EventKind : uint8_t {
@@ -95,6 +99,9 @@ struct RunTrace {
   uint32_t level = 0;
   uint64_t run = 0;
   Lane* orchestrator = nullptr;
+  // The run's argument dump (null: none): tasks added at submit, captured
+  // around their execution by the AICPU threads (docs/diagnostics.md).
+  ArgCapture* capture = nullptr;
 };
 
 // A lane's name and thread id as the trace shows them.

@@ -78,6 +78,9 @@ struct RuntimeInfo {
   // Validates the options against the device (naming the field) and creates
   // a runtime with no set yet (width() == 0). The device is not started.
   Result<std::unique_ptr<ChipRuntime>> (*create)(Device& device, const RuntimeOptions& options, RunDoneFn on_done);
+  // Its AICPU threads see each task start and end (through the shared
+  // CoreDispatcher), so a run's arguments can be captured there (ArgCapture).
+  bool captures_args = false;
 };
 
 // Aborts on a duplicate name or a null field: a build defect.

@@ -41,7 +41,7 @@ uint32_t CoreDispatcher::last_done(uint32_t slot, uint32_t* out, uint32_t capaci
   return n;
 }
 
-void CoreDispatcher::dispatch(uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub) {
+void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub) {
   const diag::RunTrace& tr = traces_[item.slot];
   const uint64_t begin = tr.level >= 2 ? now_ns() : 0;
   Inflight& f = inflight_[core];
@@ -51,6 +51,7 @@ void CoreDispatcher::dispatch(uint32_t core, ReadyItem item, GraphTask& task, ui
   f.token = ++next_token_[core];
   f.busy = true;
   f.task_id = task.id;
+  f.aicpu = aicpu;
   f.name = task.name[k];
   CoreRegisters& r = *regs_[core];
   r.trace_level = tr.level;

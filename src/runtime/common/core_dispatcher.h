@@ -12,6 +12,7 @@
 
 #include "base/clock.h"
 #include "device/device.h"
+#include "diag/arg_capture.h"
 #include "diag/lane.h"
 #include "runtime/common/ready_queue.h"
 #include "runtime/common/task_graph.h"
@@ -27,6 +28,7 @@ class CoreDispatcher {
     uint32_t token = 0;
     bool busy = false;
     uint32_t task_id = 0;        // the task's id in its run (task is a window slot on some runtimes)
+    uint32_t aicpu = 0;          // the AICPU thread that owns the core: it dispatches and completes
     const char* name = nullptr;  // the subtask's kernel
   };
   // Storage for the three queues, each set's trace and the per-set record
@@ -71,19 +73,26 @@ class CoreDispatcher {
   };
 
   ReadyQueue& queue(TaskKind kind) { return *queues_[static_cast<int>(kind)]; }
-  void dispatch(uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub);
+  void dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub);
   // Starts the next block of an AIC or AIV task on `core`; a task with
   // blocks left goes back to `from` for the other cores (true then).
-  bool dispatch_single(uint32_t core, ReadyItem item, GraphTask& task, ReadyQueue& from) {
+  bool dispatch_single(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, ReadyQueue& from) {
     uint32_t block = 0;
     bool handed_back = false;
+    if (task.blocks > 1) block = task.next_block.fetch_add(1, std::memory_order_relaxed);
+    // Block 0's taker captures the inputs before any block can start: only
+    // then are the task's other blocks handed to the other cores.
+    if (block == 0) capture_before(aicpu, item, task);
     if (task.blocks > 1) {
-      block = task.next_block.fetch_add(1, std::memory_order_relaxed);
       handed_back = block + 1 < task.blocks;
       if (handed_back) from.push(item);
     }
-    dispatch(core, item, task, block);
+    dispatch(aicpu, core, item, task, block);
     return handed_back;
+  }
+  // An argument-dumping run's capture of `task`'s inputs, on AICPU thread `aicpu`.
+  void capture_before(uint32_t aicpu, ReadyItem item, const GraphTask& task) {
+    if (ArgCapture* c = traces_[item.slot].capture; c != nullptr) c->before(aicpu, task.id);
   }
 
   Device& device_;
@@ -165,7 +174,8 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
     ReadyItem item;
     if (cluster_idle && !mix_queue_.empty_hint() && mix_queue_.pop(item)) {
       GraphTask& task = task_of(item);
-      for (uint32_t sub = 0; sub < 3; ++sub) dispatch(aic + sub, item, task, sub);
+      capture_before(aicpu, item, task);
+      for (uint32_t sub = 0; sub < 3; ++sub) dispatch(aicpu, aic + sub, item, task, sub);
       progress = true;
       continue;
     }
@@ -174,12 +184,12 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
       continue;
     }
     if (!inflight_[aic].busy && aic_queue_.pop(item)) {
-      handed_back |= dispatch_single(aic, item, task_of(item), aic_queue_);
+      handed_back |= dispatch_single(aicpu, aic, item, task_of(item), aic_queue_);
       progress = true;
     }
     for (uint32_t core = aic + 1; core < aic + 3; ++core) {
       if (!inflight_[core].busy && aiv_queue_.pop(item)) {
-        handed_back |= dispatch_single(core, item, task_of(item), aiv_queue_);
+        handed_back |= dispatch_single(aicpu, core, item, task_of(item), aiv_queue_);
         progress = true;
       }
     }

@@ -6,6 +6,7 @@
 
 #include "base/clock.h"
 #include "base/errors.h"
+#include "diag/arg_capture.h"
 
 namespace simpler {
 
@@ -246,6 +247,8 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
   for (uint32_t k = 0; k < created_count; ++k) note_made(created[k]);
   t.deps = deps_.data();
   t.dep_count = static_cast<uint32_t>(deps_.size());
+  // Before place(), which may hand the task to the AICPU threads.
+  if (trace_.capture != nullptr) trace_.capture->add_task(t.id, t.func_id[0], args, t.views.data());
   place(t);
   deps_.clear();
   task_count_ = t.id + 1;

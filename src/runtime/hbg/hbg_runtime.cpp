@@ -4,6 +4,7 @@
 #include <new>
 
 #include "base/errors.h"
+#include "diag/arg_capture.h"
 #include "runtime/hbg/graph_builder.h"
 
 namespace simpler::hbg {
@@ -206,6 +207,8 @@ void HbgRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::
   s.executed.fetch_add(1, std::memory_order_relaxed);
   const auto damage = [this](uint64_t addr, uint64_t bytes) { return memory_.check_guards(addr, bytes); };
   if (!end_subtask(task, f.task, r, kernel_failed, s.error, damage, s.guards.data(), *s.callable)) return;
+  // Its outputs as the kernels left them, before a successor may overwrite them.
+  if (s.trace.capture != nullptr) s.trace.capture->after(f.aicpu, task.id);
   finish_task(s, f.task, task.poisoned.load(std::memory_order_acquire) != 0, ready);
 }
 
@@ -241,6 +244,7 @@ bool HbgRuntime::poll(uint32_t aicpu) {
 SIMPLER_REGISTER_RUNTIME(host_build_graph,
                          RuntimeInfo{"host_build_graph",
                                      "the host builds each run's whole graph; AICPU threads dispatch it to the cores",
-                                     /*concurrent=*/true, /*streaming=*/false, &HbgRuntime::create});
+                                     /*concurrent=*/true, /*streaming=*/false, &HbgRuntime::create,
+                                     /*captures_args=*/true});
 
 }  // namespace simpler::hbg

@@ -6,6 +6,7 @@
 
 #include "base/errors.h"
 #include "device/guard_bytes.h"
+#include "diag/arg_capture.h"
 
 namespace simpler::tmr {
 
@@ -641,6 +642,8 @@ void TmrRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::
     return memory_.check_guards(addr, bytes);
   };
   if (!end_subtask(task, task.id, r, kernel_failed, s.error_, damage, s.guards_.data(), *s.callable_)) return;
+  // Its outputs as the kernels left them, before a successor may overwrite them.
+  if (s.trace_.capture != nullptr) s.trace_.capture->after(f.aicpu, task.id);
   finish_task(s, f.task, task.poisoned.load(std::memory_order_acquire) != 0, ready);
 }
 
@@ -710,6 +713,7 @@ SIMPLER_REGISTER_RUNTIME(tensormap_and_ringbuffer,
                          RuntimeInfo{"tensormap_and_ringbuffer",
                                      "an AICPU thread runs the orchestration on the device; tasks stream through a "
                                      "task window and heap rings while earlier ones execute",
-                                     /*concurrent=*/true, /*streaming=*/true, &TmrRuntime::create});
+                                     /*concurrent=*/true, /*streaming=*/true, &TmrRuntime::create,
+                                     /*captures_args=*/true});
 
 }  // namespace simpler::tmr

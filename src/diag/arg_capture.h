@@ -12,20 +12,24 @@
 
 #include "diag/args_dump_collector.h"
 #include "simpler/task_args.h"
+#include "simpler/tensor.h"
 
 namespace simpler {
 
 class ArgCapture {
  public:
-  // `capacity`: the keys a run may use at once (a runtime's task ids, or its
-  // window slots); `collector` outlives every capture.
+  // `capacity`: more than the task ids a run may have live at once (its
+  // max_tasks_per_run, which bounds a streaming runtime's window too): task
+  // `id` is kept at id % capacity. `collector` outlives every capture.
   ArgCapture(ArgsDumpCollector& collector, uint32_t capacity, uint64_t run_epoch);
 
-  // Building thread, before task `key` (run task id `task`) is published.
-  void add_task(uint32_t key, uint64_t task, uint32_t func_id, const TaskArgs& args);
-  // AICPU thread `aicpu`.
-  void before(uint32_t aicpu, uint32_t key);
-  void after(uint32_t aicpu, uint32_t key);
+  // Building thread, before task `task` is published: `views[i]` is argument
+  // i's tensor as the task sees it (a runtime-allocated output, bound).
+  void add_task(uint64_t task, uint32_t func_id, const TaskArgs& args, const TensorView* views);
+  // AICPU thread `aicpu`: before the task's first subtask is dispatched, and
+  // after its last one finished, before its successors are released.
+  void before(uint32_t aicpu, uint64_t task);
+  void after(uint32_t aicpu, uint64_t task);
 
  private:
   struct Arg {
@@ -43,7 +47,7 @@ class ArgCapture {
 
   ArgsDumpCollector& collector_;
   const uint64_t run_epoch_;
-  std::vector<Task> tasks_;  // by key; sized once, so AICPU readers never see it move
+  std::vector<Task> tasks_;  // by id % size; sized once, so AICPU readers never see it move
 };
 
 }  // namespace simpler

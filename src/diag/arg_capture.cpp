@@ -1,12 +1,12 @@
-#include "runtime/common/arg_capture.h"
+#include "diag/arg_capture.h"
 
 namespace simpler {
 
 ArgCapture::ArgCapture(ArgsDumpCollector& collector, uint32_t capacity, uint64_t run_epoch)
     : collector_(collector), run_epoch_(run_epoch), tasks_(capacity) {}
 
-void ArgCapture::add_task(uint32_t key, uint64_t task, uint32_t func_id, const TaskArgs& args) {
-  Task& t = tasks_[key];
+void ArgCapture::add_task(uint64_t task, uint32_t func_id, const TaskArgs& args, const TensorView* views) {
+  Task& t = tasks_[task % tasks_.size()];
   t.id = task;
   t.func_id = func_id;
   t.args.clear();
@@ -18,13 +18,17 @@ void ArgCapture::add_task(uint32_t key, uint64_t task, uint32_t func_id, const T
     const DumpRole role = a.tag == Tag::Input   ? DumpRole::kInput
                           : a.tag == Tag::InOut ? DumpRole::kInOut
                                                 : DumpRole::kOutput;
-    t.args.push_back({a.tensor, static_cast<uint16_t>(i), role, sel == DumpSelection::kFull || a.dump});
+    t.args.push_back({views[i], static_cast<uint16_t>(i), role, sel == DumpSelection::kFull || a.dump});
   }
 }
 
-void ArgCapture::before(uint32_t aicpu, uint32_t key) { capture(aicpu, tasks_[key], DumpStage::kBefore); }
+void ArgCapture::before(uint32_t aicpu, uint64_t task) {
+  capture(aicpu, tasks_[task % tasks_.size()], DumpStage::kBefore);
+}
 
-void ArgCapture::after(uint32_t aicpu, uint32_t key) { capture(aicpu, tasks_[key], DumpStage::kAfter); }
+void ArgCapture::after(uint32_t aicpu, uint64_t task) {
+  capture(aicpu, tasks_[task % tasks_.size()], DumpStage::kAfter);
+}
 
 void ArgCapture::capture(uint32_t aicpu, const Task& t, DumpStage stage) {
   DumpLane& lane = collector_.lane(aicpu);
