@@ -57,6 +57,7 @@ Result<ExampleReport> run_network_pipeline(const ExampleOptions& options) {
   WorkerConfig net_config;
   net_config.sub_workers = 1;
   net_config.pipeline_depth = depth;
+  net_config.call = options.call;  // --trace: the network's, each node's and each chip's lanes in one file
   // Per slot a0, b0, a1, b1, z0, z1 and out, in the network's heap.
   net_config.shared_heap_bytes = (4ull << 20) + 8ull * kBytes * static_cast<uint64_t>(slots);
   Worker net(Level::Network, net_config);

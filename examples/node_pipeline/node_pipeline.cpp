@@ -61,6 +61,7 @@ Result<ExampleReport> run_node_pipeline(const ExampleOptions& options) {
   config.pipeline_depth = options.pipeline_depth;
   config.device_memory_bytes = 64ull << 20;
   config.max_tasks_per_run = 16;  // each chip run is one task
+  config.call = options.call;     // --trace: one trace.json with the node's and both chips' lanes
   // Per slot a0, a1 and z, plus the y0, y1 intermediates of every admitted
   // run: no more runs than slots are ever in flight, whatever the depth.
   config.shared_heap_bytes = (16ull << 20) + 8ull * kBytes * static_cast<uint64_t>(slots);

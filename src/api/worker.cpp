@@ -269,14 +269,6 @@ Status Worker::Impl::start() {
   if (phase == Phase::Ready) return failed_precondition("init: already initialised");
   if (phase == Phase::Closed) return failed_precondition("init: the worker is closed");
   SIMPLER_RETURN_IF_ERROR(check_fields_of_level(level, config));
-  if (level != Level::Chip && config.call.swimlane_level > 0) {
-    // Each chip child would write its own trace.json over the others'.
-    return make_error(StatusCode::kUnimplemented, "call.swimlane_level = {}: node and network traces are not built yet",
-                      config.call.swimlane_level);
-  }
-  if (level != Level::Chip && config.call.dump_args != DumpArgs::Off) {
-    return make_error(StatusCode::kUnimplemented, "call.dump_args: node and network argument dumps are not built yet");
-  }
   SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(config.call, "call."));
   if (level != Level::Chip) {
     NodeSpec spec;
@@ -365,17 +357,7 @@ RunHandle Worker::submit(std::function<Status(Orchestrator&)> orchestration) {
 
 RunHandle Worker::submit(std::function<Status(Orchestrator&)> orchestration, const CallConfig& call) {
   if (Status st = impl_->require_node("submit"); !st.ok()) return detail::refused_run(0, st);
-  if (Status st = diag::validate_call_config(call); !st.ok()) return detail::refused_run(0, st);
-  if (call.swimlane_level > 0) {
-    return detail::refused_run(
-        0, make_error(StatusCode::kUnimplemented, "swimlane_level = {}: node and network traces are not built yet",
-                      call.swimlane_level));
-  }
-  if (call.dump_args != DumpArgs::Off) {
-    return detail::refused_run(
-        0, make_error(StatusCode::kUnimplemented, "dump_args: node and network argument dumps are not built yet"));
-  }
-  return impl_->node->submit(orchestration);
+  return impl_->node->submit(orchestration, {}, NodeWorker::RunDiagnostics{call, {}});
 }
 
 Status Worker::run(CallableHandle callable, const TaskArgs& args) { return submit(callable, args).wait(); }

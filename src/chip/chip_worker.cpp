@@ -849,7 +849,7 @@ Status ChipWorker::start_dump(NativeRunContext& ctx) {
 Status ChipWorker::export_trace(const NativeRunContext& ctx) const {
   diag::ChipRunTrace t;
   t.pid = static_cast<int>(::getpid());
-  t.label = trace_label_;
+  t.label = ctx.config_.trace_label.empty() ? std::string("chip0") : ctx.config_.trace_label;
   t.run = ctx.epoch_;
   t.level = ctx.config_.call.swimlane_level;
   t.launch_ns = ctx.trace_launch_ns_;

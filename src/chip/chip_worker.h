@@ -87,10 +87,6 @@ class ChipWorker {
   RunHandle submit(uint32_t callable, const TaskArgs& args, const CallConfig& call);
   // With WorkerConfig::call, and `diagnostic` as RunConfig::diagnostic.
   RunHandle submit(uint32_t callable, const TaskArgs& args, bool diagnostic);
-  // The process name a traced run's events carry (chip0; a node's chip
-  // child: chip<i>), and where its trace goes instead of trace_dir/trace.json
-  // when set (a chip child's fragment, merged by its node). Before any run.
-  void set_trace_label(std::string label) { trace_label_ = std::move(label); }
 
   // --- terminal diagnostics (R55-R66) ----------------------------------------
   // The chip context's terminal banks: a diagnostic run takes one when it is
@@ -256,7 +252,6 @@ class ChipWorker {
 
   const WorkerConfig config_;
   const std::vector<ChipCallable> callables_;
-  std::string trace_label_ = "chip0";
   uint32_t launch_depth_;
   ExecutionContext context_;
   std::unique_ptr<CompletionGate> gate_;  // outlives the runtime that calls it

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "chip/run_resource_arena.h"
@@ -50,6 +51,9 @@ struct RunConfig {
   std::optional<RuntimeEnv> runtime_env;
   // Its diagnostics (checked at prepare, naming the field).
   CallConfig call;
+  // The process its trace events carry, when not the worker's own label (a
+  // node's chip child names each run after the chip index its request gave).
+  std::string trace_label;
   // A diagnostic run: it takes one of the chip's terminal banks before its
   // launch (waiting, queued, while all are held) and its completion path
   // writes its TerminalSnapshot there (docs/diagnostics.md). The public

@@ -1,7 +1,7 @@
 // `simpler dump show|diff`: what users ask of an argument dump, printed.
 // A directory is one run's dump (manifest.json + args.bin), its parent
-// holding args_dump/, or a node's, holding one such directory per chip.
-#include <filesystem>
+// holding args_dump/, or a node's or network's run directory, holding one
+// per chip and node task (find_args_dumps).
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,29 +16,17 @@ namespace simpler::cli {
 
 namespace {
 
-namespace fs = std::filesystem;
-
-bool is_dump(const fs::path& p) { return fs::exists(p / "manifest.json") && fs::exists(p / "args.bin"); }
-
-// (label, dump directory) pairs under `dir`: "" for a run's own dump, the
-// chip's directory name for each chip of a node.
-std::vector<std::pair<std::string, std::string>> dumps_under(const std::string& dir) {
-  const fs::path root(dir);
-  if (is_dump(root)) return {{"", root.string()}};
-  if (is_dump(root / "args_dump")) return {{"", (root / "args_dump").string()}};
-  std::vector<std::pair<std::string, std::string>> found;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    if (!e.is_directory()) continue;
-    const std::string name = e.path().filename().string();
-    if (is_dump(e.path() / "args_dump")) {
-      found.emplace_back(name, (e.path() / "args_dump").string());
-    } else if (is_dump(e.path())) {
-      found.emplace_back(name, e.path().string());
-    }
+// Two node runs compare place by place (chip1/task3): a side whose dumps
+// are all of one run loses that run's run<R>/ prefix, its own run id.
+void strip_single_run(std::vector<std::pair<std::string, std::string>>& dumps) {
+  std::string run;
+  for (const auto& d : dumps) {
+    const size_t slash = d.first.find('/');
+    if (slash == std::string::npos || d.first.rfind("run", 0) != 0) return;
+    if (!run.empty() && d.first.compare(0, slash, run) != 0) return;
+    run = d.first.substr(0, slash);
   }
-  std::sort(found.begin(), found.end());
-  return found;
+  for (auto& d : dumps) d.first.erase(0, run.size() + 1);
 }
 
 void print_dump(const ArgsDump& d, const std::string& label, int64_t task) {
@@ -67,7 +55,7 @@ void print_dump(const ArgsDump& d, const std::string& label, int64_t task) {
 }  // namespace
 
 int cmd_dump_show(const DumpShowFlags& flags) {
-  const auto dumps = dumps_under(flags.dir);
+  const auto dumps = find_args_dumps(flags.dir);
   if (dumps.empty()) {
     fmt::print(stderr, "simpler dump show: {} holds no argument dump (manifest.json + args.bin)\n", flags.dir);
     return kExitFailure;
@@ -84,22 +72,28 @@ int cmd_dump_show(const DumpShowFlags& flags) {
 }
 
 int cmd_dump_diff(const DumpDiffFlags& flags) {
-  const auto a = dumps_under(flags.a);
-  const auto b = dumps_under(flags.b);
+  auto a = find_args_dumps(flags.a);
+  auto b = find_args_dumps(flags.b);
   if (a.empty() || b.empty()) {
     fmt::print(stderr, "simpler dump diff: {} holds no argument dump (manifest.json + args.bin)\n",
                a.empty() ? flags.a : flags.b);
     return kExitFailure;
   }
+  strip_single_run(a);
+  strip_single_run(b);
   std::vector<std::string> la, lb;
   for (const auto& x : a) la.push_back(x.first);
   for (const auto& x : b) lb.push_back(x.first);
   if (la != lb) {
-    fmt::print(stderr, "simpler dump diff: the two runs' dumps are of different chips: [{}] vs [{}]\n",
+    fmt::print(stderr,
+               "simpler dump diff: the two directories hold dumps of different places: [{}] vs [{}] (a node "
+               "directory with several runs: pass one run's directory, DIR/run<R>)\n",
                fmt::join(la, ", "), fmt::join(lb, ", "));
     return kExitFailure;
   }
-  bool differs = false;
+  // The dumps come in execution order (by node task, then chip): the first
+  // that differs names the task where the runs parted.
+  std::string first;
   for (size_t i = 0; i < a.size(); ++i) {
     auto da = load_args_dump(a[i].second);
     auto db = load_args_dump(b[i].second);
@@ -114,10 +108,12 @@ int cmd_dump_diff(const DumpDiffFlags& flags) {
                  da->complete ? b[i].second : a[i].second);
     }
     const DumpDifference d = diff_args_dumps(*da, *db, flags.rtol, flags.atol);
-    fmt::print("{}{}\n", a[i].first.empty() ? "" : a[i].first + ": ", d.what);
-    differs = differs || d.differs;
+    const std::string line = fmt::format("{}{}", a[i].first.empty() ? "" : a[i].first + ": ", d.what);
+    fmt::print("{}\n", line);
+    if (d.differs && first.empty()) first = line;
   }
-  return differs ? kExitFailure : kExitOk;
+  if (a.size() > 1 && !first.empty()) fmt::print("first difference, in execution order: {}\n", first);
+  return first.empty() ? kExitOk : kExitFailure;
 }
 
 }  // namespace simpler::cli

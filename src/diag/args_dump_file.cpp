@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -423,6 +424,69 @@ DumpDifference diff_args_dumps(const ArgsDump& a, const ArgsDump& b, double rtol
   d = DumpDifference{};
   d.what = fmt::format("no difference in {} outputs compared (rtol {}, atol {})", compared, rtol, atol);
   return d;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool is_dump_dir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p / "manifest.json", ec) && fs::is_regular_file(p / "args.bin", ec);
+}
+
+// "chip12" -> ("chip", 12); a name without a number sorts by its text.
+std::pair<std::string, uint64_t> split_number(const std::string& name) {
+  size_t digits = name.size();
+  while (digits > 0 && name[digits - 1] >= '0' && name[digits - 1] <= '9') --digits;
+  if (digits == name.size() || name.size() - digits > 18) return {name, 0};
+  return {name.substr(0, digits), std::stoull(name.substr(digits))};
+}
+
+// Execution order of a dump's place in the tree: run<R> first, then the
+// other components in (worker, task) pairs with the task first, so
+// run1/chip1/task3 sorts as (run 1, 3, 1).
+std::vector<std::pair<std::string, uint64_t>> order_key(const std::string& label) {
+  std::vector<std::pair<std::string, uint64_t>> parts;
+  for (const fs::path& c : fs::path(label)) parts.push_back(split_number(c.string()));
+  if (!parts.empty() && parts[0].first == "run") {
+    std::vector<std::pair<std::string, uint64_t>> rest(parts.begin() + 1, parts.end());
+    for (size_t i = 0; i + 1 < rest.size(); i += 2) std::swap(rest[i], rest[i + 1]);
+    rest.insert(rest.begin(), parts[0]);
+    return rest;
+  }
+  for (size_t i = 0; i + 1 < parts.size(); i += 2) std::swap(parts[i], parts[i + 1]);
+  return parts;
+}
+
+// The search stops at every dump: a dump holds no run below it. Depth is
+// bounded by the nesting a network can have (network -> node -> chip).
+void collect(const fs::path& root, const fs::path& at, int depth,
+             std::vector<std::pair<std::string, std::string>>& found) {
+  if (depth > 4) return;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(at, ec)) {
+    if (!e.is_directory(ec) || e.is_symlink(ec)) continue;
+    const fs::path p = e.path();
+    if (is_dump_dir(p / "args_dump")) {
+      found.emplace_back(fs::relative(p, root, ec).string(), (p / "args_dump").string());
+    } else {
+      collect(root, p, depth + 1, found);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> find_args_dumps(const std::string& dir) {
+  const fs::path root(dir);
+  if (is_dump_dir(root)) return {{"", root.string()}};
+  if (is_dump_dir(root / "args_dump")) return {{"", (root / "args_dump").string()}};
+  std::vector<std::pair<std::string, std::string>> found;
+  collect(root, root, 0, found);
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return order_key(a.first) < order_key(b.first); });
+  return found;
 }
 
 }  // namespace simpler

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "diag/args_dump_lane.h"
@@ -121,5 +122,13 @@ struct DumpDifference {
 // argument's in `b` beyond |x - y| <= atol + rtol * |y| (NaN equals NaN).
 // An argument missing from `b` or of another shape is a difference.
 DumpDifference diff_args_dumps(const ArgsDump& a, const ArgsDump& b, double rtol, double atol);
+
+// The argument dumps under a directory, each as (label, dump dir): a chip
+// run's own ("", DIR or DIR/args_dump), or every chip's part of the node or
+// network runs under it (run1/chip1/task3, run2/node0/task2/chip1/task0; or
+// chip1/task3 given run1's directory), by run, then in the order of their
+// tasks: by node task, then chip, level by level (a node task's predecessors
+// were submitted, so numbered, before it). Empty when none.
+std::vector<std::pair<std::string, std::string>> find_args_dumps(const std::string& dir);
 
 }  // namespace simpler

@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include <fmt/format.h>
+
 #include "base/errors.h"
 
 namespace simpler::diag {
@@ -28,6 +30,10 @@ Status validate_call_config(const CallConfig& config, const char* prefix) {
                             ec ? ec.message() : "it is not a directory");
   }
   return Status();
+}
+
+std::string child_trace_dir(const std::string& dir, const char* kind, uint32_t index, uint32_t task) {
+  return fmt::format("{}/{}{}/task{}", dir, kind, index, task);
 }
 
 Result<size_t> encode_call_config(const ChildCallConfig& config, uint8_t* out, size_t cap) {

@@ -46,6 +46,11 @@ struct ChildCallConfig {
   int64_t clock_offset_ns = 0;
 };
 
+// Where a next-level child writes its part of a node or network run traced
+// or dumped into `dir`: dir/<kind><index>/task<task> (chip1/task3: the
+// node's task 3, run by chip 1). The parent merges the trace from there.
+std::string child_trace_dir(const std::string& dir, const char* kind, uint32_t index, uint32_t task);
+
 // Bytes written to `out` (capacity `cap`), or INVALID_ARGUMENT naming
 // trace_dir when it does not fit.
 Result<size_t> encode_call_config(const ChildCallConfig& config, uint8_t* out, size_t cap);

@@ -370,8 +370,7 @@ Result<Trace> parse_trace(std::string_view text, const std::string& source) {
   return trace;
 }
 
-Result<Trace> read_trace_dir(const std::string& dir) {
-  const std::string path = dir + "/trace.json";
+Result<std::string> read_trace_text(const std::string& path, const std::string& dir) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return not_found("{}: no such file (is {} a trace directory?)", path, dir);
   if (!S_ISREG(st.st_mode)) return invalid_argument("{}: not a regular file", path);
@@ -383,7 +382,13 @@ Result<Trace> read_trace_dir(const std::string& dir) {
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return internal_error("{}: read failed", path);
-  return parse_trace(text.str(), path);
+  return text.str();
+}
+
+Result<Trace> read_trace_dir(const std::string& dir) {
+  const std::string path = dir + "/trace.json";
+  SIMPLER_ASSIGN_OR_RETURN(const std::string text, read_trace_text(path, dir));
+  return parse_trace(text, path);
 }
 
 std::string task_key(const Trace& trace, const TraceTask& task) {

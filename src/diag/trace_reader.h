@@ -92,6 +92,10 @@ Result<Trace> parse_trace(std::string_view text, const std::string& source = "tr
 
 // Reads DIR/trace.json (NOT_FOUND when absent, INVALID_ARGUMENT as above).
 Result<Trace> read_trace_dir(const std::string& dir);
+// The bytes of the trace file `path` (in trace directory `dir`, for the
+// message): NOT_FOUND when absent, INVALID_ARGUMENT when it is not a regular
+// file or is bigger than kMaxTraceBytes.
+Result<std::string> read_trace_text(const std::string& path, const std::string& dir);
 
 // The key a task is named by outside this model: "pid:run:task".
 std::string task_key(const Trace& trace, const TraceTask& task);

@@ -7,8 +7,11 @@
 #include <cstring>
 #include <new>
 
+#include <fmt/format.h>
+
 #include "base/errors.h"
 #include "chip/native_run.h"
+#include "diag/call_config.h"
 #include "task/args_blob.h"
 #include "task/byte_runs.h"
 
@@ -188,6 +191,21 @@ void ChipChildHandler::unstage(std::vector<Staged>& staged) {
   staged.clear();
 }
 
+Result<RunConfig> ChipChildHandler::diagnostics_of(const RunRequest& req) {
+  SIMPLER_ASSIGN_OR_RETURN(const diag::ChildCallConfig c,
+                           diag::decode_call_config(req.config.data(), req.config.size()), "chip task {}",
+                           req.task_slot);
+  RunConfig config;
+  if (c.call.swimlane_level == 0 && c.call.dump_args == DumpArgs::Off) return config;
+  // The node's run directory, then this chip's part of it: one directory per
+  // (chip, node task), which the node merges (trace) or leaves (dumps).
+  config.call = c.call;
+  config.call.trace_dir = diag::child_trace_dir(c.call.trace_dir, "chip", c.child_index, req.task_slot);
+  config.trace_label = fmt::format("chip{}", c.child_index);
+  config.diagnostic = true;
+  return config;
+}
+
 void ChipChildHandler::prepare(RunRequest& req, const RunTicket& ticket) {
   auto callable = callable_for(req.callable);
   if (!callable.ok()) {
@@ -197,6 +215,11 @@ void ChipChildHandler::prepare(RunRequest& req, const RunTicket& ticket) {
   auto args = decode_args_blob(req.args_blob.data(), req.args_blob.size());
   if (!args.ok()) {
     fail(ticket, args.status(), kDispositionNone);
+    return;
+  }
+  auto run_config = diagnostics_of(req);
+  if (!run_config.ok()) {
+    fail(ticket, run_config.status(), kDispositionNone);
     return;
   }
   // The parent may hand a run over before a set is free (the K extra
@@ -223,7 +246,7 @@ void ChipChildHandler::prepare(RunRequest& req, const RunTicket& ticket) {
   NativeRunDescriptor desc;
   desc.lease = *lease;
   desc.arena_bank = lease->slot;
-  auto epoch = worker_->prepare(storage, native_run_storage_size(), desc, *callable, *args);
+  auto epoch = worker_->prepare(storage, native_run_storage_size(), desc, *callable, *args, std::move(*run_config));
   if (!epoch.ok()) {
     unstage(staged);
     worker_->release_lease(*lease);

@@ -73,6 +73,10 @@ class ChipChildHandler final : public RunHandler {
     void operator()(unsigned char* p) const;
   };
 
+  // The run's diagnostics from the request's config bytes (bounded,
+  // validating: they crossed the mailbox), its directory the chip's part of
+  // the node run's.
+  static Result<RunConfig> diagnostics_of(const RunRequest& req);
   // The preparer's runner: one request, from the queue's thread.
   void prepare(RunRequest& req, const RunTicket& ticket);
   void launcher_main();

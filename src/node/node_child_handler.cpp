@@ -2,8 +2,11 @@
 
 #include <exception>
 
+#include <fmt/format.h>
+
 #include "base/errors.h"
 #include "base/leak.h"
+#include "diag/call_config.h"
 #include "task/args_blob.h"
 
 namespace simpler {
@@ -44,6 +47,18 @@ Result<TaskArgs> NodeChildHandler::decode(const RunRequest& request) const {
   return args;
 }
 
+Result<NodeWorker::RunDiagnostics> NodeChildHandler::diagnostics_of(const RunRequest& request) {
+  SIMPLER_ASSIGN_OR_RETURN(const diag::ChildCallConfig c,
+                           diag::decode_call_config(request.config.data(), request.config.size()), "node task {}",
+                           request.task_slot);
+  NodeWorker::RunDiagnostics d;
+  if (c.call.swimlane_level == 0 && c.call.dump_args == DumpArgs::Off) return d;
+  d.call = c.call;
+  d.call.trace_dir = diag::child_trace_dir(c.call.trace_dir, "node", c.child_index, request.task_slot);
+  d.trace_label = fmt::format("node{}", c.child_index);
+  return d;
+}
+
 size_t NodeChildHandler::callable_index(const Digest& digest) const {
   size_t k = 0;
   while (k < callables_.size() && callables_[k].digest() != digest) ++k;
@@ -70,6 +85,12 @@ bool NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket
     queue_.finished();
     return true;
   }
+  auto diagnostics = diagnostics_of(request);
+  if (!diagnostics.ok()) {
+    ticket.complete(diagnostics.status());
+    queue_.finished();
+    return true;
+  }
   const NodeCallable& callable = callables_[k];
   // The orchestration runs once the node admitted the run, which is this
   // level's launch marker; a throw fails the run through submit's own catch.
@@ -83,8 +104,8 @@ bool NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket
   };
   const uint64_t t0 = now_ns();
   if (wait) {
-    (void)node_->submit(orchestration, std::move(on_terminal));
-  } else if (!node_->try_submit(orchestration, std::move(on_terminal)).has_value()) {
+    (void)node_->submit(orchestration, std::move(on_terminal), *diagnostics);
+  } else if (!node_->try_submit(orchestration, std::move(on_terminal), *diagnostics).has_value()) {
     return false;
   }
   short_[k].store(now_ns() - t0 <= kInlineRunBudgetNs, std::memory_order_relaxed);

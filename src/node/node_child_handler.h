@@ -45,6 +45,9 @@ class NodeChildHandler final : public RunHandler {
   // runs now: nothing was done and the ticket is untouched.
   bool submit(const RunRequest& request, const RunTicket& ticket, bool wait);
   Result<TaskArgs> decode(const RunRequest& request) const;
+  // The run's diagnostics from the request's config bytes (bounded,
+  // validating): its directory this node's part of the network run's.
+  static Result<NodeWorker::RunDiagnostics> diagnostics_of(const RunRequest& request);
   // The index of the callable with `digest`, or callables_.size().
   size_t callable_index(const Digest& digest) const;
 

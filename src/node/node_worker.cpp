@@ -9,6 +9,9 @@
 #include "base/errors.h"
 #include "chip/pipeline_contract.h"
 #include "device/backend_registry.h"
+#include "diag/call_config.h"
+#include "diag/chrome_trace.h"
+#include "diag/trace_merge.h"
 #include "ipc/chip_child_handler.h"
 #include "ipc/mailbox_layout.h"
 #include "ipc/sub_worker_handler.h"
@@ -177,10 +180,30 @@ class NodeOrchestrator final : public Orchestrator {
     run_.borrowed.resize(borrowed_before);
   }
 
+  // The run's CallConfig as its children receive it: their directory is the run's parts_dir.
+  CallConfig parts_call() const {
+    CallConfig c = run_.call;
+    c.trace_dir = run_.parts_dir;
+    return c;
+  }
+  // A next-level task of a run with diagnostics tells its child (by its
+  // index) where its part of the run goes; sub workers record nothing.
+  Status child_config(bool sub, uint32_t worker, std::vector<uint8_t>& out) const {
+    if (sub || (run_.call.swimlane_level == 0 && run_.call.dump_args == DumpArgs::Off)) return Status();
+    out.resize(kRequestConfigCapacity);
+    SIMPLER_ASSIGN_OR_RETURN(
+        const size_t n,
+        diag::encode_call_config(diag::ChildCallConfig{parts_call(), worker, 0}, out.data(), out.size()), "call");
+    out.resize(n);
+    return Status();
+  }
+
   Result<uint32_t> build(bool sub, const Digest& digest, const TaskArgs& args, uint32_t worker) {
     auto t = std::make_unique<NodeTask>();
     const size_t borrowed_before = run_.borrowed.size();
-    if (Status st = encode(sub, args, worker, *t, t->blob, t->registration); !st.ok()) {
+    Status st = encode(sub, args, worker, *t, t->blob, t->registration);
+    if (st.ok()) st = child_config(sub, worker, t->config);
+    if (!st.ok()) {
       undo(*t, borrowed_before);
       return st;
     }
@@ -228,7 +251,9 @@ class NodeOrchestrator final : public Orchestrator {
       GroupMember member;
       member.worker = sub ? 0 : workers[m];
       member.args = args[m];
-      if (Status st = encode(sub, args[m], member.worker, *t, member.blob, member.registration); !st.ok()) {
+      Status st = encode(sub, args[m], member.worker, *t, member.blob, member.registration);
+      if (st.ok()) st = child_config(sub, member.worker, member.config);
+      if (!st.ok()) {
         undo(*t, borrowed_before);
         return Status(st.code(), fmt::format("group member {}: {}", m, st.message()));
       }
@@ -525,7 +550,73 @@ void NodeWorker::end_run() {
   admit_bell_.ring();
 }
 
+std::string NodeWorker::task_name(const NodeTask& t) const {
+  if (t.sub) {
+    for (size_t i = 0; i < sub_digests_.size(); ++i) {
+      if (sub_digests_[i] == t.callable) return fmt::format("sub function {}", i);
+    }
+    return "sub function";
+  }
+  for (const ChipCallable& c : spec_.chip_callables) {
+    if (c.digest() == t.callable) return c.name();
+  }
+  for (const NodeCallable& c : spec_.node_callables) {
+    if (c.digest() == t.callable) return c.name();
+  }
+  return "task";
+}
+
+Status NodeWorker::export_trace(const NodeRun& run) const {
+  const bool network = spec_.level == Level::Network;
+  const char* kind = network ? "node" : "chip";
+  diag::HostTrace h;
+  h.pid = static_cast<int>(::getpid());
+  h.label = run.trace_label.empty() ? (network ? "network" : "node") : run.trace_label;
+  h.run = run.id;
+  h.level = run.call.swimlane_level;
+  constexpr uint32_t kOrchestratorTid = 1, kSchedulerTid = 2, kFirstServeTid = 3;
+  const uint32_t first_sub_tid = kFirstServeTid + static_cast<uint32_t>(next_.size());
+  h.lanes.push_back({"Orchestrator", kOrchestratorTid});
+  h.lanes.push_back({"Scheduler", kSchedulerTid});
+  for (uint32_t i = 0; i < next_.size(); ++i)
+    h.lanes.push_back({fmt::format("Serve {}{}", kind, i), kFirstServeTid + i});
+  for (uint32_t i = 0; i < subs_.size(); ++i) h.lanes.push_back({fmt::format("Sub{}", i), first_sub_tid + i});
+  h.slices.push_back({kOrchestratorTid, "build", run.submit_ns, run.built_ns, fmt::format("\"run\":{}", run.id)});
+
+  std::vector<diag::TraceFragment> fragments;
+  const auto add = [&](const NodeTask& t, uint32_t worker, const TaskTimes& times) {
+    if (times.publish_ns == 0) return;  // never published: ended by a predecessor's failure
+    const std::string name = task_name(t);
+    const std::string args =
+        fmt::format("\"task\":{},\"run\":{},\"worker\":{},\"staged\":{}", t.index, run.id, worker, times.staged);
+    h.slices.push_back({kSchedulerTid, "publish " + name, times.publish_ns, times.published_ns, args});
+    const uint32_t tid = t.sub ? first_sub_tid + worker : kFirstServeTid + worker;
+    h.slices.push_back({tid, name, times.published_ns, std::max(times.end_ns, times.published_ns), args});
+    if (!t.sub) fragments.push_back({diag::child_trace_dir(run.parts_dir, kind, worker, t.index) + "/trace.json", 0});
+  };
+  for (const auto& t : run.tasks) {
+    if (t->members.empty()) {
+      add(*t, t->worker, t->times);
+    } else {
+      for (const GroupMember& m : t->members) add(*t, m.worker, m.times);
+    }
+  }
+  SIMPLER_ASSIGN_OR_RETURN(const diag::MergedTrace merged,
+                           diag::merge_trace(h, fragments, run.trace_label.empty() ? "" : run.trace_label + "/"),
+                           "trace of run {}", run.id);
+  return diag::write_trace_file(run.call.trace_dir, run.id, merged.document);
+}
+
 void NodeWorker::on_retire(NodeRun& run) {
+  if (run.call.swimlane_level > 0) {
+    Status st;
+    try {
+      st = export_trace(run);
+    } catch (const std::bad_alloc&) {
+      st = resource_exhausted("trace of run {}: host memory exhausted writing it", run.id);
+    }
+    if (!st.ok() && run.first_error.ok()) run.first_error = st;
+  }
   {
     std::lock_guard<std::mutex> lock(mem_mu_);
     for (uint64_t addr : run.borrowed) {
@@ -536,10 +627,17 @@ void NodeWorker::on_retire(NodeRun& run) {
   end_run();
 }
 
-Result<std::unique_ptr<NodeRun>> NodeWorker::new_run(std::function<void(const Status&)>& on_terminal) {
+Result<std::unique_ptr<NodeRun>> NodeWorker::new_run(std::function<void(const Status&)>& on_terminal,
+                                                     const RunDiagnostics& diagnostics) {
   try {
     auto run = std::make_unique<NodeRun>();
+    run->call = diagnostics.call;
+    run->trace_label = diagnostics.trace_label;
     run->id = next_run_id_.fetch_add(1);
+    if (diagnostics.call.swimlane_level > 0 || diagnostics.call.dump_args != DumpArgs::Off) {
+      run->parts_dir = diagnostics.trace_label.empty() ? fmt::format("{}/run{}", diagnostics.call.trace_dir, run->id)
+                                                       : diagnostics.call.trace_dir;
+    }
     run->handle = std::make_shared<detail::RunState>(run->id, kNodeSpin);
     run->handle->on_terminal = std::move(on_terminal);
     return run;
@@ -553,9 +651,25 @@ RunHandle NodeWorker::refused(const Status& why, const std::function<void(const 
   return detail::refused_run(0, why);
 }
 
+Status NodeWorker::check_diagnostics(const CallConfig& call) const {
+  SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(call, "call."));
+  if (call.swimlane_level == 0 && call.dump_args == DumpArgs::Off) return Status();
+  for (size_t i = 0; i < external_.size(); ++i) {
+    if (external_[i] != nullptr) {
+      // Its fragment would sit on another host's disk, on another clock.
+      return make_error(StatusCode::kUnimplemented,
+                        "call: next-level worker {} is a node on MPI rank {}: remote nodes record no traces or "
+                        "argument dumps yet",
+                        i, spec_.nodes[i].remote_rank);
+    }
+  }
+  return Status();
+}
+
 RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchestration,
-                             std::function<void(const Status&)> on_terminal) {
-  Result<std::unique_ptr<NodeRun>> made = new_run(on_terminal);
+                             std::function<void(const Status&)> on_terminal, const RunDiagnostics& diagnostics) {
+  if (Status st = check_diagnostics(diagnostics.call); !st.ok()) return refused(st, on_terminal);
+  Result<std::unique_ptr<NodeRun>> made = new_run(on_terminal, diagnostics);
   if (!made.ok()) return refused(made.status(), on_terminal);
   std::unique_ptr<NodeRun> run = std::move(made).value();
   RunHandle handle(run->handle);
@@ -570,11 +684,13 @@ RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchest
 }
 
 std::optional<RunHandle> NodeWorker::try_submit(const std::function<Status(Orchestrator&)>& orchestration,
-                                                std::function<void(const Status&)> on_terminal) {
-  if (!orchestration) return submit(orchestration, std::move(on_terminal));
+                                                std::function<void(const Status&)> on_terminal,
+                                                const RunDiagnostics& diagnostics) {
+  if (!orchestration) return submit(orchestration, std::move(on_terminal), diagnostics);
+  if (Status st = check_diagnostics(diagnostics.call); !st.ok()) return refused(st, on_terminal);
   const Admission a = try_admit();
   if (a == Admission::kFull) return std::nullopt;
-  Result<std::unique_ptr<NodeRun>> made = new_run(on_terminal);
+  Result<std::unique_ptr<NodeRun>> made = new_run(on_terminal, diagnostics);
   if (!made.ok()) {
     if (a == Admission::kAdmitted) end_run();
     return refused(made.status(), on_terminal);
@@ -594,6 +710,7 @@ void NodeWorker::build_and_schedule(std::unique_ptr<NodeRun> run,
   NodeOrchestrator o(*this, *run);
   Status st;
   const uint64_t build_start = now_ns();
+  run->submit_ns = build_start;
   // A throw is the user's code failing (USER_CODE_FAILED, as at the chip
   // level), not a defect inside simpler (INTERNAL).
   try {
@@ -607,7 +724,8 @@ void NodeWorker::build_and_schedule(std::unique_ptr<NodeRun> run,
   } catch (...) {
     st = user_code_failed("the orchestration threw a non-standard exception");
   }
-  run->build_us = static_cast<double>(now_ns() - build_start) / 1000.0;
+  run->built_ns = now_ns();
+  run->build_us = static_cast<double>(run->built_ns - build_start) / 1000.0;
   if (st.ok()) st = o.first_error();
   if (st.ok()) st = schedule(run);
   if (!st.ok()) {

@@ -27,6 +27,7 @@
 #include "node/scheduler.h"
 #include "node/shared_heap.h"
 #include "node/worker_lane.h"
+#include "simpler/call_config.h"
 #include "simpler/orchestrator.h"
 #include "simpler/run_handle.h"
 #include "simpler/worker_config.h"
@@ -106,14 +107,23 @@ class NodeWorker {
   // sum (memory_info_on reads each living one).
   Result<MemoryInfo> memory_info();
 
+  // A run's diagnostics: `call` as the public API takes it (checked, its
+  // directory created, before anything of the run exists), and the name of
+  // this process in the run's trace when it is a network's node child
+  // (node<i>; its chips then appear as node<i>/chip<j>), empty otherwise.
+  struct RunDiagnostics {
+    CallConfig call;
+    std::string trace_label;
+  };
   // `on_terminal`, if set, is called once with the run's result on the
   // thread that completes it (this one, for a refusal).
   RunHandle submit(const std::function<Status(Orchestrator&)>& orchestration,
-                   std::function<void(const Status&)> on_terminal = {});
+                   std::function<void(const Status&)> on_terminal = {}, const RunDiagnostics& diagnostics = {});
   // As submit, but never waits for admission: nullopt (nothing created,
   // nothing called) while pipeline_depth runs are admitted.
   std::optional<RunHandle> try_submit(const std::function<Status(Orchestrator&)>& orchestration,
-                                      std::function<void(const Status&)> on_terminal = {});
+                                      std::function<void(const Status&)> on_terminal = {},
+                                      const RunDiagnostics& diagnostics = {});
   // Drains every admitted run (past `drain` each held run is failed), stops
   // the scheduler and closes every child. After it, no run is live.
   Status close(std::chrono::milliseconds drain);
@@ -152,7 +162,15 @@ class NodeWorker {
   bool begin_run();  // false when closing
   // A run and its handle, which takes `on_terminal`; under host memory
   // exhaustion RESOURCE_EXHAUSTED, and `on_terminal` is still the caller's.
-  Result<std::unique_ptr<NodeRun>> new_run(std::function<void(const Status&)>& on_terminal);
+  Result<std::unique_ptr<NodeRun>> new_run(std::function<void(const Status&)>& on_terminal,
+                                           const RunDiagnostics& diagnostics);
+  // INVALID_ARGUMENT naming the field, or UNIMPLEMENTED when a remote node
+  // would have to record (its files would sit on another host).
+  Status check_diagnostics(const CallConfig& call) const;
+  // A traced run's trace.json: this process's host lanes and every next-level
+  // child's fragment (scheduler thread, at retire, before the handle completes).
+  Status export_trace(const NodeRun& run) const;
+  std::string task_name(const NodeTask& t) const;
   // A refused submission: `on_terminal` is called with `why`, the handle is done.
   static RunHandle refused(const Status& why, const std::function<void(const Status&)>& on_terminal);
   // Counts the run's borrows and hands it to the scheduler; under host memory

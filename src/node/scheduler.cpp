@@ -312,10 +312,13 @@ bool Scheduler::dispatch_group(NodeTask* t) {
     spec.dispatch_id = m.id;
     spec.task_slot = t->index;
     spec.callable = t->callable;
-    spec.config = t->config;
+    spec.config = m.config;
     spec.args_blob = m.blob;
+    const bool traced = t->run->call.swimlane_level > 0;
+    if (traced) m.times.publish_ns = now_ns();
     Status failed = t->sub ? Status() : check_registration(m.worker, m.registration);
     if (failed.ok()) failed = lane.submit_dispatch(spec);
+    if (traced) m.times.published_ns = now_ns();
     if (!failed.ok()) {
       // Its siblings may already be out: they run on, and the group ends
       // with this failure once every member has.
@@ -383,7 +386,14 @@ void Scheduler::dispatch_claimed(NodeTask* t, WorkerLane& lane, bool staged) {
   spec.config = t->config;
   spec.args_blob = t->blob;
   spec.staged = staged;
-  if (Status failed = lane.submit_dispatch(spec); !failed.ok()) {
+  const bool traced = t->run->call.swimlane_level > 0;
+  if (traced) {
+    t->times.publish_ns = now_ns();
+    t->times.staged = staged;
+  }
+  Status failed = lane.submit_dispatch(spec);
+  if (traced) t->times.published_ns = now_ns();
+  if (!failed.ok()) {
     // Never live: the failure is its one terminal (R36).
     running_.erase(t->id);
     finish(t, failed);
@@ -412,12 +422,14 @@ bool Scheduler::handle_events() {
     if (!t->members.empty()) {
       size_t k = 0;
       while (k < t->members.size() && t->members[k].id != ev.dispatch_id) ++k;
+      if (k < t->members.size()) t->members[k].times.end_ns = t->run->last_terminal_ns;
       member_done(t, ev.status.ok()
                          ? ev.status
                          : Status(ev.status.code(), fmt::format("group member {}: {}", k, ev.status.message())));
       progressed = true;
       continue;
     }
+    t->times.end_ns = t->run->last_terminal_ns;
     if (ev.status.ok()) ++t->run->executed;
     // A staged task cancelled because a predecessor failed ends with that cause.
     finish(t, t->poison.ok() ? ev.status : t->poison);

@@ -26,6 +26,7 @@
 #include "chip/run_resource_arena.h"
 #include "chip/run_state.h"
 #include "node/worker_lane.h"
+#include "simpler/call_config.h"
 
 namespace simpler {
 
@@ -46,6 +47,16 @@ struct SuccessorEdge {
   uint32_t slot = 0;
 };
 
+// When the scheduler published a task and saw its terminal: a traced run's
+// host lanes (docs/diagnostics.md). Written on the scheduler thread only
+// when the run records a swimlane.
+struct TaskTimes {
+  uint64_t publish_ns = 0;    // the publication began
+  uint64_t published_ns = 0;  // it returned: the child may take the task
+  uint64_t end_ns = 0;        // its terminal was seen
+  bool staged = false;        // published PREPARE_READY
+};
+
 // One member of a group task: its own publication on its own worker.
 struct GroupMember {
   uint64_t id = 0;      // node-unique dispatch id
@@ -54,7 +65,9 @@ struct GroupMember {
   // device buffers it names; 0 when it names none.
   uint64_t registration = 0;
   std::vector<uint8_t> blob;
-  TaskArgs args;  // node-wide addresses, for the TensorMap
+  TaskArgs args;                // node-wide addresses, for the TensorMap
+  std::vector<uint8_t> config;  // request-frame config bytes
+  TaskTimes times;
 };
 
 struct NodeTask {
@@ -84,6 +97,7 @@ struct NodeTask {
   std::vector<GroupMember> members;
   uint32_t members_left = 0;
   Status group_status;
+  TaskTimes times;
 };
 
 struct HeapAlloc {
@@ -110,6 +124,17 @@ struct NodeRun {
   uint64_t last_terminal_ns = 0;
   uint32_t executed = 0;        // tasks a child ran to success
   uint32_t released_early = 0;  // scoped intermediates freed before the run's terminal
+  // Its diagnostics: with a swimlane the scheduler stamps TaskTimes, and the
+  // retire hook writes the run's trace.json from them and the children's
+  // fragments; each next-level task's request carries `call` for its child.
+  CallConfig call;
+  std::string trace_label;  // this process in the trace: empty for the top level's own name
+  // Where its children write their parts (diag::child_trace_dir under it):
+  // trace_dir/run<id> at the top level, so runs in flight at once never
+  // share one; a network's node child's trace_dir is already its own.
+  std::string parts_dir;
+  uint64_t submit_ns = 0;  // the orchestration began
+  uint64_t built_ns = 0;   // it returned
 };
 
 class Scheduler {
