@@ -561,6 +561,26 @@ Geometry to_geometry(const py::handle& v) {
   type_error("Worker: geometry must be a preset name ('small', 'a2a3', 'a5') or a simpler.Geometry");
 }
 
+// None is no diagnostics.
+CallConfig to_call(const py::handle& v, const std::string& field) {
+  if (v.is_none()) return CallConfig{};
+  if (!py::isinstance<CallConfig>(v)) type_error(field + " must be a simpler.CallConfig or None");
+  return v.cast<CallConfig>();
+}
+
+DumpArgs to_dump_args(const py::handle& v) {
+  if (py::isinstance<DumpArgs>(v)) return v.cast<DumpArgs>();
+  if (py::isinstance<py::str>(v)) {
+    const std::string name = v.cast<std::string>();
+    if (name == "off") return DumpArgs::Off;
+    if (name == "partial") return DumpArgs::Partial;
+    if (name == "hybrid") return DumpArgs::Hybrid;
+    if (name == "full") return DumpArgs::Full;
+    value_error("CallConfig: dump_args = '" + name + "' is not 'off', 'partial', 'hybrid' or 'full'");
+  }
+  type_error("CallConfig: dump_args must be a simpler.DumpArgs or one of 'off', 'partial', 'hybrid', 'full'");
+}
+
 WorkerConfig to_config(const py::kwargs& kw) {
   WorkerConfig c;
   for (const auto& [key, value] : kw) {
@@ -599,6 +619,8 @@ WorkerConfig to_config(const py::kwargs& kw) {
     } else if (k == "runtime_env") {
       if (!py::isinstance<RuntimeEnv>(value)) type_error("Worker: runtime_env must be a simpler.RuntimeEnv");
       c.runtime_env = value.cast<RuntimeEnv>();
+    } else if (k == "call") {
+      c.call = to_call(value, "Worker: call");
     } else {
       type_error("Worker: unknown keyword argument '" + k + "'");
     }
@@ -788,6 +810,28 @@ PYBIND11_MODULE(_simpler, m) {
       .def_readonly("dep_pool_entries", &RuntimeEnv::dep_pool_entries)
       .def_readonly("stall_timeout", &RuntimeEnv::stall_timeout);
 
+  py::enum_<DumpArgs>(m, "DumpArgs", "Which task arguments a run's argument dump captures (docs/diagnostics.md).")
+      .value("Off", DumpArgs::Off)
+      .value("Partial", DumpArgs::Partial)
+      .value("Hybrid", DumpArgs::Hybrid)
+      .value("Full", DumpArgs::Full);
+
+  py::class_<CallConfig>(m, "CallConfig",
+                         "A run's diagnostics: swimlane_level 0-4 and argument dumps, written under trace_dir "
+                         "(checked at submit, naming the field).")
+      .def(py::init([](uint32_t swimlane_level, std::string trace_dir, const py::handle& dump_args) {
+             return CallConfig{swimlane_level, std::move(trace_dir), to_dump_args(dump_args)};
+           }),
+           py::kw_only(), py::arg("swimlane_level") = 0, py::arg("trace_dir") = "", py::arg("dump_args") = "off")
+      .def_readonly("swimlane_level", &CallConfig::swimlane_level)
+      .def_readonly("trace_dir", &CallConfig::trace_dir)
+      .def_readonly("dump_args", &CallConfig::dump_args)
+      .def("__repr__", [](const CallConfig& c) {
+        static const char* const kNames[] = {"off", "partial", "hybrid", "full"};
+        return "CallConfig(swimlane_level=" + std::to_string(c.swimlane_level) + ", trace_dir='" + c.trace_dir +
+               "', dump_args='" + kNames[static_cast<int>(c.dump_args) & 3] + "')";
+      });
+
   m.def(
       "available_runtimes",
       [] {
@@ -885,6 +929,10 @@ PYBIND11_MODULE(_simpler, m) {
           py::return_value_policy::reference_internal)
       .def(
           "add_scalar_u64", [](TaskArgs& a, uint64_t v) -> TaskArgs& { return a.add_scalar_u64(v); }, py::arg("value"),
+          py::return_value_policy::reference_internal)
+      .def(
+          "dump", [](TaskArgs& a) -> TaskArgs& { return a.dump(); },
+          "Marks the argument added last (a tensor) for DumpArgs.Partial and Hybrid dumps.",
           py::return_value_policy::reference_internal)
       .def("__len__", &TaskArgs::size)
       .def("validate", [](const TaskArgs& a) { check(a.validate(), "TaskArgs"); })
@@ -1340,13 +1388,14 @@ PYBIND11_MODULE(_simpler, m) {
           py::arg("worker"), "(total_bytes, free_bytes) of chip `worker` (Level 3) or node `worker` (Level 4).")
       .def(
           "submit",
-          [](PyWorker& w, const py::handle& what, const py::handle& args) {
+          [](PyWorker& w, const py::handle& what, const py::handle& args, const py::handle& call) {
             Worker& self = w.get();
+            const CallConfig diagnostics = call.is_none() ? self.config().call : to_call(call, "submit: call");
             if (py::isinstance<CallableHandle>(what)) {
               const CallableHandle c = what.cast<CallableHandle>();
               const TaskArgs a = to_args(args, "args");
               py::gil_scoped_release release;
-              return self.submit(c, a);
+              return self.submit(c, a, diagnostics);
             }
             if (PyCallable_Check(what.ptr())) {
               if (!args.is_none()) type_error("submit: a node orchestration takes no args (capture them)");
@@ -1355,20 +1404,22 @@ PYBIND11_MODULE(_simpler, m) {
                 return call_orchestration(ref->get(), o, "the orchestration");
               };
               py::gil_scoped_release release;
-              return self.submit(std::move(orch));
+              return self.submit(std::move(orch), diagnostics);
             }
             type_error("submit: expected a CallableHandle (with args) or a node orchestration `def orch(o)`");
           },
-          py::arg("callable"), py::arg("args") = py::none(),
-          "Level 2: submit(callable_handle, args). Level 3/4: submit(orch) with `def orch(o)`. Returns a RunHandle; "
-          "a refused submission is a handle already done with the error.")
+          py::arg("callable"), py::arg("args") = py::none(), py::kw_only(), py::arg("call") = py::none(),
+          "Level 2: submit(callable_handle, args). Level 3/4: submit(orch) with `def orch(o)`. `call`: this run's "
+          "CallConfig (None: the Worker's). Returns a RunHandle; a refused submission is a handle already done with "
+          "the error.")
       .def(
           "run",
-          [](PyWorker& w, const py::handle& what, const py::handle& args) {
+          [](PyWorker& w, const py::handle& what, const py::handle& args, const py::handle& call) {
             py::object self = py::cast(&w, py::return_value_policy::reference);
-            RunHandle h = self.attr("submit")(what, args).cast<RunHandle>();
+            RunHandle h = self.attr("submit")(what, args, py::arg("call") = call).cast<RunHandle>();
             wait_handle(h, std::nullopt);
             return h;
           },
-          py::arg("callable"), py::arg("args") = py::none(), "submit + wait; returns the finished RunHandle.");
+          py::arg("callable"), py::arg("args") = py::none(), py::kw_only(), py::arg("call") = py::none(),
+          "submit + wait; returns the finished RunHandle.");
 }
