@@ -21,6 +21,7 @@
 #include "chip/pipeline_contract.h"
 #include "conformance.h"
 #include "device/backend_registry.h"
+#include "gate.h"
 #include "runtime/common/run_builder.h"
 #include "runtime/common/task_graph.h"
 #include "simpler/simpler.h"
@@ -31,45 +32,13 @@ namespace simpler {
 namespace {
 
 using namespace std::chrono_literals;
-constexpr uint64_t kDeadlineNs = 30'000'000'000ull;  // every blocking wait here
+using testing::deadline;
+using testing::eventually;
+using testing::Gate;
 
-uint64_t deadline() { return now_ns() + kDeadlineNs; }
-
-// For states that no doorbell announces: re-checks, yielding, until the deadline.
-template <typename Pred>
-bool eventually(Pred pred) {
-  const uint64_t end = deadline();
-  while (!pred()) {
-    if (now_ns() > end) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
-
-// A gate kernels can block on: parks (futex) until opened. Heap-allocated and
-// never freed, so a kernel left blocked on an abandoned device cannot outlive it.
-struct Gate {
-  std::atomic<uint32_t> open{0};
-  std::atomic<uint32_t> entered{0};
-  Doorbell bell;
-  void release() {
-    open.store(1);
-    bell.ring();
-  }
-  bool wait_entered(uint32_t n) {
-    return spin_then_park(
-        bell, [&] { return entered.load() >= n; }, SpinPolicy{}, deadline());
-  }
-};
 Gate* g_gate = nullptr;
 
-extern "C" void gate_kernel(int64_t*) {
-  Gate* g = g_gate;
-  g->entered.fetch_add(1);
-  g->bell.ring();
-  spin_then_park(
-      g->bell, [&] { return g->open.load() != 0; }, SpinPolicy{});
-}
+extern "C" void gate_kernel(int64_t*) { g_gate->pass(); }
 
 extern "C" void add_one_kernel(int64_t* args) {
   const DeviceTensor* t = tensor_arg(args, 0);

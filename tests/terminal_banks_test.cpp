@@ -17,6 +17,7 @@
 #include "base/leak.h"
 #include "chip/chip_worker.h"
 #include "diag/terminal_banks.h"
+#include "gate.h"
 #include "simpler/simpler.h"
 #include "test_util.h"
 
@@ -24,46 +25,15 @@ namespace simpler {
 namespace {
 
 using namespace std::chrono_literals;
-constexpr uint64_t kDeadlineNs = 30'000'000'000ull;
+using testing::deadline;
+using testing::eventually;
+using testing::Gate;
 
-uint64_t deadline() { return now_ns() + kDeadlineNs; }
-
-// For states no doorbell announces: re-checks, yielding, until the deadline.
-template <typename Pred>
-bool eventually(Pred pred) {
-  const uint64_t end = deadline();
-  while (!pred()) {
-    if (now_ns() > end) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
-
-// One gate per run: its kernel parks (futex) until the gate opens. The gates
-// are never freed, so a kernel left on an abandoned device cannot outlive them.
-struct Gate {
-  std::atomic<uint32_t> open{0};
-  std::atomic<uint32_t> entered{0};
-  Doorbell bell;
-  void release() {
-    open.store(1);
-    bell.ring();
-  }
-  bool wait_entered(uint32_t n = 1) {
-    return spin_then_park(
-        bell, [&] { return entered.load() >= n; }, SpinPolicy{}, deadline());
-  }
-};
+// One gate per run.
 constexpr int kGates = 8;
 Gate* g_gates = nullptr;
 
-extern "C" void bank_gate_kernel(int64_t* args) {
-  Gate& g = g_gates[args[0]];
-  g.entered.fetch_add(1);
-  g.bell.ring();
-  spin_then_park(
-      g.bell, [&] { return g.open.load() != 0; }, SpinPolicy{});
-}
+extern "C" void bank_gate_kernel(int64_t* args) { g_gates[args[0]].pass(); }
 
 extern "C" void bank_add_one_kernel(int64_t* args) {
   const DeviceTensor* t = tensor_arg(args, 0);
