@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "chip/chip_worker.h"
+#include "device/sim/sticky_fault.h"
 #include "kernels.h"
 #include "runtime/resident/resident_runtime.h"
 #include "simpler/simpler.h"
@@ -416,6 +417,35 @@ TEST(Resident, AKernelFailureReadsAsOnHostBuildGraph) {
   const Status resident = run_on(kResident);
   EXPECT_EQ(resident.code(), StatusCode::kKernelFailed) << resident.to_string();
   EXPECT_EQ(resident, run_on("host_build_graph"));
+}
+
+// A sticky device fault (H3) raised when a task starts on a core of this
+// route fails the run with the fault, and its successor starts no kernel: the
+// core runs kernels through the device's CoreExecutor, which keeps the check.
+TEST(Resident, AStickyDeviceFaultFailsTheRunAndStartsNoFurtherKernel) {
+  g_count = 0;
+  ChipCallable callable(
+      "faults",
+      [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+        TaskArgs t;
+        t.add_tensor(a[0].tensor, Tag::InOut);
+        SIMPLER_RETURN_IF_ERROR(o.submit_aiv(1, t).status());
+        SIMPLER_RETURN_IF_ERROR(o.submit_aiv(2, t).status());
+        return o.submit_aiv(1, t).status();
+      },
+      make_kernels({{1, CoreType::AIV, "count", count_kernel}, {2, CoreType::AIV, "count_trigger", count_kernel}}),
+      std::vector<Param>{Param::inout()});
+  Harness hw(std::move(callable), resident_config());
+  const DeviceBuffer x = upload(hw.w, std::vector<int64_t>{0});
+  TaskArgs args;
+  args.add_tensor(x.view({1}, DType::I64), Tag::InOut);
+  arm_device_fault_hook(2, 1);
+  const Status st = hw.run(args);
+  disarm_device_fault_hook();
+  EXPECT_EQ(st.code(), StatusCode::kDeviceFault) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "sticky device fault (H3 test hook) when task 1")) << st.to_string();
+  EXPECT_EQ(g_count.load(), 1) << "only the task before the fault ran a kernel";
+  (void)hw.w.close();
 }
 
 }  // namespace
