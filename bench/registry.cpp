@@ -44,8 +44,8 @@ const std::vector<Entry>& entries() {
       {{"mailbox_bytes", "mailbox_size at grant 1, 2, 3, 64, 1024 (exact bytes) vs the old fixed 3 x 64 KiB layout"},
        &mailbox_bytes},
       {{"dispatch",
-        "ns per no-op task for 10k tasks: independent, chain, layered DAG; host_build_graph and "
-        "tensormap_and_ringbuffer vs a oneTBB flow graph"},
+        "ns per no-op task for 10k tasks: independent, chain, layered DAG; host_build_graph, "
+        "tensormap_and_ringbuffer and resident vs a oneTBB flow graph"},
        &dispatch},
       {{"first_task",
         "submit -> first kernel start for 1k/10k/100k independent-task graphs, tensormap_and_ringbuffer vs "

@@ -7,9 +7,9 @@
 #include <set>
 #include <vector>
 
-#include "runtime/hbg/access_index.h"
+#include "runtime/common/access_index.h"
 
-namespace simpler::hbg {
+namespace simpler {
 namespace {
 
 struct Access {
@@ -143,4 +143,4 @@ TEST(AccessIndex, MatchesBruteForce) {
 }
 
 }  // namespace
-}  // namespace simpler::hbg
+}  // namespace simpler

@@ -199,6 +199,31 @@ TEST(TraceTest, LevelsAddTheirCategories) {
   }
 }
 
+// The resident route records level 1 where its tasks start, on the cores:
+// one slice per task on a core lane, and nothing on an AICPU lane (no AICPU
+// thread sees a task there, so levels 2 and 3 have nothing of its tasks).
+TEST(TraceTest, TheResidentRouteRecordsEachTasksCoreSliceAtLevelOne) {
+  Diamond d("resident");
+  d.init();
+  const std::string dir = fresh_dir("resident_level1");
+  CallConfig call;
+  call.swimlane_level = 1;
+  call.trace_dir = dir;
+  Status st = d.w.submit(d.h, d.args(), call).wait_for(20s);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  d.check_output();
+  const json doc = read_trace(dir);
+  const Parsed p = parse(doc);
+  EXPECT_EQ(p.categories.count("task") != 0 ? p.categories.at("task") : 0, 4);
+  EXPECT_EQ(p.task_names.size(), 4u);
+  for (const json& e : doc.at("traceEvents")) {
+    if (e.value("cat", "") != "task") continue;
+    EXPECT_EQ(e.at("args").at("core").get<std::string>().rfind("AIV", 0), 0u) << e.dump();
+  }
+  EXPECT_TRUE(d.w.close().ok());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TraceTest, LanesAreNamedPerTheGeometry) {
   const std::string dir = fresh_dir("lanes");
   CallConfig call;

@@ -320,17 +320,20 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
                                bank_epoch_[desc.arena_bank]);
   }
   const ChipCallable& c = callables_[callable];
+  // R91: a dump on a runtime that cannot capture is refused before anything
+  // is touched, the trace directory (which the check below creates) included.
+  const DumpArgs dump = config.call.dump_args;
+  if ((dump == DumpArgs::Partial || dump == DumpArgs::Hybrid || dump == DumpArgs::Full) && !runtime_captures_args_) {
+    return make_error(StatusCode::kUnimplemented,
+                      "call.dump_args: runtime '{}' does not see task boundaries on its AICPU threads; argument dumps "
+                      "run on host_build_graph and tensormap_and_ringbuffer",
+                      config_.runtime);
+  }
   SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(config.call, "call."));
   const uint32_t level = config.call.swimlane_level;
   if (level > 0 && device_->recorder() == nullptr) {
     return make_error(StatusCode::kUnimplemented, "call.swimlane_level = {}: backend '{}' records no swimlanes", level,
                       device_->backend());
-  }
-  if (config.call.dump_args != DumpArgs::Off && !runtime_captures_args_) {
-    return make_error(StatusCode::kUnimplemented,
-                      "call.dump_args: runtime '{}' does not see task boundaries on its AICPU threads; argument dumps "
-                      "run on host_build_graph and tensormap_and_ringbuffer",
-                      config_.runtime);
   }
   if (config.call.dump_args != DumpArgs::Off && !device_->memory().host_mapped()) {
     return make_error(StatusCode::kUnimplemented, "call.dump_args: backend '{}' memory is not host-mapped",

@@ -66,6 +66,31 @@ class DeviceMemory {
   Status check_range(uint64_t addr, uint64_t bytes) const { return containing_allocation(addr, bytes).status(); }
 };
 
+// A core's own execution of one kernel, handed to a CoreProgram: the kernel
+// runs on the calling core thread exactly as a dispatched one does (the
+// device's sticky fault, the crash label, the swimlane level-1 slice when
+// `trace_level` != 0, under run `trace_run`). Returns !failure.failed.
+class CoreExecutor {
+ public:
+  virtual bool execute(simpler_kernel_fn fn, int64_t* args, const KernelLabel& label, KernelFailure& failure,
+                       uint32_t trace_level, uint64_t trace_run) = 0;
+
+ protected:
+  ~CoreExecutor() = default;
+};
+
+// What a runtime whose cores schedule themselves (the resident route) runs on
+// each core thread, instead of the handshake loop: core_poll(core) does one
+// bounded round (claim a ready task, run it through `exec`, complete it) and
+// reports whether it made progress; the core spins and then parks on its
+// registers' bell around it, which the runtime rings to wake it. Core threads
+// only; the program outlives Device::stop().
+class CoreProgram {
+ public:
+  virtual ~CoreProgram() = default;
+  virtual bool core_poll(uint32_t core, CoreExecutor& exec) = 0;
+};
+
 // What a chip runtime runs on each AICPU thread. poll() does one bounded
 // round of scheduling work for the clusters that thread owns and reports
 // whether it made progress; the device spins and parks around it.
@@ -78,6 +103,9 @@ class AicpuProgram {
   // >= geometry().aicpu_threads runs on them. At most kMaxOrchestratorThreads.
   virtual uint32_t orchestrator_threads() const { return 0; }
   static constexpr uint32_t kMaxOrchestratorThreads = 1;
+  // The program its cores run themselves, or null: the cores then only
+  // answer the handshake registers. Asked once, at Device::start().
+  virtual CoreProgram* core_program() { return nullptr; }
 };
 
 // The backend's per-set device resources behind every run's HostApi: one

@@ -14,8 +14,12 @@ Core::Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, S
 
 Core::~Core() { stop(); }
 
-void Core::start(const SpinPolicy& policy) {
-  thread_ = std::thread([this, policy] { loop(policy); });
+void Core::start(const SpinPolicy& policy, CoreProgram* program) {
+  if (program != nullptr) {
+    thread_ = std::thread([this, policy, program] { program_loop(policy, program); });
+  } else {
+    thread_ = std::thread([this, policy] { loop(policy); });
+  }
 }
 
 void Core::stop() {
@@ -44,7 +48,7 @@ void Core::loop(SpinPolicy policy) {
     // Recorded before FIN: once the owner reaps it, the run may end and be exported.
     const bool traced = regs_.trace_level != 0 && lane_ != nullptr;
     const uint64_t begin = traced ? now_ns() : 0;
-    const bool ok = execute();
+    const bool ok = run_kernel(regs_.fn, regs_.args, regs_.failure, regs_.label);
     if (traced) {
       lane_->record(diag::Event{regs_.trace_run, begin, now_ns(), regs_.label.name, regs_.label.task,
                                 regs_.label.func_id, diag::EventKind::kTask});
@@ -56,23 +60,63 @@ void Core::loop(SpinPolicy policy) {
   }
 }
 
-bool Core::execute() {
-  if (fault_ == nullptr) return call_kernel(regs_.fn, regs_.args, regs_.failure, regs_.label);
+void Core::program_loop(SpinPolicy policy, CoreProgram* program) {
+  name_this_thread("{}{}", type_ == CoreType::AIC ? "aic" : "aiv", id_);
+  uint64_t idle_since = 0;
+  uint32_t idle_polls = 0;
+  for (;;) {
+    // Armed before stop_ and the poll are read, as on an AICPU thread: a ring
+    // after this point (new work, a gang peer, stop()) makes the park return.
+    const uint32_t armed = regs_.bell.arm();
+    if (stop_.load(std::memory_order_acquire)) return;
+    if (program->core_poll(id_, *this)) {
+      idle_since = 0;
+      idle_polls = 0;
+      continue;
+    }
+    const uint64_t t = now_ns();
+    if (idle_since == 0) idle_since = t;
+    if (t - idle_since < policy.spin_ns) {
+      if (++idle_polls % 8 == 0)
+        yield_cpu();
+      else
+        cpu_relax();
+      continue;
+    }
+    regs_.bell.park(armed);
+    idle_since = 0;
+  }
+}
+
+bool Core::execute(simpler_kernel_fn fn, int64_t* args, const KernelLabel& label, KernelFailure& failure,
+                   uint32_t trace_level, uint64_t trace_run) {
+  const bool traced = trace_level != 0 && lane_ != nullptr;
+  const uint64_t begin = traced ? now_ns() : 0;
+  const bool ok = run_kernel(fn, args, failure, label);
+  if (traced) {
+    lane_->record(
+        diag::Event{trace_run, begin, now_ns(), label.name, label.task, label.func_id, diag::EventKind::kTask});
+  }
+  executed_.fetch_add(1, std::memory_order_relaxed);
+  return ok;
+}
+
+bool Core::run_kernel(simpler_kernel_fn fn, int64_t* args, KernelFailure& failure, const KernelLabel& label) {
+  if (fault_ == nullptr) return call_kernel(fn, args, failure, label);
 #ifdef SIMPLER_TEST_HOOKS
-  if (device_fault_hook_hits(regs_.label.func_id)) {
-    fault_->raise(Status(
-        StatusCode::kDeviceFault,
-        fmt::format("sticky device fault (H3 test hook) when task {} (kernel '{}', func_id {}) "
-                    "started on core {}",
-                    regs_.label.task, regs_.label.name != nullptr ? regs_.label.name : "?", regs_.label.func_id, id_)));
+  if (device_fault_hook_hits(label.func_id)) {
+    fault_->raise(Status(StatusCode::kDeviceFault,
+                         fmt::format("sticky device fault (H3 test hook) when task {} (kernel '{}', func_id {}) "
+                                     "started on core {}",
+                                     label.task, label.name != nullptr ? label.name : "?", label.func_id, id_)));
   }
 #endif
-  if (!fault_->raised()) return call_kernel(regs_.fn, regs_.args, regs_.failure, regs_.label);
+  if (!fault_->raised()) return call_kernel(fn, args, failure, label);
   // Not started: the task fails with the fault, which the chip reports as the run's cause.
   const std::string why = "not run: the device has a sticky fault: " + fault_->status().message();
-  regs_.failure.failed = true;
-  std::strncpy(regs_.failure.message, why.c_str(), kKernelErrorBytes - 1);
-  regs_.failure.message[kKernelErrorBytes - 1] = '\0';
+  failure.failed = true;
+  std::strncpy(failure.message, why.c_str(), kKernelErrorBytes - 1);
+  failure.message[kKernelErrorBytes - 1] = '\0';
   return false;
 }
 

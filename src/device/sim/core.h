@@ -1,9 +1,11 @@
 // The simulated AICore: one host thread per core, fed through its handshake
 // registers (device/core_registers.h). The owning AICPU thread writes the
 // task register; the core answers ACK, then FIN with the dispatch token, and
-// rings its owner. A core of a device with a sticky fault raised starts no
-// kernel: it answers FIN with the fault as the task's failure. start/stop are
-// for the device's owning thread.
+// rings its owner. Under a CoreProgram (a runtime whose cores schedule
+// themselves) the thread runs that program instead and never reads the task
+// register. A core of a device with a sticky fault raised starts no kernel:
+// it answers FIN with the fault as the task's failure (or returns it from
+// execute()). start/stop are for the device's owning thread.
 #pragma once
 
 #include <atomic>
@@ -12,13 +14,14 @@
 
 #include "base/doorbell.h"
 #include "device/core_registers.h"
+#include "device/device.h"
 #include "device/sim/sticky_fault.h"
 #include "diag/lane.h"
 #include "simpler/types.h"
 
 namespace simpler {
 
-class Core {
+class Core final : public CoreExecutor {
  public:
   // `fault`: the device's sticky fault, or null for a core of no device.
   // `lane`: where it records its tasks when their run is traced (null: never).
@@ -28,7 +31,8 @@ class Core {
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
 
-  void start(const SpinPolicy& policy);
+  // `program`: run it on this thread instead of the handshake loop (null: don't).
+  void start(const SpinPolicy& policy, CoreProgram* program = nullptr);
   // Asks the thread to exit once idle, and joins it.
   void stop();
 
@@ -38,10 +42,15 @@ class Core {
   CoreRegisters& regs() { return regs_; }
   uint64_t executed() const { return executed_.load(std::memory_order_relaxed); }
 
+  // CoreExecutor, for this core's own thread under a CoreProgram.
+  bool execute(simpler_kernel_fn fn, int64_t* args, const KernelLabel& label, KernelFailure& failure,
+               uint32_t trace_level, uint64_t trace_run) override;
+
  private:
   void loop(SpinPolicy policy);
-  // Runs the task's kernel, unless the device is faulted (or H3 faults it now).
-  bool execute();
+  void program_loop(SpinPolicy policy, CoreProgram* program);
+  // Runs the kernel, unless the device is faulted (or H3 faults it now).
+  bool run_kernel(simpler_kernel_fn fn, int64_t* args, KernelFailure& failure, const KernelLabel& label);
 
   const uint32_t id_;
   const CoreType type_;

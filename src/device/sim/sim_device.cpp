@@ -33,7 +33,8 @@ SimDevice::~SimDevice() { stop(); }
 void SimDevice::start(AicpuProgram* program) {
   program_ = program;
   stop_.store(false);
-  for (auto& c : cores_) c->start(policy_);
+  CoreProgram* const on_cores = program->core_program();
+  for (auto& c : cores_) c->start(policy_, on_cores);
   const uint32_t threads =
       geometry_.aicpu_threads + std::min(program->orchestrator_threads(), AicpuProgram::kMaxOrchestratorThreads);
   for (uint32_t a = 0; a < threads; ++a) {

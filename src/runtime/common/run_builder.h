@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "device/device.h"
@@ -92,20 +93,18 @@ inline Status check_task_guards(DeviceMemory& memory, const GuardCheck* checks, 
                            count, task, kind, func_ids, callable);
 }
 
-// A subtask of `task` (id `id`) ended on the core whose registers are `r`
-// (`kernel_failed`: its kernel reported a failure there). Records that
-// failure in `error`; the task's last subtask also checks the task's guards
-// (`guards` is the array its guards_begin indexes; damage as for
-// check_task_guards). True when the task has ended: its poisoned flag then
-// says whether it failed. Any AICPU thread.
+// Subtask `sub` of `task` (id `id`) ended; `failure` is its kernel's
+// failure report, or null when it succeeded. Records that failure in
+// `error`; the task's last subtask also checks the task's guards (`guards`
+// is the array its guards_begin indexes; damage as for check_task_guards).
+// True when the task has ended: its poisoned flag then says whether it
+// failed. Any scheduling thread (an AICPU thread, or a core on the resident route).
 template <typename Damage>
-bool end_subtask(GraphTask& task, uint32_t id, const CoreRegisters& r, bool kernel_failed, FirstError& error,
-                 Damage&& damage, const GuardCheck* guards, const ChipCallable& callable) {
-  if (kernel_failed) {
-    const auto sub = static_cast<uint32_t>(r.task.load(std::memory_order_relaxed) >> 32);
-    error.record(
-        id, sub,
-        kernel_failure(id, task.kind, sub, task.func_id[kernel_of(task.kind, sub)], task.blocks, r.failure.message));
+bool end_subtask(GraphTask& task, uint32_t id, uint32_t sub, const char* failure, FirstError& error, Damage&& damage,
+                 const GuardCheck* guards, const ChipCallable& callable) {
+  if (failure != nullptr) {
+    error.record(id, sub,
+                 kernel_failure(id, task.kind, sub, task.func_id[kernel_of(task.kind, sub)], task.blocks, failure));
     task.poisoned.store(1, std::memory_order_relaxed);
   }
   if (task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
@@ -118,6 +117,16 @@ bool end_subtask(GraphTask& task, uint32_t id, const CoreRegisters& r, bool kern
     }
   }
   return true;
+}
+
+// As above, for a subtask that ended on the core whose registers are `r`
+// (`kernel_failed`: its kernel reported a failure there).
+template <typename Damage>
+bool end_subtask(GraphTask& task, uint32_t id, const CoreRegisters& r, bool kernel_failed, FirstError& error,
+                 Damage&& damage, const GuardCheck* guards, const ChipCallable& callable) {
+  const auto sub = static_cast<uint32_t>(r.task.load(std::memory_order_relaxed) >> 32);
+  return end_subtask(task, id, sub, kernel_failed ? r.failure.message : nullptr, error, std::forward<Damage>(damage),
+                     guards, callable);
 }
 
 // The descriptor a kernel receives for `v`; on every task's path, so inline.

@@ -1,43 +1,23 @@
 #include "runtime/hbg/hbg_runtime.h"
 
-#include <cstring>
-#include <new>
-
 #include "base/errors.h"
 #include "diag/arg_capture.h"
-#include "runtime/hbg/graph_builder.h"
 
 namespace simpler::hbg {
-
-namespace {
-constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
-
-uint64_t slot_bytes(const Capacity& c) {
-  return align_up(sizeof(GraphTask) * c.tasks, 64) + align_up(sizeof(DeviceTensor) * c.descriptors, 64) +
-         align_up(sizeof(uint32_t) * c.edges, 64) + align_up(sizeof(uint32_t) * c.edges, 64);
-}
-
-Capacity capacity_for(uint32_t max_tasks) {
-  return Capacity{max_tasks, max_tasks * kDescriptorsPerTask, max_tasks * 8};
-}
-}  // namespace
-
-Slot::Slot(const Capacity& c, DeviceMemory& memory)
-    : pred_mark(c.tasks, 0), counts(c.tasks + 1, 0), accesses(c.descriptors), allocations(memory, c.tasks * 2) {}
 
 struct HbgRuntime::GrantState final : GrantOwner::Pending {
   std::vector<std::unique_ptr<Slot>> slots;
   CoreDispatcher::Storage queues;
 };
 
-uint64_t HbgRuntime::arena_bytes() const { return slot_bytes(capacity_); }
+uint64_t HbgRuntime::arena_bytes() const { return capacity_.arena_bytes(); }
 
 Result<std::unique_ptr<ChipRuntime>> HbgRuntime::create(Device& device, const RuntimeOptions& options,
                                                         RunDoneFn on_done) {
   SIMPLER_RETURN_IF_ERROR(
       check_runtime_options(options, device, "host_build_graph", "builds its graph in device memory from the host"));
   return std::unique_ptr<ChipRuntime>(
-      new HbgRuntime(device, capacity_for(options.max_tasks_per_run), std::move(on_done)));
+      new HbgRuntime(device, GraphCapacity::for_tasks(options.max_tasks_per_run), std::move(on_done)));
 }
 
 Result<std::unique_ptr<GrantOwner::Pending>> HbgRuntime::build_grant(uint32_t grant) const {
@@ -57,7 +37,7 @@ void HbgRuntime::commit_grant(Pending& pending) noexcept {
   dispatcher_.swap_storage(g.queues);
 }
 
-HbgRuntime::HbgRuntime(Device& device, Capacity capacity, RunDoneFn on_done)
+HbgRuntime::HbgRuntime(Device& device, GraphCapacity capacity, RunDoneFn on_done)
     : device_(device),
       memory_(device.memory()),
       capacity_(capacity),
@@ -66,26 +46,6 @@ HbgRuntime::HbgRuntime(Device& device, Capacity capacity, RunDoneFn on_done)
 
 HbgRuntime::~HbgRuntime() = default;
 
-Status HbgRuntime::bind_arena(Slot& s, const HostApi& api) {
-  uint64_t bytes = 0;
-  SIMPLER_ASSIGN_OR_RETURN(const uint64_t addr, api.arena_setup(&bytes));
-  if (bytes < slot_bytes(capacity_)) {
-    return internal_error("arena bank {} has {} bytes, a graph needs {}", api.bank, bytes, slot_bytes(capacity_));
-  }
-  if (s.arena_addr == addr) return Status();
-  auto* p = reinterpret_cast<uint8_t*>(addr);
-  s.tasks = reinterpret_cast<GraphTask*>(p);
-  for (uint32_t t = 0; t < capacity_.tasks; ++t) new (&s.tasks[t]) GraphTask();
-  p += align_up(sizeof(GraphTask) * capacity_.tasks, 64);
-  s.descriptors = reinterpret_cast<DeviceTensor*>(p);
-  p += align_up(sizeof(DeviceTensor) * capacity_.descriptors, 64);
-  s.fanout = reinterpret_cast<uint32_t*>(p);
-  p += align_up(sizeof(uint32_t) * capacity_.edges, 64);
-  s.uses = reinterpret_cast<uint32_t*>(p);
-  s.arena_addr = addr;
-  return Status();
-}
-
 void HbgRuntime::discard(uint32_t slot) { slots_[slot]->allocations.release_all(); }
 
 Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const TaskArgs& run_args, const RuntimeEnv&,
@@ -93,80 +53,7 @@ Status HbgRuntime::build(const HostApi& api, const ChipCallable& callable, const
   if (api.slot >= slots_.size()) {
     return invalid_argument("pipeline_slot = {} is outside the grant of {}", api.slot, slots_.size());
   }
-  Slot& s = *slots_[api.slot];
-  // Only the previous run's tasks can hold a mark.
-  std::fill(s.pred_mark.begin(), s.pred_mark.begin() + s.task_count, 0);
-  s.task_count = 0;
-  s.desc_count = 0;
-  s.edges.clear();
-  s.use_pairs.clear();
-  s.guards.clear();
-  s.callable = &callable;
-  s.accesses.clear();
-  s.allocations.reset();
-  s.executed.store(0, std::memory_order_relaxed);
-  s.released_early.store(0, std::memory_order_relaxed);
-  s.error.reset();
-  s.trace = trace;
-  SIMPLER_RETURN_IF_ERROR(bind_arena(s, api));
-  // The builder reaches the run's HostApi through the slot only while this
-  // call runs; the guard unbinds it on every exit, so no finished run's
-  // binding can be used by a later one (R88).
-  struct BindingGuard {
-    Slot& s;
-    ~BindingGuard() { s.api = HostApi{}; }
-  } guard{s};
-  s.api = api;
-  GraphBuilder builder(*this, s, callable);
-  builder.set_trace(trace);
-  Status st = builder.orchestrate(run_args);
-  if (st.ok() && s.edges.size() > capacity_.edges) {
-    st = resource_exhausted("graph capacity: the run has {} dependency edges, more than {} (8 x max_tasks_per_run)",
-                            s.edges.size(), capacity_.edges);
-  }
-  if (st.ok() && s.use_pairs.size() > capacity_.edges) {
-    st = resource_exhausted("graph capacity: the run has {} intermediate uses, more than {}", s.use_pairs.size(),
-                            capacity_.edges);
-  }
-  if (!st.ok()) {
-    s.allocations.release_all();
-    return st;
-  }
-  finalize_graph(s);
-  return Status();
-}
-
-void HbgRuntime::finalize_graph(Slot& s) {
-  const uint32_t n = s.task_count;
-  // Fanout lists in CSR form, by counting sort on the source task.
-  std::fill(s.counts.begin(), s.counts.begin() + n + 1, 0);
-  for (auto [from, to] : s.edges) ++s.counts[from + 1];
-  for (uint32_t t = 0; t < n; ++t) s.counts[t + 1] += s.counts[t];
-  for (uint32_t t = 0; t < n; ++t) {
-    GraphTask& task = s.tasks[t];
-    task.fanout_begin = s.counts[t];
-    task.fanout_count = s.counts[t + 1] - s.counts[t];
-    task.fanin = 0;
-  }
-  for (auto [from, to] : s.edges) {
-    s.fanout[s.counts[from]++] = to;
-    ++s.tasks[to].fanin;
-  }
-  // use_pairs are appended in task order, so they are already grouped.
-  uint32_t u = 0;
-  for (uint32_t t = 0; t < n; ++t) {
-    GraphTask& task = s.tasks[t];
-    task.uses_begin = u;
-    while (u < s.use_pairs.size() && s.use_pairs[u].first == t) {
-      s.uses[u] = s.use_pairs[u].second;
-      ++u;
-    }
-    task.uses_count = u - task.uses_begin;
-    task.fanin_left.store(task.fanin, std::memory_order_relaxed);
-    task.subtasks_left.store(subtask_count(task.kind, task.blocks), std::memory_order_relaxed);
-    task.next_block.store(0, std::memory_order_relaxed);
-    task.poisoned.store(0, std::memory_order_relaxed);
-  }
+  return build_host_graph(*slots_[api.slot], capacity_, memory_, api, callable, run_args, trace);
 }
 
 void HbgRuntime::launch(uint32_t slot) {

@@ -10,53 +10,14 @@
 #include <vector>
 
 #include "runtime/common/core_dispatcher.h"
-#include "runtime/common/run_builder.h"
+#include "runtime/common/host_graph.h"
 #include "runtime/common/task_graph.h"
-#include "runtime/hbg/access_index.h"
 #include "runtime/runtime.h"
 
 namespace simpler::hbg {
 
-struct Capacity {
-  uint32_t tasks;
-  uint32_t descriptors;
-  uint32_t edges;
-};
-
-// One run-resource set's graph and build state.
-struct Slot {
-  Slot(const Capacity& c, DeviceMemory& memory);
-
-  uint32_t index = 0;
-  uint64_t arena_addr = 0;  // the bank arena the pointers below are carved from
-  GraphTask* tasks = nullptr;
-  DeviceTensor* descriptors = nullptr;
-  uint32_t* fanout = nullptr;
-  uint32_t* uses = nullptr;
-
-  // Build state: written only by the building thread, before launch.
-  HostApi api;
-  const ChipCallable* callable = nullptr;  // the last run's; names kernels in errors
-  std::vector<GuardCheck> guards;          // guarded device memory: per task, see GraphTask
-  uint32_t task_count = 0;
-  uint32_t desc_count = 0;
-  std::vector<std::pair<uint32_t, uint32_t>> edges;      // (from, to)
-  std::vector<std::pair<uint32_t, uint32_t>> use_pairs;  // (task, intermediate)
-  std::vector<uint32_t> pred_mark;                       // edge de-duplication
-  std::vector<uint32_t> counts;                          // CSR scratch
-  AccessIndex accesses;
-  RunAllocations allocations;
-  diag::RunTrace trace;  // the run's, handed to the dispatcher at launch
-
-  // Execution state: shared by AICPU threads after launch.
-  std::atomic<uint32_t> remaining{0};
-  std::atomic<uint32_t> executed{0};
-  std::atomic<uint32_t> released_early{0};
-  FirstError error;
-  uint64_t launch_ns = 0;
-
-  TaskGraphView graph() { return TaskGraphView{tasks, fanout, uses, &allocations}; }
-};
+// One run-resource set: its graph, as the host built it.
+using Slot = HostGraph;
 
 class HbgRuntime final : public ChipRuntime {
  public:
@@ -78,12 +39,9 @@ class HbgRuntime final : public ChipRuntime {
   bool poll(uint32_t aicpu) override;
 
  private:
-  friend class GraphBuilder;
   struct GrantState;
 
-  HbgRuntime(Device& device, Capacity capacity, RunDoneFn on_done);
-  Status bind_arena(Slot& s, const HostApi& api);
-  void finalize_graph(Slot& s);
+  HbgRuntime(Device& device, GraphCapacity capacity, RunDoneFn on_done);
   GraphTask& task_of(ReadyItem item) const { return slots_[item.slot]->tasks[item.task]; }
   void complete_subtask(const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool kernel_failed,
                         std::vector<ReadyItem>& ready);
@@ -92,7 +50,7 @@ class HbgRuntime final : public ChipRuntime {
 
   Device& device_;
   DeviceMemory& memory_;
-  const Capacity capacity_;
+  const GraphCapacity capacity_;
   RunDoneFn on_done_;
   std::vector<std::unique_ptr<Slot>> slots_;
   CoreDispatcher dispatcher_;

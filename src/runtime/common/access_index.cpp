@@ -1,8 +1,8 @@
-#include "runtime/hbg/access_index.h"
+#include "runtime/common/access_index.h"
 
 #include <algorithm>
 
-namespace simpler::hbg {
+namespace simpler {
 
 AccessIndex::AccessIndex(size_t expected_accesses) {
   size_t n = 64;
@@ -38,4 +38,4 @@ uint32_t AccessIndex::head(size_t b) const {
 
 void AccessIndex::set_head(size_t b, uint32_t link) { heads_[b] = uint64_t{epoch_} << 32 | link; }
 
-}  // namespace simpler::hbg
+}  // namespace simpler

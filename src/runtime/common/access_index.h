@@ -12,7 +12,7 @@
 #include "runtime/common/task_graph.h"
 #include "simpler/tensor.h"
 
-namespace simpler::hbg {
+namespace simpler {
 
 class AccessIndex {
  public:
@@ -147,4 +147,4 @@ void AccessIndex::add(uint64_t alloc, const TensorView& view, uint64_t first, ui
   }
 }
 
-}  // namespace simpler::hbg
+}  // namespace simpler
