@@ -255,6 +255,7 @@ republish:
   :: !stored ->                      /* once per phase, after its first request */
      atomic {                                                            /* M:publisher_store */
        assert(npub[PH(n, p)] == 0);  /* one publisher per (occupancy, phase) */
+       assert(!unarrivable[PH(n, p)]);  /* the second budget's premise: it never cuts a request short */
        npub[PH(n, p)]++; pubc[p] = me + 1; pubs[p] = seq; stored = true }
   :: else
   fi;
