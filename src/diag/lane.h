@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "base/clock.h"
@@ -31,15 +32,19 @@ enum class EventKind : uint8_t {
   kEdge = 5,      // a dependency edge: task = consumer, aux = producer
 };
 
+// Trivial on purpose (no member initialisers): a lane's buffer is then never
+// written before an event is recorded into it, so a large lane costs only
+// the pages its events touch. Every writer sets all fields (aggregate init).
 struct Event {
-  uint64_t run = 0;  // the run's epoch; 0 for scheduler phases, which serve every run
-  uint64_t begin_ns = 0;
-  uint64_t end_ns = 0;
-  const char* name = nullptr;  // static, or a kernel name living as long as its callable
-  uint32_t task = 0;
-  uint32_t aux = 0;
-  EventKind kind = EventKind::kTask;
+  uint64_t run;  // the run's epoch; 0 for scheduler phases, which serve every run
+  uint64_t begin_ns;
+  uint64_t end_ns;
+  const char* name;  // static, or a kernel name living as long as its callable
+  uint32_t task;
+  uint32_t aux;
+  EventKind kind;
 };
+static_assert(std::is_trivially_default_constructible_v<Event>, "a lane's buffer must cost nothing until written");
 
 class Lane {
  public:
@@ -81,6 +86,12 @@ class Lane {
   // The owner, before any writer may use the lane; idempotent.
   void allocate() {
     if (!events_) events_.reset(new Event[capacity_]);
+  }
+  // The owner of a lane without a generation, reusing it for another run:
+  // only while nobody writes or reads it.
+  void reset() {
+    count_.store(0, std::memory_order_relaxed);
+    dropped_.store(0, std::memory_order_relaxed);
   }
   bool allocated() const { return events_ != nullptr; }
 
