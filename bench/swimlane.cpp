@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <time.h>
 #include <unistd.h>
 
 #include "base/errors.h"
@@ -20,6 +21,12 @@ namespace {
 
 constexpr int kRounds = 7;
 constexpr double kGoalLevel1 = 1.05;
+
+double process_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -36,6 +43,7 @@ Result<Json> swimlane() {
     uint32_t level;
     DumpArgs dump;
     std::vector<double> wall_s;
+    std::vector<double> cpu_s;  // the whole process's CPU time over the example (its device threads included)
   };
   std::vector<Config> configs = {{"off", 0, DumpArgs::Off, {}},
                                  {"off_again", 0, DumpArgs::Off, {}},
@@ -49,7 +57,9 @@ Result<Json> swimlane() {
       options.call.swimlane_level = c.level;
       options.call.dump_args = c.dump;
       if (c.level > 0 || c.dump != DumpArgs::Off) options.call.trace_dir = dir;
+      const double cpu0 = process_cpu_s();
       Result<examples::ExampleReport> r = examples::run_example("matmul_chain", options);
+      c.cpu_s.push_back(process_cpu_s() - cpu0);
       if (!r.ok()) return r.status();
       if (!r->verified) return internal_error("matmul_chain ({}) did not verify: {}", c.name, r->detail);
       c.wall_s.push_back(r->wall_s);
@@ -72,6 +82,11 @@ Result<Json> swimlane() {
   }
   j["median_wall_ms"] = medians;
   j["min_max_wall_ms"] = spread;
+  // CPU time is what a neighbour's load distorts least on a shared machine
+  // (it includes the example's Worker start and close, wall time does not).
+  Json cpu;
+  for (const Config& c : configs) cpu[c.name] = round3(median(c.cpu_s) / median(configs[0].cpu_s));
+  j["cpu_ratio_vs_off"] = cpu;
   j["peer"] = "the same example with diagnostics off, in the same process, alternating";
   const double r1 = median(configs[2].wall_s) / off;
   j["ratio_vs_off"] = {{"off_again", round3(median(configs[1].wall_s) / off)},
