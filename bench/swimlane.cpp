@@ -45,11 +45,11 @@ Result<Json> swimlane() {
     std::vector<double> wall_s;
     std::vector<double> cpu_s;  // the whole process's CPU time over the example (its device threads included)
   };
-  std::vector<Config> configs = {{"off", 0, DumpArgs::Off, {}},
-                                 {"off_again", 0, DumpArgs::Off, {}},
-                                 {"level1", 1, DumpArgs::Off, {}},
-                                 {"level4", 4, DumpArgs::Off, {}},
-                                 {"dump_full", 0, DumpArgs::Full, {}}};
+  std::vector<Config> configs = {{"off", 0, DumpArgs::Off, {}, {}},
+                                 {"off_again", 0, DumpArgs::Off, {}, {}},
+                                 {"level1", 1, DumpArgs::Off, {}, {}},
+                                 {"level4", 4, DumpArgs::Off, {}, {}},
+                                 {"dump_full", 0, DumpArgs::Full, {}, {}}};
   uint64_t tasks = 0;
   for (int round = 0; round < kRounds; ++round) {
     for (Config& c : configs) {
