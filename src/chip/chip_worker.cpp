@@ -691,12 +691,39 @@ Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_hol
     // still returns with the files there): the device thread retiring the
     // run goes back to dispatching the others' tasks at once.
     auto job = std::make_shared<DiagOutput>(std::move(diag));
-    auto write = [this, job, handle, result, stats] {
+    const bool exports = job->trace.run != 0;
+    if (exports) {
+      std::lock_guard<std::mutex> lock(pending_exports_mu_);
+      ++pending_exports_[job->trace_dir];
+    }
+    auto write = [this, job, handle, result, stats, exports](bool on_writer) {
+      // A trace.json that a later run's, already queued, replaces at once is
+      // not written: this run completes right after that one's is, as if
+      // it had been replaced (runs pipelined into one directory keep only
+      // the last file either way).
+      bool superseded = false;
+      if (exports) {
+        std::lock_guard<std::mutex> lock(pending_exports_mu_);
+        auto it = pending_exports_.find(job->trace_dir);
+        superseded = --it->second > 0 && on_writer;
+        if (it->second == 0) pending_exports_.erase(it);
+      }
+      if (superseded) job->trace.run = 0;
       Status r = finish_diag_output(std::move(*job), result);
+      if (superseded) {
+        superseded_.push_back({handle, std::move(r), stats});
+        return;
+      }
       if (handle != nullptr) handle->complete(r, stats);
+      if (on_writer && exports) {
+        for (Superseded& d : superseded_) {
+          if (d.handle != nullptr) d.handle->complete(d.result, d.stats);
+        }
+        superseded_.clear();
+      }
     };
-    if (diag_writer_.post(write)) return result;
-    write();  // closing: nothing runs behind this run any more
+    if (diag_writer_.post([write] { write(true); })) return result;
+    write(false);  // closing: nothing runs behind this run any more
     return result;
   }
   if (!diag.empty()) result = finish_diag_output(std::move(diag), std::move(result));

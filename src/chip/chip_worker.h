@@ -321,6 +321,17 @@ class ChipWorker {
 
   // Diagnostic output of runs retired on a device thread; stopped by close().
   diag::BackgroundWriter diag_writer_;
+  // Per trace_dir, the traced runs whose trace.json is queued on the writer.
+  std::mutex pending_exports_mu_;
+  std::unordered_map<std::string, uint32_t> pending_exports_;
+  // The writer thread's: runs whose trace.json a queued later one replaces,
+  // completed right after that one is written.
+  struct Superseded {
+    std::shared_ptr<detail::RunState> handle;
+    Status result;
+    RunStats stats;
+  };
+  std::vector<Superseded> superseded_;
   // Orchestrator lanes of finished traced runs, reused rather than allocated per run.
   std::mutex spare_lanes_mu_;
   std::vector<std::unique_ptr<diag::Lane>> spare_trace_lanes_;

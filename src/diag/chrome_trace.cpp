@@ -209,7 +209,14 @@ Status write_trace_file(const std::string& dir, uint64_t run, const std::string&
   const bool wrote = std::fwrite(document.data(), 1, document.size(), f) == document.size();
   const bool closed = std::fclose(f) == 0;
   std::error_code ec;
-  if (wrote && closed) std::filesystem::rename(tmp, path, ec);
+  if (wrote && closed) {
+    // The previous run's file goes first: a rename over an existing file
+    // makes ext4 (auto_da_alloc) write the new one to disk at once, which
+    // costs every traced run a flush. A reader may find no file for that
+    // instant, never a partial one.
+    std::filesystem::remove(path, ec);
+    std::filesystem::rename(tmp, path, ec);
+  }
   if (!wrote || !closed || ec) {
     std::filesystem::remove(tmp, ec);
     return failed_precondition("trace: writing '{}' failed", path);
