@@ -19,7 +19,7 @@
 namespace simpler::bench {
 namespace {
 
-constexpr int kRounds = 7;
+constexpr int kRounds = 11;
 constexpr double kGoalLevel1 = 1.05;
 
 double process_cpu_s() {
