@@ -182,7 +182,7 @@ TEST(TraceTest, PipelinedRunsIntoOneDirectoryLeaveOneWholeTraceAndDump) {
   Diamond d("host_build_graph");
   d.init();
   CallConfig call;
-  call.swimlane_level = 1;
+  call.swimlane_level = 4;
   call.trace_dir = dir;
   call.dump_args = DumpArgs::Full;
   std::vector<RunHandle> runs;
@@ -197,6 +197,9 @@ TEST(TraceTest, PipelinedRunsIntoOneDirectoryLeaveOneWholeTraceAndDump) {
   const Parsed p = parse(doc);
   EXPECT_EQ(p.task_names.size(), 4u);
   EXPECT_EQ(p.preds, d.edges);
+  // The orchestrator lanes are reused from run to run: the file holds this
+  // run's four submits, none of an earlier run's.
+  EXPECT_EQ(p.categories.at("submit"), 4);
   auto dump = load_args_dump(dir + "/args_dump");
   ASSERT_TRUE(dump.ok()) << dump.status().to_string();
   EXPECT_TRUE(dump->complete);
