@@ -58,8 +58,8 @@ const std::vector<Entry>& entries() {
       {{"idle_cpu", "% of one CPU burned by an idle a2a3-geometry chip over 1 s vs an idle process"}, &idle_cpu},
 #ifdef SIMPLER_BENCH_HAVE_EXAMPLES
       {{"swimlane",
-        "wall time of the matmul_chain example with swimlane level 1 and 4, each as a ratio to diagnostics off "
-        "(and off against itself)"},
+        "wall time of the matmul_chain example with swimlane level 1 and 4 and a FULL argument dump, each as a "
+        "ratio to diagnostics off (and off against itself)"},
        &swimlane},
 #endif
       {{"native_run", "prepare + launch + finalize of an empty and a one-task native run, p50/p99 vs a condvar pool"},

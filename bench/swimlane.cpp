@@ -1,14 +1,15 @@
-// swimlane: the cost of swimlane recording on the matmul_chain example (its
-// 32 runs of 384 AIC/AIV tasks, pipeline depth 4), levels 1 and 4 against
-// diagnostics off, in one process: the configurations alternate round by
-// round so a neighbour's burst lands on all of them, and the figure is each
-// one's median. "off" runs twice per round, its second copy the A/A noise
-// floor that "off is indistinguishable" is judged against.
+// swimlane: the cost of diagnostics on the matmul_chain example (its 32 runs
+// of 384 AIC/AIV tasks, pipeline depth 4): swimlane levels 1 and 4 and a FULL
+// argument dump against diagnostics off, in one process. The configurations
+// alternate round by round so a neighbour's burst lands on all of them, and
+// the figure is each one's median. "off" runs twice per round, its second
+// copy the A/A noise floor that "off is indistinguishable" is judged against.
 #include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include <time.h>
 #include <unistd.h>
 
 #include "base/errors.h"
@@ -18,8 +19,14 @@
 namespace simpler::bench {
 namespace {
 
-constexpr int kRounds = 7;
+constexpr int kRounds = 11;
 constexpr double kGoalLevel1 = 1.05;
+
+double process_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -34,16 +41,25 @@ Result<Json> swimlane() {
   struct Config {
     const char* name;
     uint32_t level;
+    DumpArgs dump;
     std::vector<double> wall_s;
+    std::vector<double> cpu_s;  // the whole process's CPU time over the example (its device threads included)
   };
-  std::vector<Config> configs = {{"off", 0, {}}, {"off_again", 0, {}}, {"level1", 1, {}}, {"level4", 4, {}}};
+  std::vector<Config> configs = {{"off", 0, DumpArgs::Off, {}, {}},
+                                 {"off_again", 0, DumpArgs::Off, {}, {}},
+                                 {"level1", 1, DumpArgs::Off, {}, {}},
+                                 {"level4", 4, DumpArgs::Off, {}, {}},
+                                 {"dump_full", 0, DumpArgs::Full, {}, {}}};
   uint64_t tasks = 0;
   for (int round = 0; round < kRounds; ++round) {
     for (Config& c : configs) {
       examples::ExampleOptions options;
       options.call.swimlane_level = c.level;
-      if (c.level > 0) options.call.trace_dir = dir;
+      options.call.dump_args = c.dump;
+      if (c.level > 0 || c.dump != DumpArgs::Off) options.call.trace_dir = dir;
+      const double cpu0 = process_cpu_s();
       Result<examples::ExampleReport> r = examples::run_example("matmul_chain", options);
+      c.cpu_s.push_back(process_cpu_s() - cpu0);
       if (!r.ok()) return r.status();
       if (!r->verified) return internal_error("matmul_chain ({}) did not verify: {}", c.name, r->detail);
       c.wall_s.push_back(r->wall_s);
@@ -58,13 +74,25 @@ Result<Json> swimlane() {
   j["tasks_per_measurement"] = tasks;
   j["rounds"] = kRounds;
   Json medians;
-  for (const Config& c : configs) medians[c.name] = round3(median(c.wall_s) * 1e3);
+  Json spread;
+  for (const Config& c : configs) {
+    medians[c.name] = round3(median(c.wall_s) * 1e3);
+    const auto [lo, hi] = std::minmax_element(c.wall_s.begin(), c.wall_s.end());
+    spread[c.name] = {round3(*lo * 1e3), round3(*hi * 1e3)};
+  }
   j["median_wall_ms"] = medians;
+  j["min_max_wall_ms"] = spread;
+  // CPU time is what a neighbour's load distorts least on a shared machine
+  // (it includes the example's Worker start and close, wall time does not).
+  Json cpu;
+  for (const Config& c : configs) cpu[c.name] = round3(median(c.cpu_s) / median(configs[0].cpu_s));
+  j["cpu_ratio_vs_off"] = cpu;
   j["peer"] = "the same example with diagnostics off, in the same process, alternating";
   const double r1 = median(configs[2].wall_s) / off;
   j["ratio_vs_off"] = {{"off_again", round3(median(configs[1].wall_s) / off)},
                        {"level1", round3(r1)},
-                       {"level4", round3(median(configs[3].wall_s) / off)}};
+                       {"level4", round3(median(configs[3].wall_s) / off)},
+                       {"dump_full", round3(median(configs[4].wall_s) / off)}};
   j["goal"] = {{"level1_ratio_max", kGoalLevel1}, {"met", r1 <= kGoalLevel1}};
   return j;
 }

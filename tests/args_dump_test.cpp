@@ -573,6 +573,73 @@ TEST_P(ArgsDumpRun, EachStageHoldsTheBytesOfItsMomentAndTheHandOffIsExact) {
 
 INSTANTIATE_TEST_SUITE_P(Runtimes, ArgsDumpRun, ::testing::Values("host_build_graph", "tensormap_and_ringbuffer"));
 
+// A 1,000-task chain x <- x + b over two ping-pong buffers; task
+// args[2] (none when out of range) adds b = 1.25 instead of 1.
+ChipCallable axpb_chain(uint32_t tasks) {
+  return ChipCallable("axpb_chain",
+                      [tasks](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                        const int64_t perturbed = static_cast<int64_t>(a[2].scalar);
+                        for (uint32_t k = 0; k < tasks; ++k) {
+                          TaskArgs t;
+                          t.add_tensor(a[k % 2].tensor, Tag::Input)
+                              .add_tensor(a[(k + 1) % 2].tensor, Tag::OutputExisting)
+                              .add_scalar_f32(1)
+                              .add_scalar_f32(k == perturbed ? 1.25f : 1.f);
+                          if (auto r = o.submit_aiv(1, t); !r.ok()) return r.status();
+                        }
+                        return Status();
+                      },
+                      make_kernels({{1, CoreType::AIV, "axpb", axpb_kernel}}),
+                      {Param::inout(), Param::inout(), Param::scalar()});
+}
+
+// The diff on real runs: two FULL dumps of the same 1,000-task chain, the
+// second with one task's input perturbed, and dump diff names that task.
+TEST(ArgsDumpRun, DiffNamesThePerturbedTaskOfARealThousandTaskChain) {
+  Watchdog dog;
+  constexpr uint32_t kTasks = 1000;
+  constexpr int64_t kPerturbed = 637;
+  Harness hw(axpb_chain(kTasks), small_config(2, 2048));
+  constexpr int64_t n = 16;
+  std::vector<std::string> dirs;
+  for (int64_t perturbed : {int64_t{-1}, kPerturbed}) {
+    std::vector<float> x(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(i);
+    const DeviceBuffer b0 = upload(hw.w, x), b1 = upload(hw.w, std::vector<float>(n, -1));
+    TaskArgs args;
+    args.add_tensor(b0.view({n}, DType::F32), Tag::InOut)
+        .add_tensor(b1.view({n}, DType::F32), Tag::InOut)
+        .add_scalar(perturbed);
+    CallConfig call;
+    call.trace_dir = fresh_dir(perturbed < 0 ? "a" : "b");
+    call.dump_args = DumpArgs::Full;
+    RunHandle h = hw.w.submit(hw.h, args, call);
+    ASSERT_TRUE(wait_run(h).ok()) << h.result().to_string();
+    // The run really computed the chain: 1,000 additions of 1 (and 0.25 more).
+    const std::vector<float> out = download<float>(hw.w, kTasks % 2 == 0 ? b0 : b1, n);
+    EXPECT_EQ(out[3], 3.f + kTasks + (perturbed < 0 ? 0.f : 0.25f));
+    dirs.push_back(call.trace_dir + "/args_dump");
+  }
+  auto da = load_args_dump(dirs[0]);
+  auto db = load_args_dump(dirs[1]);
+  ASSERT_TRUE(da.ok()) << da.status().to_string();
+  ASSERT_TRUE(db.ok()) << db.status().to_string();
+  for (const ArgsDump* d : {&*da, &*db}) {
+    EXPECT_TRUE(d->complete);
+    EXPECT_EQ(d->counts.dropped, 0u);
+    EXPECT_EQ(d->args.size(), size_t{2} * kTasks);  // each task's input before, output after
+  }
+  const DumpDifference d = diff_args_dumps(*da, *db, 0, 0);
+  ASSERT_TRUE(d.differs) << d.what;
+  EXPECT_EQ(d.task, static_cast<uint64_t>(kPerturbed));
+  EXPECT_EQ(d.arg, 1u);
+  EXPECT_EQ(d.index, (std::vector<int64_t>{0}));
+  EXPECT_FLOAT_EQ(d.a, 0.f + kPerturbed + 1);
+  EXPECT_FLOAT_EQ(d.b, 0.f + kPerturbed + 1.25f);
+  EXPECT_TRUE(contains(d.what, "task 637")) << d.what;
+  EXPECT_FALSE(diff_args_dumps(*da, *da, 0, 0).differs);
+}
+
 TEST(ArgsDumpRun, ARuntimeThatCannotCaptureRefusesTheDumpNamingTheField) {
   WorkerConfig config = small_config();
   config.runtime = "reference";

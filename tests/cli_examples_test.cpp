@@ -1,10 +1,16 @@
 // Tests of the examples library (run in-process, every output verified) and of
 // the `simpler` binary's exit codes and messages (run as a child under
 // `timeout`). Every blocking step has a deadline.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
 
 #include <fmt/core.h>
 #include <gtest/gtest.h>
@@ -193,6 +199,9 @@ TEST(Cli, BadUsageExitsTwoNamingTheFlag) {
       {"run vector_add --pipeline-depth 4294967296", "--pipeline-depth"},
       {"run vector_add --geometry huge", "--geometry"},
       {"run", "example"},
+      {"run vector_add --dump-args full", "--trace"},
+      {"run vector_add --trace /tmp/simpler_never_written --dump-args most", "--dump-args"},
+      {"run vector_add --trace /tmp/simpler_never_written --swimlane 5", "--swimlane"},
       {"bench --bogus", "--bogus"},
       {"", "subcommand"},
   };
@@ -231,6 +240,93 @@ TEST(Cli, RunVerifiesAndStaysQuietWithoutATerminal) {
   EXPECT_NE(r.output.find(" ok"), std::string::npos) << r.output;
   // stderr is a pipe here, so no progress line may be drawn.
   EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
+}
+
+// A directory of its own under the temp dir, empty.
+std::string fresh_cli_dir(const std::string& name) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / fmt::format("simpler_cli_{}_{}", ::getpid(), name)).string();
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// The rows `simpler dump show` printed: lines whose first two fields are the
+// capture order and the task.
+std::vector<std::pair<uint64_t, uint64_t>> dump_rows(const std::string& output) {
+  std::vector<std::pair<uint64_t, uint64_t>> rows;
+  size_t at = 0;
+  while (at < output.size()) {
+    const size_t end = std::min(output.find('\n', at), output.size());
+    unsigned long long order = 0, task = 0;
+    char kernel[64] = {};
+    if (std::sscanf(output.substr(at, end - at).c_str(), "%llu %llu %63s", &order, &task, kernel) == 3) {
+      rows.emplace_back(order, task);
+    }
+    at = end + 1;
+  }
+  return rows;
+}
+
+// The argument dump of a real run through the CLI: `run --dump-args full`
+// writes DIR/args_dump (and no trace.json at --swimlane 0), `dump show`
+// prints every captured tensor of the run's 384 tasks, and `dump diff`
+// finds nothing between the same example run on two runtimes.
+TEST(Cli, RunDumpsArgumentsThatDumpShowAndDiffRead) {
+  Watchdog dog(std::chrono::seconds(120));
+  const std::string a = fresh_cli_dir("dump_a");
+  CommandResult run =
+      run_cli(fmt::format("run matmul_chain --runs 2 --trace {} --swimlane 0 --dump-args full", a), "", 90);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find(fmt::format("argument dump (full, the last run): {}/args_dump", a)), std::string::npos)
+      << run.output;
+  EXPECT_FALSE(std::filesystem::exists(a + "/trace.json"));
+  // Only the published dump is left: no run's staging directory.
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(a)) entries += e.path().filename() == "args_dump" ? 0 : 1;
+  EXPECT_EQ(entries, 0u);
+
+  CommandResult show = run_cli(fmt::format("dump show {}", a));
+  ASSERT_EQ(show.exit_code, 0) << show.output;
+  unsigned long long records = 0, total = 0, collected = 0, dropped = 9;
+  const size_t head = show.output.find("records, complete; total");
+  ASSERT_NE(head, std::string::npos) << show.output.substr(0, 2000);
+  const size_t line = show.output.rfind("args dump of run", head);
+  ASSERT_NE(line, std::string::npos);
+  ASSERT_EQ(std::sscanf(show.output.c_str() + line,
+                        "args dump of run %*s (full): %llu records, complete; total %llu = "
+                        "collected %llu + dropped %llu",
+                        &records, &total, &collected, &dropped),
+            4)
+      << show.output.substr(line, 200);
+  EXPECT_EQ(dropped, 0u);
+  EXPECT_EQ(total, collected);
+  EXPECT_EQ(records, collected);
+  // Per 32x32 output tile: 4 matmuls (a, b in; the accumulator out, and in
+  // too from the second on), bias_add (acc in and out, bias in), relu (acc
+  // in, c out).
+  constexpr uint64_t kTiles = 64, kTasks = kTiles * 6;
+  EXPECT_EQ(records, kTiles * ((3 + 3 * 4) + 3 + 2));
+  const auto rows = dump_rows(show.output);
+  ASSERT_EQ(rows.size(), records) << show.output.substr(0, 2000);
+  std::vector<bool> seen(kTasks, false);
+  for (const auto& [order, task] : rows) {
+    ASSERT_LT(task, kTasks);
+    seen[task] = true;
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), true), static_cast<long>(kTasks));
+
+  const std::string b = fresh_cli_dir("dump_b");
+  CommandResult other = run_cli(fmt::format("run matmul_chain --runs 1 --runtime tensormap_and_ringbuffer --trace {} "
+                                            "--swimlane 0 --dump-args full",
+                                            b),
+                                "", 90);
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  CommandResult same = run_cli(fmt::format("dump diff {} {}", a, b));
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_NE(same.output.find(fmt::format("no difference in {} outputs compared", kTiles * 6)), std::string::npos)
+      << same.output;
+  std::filesystem::remove_all(a);
+  std::filesystem::remove_all(b);
 }
 
 // `simpler demo` runs node_pipeline and network_pipeline first (their Workers

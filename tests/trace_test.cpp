@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "diag/args_dump_file.h"
 #include "diag/call_config.h"
 #include "diag/lane.h"
 #include "test_util.h"
@@ -169,6 +170,59 @@ TEST(TraceTest, TraceHoldsExactlyTheGraphsTasksAndEdges) {
     EXPECT_TRUE(d.w.close().ok());
     std::filesystem::remove_all(dir);
   }
+}
+
+// Runs pipelined into one directory: the writer thread may skip a
+// trace.json that a later, already queued run's replaces, and each run
+// dumps into its own staging directory; every handle still completes OK
+// and what stays is one whole run's trace and one whole run's dump, with no
+// temporary file or staging directory left.
+TEST(TraceTest, PipelinedRunsIntoOneDirectoryLeaveOneWholeTraceAndDump) {
+  const std::string dir = fresh_dir("pipelined");
+  Diamond d("host_build_graph");
+  d.init();
+  CallConfig call;
+  call.swimlane_level = 4;
+  call.trace_dir = dir;
+  call.dump_args = DumpArgs::Full;
+  // Each run writes buffers of its own: runs in flight at once share only x.
+  std::vector<RunHandle> runs;
+  std::vector<DeviceBuffer> last_v;
+  for (int i = 0; i < 24; ++i) {
+    TaskArgs a;
+    a.add_tensor(d.x.view({Diamond::kN}, DType::F32), Tag::Input);
+    for (int b = 0; b < 4; ++b) {
+      auto m = d.w.malloc(Diamond::kN * 4);
+      ASSERT_TRUE(m.ok()) << m.status().to_string();
+      a.add_tensor(m->view({Diamond::kN}, DType::F32), Tag::OutputExisting);
+      if (b == 3) last_v.push_back(*m);
+    }
+    runs.push_back(d.w.submit(d.h, a, call));
+  }
+  for (RunHandle& h : runs) {
+    Status st = h.wait_for(20s);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  std::vector<float> out(Diamond::kN);
+  ASSERT_TRUE(d.w.copy_from(out.data(), last_v.back(), Diamond::kN * 4).ok());
+  EXPECT_EQ(out[0], 5.f);
+  const json doc = read_trace(dir);
+  EXPECT_EQ(doc.at("otherData").at("runs").size(), 1u);
+  const Parsed p = parse(doc);
+  EXPECT_EQ(p.task_names.size(), 4u);
+  EXPECT_EQ(p.preds, d.edges);
+  // The orchestrator lanes are reused from run to run: the file holds this
+  // run's four submits, none of an earlier run's.
+  EXPECT_EQ(p.categories.at("submit"), 4);
+  auto dump = load_args_dump(dir + "/args_dump");
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_TRUE(dump->complete);
+  EXPECT_EQ(dump->args.size(), 9u);  // t0, t1: x in, y/z out; t2: y, z in, w out; t3: w in, v out
+  std::set<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.insert(e.path().filename().string());
+  EXPECT_EQ(left, (std::set<std::string>{"trace.json", "args_dump"}));
+  EXPECT_TRUE(d.w.close().ok());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TraceTest, LevelsAddTheirCategories) {

@@ -360,14 +360,7 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   // the preparing thread, never while it runs.
   std::unique_ptr<diag::Lane> trace_lane;
   if (level > 0) {
-    try {
-      trace_lane = std::make_unique<diag::Lane>(
-          std::max<size_t>(diag::Recorder::kDefaultLaneEvents, size_t{config_.max_tasks_per_run} * 4));
-      trace_lane->allocate();
-    } catch (const std::bad_alloc&) {
-      return resource_exhausted("prepare: call.swimlane_level = {}: the run's trace lane does not fit host memory",
-                                level);
-    }
+    SIMPLER_ASSIGN_OR_RETURN(trace_lane, take_trace_lane(), "prepare: call.swimlane_level = {}", level);
   }
   const uint64_t t0 = now_ns();
   const uint64_t epoch = next_run_epoch();
@@ -682,19 +675,8 @@ Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_hol
       SpinPolicy{});
   bank_epoch_[ctx->desc_.arena_bank] = 0;
   unpin_arguments(*ctx);
-  if (ctx->dump_ != nullptr) {
-    // The done callback came after the runtime stopped touching the set: the
-    // proof that no AICPU thread still writes a lane.
-    Status dumped = ctx->dump_->finish(ctx->done());
-    if (result.ok() && !dumped.ok()) result = std::move(dumped);
-  }
-  if (ctx->trace_begun_) {
-    // Only a run that ended on the device has a complete trace; its lanes
-    // are read before the recorder may start a new generation.
-    Status exported = ctx->done() && ctx->trace_end_ns_ != 0 ? export_trace(*ctx) : Status();
-    device_->recorder()->end_run();
-    if (result.ok() && !exported.ok()) result = std::move(exported);
-  }
+  const bool on_device_thread = ctx->auto_finalize_;
+  DiagOutput diag = take_diag_output(*ctx);
   std::shared_ptr<detail::RunState> handle = std::move(ctx->handle_);
   const RunStats stats = ctx->stats_;
   {
@@ -707,8 +689,115 @@ Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_hol
     reinterpret_cast<std::atomic<uint64_t>*>(bytes)->store(0, std::memory_order_release);
   }
   release_lease(lease);
+  if (!diag.empty() && on_device_thread) {
+    // Written on the writer thread, the handle completed after it (so wait()
+    // still returns with the files there): the device thread retiring the
+    // run goes back to dispatching the others' tasks at once.
+    auto job = std::make_shared<DiagOutput>(std::move(diag));
+    const bool exports = job->trace.run != 0;
+    if (exports) {
+      std::lock_guard<std::mutex> lock(pending_exports_mu_);
+      ++pending_exports_[job->trace_dir];
+    }
+    auto write = [this, job, handle, result, stats, exports](bool on_writer) {
+      // A trace.json that a later run's, already queued, replaces at once is
+      // not written: this run completes right after that one's is, as if
+      // it had been replaced (runs pipelined into one directory keep only
+      // the last file either way).
+      bool superseded = false;
+      if (exports) {
+        std::lock_guard<std::mutex> lock(pending_exports_mu_);
+        auto it = pending_exports_.find(job->trace_dir);
+        superseded = --it->second > 0 && on_writer;
+        if (it->second == 0) pending_exports_.erase(it);
+      }
+      if (superseded) job->trace.run = 0;
+      Status r = finish_diag_output(std::move(*job), result);
+      if (superseded) {
+        superseded_.push_back({handle, std::move(r), stats});
+        return;
+      }
+      if (handle != nullptr) handle->complete(r, stats);
+      if (on_writer && exports) {
+        for (Superseded& d : superseded_) {
+          if (d.handle != nullptr) d.handle->complete(d.result, d.stats);
+        }
+        superseded_.clear();
+      }
+    };
+    if (diag_writer_.post([write] { write(true); })) return result;
+    write(false);  // closing: nothing runs behind this run any more
+    return result;
+  }
+  if (!diag.empty()) result = finish_diag_output(std::move(diag), std::move(result));
   if (handle != nullptr) handle->complete(result, stats);
   return result;
+}
+
+ChipWorker::DiagOutput ChipWorker::take_diag_output(NativeRunContext& ctx) {
+  DiagOutput out;
+  // The done callback came after the runtime stopped touching the set: the
+  // proof that no AICPU thread still writes a lane of the run.
+  out.producers_stopped = ctx.done();
+  out.dump = std::move(ctx.dump_);
+  out.trace_begun = ctx.trace_begun_;
+  ctx.trace_begun_ = false;
+  out.trace_lane = std::move(ctx.trace_lane_);
+  // Only a run that ended on the device has a complete trace.
+  if (out.trace_begun && out.producers_stopped && ctx.trace_end_ns_ != 0) {
+    diag::ChipRunTrace& t = out.trace;
+    t.pid = static_cast<int>(::getpid());
+    t.label = ctx.config_.trace_label.empty() ? std::string("chip0") : ctx.config_.trace_label;
+    t.run = ctx.epoch_;
+    t.level = ctx.config_.call.swimlane_level;
+    t.launch_ns = ctx.trace_launch_ns_;
+    t.end_ns = ctx.trace_end_ns_;
+    t.recorder = device_->recorder();
+    t.orchestrator = out.trace_lane.get();
+    out.trace_dir = ctx.config_.call.trace_dir;
+  }
+  return out;
+}
+
+Status ChipWorker::finish_diag_output(DiagOutput out, Status result) {
+  if (out.dump != nullptr) {
+    Status dumped = out.dump->finish(out.producers_stopped);
+    if (result.ok() && !dumped.ok()) result = std::move(dumped);
+    out.dump.reset();
+  }
+  if (out.trace_begun) {
+    // The lanes are read before the recorder may start a new generation.
+    Status exported = out.trace.run != 0 ? diag::export_chip_run(out.trace_dir, out.trace) : Status();
+    device_->recorder()->end_run();
+    if (result.ok() && !exported.ok()) result = std::move(exported);
+  }
+  if (out.trace_lane != nullptr) {
+    out.trace_lane->reset();
+    std::lock_guard<std::mutex> lock(spare_lanes_mu_);
+    spare_trace_lanes_.push_back(std::move(out.trace_lane));
+  }
+  return result;
+}
+
+Result<std::unique_ptr<diag::Lane>> ChipWorker::take_trace_lane() {
+  {
+    std::lock_guard<std::mutex> lock(spare_lanes_mu_);
+    if (!spare_trace_lanes_.empty()) {
+      std::unique_ptr<diag::Lane> lane = std::move(spare_trace_lanes_.back());
+      spare_trace_lanes_.pop_back();
+      return lane;
+    }
+  }
+  // Sized for a run's edges and submits; allocated here, on the preparing
+  // thread, never while a run records.
+  try {
+    auto lane = std::make_unique<diag::Lane>(
+        std::max<size_t>(diag::Recorder::kDefaultLaneEvents, size_t{config_.max_tasks_per_run} * 4));
+    lane->allocate();
+    return lane;
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("the run's trace lane does not fit host memory");
+  }
 }
 
 void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
@@ -835,7 +924,8 @@ static_assert(static_cast<int>(DumpSelection::kPartial) == static_cast<int>(Dump
 
 Status ChipWorker::start_dump(NativeRunContext& ctx) {
   ArgsDumpCollector::Options o;
-  o.dir = ctx.config_.call.trace_dir + "/args_dump";
+  o.publish_dir = ctx.config_.call.trace_dir + "/args_dump";
+  o.dir = fmt::format("{}/.args_dump.{}.{}.tmp", ctx.config_.call.trace_dir, ::getpid(), ctx.epoch_);
   o.selection = static_cast<DumpSelection>(ctx.config_.call.dump_args);
   o.lanes = device_->geometry().aicpu_threads;
   o.run_epoch = ctx.epoch_;
@@ -847,19 +937,6 @@ Status ChipWorker::start_dump(NativeRunContext& ctx) {
   SIMPLER_ASSIGN_OR_RETURN(ctx.dump_, ArgsDumpCollector::start(std::move(o)), "call.dump_args");
   ctx.capture_ = std::make_unique<ArgCapture>(*ctx.dump_, config_.max_tasks_per_run, ctx.epoch_);
   return Status();
-}
-
-Status ChipWorker::export_trace(const NativeRunContext& ctx) const {
-  diag::ChipRunTrace t;
-  t.pid = static_cast<int>(::getpid());
-  t.label = ctx.config_.trace_label.empty() ? std::string("chip0") : ctx.config_.trace_label;
-  t.run = ctx.epoch_;
-  t.level = ctx.config_.call.swimlane_level;
-  t.launch_ns = ctx.trace_launch_ns_;
-  t.end_ns = ctx.trace_end_ns_;
-  t.recorder = device_->recorder();
-  t.orchestrator = ctx.trace_lane_.get();
-  return diag::export_chip_run(ctx.config_.call.trace_dir, t);
 }
 
 RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args, const CallConfig& call) {
@@ -1012,6 +1089,9 @@ Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
       spin_then_park(
           admission_bell_, [&] { return in_flight_.load(std::memory_order_acquire) == 0; }, SpinPolicy{}, deadline);
   stop_watchdog();
+  // The retired runs' files are written and their handles completed before
+  // the recorder they read can go.
+  diag_writer_.stop();
   if (!drained) {
     // From here on a run that ends touches nothing of this worker, which its
     // owner may destroy while kernels still run; the gate is abandoned below.

@@ -31,6 +31,8 @@
 #include "chip/run_resource_arena.h"
 #include "chip/run_state.h"
 #include "device/device.h"
+#include "diag/background_writer.h"
+#include "diag/chrome_trace.h"
 #include "diag/terminal_banks.h"
 #include "runtime/runtime.h"
 #include "simpler/worker_config.h"
@@ -230,8 +232,23 @@ class ChipWorker {
   // settles its bank.
   void close_terminal(NativeRunContext* ctx, const RunOutcome& out);
   void on_run_done(uint32_t slot, RunOutcome outcome);
-  // Writes a traced, finished run's trace.json (retire, before the context goes).
-  Status export_trace(const NativeRunContext& ctx) const;
+  // What a retiring run leaves to write: its argument dump's manifest and its
+  // trace.json, taken out of the context so they can outlive it.
+  struct DiagOutput {
+    std::unique_ptr<ArgsDumpCollector> dump;
+    bool producers_stopped = false;  // the run ended on the device
+    bool trace_begun = false;        // pairs with the recorder's begin_run
+    std::unique_ptr<diag::Lane> trace_lane;
+    diag::ChipRunTrace trace;  // run 0: nothing to export
+    std::string trace_dir;
+    bool empty() const { return dump == nullptr && !trace_begun; }
+  };
+  DiagOutput take_diag_output(NativeRunContext& ctx);
+  // Writes `out` (manifest, trace.json), ends the run's recording and keeps
+  // its lane for a later run; an OK `result` becomes the first write error.
+  Status finish_diag_output(DiagOutput out, Status result);
+  // A lane for a traced run's edges and submits: a spare one, else a new one.
+  Result<std::unique_ptr<diag::Lane>> take_trace_lane();
   // A dumping run's collector and capture table, or why it cannot dump.
   Status start_dump(NativeRunContext& ctx);
   void watchdog_main();
@@ -296,6 +313,23 @@ class ChipWorker {
   std::atomic<bool> wedged_{false};
   mutable std::mutex wedged_mu_;
   Status wedged_why_;  // the first run that outlived run_timeout
+
+  // Diagnostic output of runs retired on a device thread; stopped by close().
+  diag::BackgroundWriter diag_writer_;
+  // Per trace_dir, the traced runs whose trace.json is queued on the writer.
+  std::mutex pending_exports_mu_;
+  std::unordered_map<std::string, uint32_t> pending_exports_;
+  // The writer thread's: runs whose trace.json a queued later one replaces,
+  // completed right after that one is written.
+  struct Superseded {
+    std::shared_ptr<detail::RunState> handle;
+    Status result;
+    RunStats stats;
+  };
+  std::vector<Superseded> superseded_;
+  // Orchestrator lanes of finished traced runs, reused rather than allocated per run.
+  std::mutex spare_lanes_mu_;
+  std::vector<std::unique_ptr<diag::Lane>> spare_trace_lanes_;
 };
 
 }  // namespace simpler

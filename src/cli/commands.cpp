@@ -194,6 +194,10 @@ int cmd_run(const RunFlags& flags) {
   if (!flags.trace_dir.empty()) {
     options.call.swimlane_level = flags.swimlane;
     options.call.trace_dir = flags.trace_dir;
+    options.call.dump_args = flags.dump_args == "full"      ? DumpArgs::Full
+                             : flags.dump_args == "hybrid"  ? DumpArgs::Hybrid
+                             : flags.dump_args == "partial" ? DumpArgs::Partial
+                                                            : DumpArgs::Off;
   }
   if (examples::serves_on_this_rank(flags.example)) {
     // An MPI example's other ranks serve its nodes, silently unless they fail.
@@ -215,8 +219,11 @@ int cmd_run(const RunFlags& flags) {
   }
   print_table(rows);
   const bool ok = verdict(rows[0]) == Verdict::kOk;
-  if (ok && !flags.trace_dir.empty()) {
+  if (ok && !flags.trace_dir.empty() && flags.swimlane > 0) {
     fmt::print("\ntrace (swimlane level {}, the last run): {}/trace.json\n", flags.swimlane, flags.trace_dir);
+  }
+  if (ok && !flags.trace_dir.empty() && flags.dump_args != "off") {
+    fmt::print("argument dump ({}, the last run): {}/args_dump\n", flags.dump_args, flags.trace_dir);
   }
   return ok ? kExitOk : kExitFailure;
 #else

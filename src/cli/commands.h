@@ -23,8 +23,9 @@ struct RunFlags {
   int runs = 0;        // 0: the example's default
   uint32_t tasks = 0;  // tasks per run of a sized example; 0: its default
   uint32_t pipeline_depth = 4;
-  std::string trace_dir;  // non-empty: every run writes trace_dir/trace.json (the last run's stays)
-  uint32_t swimlane = 1;  // the level of --trace
+  std::string trace_dir;          // non-empty: every run writes trace_dir/trace.json (the last run's stays)
+  uint32_t swimlane = 1;          // the level of --trace; 0: no trace.json
+  std::string dump_args = "off";  // off, partial, hybrid, full: into trace_dir/args_dump
 };
 
 struct BenchFlags {

@@ -63,8 +63,15 @@ int main(int argc, char** argv) {
                       "Write a swimlane trace of each run to DIR/trace.json (Perfetto; the last run's "
                       "stays; docs/diagnostics.md)");
   run->add_option("--swimlane", run_flags.swimlane,
-                  "Swimlane level of --trace: 1 tasks, 2 + AICPU dispatch, 3 + scheduler phases, 4 + submits")
-      ->check(integer_in<uint32_t>(1, 4))
+                  "Swimlane level of --trace: 1 tasks, 2 + AICPU dispatch, 3 + scheduler phases, 4 + submits; 0 "
+                  "writes no trace.json (for --dump-args alone)")
+      ->check(integer_in<uint32_t>(0, 4))
+      ->needs(trace_option)
+      ->capture_default_str();
+  run->add_option("--dump-args", run_flags.dump_args,
+                  "Argument dump of each run into DIR/args_dump (the last run's stays; simpler dump show|diff): "
+                  "partial (marked arguments), hybrid (metadata of all, bytes of marked), full")
+      ->check(CLI::IsMember({"off", "partial", "hybrid", "full"}))
       ->needs(trace_option)
       ->capture_default_str();
 

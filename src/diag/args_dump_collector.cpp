@@ -1,5 +1,12 @@
 #include "diag/args_dump_collector.h"
 
+#include <filesystem>
+#include <mutex>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+
 #include "base/errors.h"
 
 namespace simpler {
@@ -56,7 +63,30 @@ Status ArgsDumpCollector::finish(bool producers_stopped) {
     s.lanes.push_back(lanes_[i]->counts());
   }
   finish_status_ = writer_ != nullptr ? writer_->finish(s) : Status();
+  if (!options_.publish_dir.empty()) {
+    Status published = publish(options_.dir, options_.publish_dir);
+    if (finish_status_.ok()) finish_status_ = std::move(published);
+  }
   return finish_status_;
+}
+
+Status ArgsDumpCollector::publish(const std::string& staging, const std::string& dir) {
+  namespace fs = std::filesystem;
+  // rename() cannot replace a non-empty directory: the old dump moves aside
+  // first. Serialised, so two finishing runs never interleave the two steps.
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string aside = fmt::format("{}.{}.old", staging, ::getpid());
+  std::error_code ec;
+  fs::remove_all(aside, ec);
+  if (fs::exists(dir, ec)) {
+    fs::rename(dir, aside, ec);
+    if (ec) return internal_error("args dump: cannot move the previous {} aside: {}", dir, ec.message());
+  }
+  fs::rename(staging, dir, ec);
+  if (ec) return internal_error("args dump: cannot move {} to {}: {}", staging, dir, ec.message());
+  fs::remove_all(aside, ec);
+  return Status();
 }
 
 }  // namespace simpler

@@ -23,6 +23,11 @@ class ArgsDumpCollector {
  public:
   struct Options {
     std::string dir;  // the dump's directory: manifest.json and args.bin land here
+    // Non-empty: `dir` is this run's own staging directory, moved to
+    // publish_dir once the manifest is written (replacing the dump there), so
+    // runs dumping at once into one trace_dir never share args.bin; the last
+    // one to finish stays, as for trace.json.
+    std::string publish_dir;
     DumpSelection selection = DumpSelection::kFull;
     uint32_t lanes = 1;  // AICPU threads
     DumpLaneConfig lane;
@@ -49,6 +54,8 @@ class ArgsDumpCollector {
  private:
   explicit ArgsDumpCollector(Options options);
   void drain_loop();
+  // Moves the finished `staging` directory to `dir`.
+  static Status publish(const std::string& staging, const std::string& dir);
 
   Options options_;
   std::vector<std::unique_ptr<DumpLane>> lanes_;

@@ -12,6 +12,9 @@
 #include <map>
 #include <tuple>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "base/errors.h"
 
 namespace simpler {
@@ -217,62 +220,60 @@ Status ArgsDumpWriter::finish(const Summary& s) {
     first_error_ = internal_error("closing {}: {}", bin_path(dir_), std::strerror(errno));
   }
   bin_ = nullptr;
-  json lanes = json::array();
+  // Formatted straight into one buffer, not built as a JSON tree: a FULL dump
+  // has thousands of records, and this runs once per dumping run.
+  fmt::memory_buffer m;
+  auto out = std::back_inserter(m);
   DumpCounts sum;
-  for (size_t i = 0; i < s.lanes.size(); ++i) {
-    const DumpCounts& c = s.lanes[i];
-    lanes.push_back({{"lane", i},
-                     {"total", c.total},
-                     {"collected", c.collected},
-                     {"dropped", c.dropped},
-                     {"truncated", c.truncated}});
+  for (const DumpCounts& c : s.lanes) {
     sum.total += c.total;
     sum.collected += c.collected;
     sum.dropped += c.dropped;
     sum.truncated += c.truncated;
   }
+  fmt::format_to(out,
+                 "{{\n \"simpler_args_dump_version\": {},\n \"run\": {},\n \"selection\": \"{}\",\n \"complete\": {},\n"
+                 " \"total\": {},\n \"collected\": {},\n \"dropped\": {},\n \"truncated\": {},\n \"lanes\": [",
+                 kArgsDumpVersion, s.run_epoch, dump_selection_name(s.selection), s.complete, sum.total, sum.collected,
+                 sum.dropped, sum.truncated);
+  for (size_t i = 0; i < s.lanes.size(); ++i) {
+    const DumpCounts& c = s.lanes[i];
+    fmt::format_to(out, "{}\n  {{\"lane\": {}, \"total\": {}, \"collected\": {}, \"dropped\": {}, \"truncated\": {}}}",
+                   i == 0 ? "" : ",", i, c.total, c.collected, c.dropped, c.truncated);
+  }
+  fmt::format_to(out, "\n ],\n \"records\": [");
   std::vector<const Entry*> order;
   order.reserve(entries_.size());
   for (const Entry& e : entries_) order.push_back(&e);
   std::stable_sort(order.begin(), order.end(),
                    [](const Entry* x, const Entry* y) { return x->rec.order < y->rec.order; });
-  json records = json::array();
+  std::map<uint32_t, std::string> kernels;  // func_id -> its escaped name
+  bool first = true;
   for (const Entry* e : order) {
     const DumpRecord& r = e->rec;
-    const std::vector<int64_t> shape(r.shape, r.shape + r.ndim);
-    const std::vector<int64_t> strides(r.stride, r.stride + r.ndim);
-    records.push_back({{"task", r.task_id},
-                       {"kernel", s.kernel_name ? s.kernel_name(r.func_id) : std::string()},
-                       {"func_id", r.func_id},
-                       {"role", dump_role_name(static_cast<DumpRole>(r.role))},
-                       {"stage", dump_stage_name(static_cast<DumpStage>(r.stage))},
-                       {"arg", r.arg_index},
-                       {"dtype", dtype_name(static_cast<DType>(r.dtype))},
-                       {"shape", shape},
-                       {"strides", strides},
-                       {"offset", r.offset},
-                       {"bin_offset", e->bin_offset},
-                       {"bytes", r.payload_bytes},
-                       {"logical_bytes", r.logical_bytes},
-                       {"truncated", (r.flags & DumpRecord::kTruncated) != 0},
-                       {"metadata_only", (r.flags & DumpRecord::kMetadataOnly) != 0},
-                       {"order", r.order},
-                       {"lane", e->lane}});
+    auto k = kernels.find(r.func_id);
+    if (k == kernels.end()) {
+      const std::string name = s.kernel_name ? s.kernel_name(r.func_id) : std::string();
+      k = kernels.emplace(r.func_id, json(name).dump()).first;
+    }
+    const auto dims = [&](const int64_t* v) { return fmt::join(v, v + r.ndim, ", "); };
+    fmt::format_to(out,
+                   "{}\n  {{\"task\": {}, \"kernel\": {}, \"func_id\": {}, \"role\": \"{}\", \"stage\": \"{}\", "
+                   "\"arg\": {}, \"dtype\": \"{}\", \"shape\": [{}], \"strides\": [{}], \"offset\": {}, "
+                   "\"bin_offset\": {}, \"bytes\": {}, \"logical_bytes\": {}, \"truncated\": {}, "
+                   "\"metadata_only\": {}, \"order\": {}, \"lane\": {}}}",
+                   first ? "" : ",", r.task_id, k->second, r.func_id, dump_role_name(static_cast<DumpRole>(r.role)),
+                   dump_stage_name(static_cast<DumpStage>(r.stage)), r.arg_index,
+                   dtype_name(static_cast<DType>(r.dtype)), dims(r.shape), dims(r.stride), r.offset, e->bin_offset,
+                   r.payload_bytes, r.logical_bytes, (r.flags & DumpRecord::kTruncated) != 0,
+                   (r.flags & DumpRecord::kMetadataOnly) != 0, r.order, e->lane);
+    first = false;
   }
-  const json manifest = {{"simpler_args_dump_version", kArgsDumpVersion},
-                         {"run", s.run_epoch},
-                         {"selection", dump_selection_name(s.selection)},
-                         {"complete", s.complete},
-                         {"total", sum.total},
-                         {"collected", sum.collected},
-                         {"dropped", sum.dropped},
-                         {"truncated", sum.truncated},
-                         {"lanes", lanes},
-                         {"records", records}};
-  std::ofstream out(manifest_path(dir_));
-  out << manifest.dump(1) << '\n';
-  out.close();
-  if (!out && first_error_.ok()) first_error_ = internal_error("writing {}", manifest_path(dir_));
+  fmt::format_to(out, "\n ]\n}}\n");
+  std::FILE* f = std::fopen(manifest_path(dir_).c_str(), "wb");
+  const bool wrote = f != nullptr && std::fwrite(m.data(), 1, m.size(), f) == m.size();
+  const bool closed = f != nullptr && std::fclose(f) == 0;
+  if ((!wrote || !closed) && first_error_.ok()) first_error_ = internal_error("writing {}", manifest_path(dir_));
   return first_error_;
 }
 

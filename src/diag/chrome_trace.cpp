@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <unordered_map>
+#include <utility>
 
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "base/errors.h"
 
@@ -15,20 +18,32 @@ namespace simpler::diag {
 
 namespace {
 
-// Chrome's unit is the microsecond; ns keep three decimals.
-std::string us(uint64_t ns, int64_t offset_ns) {
-  const int64_t t = static_cast<int64_t>(ns) + offset_ns;
-  return fmt::format("{}.{:03}", t / 1000, t % 1000);
-}
-std::string dur_us(uint64_t begin, uint64_t end) {
-  const uint64_t d = end > begin ? end - begin : 0;
-  return fmt::format("{}.{:03}", d / 1000, d % 1000);
-}
-
 void append(std::string& out, const std::string& event) {
   if (!out.empty()) out += ",\n";
   out += event;
 }
+
+// append() without the event's own string: formatted in place. Chrome's
+// unit is the microsecond; ns keep three decimals, so a timestamp goes in as
+// its two halves, "{}.{:03}" of t / 1000 and t % 1000.
+template <typename... T>
+void append_formatted(std::string& out, fmt::format_string<T...> format, T&&... args) {
+  if (!out.empty()) out += ",\n";
+  fmt::format_to(std::back_inserter(out), format, std::forward<T>(args)...);
+}
+
+// A kernel name as JSON string contents, escaped once per distinct name.
+class EscapedNames {
+ public:
+  const std::string& operator()(const char* name) {
+    auto it = cache_.find(name);
+    if (it == cache_.end()) it = cache_.emplace(name, json_escape(name)).first;
+    return it->second;
+  }
+
+ private:
+  std::unordered_map<const char*, std::string> cache_;
+};
 
 struct TaskSlices {
   // The first start and the last end over the task's subtasks, with their lanes.
@@ -61,6 +76,7 @@ uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::str
   const Recorder& rec = *r.recorder;
   const int64_t off = r.clock_offset_ns;
   uint64_t dropped = 0;
+  EscapedNames escaped;
   append(events, fmt::format(R"({{"name":"process_name","ph":"M","pid":{},"tid":0,"args":{{"name":"{}"}}}})", r.pid,
                              json_escape(r.label.c_str())));
   const auto thread_name = [&](const LaneInfo& info) {
@@ -90,16 +106,18 @@ uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::str
         p.push_back(e.aux);
         edges.emplace_back(e.aux, e.task);
       } else if (e.kind == EventKind::kSubmit && r.level >= 4) {
-        append(events, fmt::format(R"({{"name":"submit {}","cat":"submit","ph":"X","pid":{},"tid":{},"ts":{},)"
-                                   R"("dur":{},"args":{{"task":{},"run":{}}}}})",
-                                   json_escape(e.name), r.pid, orch.tid, us(e.begin_ns, off),
-                                   dur_us(e.begin_ns, e.end_ns), e.task, r.run));
+        const int64_t t = static_cast<int64_t>(e.begin_ns) + off;
+        const uint64_t d = e.end_ns > e.begin_ns ? e.end_ns - e.begin_ns : 0;
+        append_formatted(events,
+                         R"({{"name":"submit {}","cat":"submit","ph":"X","pid":{},"tid":{},"ts":{}.{:03},)"
+                         R"("dur":{}.{:03},"args":{{"task":{},"run":{}}}}})",
+                         escaped(e.name), r.pid, orch.tid, t / 1000, t % 1000, d / 1000, d % 1000, e.task, r.run);
       }
     }
   }
-  const auto preds_json = [&](uint32_t task) {
-    if (task >= preds.size() || preds[task].empty()) return std::string("[]");
-    return fmt::format("[{}]", fmt::join(preds[task], ","));
+  const std::vector<uint32_t> no_preds;
+  const auto preds_of = [&](uint32_t task) -> const std::vector<uint32_t>& {
+    return task < preds.size() ? preds[task] : no_preds;
   };
 
   std::unordered_map<uint32_t, TaskSlices> slices;
@@ -111,10 +129,13 @@ uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::str
     for (uint64_t i = 0, n = lane.size(); i < n; ++i) {
       const Event& e = lane.at(i);
       if (e.kind != EventKind::kTask || e.run != r.run) continue;
-      append(events, fmt::format(R"({{"name":"{}","cat":"task","ph":"X","pid":{},"tid":{},"ts":{},"dur":{},)"
-                                 R"("args":{{"task":{},"run":{},"func_id":{},"core":"{}","preds":{}}}}})",
-                                 json_escape(e.name), r.pid, info.tid, us(e.begin_ns, off),
-                                 dur_us(e.begin_ns, e.end_ns), e.task, r.run, e.aux, info.name, preds_json(e.task)));
+      const int64_t t = static_cast<int64_t>(e.begin_ns) + off;
+      const uint64_t d = e.end_ns > e.begin_ns ? e.end_ns - e.begin_ns : 0;
+      append_formatted(events,
+                       R"({{"name":"{}","cat":"task","ph":"X","pid":{},"tid":{},"ts":{}.{:03},"dur":{}.{:03},)"
+                       R"("args":{{"task":{},"run":{},"func_id":{},"core":"{}","preds":[{}]}}}})",
+                       escaped(e.name), r.pid, info.tid, t / 1000, t % 1000, d / 1000, d % 1000, e.task, r.run, e.aux,
+                       info.name, fmt::join(preds_of(e.task), ","));
       TaskSlices& s = slices[e.task];
       if (e.begin_ns < s.first_begin) {
         s.first_begin = e.begin_ns;
@@ -132,10 +153,13 @@ uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::str
     auto c = slices.find(to);
     if (p == slices.end() || c == slices.end()) continue;
     const uint64_t id = next_flow_id++;
-    append(events, fmt::format(R"({{"ph":"s","cat":"dep","name":"dep","id":{},"pid":{},"tid":{},"ts":{}}})", id, r.pid,
-                               p->second.last_tid, us(p->second.last_end, off)));
-    append(events, fmt::format(R"({{"ph":"f","bp":"e","cat":"dep","name":"dep","id":{},"pid":{},"tid":{},"ts":{}}})",
-                               id, r.pid, c->second.first_tid, us(c->second.first_begin, off)));
+    const int64_t ts = static_cast<int64_t>(p->second.last_end) + off;
+    const int64_t tf = static_cast<int64_t>(c->second.first_begin) + off;
+    append_formatted(events, R"({{"ph":"s","cat":"dep","name":"dep","id":{},"pid":{},"tid":{},"ts":{}.{:03}}})", id,
+                     r.pid, p->second.last_tid, ts / 1000, ts % 1000);
+    append_formatted(events,
+                     R"({{"ph":"f","bp":"e","cat":"dep","name":"dep","id":{},"pid":{},"tid":{},"ts":{}.{:03}}})", id,
+                     r.pid, c->second.first_tid, tf / 1000, tf % 1000);
   }
 
   if (r.level >= 2) {
@@ -146,15 +170,18 @@ uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::str
       const LaneInfo info = rec.aicpu_info(a);
       for (uint64_t i = 0, n = lane.size(); i < n; ++i) {
         const Event& e = lane.at(i);
+        const int64_t t = static_cast<int64_t>(e.begin_ns) + off;
+        const uint64_t d = e.end_ns > e.begin_ns ? e.end_ns - e.begin_ns : 0;
         if ((e.kind == EventKind::kDispatch || e.kind == EventKind::kFinish) && e.run == r.run) {
-          append(events, fmt::format(R"({{"name":"{} {}","cat":"dispatch","ph":"X","pid":{},"tid":{},"ts":{},)"
-                                     R"("dur":{},"args":{{"task":{},"run":{}}}}})",
-                                     e.kind == EventKind::kDispatch ? "dispatch" : "finish", json_escape(e.name), r.pid,
-                                     info.tid, us(e.begin_ns, off), dur_us(e.begin_ns, e.end_ns), e.task, r.run));
+          append_formatted(events,
+                           R"({{"name":"{} {}","cat":"dispatch","ph":"X","pid":{},"tid":{},"ts":{}.{:03},)"
+                           R"("dur":{}.{:03},"args":{{"task":{},"run":{}}}}})",
+                           e.kind == EventKind::kDispatch ? "dispatch" : "finish", escaped(e.name), r.pid, info.tid,
+                           t / 1000, t % 1000, d / 1000, d % 1000, e.task, r.run);
         } else if (e.kind == EventKind::kSched && r.level >= 3 && e.begin_ns >= r.launch_ns && e.begin_ns <= r.end_ns) {
-          append(events,
-                 fmt::format(R"({{"name":"{}","cat":"sched","ph":"X","pid":{},"tid":{},"ts":{},"dur":{}}})",
-                             json_escape(e.name), r.pid, info.tid, us(e.begin_ns, off), dur_us(e.begin_ns, e.end_ns)));
+          append_formatted(events,
+                           R"({{"name":"{}","cat":"sched","ph":"X","pid":{},"tid":{},"ts":{}.{:03},"dur":{}.{:03}}})",
+                           escaped(e.name), r.pid, info.tid, t / 1000, t % 1000, d / 1000, d % 1000);
         }
       }
     }
@@ -182,7 +209,14 @@ Status write_trace_file(const std::string& dir, uint64_t run, const std::string&
   const bool wrote = std::fwrite(document.data(), 1, document.size(), f) == document.size();
   const bool closed = std::fclose(f) == 0;
   std::error_code ec;
-  if (wrote && closed) std::filesystem::rename(tmp, path, ec);
+  if (wrote && closed) {
+    // The previous run's file goes first: a rename over an existing file
+    // makes ext4 (auto_da_alloc) write the new one to disk at once, which
+    // costs every traced run a flush. A reader may find no file for that
+    // instant, never a partial one.
+    std::filesystem::remove(path, ec);
+    std::filesystem::rename(tmp, path, ec);
+  }
   if (!wrote || !closed || ec) {
     std::filesystem::remove(tmp, ec);
     return failed_precondition("trace: writing '{}' failed", path);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "base/clock.h"
@@ -31,15 +32,19 @@ enum class EventKind : uint8_t {
   kEdge = 5,      // a dependency edge: task = consumer, aux = producer
 };
 
+// Trivial on purpose (no member initialisers): a lane's buffer is then never
+// written before an event is recorded into it, so a large lane costs only
+// the pages its events touch. Every writer sets all fields (aggregate init).
 struct Event {
-  uint64_t run = 0;  // the run's epoch; 0 for scheduler phases, which serve every run
-  uint64_t begin_ns = 0;
-  uint64_t end_ns = 0;
-  const char* name = nullptr;  // static, or a kernel name living as long as its callable
-  uint32_t task = 0;
-  uint32_t aux = 0;
-  EventKind kind = EventKind::kTask;
+  uint64_t run;  // the run's epoch; 0 for scheduler phases, which serve every run
+  uint64_t begin_ns;
+  uint64_t end_ns;
+  const char* name;  // static, or a kernel name living as long as its callable
+  uint32_t task;
+  uint32_t aux;
+  EventKind kind;
 };
+static_assert(std::is_trivially_default_constructible_v<Event>, "a lane's buffer must cost nothing until written");
 
 class Lane {
  public:
@@ -55,12 +60,13 @@ class Lane {
   void record(const Event& e) noexcept {
     if (generation_ != nullptr) {
       const uint64_t g = generation_->load(std::memory_order_acquire);
-      if (g != seen_) {
+      if (g != seen_.load(std::memory_order_relaxed)) {
         // A new generation starts only while no traced run is in flight,
-        // so no reader is looking at what this overwrites.
-        seen_ = g;
+        // and readers skip this lane until it is published below, so no
+        // reader is looking at what this overwrites.
         count_.store(0, std::memory_order_relaxed);
         dropped_.store(0, std::memory_order_relaxed);
+        seen_.store(g, std::memory_order_release);
       }
     }
     const uint64_t n = count_.load(std::memory_order_relaxed);
@@ -72,15 +78,24 @@ class Lane {
     count_.store(n + 1, std::memory_order_release);
   }
 
-  // Any thread: the events recorded so far (a prefix, complete).
-  uint64_t size() const { return count_.load(std::memory_order_acquire); }
+  // Any thread: the events recorded so far in the current generation (a
+  // prefix, complete). A lane whose writer has not recorded since the
+  // generation began still holds the last one's events, and its writer
+  // resets it lazily, at its next event: it reads as empty until then.
+  uint64_t size() const { return current() ? count_.load(std::memory_order_acquire) : 0; }
   const Event& at(uint64_t i) const { return events_[i]; }
-  uint64_t dropped() const { return dropped_.load(std::memory_order_acquire); }
+  uint64_t dropped() const { return current() ? dropped_.load(std::memory_order_acquire) : 0; }
   size_t capacity() const { return capacity_; }
 
   // The owner, before any writer may use the lane; idempotent.
   void allocate() {
     if (!events_) events_.reset(new Event[capacity_]);
+  }
+  // The owner of a lane without a generation, reusing it for another run:
+  // only while nobody writes or reads it.
+  void reset() {
+    count_.store(0, std::memory_order_relaxed);
+    dropped_.store(0, std::memory_order_relaxed);
   }
   bool allocated() const { return events_ != nullptr; }
 
@@ -88,7 +103,12 @@ class Lane {
   const size_t capacity_;
   const std::atomic<uint64_t>* const generation_;
   std::unique_ptr<Event[]> events_;
-  uint64_t seen_ = 0;  // the writer's
+  bool current() const {
+    return generation_ == nullptr ||
+           seen_.load(std::memory_order_acquire) == generation_->load(std::memory_order_acquire);
+  }
+
+  std::atomic<uint64_t> seen_{0};  // the generation the writer last reset the lane for
   std::atomic<uint64_t> count_{0};
   std::atomic<uint64_t> dropped_{0};
 };
