@@ -591,7 +591,9 @@ Status NodeWorker::export_trace(const NodeRun& run) const {
         fmt::format("\"task\":{},\"run\":{},\"worker\":{},\"staged\":{}", t.index, run.id, worker, times.staged);
     h.slices.push_back({kSchedulerTid, "publish " + name, times.publish_ns, times.published_ns, args});
     const uint32_t tid = t.sub ? first_sub_tid + worker : kFirstServeTid + worker;
-    h.slices.push_back({tid, name, times.published_ns, std::max(times.end_ns, times.published_ns), args});
+    // From the publication's start: the child may take the task before the
+    // publishing thread reads the clock again.
+    h.slices.push_back({tid, name, times.publish_ns, std::max(times.end_ns, times.published_ns), args});
     if (!t.sub) fragments.push_back({diag::child_trace_dir(run.parts_dir, kind, worker, t.index) + "/trace.json", 0});
   };
   for (const auto& t : run.tasks) {
