@@ -640,6 +640,46 @@ TEST(ArgsDumpRun, DiffNamesThePerturbedTaskOfARealThousandTaskChain) {
   EXPECT_FALSE(diff_args_dumps(*da, *da, 0, 0).differs);
 }
 
+// tensormap_and_ringbuffer streams a run with more tasks than its window
+// (max_tasks_per_run slots): the capture table, keyed by task id modulo the
+// same size, wraps as the window does, and every task of a 100-task chain
+// through a 16-slot window is captured once per stage with its own bytes.
+TEST(ArgsDumpRun, ACaptureTableWrapsWithTheRingOfAStreamingRun) {
+  Watchdog dog;
+  constexpr uint32_t kTasks = 100;
+  WorkerConfig config = small_config(2, 16);
+  config.runtime = "tensormap_and_ringbuffer";
+  Harness hw(axpb_chain(kTasks), config);
+  constexpr int64_t n = 8;
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(i);
+  const DeviceBuffer b0 = upload(hw.w, x), b1 = upload(hw.w, std::vector<float>(n, -1));
+  TaskArgs args;
+  args.add_tensor(b0.view({n}, DType::F32), Tag::InOut)
+      .add_tensor(b1.view({n}, DType::F32), Tag::InOut)
+      .add_scalar(int64_t{-1});
+  CallConfig call;
+  call.trace_dir = fresh_dir("ring");
+  call.dump_args = DumpArgs::Full;
+  RunHandle h = hw.w.submit(hw.h, args, call);
+  ASSERT_TRUE(wait_run(h).ok()) << h.result().to_string();
+  auto dump = load_args_dump(call.trace_dir + "/args_dump");
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_TRUE(dump->complete);
+  EXPECT_EQ(dump->counts.dropped, 0u);
+  ASSERT_EQ(dump->args.size(), size_t{2} * kTasks);
+  std::vector<int> seen(size_t{2} * kTasks, 0);
+  for (const DumpedArg& a : dump->args) {
+    ASSERT_LT(a.task, kTasks);
+    const bool after = a.stage == DumpStage::kAfter;
+    ++seen[a.task * 2 + (after ? 1 : 0)];
+    // Task k reads x + k and writes x + k + 1.
+    const float expect = static_cast<float>(a.task) + (after ? 1.f : 0.f);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(dumped_element(*dump, a, i), expect + i) << "task " << a.task;
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<long>(seen.size()));
+}
+
 TEST(ArgsDumpRun, ARuntimeThatCannotCaptureRefusesTheDumpNamingTheField) {
   WorkerConfig config = small_config();
   config.runtime = "reference";
