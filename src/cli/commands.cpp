@@ -1,5 +1,6 @@
 #include "commands.h"
 
+#include <filesystem>
 #include <iostream>
 
 #include <fmt/core.h>
@@ -223,7 +224,14 @@ int cmd_run(const RunFlags& flags) {
     fmt::print("\ntrace (swimlane level {}, the last run): {}/trace.json\n", flags.swimlane, flags.trace_dir);
   }
   if (ok && !flags.trace_dir.empty() && flags.dump_args != "off") {
-    fmt::print("argument dump ({}, the last run): {}/args_dump\n", flags.dump_args, flags.trace_dir);
+    // A node's or network's runs leave one dump per chip and node task, under run<R>/.
+    if (std::filesystem::exists(std::filesystem::path(flags.trace_dir) / "args_dump")) {
+      fmt::print("argument dump ({}, the last run): {}/args_dump\n", flags.dump_args, flags.trace_dir);
+    } else {
+      fmt::print(
+          "argument dumps ({}, one per chip and node task of each run): under {}/run<R>/ (simpler dump show {})\n",
+          flags.dump_args, flags.trace_dir, flags.trace_dir);
+    }
   }
   return ok ? kExitOk : kExitFailure;
 #else
