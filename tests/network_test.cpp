@@ -76,15 +76,6 @@ TaskArgs step_args(const DeviceBuffer& x, const DeviceBuffer& z, int64_t mul, in
   return a;
 }
 
-DeviceBuffer shared_floats(Worker& w, float base) {
-  auto b = w.malloc_shared(kN * sizeof(float));
-  EXPECT_TRUE(b.ok()) << b.status().to_string();
-  if (!b.ok()) return {};
-  auto* p = reinterpret_cast<float*>(b->addr);
-  for (int i = 0; i < kN; ++i) p[i] = base + static_cast<float>(i);
-  return *b;
-}
-
 const float* floats(const DeviceBuffer& b) { return reinterpret_cast<const float*>(b.addr); }
 
 // The nesting through the public API: two forked nodes, each with a
@@ -105,13 +96,13 @@ TEST(NetworkWorker, TwoNodesRunNodeCallablesAndTheNetworkSubWorkerJoinsThem) {
   ASSERT_TRUE(net.init().ok());
 
   const int runs = 8;
-  const DeviceBuffer x = shared_floats(net, 1.0f);
+  const DeviceBuffer x = shared_iota(net, kN, 1.0f);
   std::vector<DeviceBuffer> z0(runs), z1(runs), out(runs);
   std::vector<RunHandle> handles;
   for (int r = 0; r < runs; ++r) {
-    z0[r] = shared_floats(net, 0);
-    z1[r] = shared_floats(net, 0);
-    out[r] = shared_floats(net, 0);
+    z0[r] = shared_iota(net, kN, 0);
+    z1[r] = shared_iota(net, kN, 0);
+    out[r] = shared_iota(net, kN, 0);
     handles.push_back(net.submit([&, r](Orchestrator& o) -> Status {
       SIMPLER_RETURN_IF_ERROR(o.submit_next_level(*step, step_args(x, z0[r], 2 + r), 0).status());
       SIMPLER_RETURN_IF_ERROR(o.submit_next_level(*step, step_args(x, z1[r], 10), 1).status());
@@ -146,11 +137,11 @@ TEST(NetworkWorker, AFailureInsideANodeIsOnlyItsOwnRuns) {
   auto step = net.register_callable(step_callable(h));
   ASSERT_TRUE(step.ok());
   ASSERT_TRUE(net.init().ok());
-  const DeviceBuffer x = shared_floats(net, 0);
+  const DeviceBuffer x = shared_iota(net, kN, 0);
   std::vector<DeviceBuffer> z;
   std::vector<RunHandle> handles;
   for (int r = 0; r < 3; ++r) {
-    z.push_back(shared_floats(net, 0));
+    z.push_back(shared_iota(net, kN, 0));
     const int64_t mul = r == 1 ? kAxpbFail : 3;
     handles.push_back(net.submit(
         [&, r, mul](Orchestrator& o) { return o.submit_next_level(*step, step_args(x, z[r], mul), 0).status(); }));

@@ -70,6 +70,17 @@ inline TaskArgs axpb_args(const TensorView& in, const TensorView& out, int64_t m
   return a;
 }
 
+// n f32 in `w`'s shared heap holding base, base + 1, ...; a refused
+// allocation fails the test and returns an empty buffer.
+inline DeviceBuffer shared_iota(Worker& w, size_t n, float base) {
+  auto b = w.malloc_shared(n * sizeof(float));
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  if (!b.ok()) return {};
+  auto* p = reinterpret_cast<float*>(b->addr);
+  for (size_t i = 0; i < n; ++i) p[i] = base + static_cast<float>(i);
+  return *b;
+}
+
 // Maps the gates; they stay mapped for the test process's life (children
 // that outlive a failed test may still read them).
 inline TestGates* make_node_gates() {

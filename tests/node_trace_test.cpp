@@ -35,15 +35,6 @@ Status add_sub(const TaskArgsView& a) {
   return Status();
 }
 
-DeviceBuffer shared_floats(Worker& w, float base) {
-  auto b = w.malloc_shared(kN * sizeof(float));
-  EXPECT_TRUE(b.ok()) << b.status().to_string();
-  if (!b.ok()) return {};
-  auto* p = reinterpret_cast<float*>(b->addr);
-  for (int i = 0; i < kN; ++i) p[i] = base + static_cast<float>(i);
-  return *b;
-}
-
 TensorView vec(const DeviceBuffer& b) { return b.view({kN}, DType::F32); }
 
 // Two chips and a sub worker: y0 = x*2+1 on chip0, y1 = x*3+mul1 on chip1,
@@ -62,10 +53,10 @@ struct TwoChipNode {
     axpb = *a;
     add = *f;
     EXPECT_TRUE(w.init().ok());
-    x = shared_floats(w, 1);
-    y0 = shared_floats(w, 0);
-    y1 = shared_floats(w, 0);
-    z = shared_floats(w, 0);
+    x = shared_iota(w, kN, 1);
+    y0 = shared_iota(w, kN, 0);
+    y1 = shared_iota(w, kN, 0);
+    z = shared_iota(w, kN, 0);
   }
   ~TwoChipNode() { EXPECT_TRUE(w.close().ok()); }
 
@@ -170,7 +161,7 @@ TEST(NodeTrace, ANetworkRunsFileNestsEachNodeAndItsChips) {
   }));
   ASSERT_TRUE(step.ok());
   ASSERT_TRUE(net.init().ok());
-  const DeviceBuffer x = shared_floats(net, 1), y0 = shared_floats(net, 0), y1 = shared_floats(net, 0);
+  const DeviceBuffer x = shared_iota(net, kN, 1), y0 = shared_iota(net, kN, 0), y1 = shared_iota(net, kN, 0);
   CallConfig call;
   call.swimlane_level = 1;
   call.trace_dir = fresh_dir("network");
