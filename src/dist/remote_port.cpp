@@ -204,6 +204,7 @@ Status RemotePort::send_request(uint32_t e) {
                                         reinterpret_cast<const uint8_t*>(row.addr + row.offset), row.bytes, en.sends),
                             "{}", who());
   }
+  receive_backoff_.wake();
   return Status();
 }
 
@@ -323,7 +324,6 @@ void RemotePort::receive_loop() {
   const uint64_t period_ns = std::max<uint64_t>(timeout_ns / 10, 1'000'000);
   uint64_t next_beat = 0;
   std::vector<uint8_t> buf;
-  Backoff backoff(1'000'000);
   while (!stop_.load() && !mpi_finalizing()) {
     const uint64_t now = now_ns();
     if (now >= next_beat) {
@@ -346,7 +346,7 @@ void RemotePort::receive_loop() {
         handle(buf);
       }
       if (ctx_.bell != nullptr) ctx_.bell->ring();
-      backoff.news();
+      receive_backoff_.news();
       continue;
     }
     if (now_ns() - last_heard_ns_.load() > timeout_ns) {
@@ -355,7 +355,9 @@ void RemotePort::receive_loop() {
                                "{} sent nothing for {} ms (heartbeat_timeout): the rank is presumed dead", who(),
                                options_.heartbeat_timeout.count()));
     }
-    backoff.pause();
+    const bool holding = free_count_.load(std::memory_order_acquire) < entries_.size();
+    receive_backoff_.set_max_sleep(holding ? kBusySleepNs : kIdleSleepNs);
+    receive_backoff_.pause();
   }
 }
 
