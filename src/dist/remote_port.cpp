@@ -338,14 +338,21 @@ void RemotePort::receive_loop() {
     Result<bool> got = try_recv_control(rank_, buf);
     if (!got.ok() || *got) {
       last_heard_ns_.store(now_ns());
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!got.ok()) {
-        poison_locked(make_error(StatusCode::kAborted, "{} broke the protocol, the endpoint stopped (R9): {}", who(),
-                                 got.status().message()));
-      } else {
-        handle(buf);
+      bool news_for_scheduler = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        const size_t pending = pending_.size();
+        if (!got.ok()) {
+          poison_locked(make_error(StatusCode::kAborted, "{} broke the protocol, the endpoint stopped (R9): {}", who(),
+                                   got.status().message()));
+        } else {
+          handle(buf);
+        }
+        // A heartbeat or an ACK gives the scheduler nothing to do: waking it
+        // would cost a hand-off per message on a shared core.
+        news_for_scheduler = pending_.size() != pending || poisoned_.has_value();
       }
-      if (ctx_.bell != nullptr) ctx_.bell->ring();
+      if (news_for_scheduler && ctx_.bell != nullptr) ctx_.bell->ring();
       receive_backoff_.news();
       continue;
     }
