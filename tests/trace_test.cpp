@@ -12,6 +12,7 @@
 #include "diag/args_dump_file.h"
 #include "diag/call_config.h"
 #include "diag/lane.h"
+#include "gate.h"
 #include "test_util.h"
 
 namespace simpler::testing {
@@ -225,6 +226,66 @@ TEST(TraceTest, PipelinedRunsIntoOneDirectoryLeaveOneWholeTraceAndDump) {
   std::filesystem::remove_all(dir);
 }
 
+// Gates for the overlapping stream below: the gated kernel that enters
+// k-th parks on gate k.
+Gate* g_stream_gates = nullptr;
+std::atomic<uint32_t> g_stream_entered{0};
+void stream_gate_kernel(int64_t*) { g_stream_gates[g_stream_entered.fetch_add(1)].pass(); }
+void noop_kernel(int64_t*) {}
+
+// Traced runs that overlap, so that one is always in flight (each run's
+// first task parks on its gate until the next run's first task runs),
+// push far more events through each core lane than it holds. The lanes
+// must reuse what closed runs no longer read: every run's trace holds
+// exactly its own tasks, none dropped. (Before the lanes were rings, they
+// were reset only when no traced run was in flight: this stream's later
+// traces came out empty, every event counted as dropped.)
+TEST(TraceTest, OverlappingTracedRunsKeepEveryTaskPastTheLaneCapacity) {
+  constexpr uint32_t kRuns = 24;
+  constexpr uint32_t kTasks = 8000;  // 24 x 8,000 AIV tasks on 4 AIV lanes of 32,768 events
+  std::unique_ptr<Gate[]> gates(new Gate[kRuns]);
+  g_stream_gates = gates.get();
+  g_stream_entered = 0;
+  const std::string dir = fresh_dir("overlapping");
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "stream_gate", stream_gate_kernel).ok());
+  ASSERT_TRUE(k.add_function(1, CoreType::AIV, "noop", noop_kernel).ok());
+  WorkerConfig cfg;
+  cfg.pipeline_depth = 4;
+  cfg.call.swimlane_level = 1;
+  cfg.call.trace_dir = dir;
+  Worker w(Level::Chip, cfg);
+  auto h = w.register_callable(ChipCallable("stream",
+                                            [](ChipOrchestrator& o, const TaskArgs&) -> Status {
+                                              if (Status st = o.submit_aiv(0, TaskArgs{}).status(); !st.ok()) return st;
+                                              for (uint32_t t = 1; t < kTasks; ++t) {
+                                                if (Status st = o.submit_aiv(1, TaskArgs{}).status(); !st.ok())
+                                                  return st;
+                                              }
+                                              return Status();
+                                            },
+                                            k, {}));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_TRUE(w.init().ok());
+  std::vector<RunHandle> runs;
+  for (uint32_t r = 0; r < kRuns; ++r) {
+    runs.push_back(w.submit(*h, TaskArgs{}));
+    ASSERT_TRUE(gates[r].wait_entered()) << "run " << r << "'s gated task never started";
+    if (r > 0) gates[r - 1].release();
+  }
+  gates[kRuns - 1].release();
+  for (RunHandle& run : runs) {
+    Status st = run.wait_for(60s);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  const json doc = read_trace(dir);
+  ASSERT_EQ(doc.at("otherData").at("runs").size(), 1u);
+  EXPECT_EQ(doc.at("otherData").at("runs")[0].at("dropped"), 0u);
+  EXPECT_EQ(parse(doc).task_names.size(), kTasks);
+  EXPECT_TRUE(w.close().ok());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TraceTest, LevelsAddTheirCategories) {
   for (const std::string& rt : runtimes_with_cores()) {
     SCOPED_TRACE(rt);
@@ -375,29 +436,61 @@ TEST(TraceTest, FullLaneCountsDropsAndNeverBlocks) {
   diag::Lane lane(4);
   lane.allocate();
   for (uint32_t i = 0; i < 10; ++i) lane.record(diag::Event{1, i, i + 1, "k", i, 0, diag::EventKind::kTask});
-  EXPECT_EQ(lane.size(), 4u);
+  EXPECT_EQ(lane.end(), 4u);
   EXPECT_EQ(lane.dropped(), 6u);
   for (uint32_t i = 0; i < 4; ++i) EXPECT_EQ(lane.at(i).task, i);  // the first four kept, whole
 }
 
-TEST(TraceTest, RecorderGenerationResetsLanesOnlyBetweenTracedRuns) {
+namespace {
+void record_runs(diag::Lane& lane, uint64_t run, uint32_t count) {
+  for (uint32_t i = 0; i < count; ++i) lane.record(diag::Event{run, i, i + 1, "k", i, 0, diag::EventKind::kTask});
+}
+// The tasks of `run` in the window opened at `begin`, in order.
+std::vector<uint32_t> window_tasks(const diag::Lane& lane, uint64_t begin, uint64_t run) {
+  std::vector<uint32_t> tasks;
+  for (uint64_t i = begin; i < lane.end(); ++i) {
+    if (lane.at(i).run == run) tasks.push_back(lane.at(i).task);
+  }
+  return tasks;
+}
+}  // namespace
+
+TEST(TraceTest, RecorderWindowsKeepEachRunsEventsWhileTheLanesRunAsRings) {
   diag::Recorder rec(3, 1, 8);
-  ASSERT_TRUE(rec.begin_run(1).ok());
+  diag::Lane& lane = rec.core_lane(0);
+  auto w1 = rec.begin_run(1);
+  ASSERT_TRUE(w1.ok());
   EXPECT_EQ(rec.live_level(), 1u);
-  rec.core_lane(0).record(diag::Event{7, 0, 1, "k", 0, 0, diag::EventKind::kTask});
-  ASSERT_TRUE(rec.begin_run(3).ok());  // overlaps: no reset, the level rises
+  record_runs(lane, 7, 6);
+  auto w2 = rec.begin_run(3);  // overlaps: the level rises, run 7's events stay
+  ASSERT_TRUE(w2.ok());
   EXPECT_EQ(rec.live_level(), 3u);
-  rec.core_lane(0).record(diag::Event{8, 0, 1, "k", 0, 0, diag::EventKind::kTask});
-  EXPECT_EQ(rec.core_lane(0).size(), 2u);
-  rec.end_run();
+  EXPECT_EQ(w2->core_begin[0], 6u);
+  // Run 8 may not overwrite what run 7's open window still reads: of its 6
+  // events 2 fit (8 slots from run 7's begin), 4 are dropped.
+  record_runs(lane, 8, 6);
+  EXPECT_EQ(lane.dropped() - w2->core_dropped[0], 4u);
+  EXPECT_EQ(window_tasks(lane, w1->core_begin[0], 7), (std::vector<uint32_t>{0, 1, 2, 3, 4, 5}));
+  rec.end_run(*w1);
   EXPECT_EQ(rec.live_level(), 3u);
-  rec.end_run();
+  // Run 7's window closed: its slots take run 8's later events.
+  record_runs(lane, 8, 6);
+  EXPECT_EQ(window_tasks(lane, w2->core_begin[0], 8), (std::vector<uint32_t>{0, 1, 0, 1, 2, 3, 4, 5}));
+  rec.end_run(*w2);
   EXPECT_EQ(rec.live_level(), 0u);
-  ASSERT_TRUE(rec.begin_run(1).ok());  // none in flight: a new generation
-  rec.core_lane(0).record(diag::Event{9, 0, 1, "k", 0, 0, diag::EventKind::kTask});
-  EXPECT_EQ(rec.core_lane(0).size(), 1u);
-  EXPECT_EQ(rec.core_lane(0).at(0).run, 9u);
-  rec.end_run();
+  // No window open: events of no traced run wrap freely, and the next
+  // run's window starts clean wherever the ring stands. Far more events
+  // than slots pass through the one lane, and each window reads its own.
+  record_runs(lane, 0, 5);
+  for (uint64_t run = 9; run < 40; ++run) {
+    auto w = rec.begin_run(1);
+    ASSERT_TRUE(w.ok());
+    record_runs(lane, run, 5);
+    EXPECT_EQ(window_tasks(lane, w->core_begin[0], run), (std::vector<uint32_t>{0, 1, 2, 3, 4})) << "run " << run;
+    EXPECT_EQ(lane.dropped() - w->core_dropped[0], 0u) << "run " << run;
+    rec.end_run(*w);
+  }
+  EXPECT_EQ(rec.live_level(), 0u);
 }
 
 TEST(TraceTest, CallConfigWireRoundTripsAndRefusesBadBytes) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include <unistd.h>
 
@@ -385,8 +386,12 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
     if (st.ok()) st = ctx->api_.upload_callable(callable);
     if (st.ok()) st = pin_arguments(*ctx);
     if (st.ok() && level > 0) {
-      st = device_->recorder()->begin_run(level);
-      ctx->trace_begun_ = st.ok();
+      Result<diag::LaneWindow> window = device_->recorder()->begin_run(level);
+      if (window.ok()) {
+        ctx->trace_window_ = std::move(*window);
+      } else {
+        st = window.status();
+      }
     }
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(runs_mu_);
@@ -396,7 +401,7 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
     st = resource_exhausted("prepare: host memory exhausted preparing run {}; nothing was prepared", epoch);
   }
   if (!st.ok()) {
-    if (ctx->trace_begun_) device_->recorder()->end_run();
+    if (ctx->trace_window_.id != 0) device_->recorder()->end_run(ctx->trace_window_);
     unpin_arguments(*ctx);
     runtime_->discard(lease.slot);
     ctx->~NativeRunContext();
@@ -740,11 +745,10 @@ ChipWorker::DiagOutput ChipWorker::take_diag_output(NativeRunContext& ctx) {
   // proof that no AICPU thread still writes a lane of the run.
   out.producers_stopped = ctx.done();
   out.dump = std::move(ctx.dump_);
-  out.trace_begun = ctx.trace_begun_;
-  ctx.trace_begun_ = false;
+  out.trace_window = std::exchange(ctx.trace_window_, diag::LaneWindow{});
   out.trace_lane = std::move(ctx.trace_lane_);
   // Only a run that ended on the device has a complete trace.
-  if (out.trace_begun && out.producers_stopped && ctx.trace_end_ns_ != 0) {
+  if (out.trace_window.id != 0 && out.producers_stopped && ctx.trace_end_ns_ != 0) {
     diag::ChipRunTrace& t = out.trace;
     t.pid = static_cast<int>(::getpid());
     t.label = ctx.config_.trace_label.empty() ? std::string("chip0") : ctx.config_.trace_label;
@@ -753,6 +757,7 @@ ChipWorker::DiagOutput ChipWorker::take_diag_output(NativeRunContext& ctx) {
     t.launch_ns = ctx.trace_launch_ns_;
     t.end_ns = ctx.trace_end_ns_;
     t.recorder = device_->recorder();
+    t.window = out.trace_window;
     t.orchestrator = out.trace_lane.get();
     out.trace_dir = ctx.config_.call.trace_dir;
   }
@@ -765,10 +770,10 @@ Status ChipWorker::finish_diag_output(DiagOutput out, Status result) {
     if (result.ok() && !dumped.ok()) result = std::move(dumped);
     out.dump.reset();
   }
-  if (out.trace_begun) {
-    // The lanes are read before the recorder may start a new generation.
+  if (out.trace_window.id != 0) {
+    // The window is read before it closes: its events may be reused after.
     Status exported = out.trace.run != 0 ? diag::export_chip_run(out.trace_dir, out.trace) : Status();
-    device_->recorder()->end_run();
+    device_->recorder()->end_run(out.trace_window);
     if (result.ok() && !exported.ok()) result = std::move(exported);
   }
   if (out.trace_lane != nullptr) {

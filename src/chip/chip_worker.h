@@ -237,11 +237,11 @@ class ChipWorker {
   struct DiagOutput {
     std::unique_ptr<ArgsDumpCollector> dump;
     bool producers_stopped = false;  // the run ended on the device
-    bool trace_begun = false;        // pairs with the recorder's begin_run
+    diag::LaneWindow trace_window;   // pairs with the recorder's begin_run (id 0: none)
     std::unique_ptr<diag::Lane> trace_lane;
     diag::ChipRunTrace trace;  // run 0: nothing to export
     std::string trace_dir;
-    bool empty() const { return dump == nullptr && !trace_begun; }
+    bool empty() const { return dump == nullptr && trace_window.id == 0; }
   };
   DiagOutput take_diag_output(NativeRunContext& ctx);
   // Writes `out` (manifest, trace.json), ends the run's recording and keeps

@@ -123,10 +123,10 @@ class NativeRunContext {
   std::atomic<bool> finalizing_{false};
   std::shared_ptr<detail::RunState> handle_;
   // A traced run (config_.call.swimlane_level > 0): its orchestrator lane
-  // (edges, submits), whether the device's recorder counts it in flight,
-  // and its device window.
+  // (edges, submits), its window in the device's recorder (id 0 until
+  // opened) and its times on the device.
   std::unique_ptr<diag::Lane> trace_lane_;
-  bool trace_begun_ = false;
+  diag::LaneWindow trace_window_;
   // A dumping run's argument dump: the capture table the runtime fills and
   // the collector that writes DIR/args_dump when the run retires.
   std::unique_ptr<ArgsDumpCollector> dump_;

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <initializer_list>
 #include <iterator>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
 #include <unistd.h>
 
+#include <fmt/compile.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -23,11 +26,13 @@ void append(std::string& out, const std::string& event) {
   out += event;
 }
 
-// append() without the event's own string: formatted in place. Chrome's
-// unit is the microsecond; ns keep three decimals, so a timestamp goes in as
-// its two halves, "{}.{:03}" of t / 1000 and t % 1000.
-template <typename... T>
-void append_formatted(std::string& out, fmt::format_string<T...> format, T&&... args) {
+// append() without the event's own string: formatted in place, from a
+// format compiled at build time (FMT_COMPILE), since the export formats
+// thousands of events per run. Chrome's unit is the microsecond; ns keep
+// three decimals, so a timestamp goes in as its two halves, "{}.{:03}" of
+// t / 1000 and t % 1000.
+template <typename S, typename... T>
+void append_formatted(std::string& out, const S& format, T&&... args) {
   if (!out.empty()) out += ",\n";
   fmt::format_to(std::back_inserter(out), format, std::forward<T>(args)...);
 }
@@ -51,6 +56,7 @@ struct TaskSlices {
   uint32_t first_tid = 0;
   uint64_t last_end = 0;
   uint32_t last_tid = 0;
+  bool ran() const { return first_begin != UINT64_MAX; }
 };
 
 }  // namespace
@@ -97,7 +103,7 @@ uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::str
   if (r.orchestrator != nullptr) {
     const Lane& o = *r.orchestrator;
     dropped += o.dropped();
-    for (uint64_t i = 0, n = o.size(); i < n; ++i) {
+    for (uint64_t i = 0, n = o.end(); i < n; ++i) {
       const Event& e = o.at(i);
       if (e.kind == EventKind::kEdge) {
         if (preds.size() <= e.task) preds.resize(size_t{e.task} + 1);
@@ -109,8 +115,8 @@ uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::str
         const int64_t t = static_cast<int64_t>(e.begin_ns) + off;
         const uint64_t d = e.end_ns > e.begin_ns ? e.end_ns - e.begin_ns : 0;
         append_formatted(events,
-                         R"({{"name":"submit {}","cat":"submit","ph":"X","pid":{},"tid":{},"ts":{}.{:03},)"
-                         R"("dur":{}.{:03},"args":{{"task":{},"run":{}}}}})",
+                         FMT_COMPILE(R"({{"name":"submit {}","cat":"submit","ph":"X","pid":{},"tid":{},"ts":{}.{:03},)"
+                                     R"("dur":{}.{:03},"args":{{"task":{},"run":{}}}}})"),
                          escaped(e.name), r.pid, orch.tid, t / 1000, t % 1000, d / 1000, d % 1000, e.task, r.run);
       }
     }
@@ -120,22 +126,29 @@ uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::str
     return task < preds.size() ? preds[task] : no_preds;
   };
 
-  std::unordered_map<uint32_t, TaskSlices> slices;
+  std::vector<TaskSlices> slices;  // by task id (dense within a run)
   for (uint32_t c = 0; c < rec.cores(); ++c) {
     const Lane& lane = rec.core_lane(c);
-    if (!lane.allocated()) continue;
-    dropped += lane.dropped();
+    if (!lane.allocated() || c >= r.window.core_begin.size()) continue;
+    dropped += lane.dropped() - r.window.core_dropped[c];
     const LaneInfo info = Recorder::core_info(c);
-    for (uint64_t i = 0, n = lane.size(); i < n; ++i) {
+    for (uint64_t i = r.window.core_begin[c], n = lane.end(); i < n; ++i) {
       const Event& e = lane.at(i);
       if (e.kind != EventKind::kTask || e.run != r.run) continue;
       const int64_t t = static_cast<int64_t>(e.begin_ns) + off;
       const uint64_t d = e.end_ns > e.begin_ns ? e.end_ns - e.begin_ns : 0;
-      append_formatted(events,
-                       R"({{"name":"{}","cat":"task","ph":"X","pid":{},"tid":{},"ts":{}.{:03},"dur":{}.{:03},)"
-                       R"("args":{{"task":{},"run":{},"func_id":{},"core":"{}","preds":[{}]}}}})",
-                       escaped(e.name), r.pid, info.tid, t / 1000, t % 1000, d / 1000, d % 1000, e.task, r.run, e.aux,
-                       info.name, fmt::join(preds_of(e.task), ","));
+      append_formatted(
+          events,
+          FMT_COMPILE(R"({{"name":"{}","cat":"task","ph":"X","pid":{},"tid":{},"ts":{}.{:03},"dur":{}.{:03},)"
+                      R"("args":{{"task":{},"run":{},"func_id":{},"core":"{}","preds":[)"),
+          escaped(e.name), r.pid, info.tid, t / 1000, t % 1000, d / 1000, d % 1000, e.task, r.run, e.aux, info.name);
+      const std::vector<uint32_t>& ps = preds_of(e.task);
+      for (size_t k = 0; k < ps.size(); ++k) {
+        if (k != 0) events += ',';
+        events += fmt::format_int(ps[k]).c_str();
+      }
+      events += "]}}";
+      if (slices.size() <= e.task) slices.resize(size_t{e.task} + 1);
       TaskSlices& s = slices[e.task];
       if (e.begin_ns < s.first_begin) {
         s.first_begin = e.begin_ns;
@@ -149,39 +162,43 @@ uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::str
   }
   // One flow pair per edge whose both ends ran (a poisoned task has no slice).
   for (auto [from, to] : edges) {
-    auto p = slices.find(from);
-    auto c = slices.find(to);
-    if (p == slices.end() || c == slices.end()) continue;
+    if (from >= slices.size() || to >= slices.size()) continue;
+    const TaskSlices& p = slices[from];
+    const TaskSlices& c = slices[to];
+    if (!p.ran() || !c.ran()) continue;
     const uint64_t id = next_flow_id++;
-    const int64_t ts = static_cast<int64_t>(p->second.last_end) + off;
-    const int64_t tf = static_cast<int64_t>(c->second.first_begin) + off;
-    append_formatted(events, R"({{"ph":"s","cat":"dep","name":"dep","id":{},"pid":{},"tid":{},"ts":{}.{:03}}})", id,
-                     r.pid, p->second.last_tid, ts / 1000, ts % 1000);
+    const int64_t ts = static_cast<int64_t>(p.last_end) + off;
+    const int64_t tf = static_cast<int64_t>(c.first_begin) + off;
     append_formatted(events,
-                     R"({{"ph":"f","bp":"e","cat":"dep","name":"dep","id":{},"pid":{},"tid":{},"ts":{}.{:03}}})", id,
-                     r.pid, c->second.first_tid, tf / 1000, tf % 1000);
+                     FMT_COMPILE(R"({{"ph":"s","cat":"dep","name":"dep","id":{},"pid":{},"tid":{},"ts":{}.{:03}}})"),
+                     id, r.pid, p.last_tid, ts / 1000, ts % 1000);
+    append_formatted(
+        events,
+        FMT_COMPILE(R"({{"ph":"f","bp":"e","cat":"dep","name":"dep","id":{},"pid":{},"tid":{},"ts":{}.{:03}}})"), id,
+        r.pid, c.first_tid, tf / 1000, tf % 1000);
   }
 
   if (r.level >= 2) {
     for (uint32_t a = 0; a < rec.aicpu_threads(); ++a) {
       const Lane& lane = rec.aicpu_lane(a);
-      if (!lane.allocated()) continue;
-      dropped += lane.dropped();
+      if (!lane.allocated() || a >= r.window.aicpu_begin.size()) continue;
+      dropped += lane.dropped() - r.window.aicpu_dropped[a];
       const LaneInfo info = rec.aicpu_info(a);
-      for (uint64_t i = 0, n = lane.size(); i < n; ++i) {
+      for (uint64_t i = r.window.aicpu_begin[a], n = lane.end(); i < n; ++i) {
         const Event& e = lane.at(i);
         const int64_t t = static_cast<int64_t>(e.begin_ns) + off;
         const uint64_t d = e.end_ns > e.begin_ns ? e.end_ns - e.begin_ns : 0;
         if ((e.kind == EventKind::kDispatch || e.kind == EventKind::kFinish) && e.run == r.run) {
           append_formatted(events,
-                           R"({{"name":"{} {}","cat":"dispatch","ph":"X","pid":{},"tid":{},"ts":{}.{:03},)"
-                           R"("dur":{}.{:03},"args":{{"task":{},"run":{}}}}})",
+                           FMT_COMPILE(R"({{"name":"{} {}","cat":"dispatch","ph":"X","pid":{},"tid":{},"ts":{}.{:03},)"
+                                       R"("dur":{}.{:03},"args":{{"task":{},"run":{}}}}})"),
                            e.kind == EventKind::kDispatch ? "dispatch" : "finish", escaped(e.name), r.pid, info.tid,
                            t / 1000, t % 1000, d / 1000, d % 1000, e.task, r.run);
         } else if (e.kind == EventKind::kSched && r.level >= 3 && e.begin_ns >= r.launch_ns && e.begin_ns <= r.end_ns) {
-          append_formatted(events,
-                           R"({{"name":"{}","cat":"sched","ph":"X","pid":{},"tid":{},"ts":{}.{:03},"dur":{}.{:03}}})",
-                           escaped(e.name), r.pid, info.tid, t / 1000, t % 1000, d / 1000, d % 1000);
+          append_formatted(
+              events,
+              FMT_COMPILE(R"({{"name":"{}","cat":"sched","ph":"X","pid":{},"tid":{},"ts":{}.{:03},"dur":{}.{:03}}})"),
+              escaped(e.name), r.pid, info.tid, t / 1000, t % 1000, d / 1000, d % 1000);
         }
       }
     }
@@ -189,24 +206,29 @@ uint64_t render_chip_run(const ChipRunTrace& r, uint64_t& next_flow_id, std::str
   return dropped;
 }
 
-std::string trace_document(uint32_t level, const std::vector<TraceRunEntry>& runs, const std::string& events) {
+namespace {
+
+// The document around the events: what goes before them and after.
+std::pair<std::string, std::string> document_frame(uint32_t level, const std::vector<TraceRunEntry>& runs) {
   std::vector<std::string> entries;
   for (const TraceRunEntry& e : runs) {
     entries.push_back(fmt::format(R"({{"run":{},"pid":{},"label":"{}","dropped":{}}})", e.run, e.pid,
                                   json_escape(e.label.c_str()), e.dropped));
   }
-  return fmt::format(
-      "{{\"displayTimeUnit\":\"ns\",\n\"otherData\":{{\"simpler_trace_version\":{},\"swimlane_level\":{},"
-      "\"runs\":[{}]}},\n\"traceEvents\":[\n{}\n]}}\n",
-      kTraceFormatVersion, level, fmt::join(entries, ","), events);
+  return {
+      fmt::format("{{\"displayTimeUnit\":\"ns\",\n\"otherData\":{{\"simpler_trace_version\":{},\"swimlane_level\":{},"
+                  "\"runs\":[{}]}},\n\"traceEvents\":[\n",
+                  kTraceFormatVersion, level, fmt::join(entries, ",")),
+      "\n]}\n"};
 }
 
-Status write_trace_file(const std::string& dir, uint64_t run, const std::string& document) {
+Status write_trace_parts(const std::string& dir, uint64_t run, std::initializer_list<std::string_view> parts) {
   const std::string path = (std::filesystem::path(dir) / "trace.json").string();
   const std::string tmp = fmt::format("{}.{}.{}.tmp", path, ::getpid(), run);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) return failed_precondition("trace: cannot open '{}' for writing", tmp);
-  const bool wrote = std::fwrite(document.data(), 1, document.size(), f) == document.size();
+  bool wrote = true;
+  for (std::string_view part : parts) wrote = wrote && std::fwrite(part.data(), 1, part.size(), f) == part.size();
   const bool closed = std::fclose(f) == 0;
   std::error_code ec;
   if (wrote && closed) {
@@ -224,11 +246,31 @@ Status write_trace_file(const std::string& dir, uint64_t run, const std::string&
   return Status();
 }
 
+// A retired run's events are rendered into a buffer its exporting thread
+// keeps, so a stream of traced runs does not map and fault in a fresh
+// buffer per run; one left larger than this by a huge run is let go.
+constexpr size_t kKeptRenderBytes = 4 << 20;
+
+}  // namespace
+
+std::string trace_document(uint32_t level, const std::vector<TraceRunEntry>& runs, const std::string& events) {
+  auto [head, tail] = document_frame(level, runs);
+  return head + events + tail;
+}
+
+Status write_trace_file(const std::string& dir, uint64_t run, const std::string& document) {
+  return write_trace_parts(dir, run, {document});
+}
+
 Status export_chip_run(const std::string& dir, const ChipRunTrace& run) {
-  std::string events;
+  thread_local std::string events;
+  events.clear();
   uint64_t flow = 1;
   const uint64_t dropped = render_chip_run(run, flow, events);
-  return write_trace_file(dir, run.run, trace_document(run.level, {{run.run, run.pid, run.label, dropped}}, events));
+  const auto [head, tail] = document_frame(run.level, {{run.run, run.pid, run.label, dropped}});
+  Status written = write_trace_parts(dir, run.run, {head, events, tail});
+  if (events.capacity() > kKeptRenderBytes) std::string().swap(events);
+  return written;
 }
 
 }  // namespace simpler::diag

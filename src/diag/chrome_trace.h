@@ -25,6 +25,7 @@ struct ChipRunTrace {
   uint64_t end_ns = 0;
   int64_t clock_offset_ns = 0;  // added to every timestamp: the top-level process's clock minus this one's
   const Recorder* recorder = nullptr;
+  LaneWindow window;                   // where the run's events are in the recorder's lanes
   const Lane* orchestrator = nullptr;  // the run's edges and submits
 };
 

@@ -1,13 +1,15 @@
-// Swimlane recording: a Lane is one thread's fixed-size event buffer (one
-// writer, readers after the run it belongs to ends); the Recorder holds a
-// device's core and AICPU lanes and says which level is live. Writers never
-// allocate, lock or block: a full lane counts the event as dropped. Buffers
-// are allocated by Recorder::begin_run on the thread preparing a traced run,
-// before any device thread can see that run.
+// Swimlane recording: a Lane is one thread's fixed-size ring of events (one
+// writer; readers read a traced run's window of it after the run ends); the
+// Recorder holds a device's core and AICPU lanes, opens and closes each
+// traced run's window, and says which level is live. Writers never allocate,
+// lock or block: an event that would overwrite a window still to be read is
+// counted as dropped. Buffers are allocated by Recorder::begin_run on the
+// thread preparing a traced run, before any device thread can see that run.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -48,69 +50,65 @@ static_assert(std::is_trivially_default_constructible_v<Event>, "a lane's buffer
 
 class Lane {
  public:
-  // `generation`: the recorder's, or null for a lane of one run (an
-  // orchestrator's), which is never reset.
-  explicit Lane(size_t capacity, const std::atomic<uint64_t>* generation = nullptr)
-      : capacity_(capacity), generation_(generation) {}
+  // A lane whose floor stays 0 (an orchestrator's, of one run at a time)
+  // keeps its first `capacity` events and drops the rest; a Recorder's
+  // lanes have their floor raised as windows close, so they run as rings.
+  explicit Lane(size_t capacity) : capacity_(capacity) {}
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
-  // The writing thread only, and only while a traced run that uses the lane
-  // is in flight (the buffer exists then).
+  // The writing thread only, while the buffer exists (a traced run that
+  // uses the lane is in flight). The event takes index end(); it would
+  // overwrite index end() - capacity, so it is dropped instead while that
+  // index is at or above the floor: some open window may still read it.
   void record(const Event& e) noexcept {
-    if (generation_ != nullptr) {
-      const uint64_t g = generation_->load(std::memory_order_acquire);
-      if (g != seen_.load(std::memory_order_relaxed)) {
-        // A new generation starts only while no traced run is in flight,
-        // and readers skip this lane until it is published below, so no
-        // reader is looking at what this overwrites.
-        count_.store(0, std::memory_order_relaxed);
-        dropped_.store(0, std::memory_order_relaxed);
-        seen_.store(g, std::memory_order_release);
-      }
-    }
     const uint64_t n = count_.load(std::memory_order_relaxed);
-    if (n >= capacity_) {
+    if (n - floor_.load(std::memory_order_acquire) >= capacity_) {
       dropped_.store(dropped_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
       return;
     }
-    events_[n] = e;
+    events_[n % capacity_] = e;
     count_.store(n + 1, std::memory_order_release);
   }
 
-  // Any thread: the events recorded so far in the current generation (a
-  // prefix, complete). A lane whose writer has not recorded since the
-  // generation began still holds the last one's events, and its writer
-  // resets it lazily, at its next event: it reads as empty until then.
-  uint64_t size() const { return current() ? count_.load(std::memory_order_acquire) : 0; }
-  const Event& at(uint64_t i) const { return events_[i]; }
-  uint64_t dropped() const { return current() ? dropped_.load(std::memory_order_acquire) : 0; }
+  // Any thread: the index the next event takes. Events [begin, end()) of a
+  // window opened at `begin` are complete and stay until the window closes.
+  uint64_t end() const { return count_.load(std::memory_order_acquire); }
+  const Event& at(uint64_t index) const { return events_[index % capacity_]; }
+  uint64_t dropped() const { return dropped_.load(std::memory_order_acquire); }
   size_t capacity() const { return capacity_; }
 
   // The owner, before any writer may use the lane; idempotent.
   void allocate() {
     if (!events_) events_.reset(new Event[capacity_]);
   }
-  // The owner of a lane without a generation, reusing it for another run:
-  // only while nobody writes or reads it.
+  // The owner of a floor-0 lane, reusing it for another run: only while
+  // nobody writes or reads it.
   void reset() {
     count_.store(0, std::memory_order_relaxed);
     dropped_.store(0, std::memory_order_relaxed);
   }
+  // The Recorder: no window still open reads below `floor`. Never lowered,
+  // so a writer holding an older floor only drops more, never overwrites.
+  void raise_floor(uint64_t floor) { floor_.store(floor, std::memory_order_release); }
   bool allocated() const { return events_ != nullptr; }
 
  private:
   const size_t capacity_;
-  const std::atomic<uint64_t>* const generation_;
   std::unique_ptr<Event[]> events_;
-  bool current() const {
-    return generation_ == nullptr ||
-           seen_.load(std::memory_order_acquire) == generation_->load(std::memory_order_acquire);
-  }
-
-  std::atomic<uint64_t> seen_{0};  // the generation the writer last reset the lane for
   std::atomic<uint64_t> count_{0};
   std::atomic<uint64_t> dropped_{0};
+  std::atomic<uint64_t> floor_{0};
+};
+
+// Where one traced run's events begin in each lane of a Recorder, and how
+// many each had dropped by then (a run's drops are those after its begin).
+struct LaneWindow {
+  uint64_t id = 0;  // 0: no window
+  std::vector<uint64_t> core_begin;
+  std::vector<uint64_t> aicpu_begin;
+  std::vector<uint64_t> core_dropped;
+  std::vector<uint64_t> aicpu_dropped;
 };
 
 // What a runtime needs to record one run: its level (0: nothing), its
@@ -150,24 +148,31 @@ class Recorder {
   uint32_t orchestrator_tid() const { return 1 + cores() + aicpu_threads(); }
 
   // A traced run of `level` (1-4) is about to launch: allocates the lanes
-  // the first time, starts a new generation when no traced run is in flight,
-  // and raises the scheduler level to at least `level` until every traced
-  // run ended. RESOURCE_EXHAUSTED if the buffers cannot be allocated.
-  Status begin_run(uint32_t level);
-  // The run's trace was read (or will never be): pairs with begin_run.
-  void end_run();
+  // the first time, opens the run's window (each lane's events from now on
+  // stay until it closes) and raises the scheduler level to at least
+  // `level` until every traced run ended. RESOURCE_EXHAUSTED if the buffers
+  // cannot be allocated.
+  Result<LaneWindow> begin_run(uint32_t level);
+  // The window was read (or will never be): pairs with begin_run. Lanes may
+  // then reuse what no other open window reads.
+  void end_run(const LaneWindow& window);
   // The highest level of the traced runs in flight: AICPU threads record
   // scheduler phases when it is >= 3. One load.
   uint32_t live_level() const { return static_cast<uint32_t>(state_.load(std::memory_order_acquire) >> 32); }
 
  private:
+  // Each lane's floor: the lowest begin of the open windows, or its end
+  // when none is open. Requires mu_.
+  void raise_floors();
+
   std::vector<std::unique_ptr<Lane>> cores_;
   std::vector<std::unique_ptr<Lane>> aicpu_;
-  std::atomic<uint64_t> generation_{0};
   // (live level << 32) | traced runs in flight: one word, so a run ending and
   // another beginning cannot leave the level wrong.
   std::atomic<uint64_t> state_{0};
-  std::mutex alloc_mu_;
+  std::mutex mu_;  // allocation, and the open windows
+  uint64_t next_window_ = 1;
+  std::map<uint64_t, LaneWindow> open_;
 };
 
 }  // namespace simpler::diag
