@@ -80,6 +80,37 @@ def test_node_orchestration_that_raises_fails_its_run():
             w.submit(orch, [1])
 
 
+def noop(args):
+    pass
+
+
+def test_node_orchestrator_kept_past_its_run_stays_invalid_while_later_runs_get_their_own():
+    # The orchestrator object may be reused from run to run on a thread; one
+    # that an orchestration kept must never come back to life in a later run.
+    kept, seen = [], {}
+    with simpler.Worker(level=3, sub_workers=1) as w:
+        fn = w.register(noop)
+        w.init()
+        w.run(lambda o: kept.append(o))
+
+        def second(o):
+            seen["same_object"] = o is kept[0]
+            try:
+                kept[0].submit_sub(fn)
+                seen["kept_refused"] = False
+            except simpler.Error as e:
+                seen["kept_refused"] = "after its orchestration returned" in str(e)
+            o.submit_sub(fn)
+
+        w.run(second)
+        assert seen == {"same_object": False, "kept_refused": True}
+        with pytest.raises(simpler.Error, match="after its orchestration returned"):
+            kept[0].submit_sub(fn)
+        # Runs after that one (which kept nothing) still work.
+        for _ in range(3):
+            w.run(lambda o: o.submit_sub(fn))
+
+
 def test_chips_and_sub_worker_with_scope_alloc_and_python_chip_orchestration():
     # node_pipeline from Python: y_k = a_k + b_k on chip k (the chip's orchestration is a
     # Python function, run in the chip child's process), z = y0 + y1 by the sub worker;
