@@ -111,6 +111,36 @@ def test_node_orchestrator_kept_past_its_run_stays_invalid_while_later_runs_get_
             w.run(lambda o: o.submit_sub(fn))
 
 
+def test_the_per_run_calls_in_their_short_forms_behave_as_in_their_long_forms():
+    # submit(orch), o.submit_sub(fn) and wait() have fast paths; every other
+    # form goes to the general binding. Both must succeed, fail and refuse alike.
+    with simpler.Worker(level=3, sub_workers=1) as w:
+        bad = w.register(fails)
+        good = w.register(noop)
+        w.init()
+        assert w.submit(lambda o: o.submit_sub(good)).wait() is None
+        assert w.submit(lambda o: o.submit_sub(good, []), call=None).wait(timeout=DEADLINE_S) is None
+        for short in (True, False):
+            h = w.submit(lambda o: o.submit_sub(bad)) if short else w.submit(lambda o: o.submit_sub(bad, None), call=None)
+            with pytest.raises(simpler.RunError) as e:
+                h.wait() if short else h.wait(timeout=DEADLINE_S)
+            assert e.value.code == simpler.StatusCode.USER_CODE_FAILED and "IndexError" in e.value.message
+        with pytest.raises(TypeError, match="expected a CallableHandle"):
+            w.submit(42)
+        with pytest.raises(TypeError, match="takes no args"):
+            w.submit(lambda o: None, [1])
+        caught = {}
+
+        def refused(o):
+            try:
+                o.submit_sub(42)
+            except TypeError as e:
+                caught["error"] = str(e)
+
+        w.submit(refused).wait()
+        assert "submit_sub" in caught["error"]
+
+
 def test_chips_and_sub_worker_with_scope_alloc_and_python_chip_orchestration():
     # node_pipeline from Python: y_k = a_k + b_k on chip k (the chip's orchestration is a
     # Python function, run in the chip child's process), z = y0 + y1 by the sub worker;
