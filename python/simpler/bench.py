@@ -10,8 +10,9 @@ submits one no-op AIV task, then wait: the cost of driving a run from Python.
 py_l2_latency_python_orchestration: the same with the orchestration a Python
 function (`o.submit_aiv(0)`): what a Python orchestration adds on top.
 py_l3_sub_latency: Worker(level=3, sub_workers=1, pipeline_depth=2); one run =
-submit a Python node orchestration that submits one Python no-op sub function
-(which runs in the forked sub worker), then wait. Both as the C++ benches do:
+submit a Python node orchestration `lambda o: o.submit_sub(fn)` (made once and
+reused from run to run, as the C++ bench reuses its std::function) that submits
+one Python no-op sub function (which runs in the forked sub worker), then wait. Both as the C++ benches do:
 200 warm-up runs, then 2000 (L2) / 3000 (L3) measured runs."""
 
 import argparse
@@ -38,16 +39,21 @@ def summarize(samples_us):
             "max": round(s[-1], 3), "mean": round(sum(s) / n, 3)}
 
 
-def timed_runs(submit, warmup, runs):
+def timed_runs(worker, what, warmup, runs):
+    """`runs` latencies of `worker.submit(what).wait()` in us, after `warmup`
+    untimed ones. As the C++ benches do, the timed span is the submit and the
+    wait alone, and `what` (a callable handle, or a node orchestration made
+    once, like the C++ bench's std::function) is reused from run to run."""
     clock = time.perf_counter_ns
-    out = []
-    for i in range(warmup + runs):
+    submit = worker.submit
+    for _ in range(warmup):
+        submit(what).wait()
+    out = [0] * runs
+    for i in range(runs):
         t0 = clock()
-        submit().wait()
-        t1 = clock()
-        if i >= warmup:
-            out.append((t1 - t0) / 1000.0)
-    return out
+        submit(what).wait()
+        out[i] = clock() - t0
+    return [t / 1000.0 for t in out]
 
 
 def native_one_noop_task():
@@ -69,7 +75,7 @@ def py_l2_latency(python_orchestration=False):
     with simpler.Worker(level=2) as w:
         h = w.register(callable_)
         w.init()
-        return summarize(timed_runs(lambda: w.submit(h), 200, 2000))
+        return summarize(timed_runs(w, h, 200, 2000))
 
 
 def noop_sub(args):
@@ -81,7 +87,7 @@ def py_l3_sub_latency():
                         max_tasks_per_run=16, shared_heap_bytes=16 << 20) as w:
         fn = w.register(noop_sub)
         w.init()
-        return summarize(timed_runs(lambda: w.submit(lambda o: o.submit_sub(fn)), 200, 3000))
+        return summarize(timed_runs(w, lambda o: o.submit_sub(fn), 200, 3000))
 
 
 def find_simpler(explicit):
@@ -140,17 +146,27 @@ def main(argv=None):
     # the same machine; each figure is the median over the rounds of that
     # round's p50 (p99, min), and the ratio and difference are of those medians.
     rounds = {"py_l2_latency": ([], []), "py_l2_latency_python_orchestration": ([], []), "py_l3_sub_latency": ([], [])}
+    # The machine may be shared: the C++ runs' neighbour_cpu_pct (CPU time of
+    # other processes while they ran) tells how busy it was, round by round.
+    neighbours = []
     for _ in range(args.rounds):
         cpp_l2 = cpp_bench(binary, "l2_latency")
         result["context"]["cpp_context"] = cpp_l2.get("context")
+        neighbours.append(cpp_l2.get("context", {}).get("neighbour_cpu_pct"))
         for name, py in (("py_l2_latency", py_l2_latency()),
                          ("py_l2_latency_python_orchestration", py_l2_latency(True))):
             rounds[name][0].append(cpp_l2["simpler"])
             rounds[name][1].append(py)
         cpp_l3 = cpp_bench(binary, "l3_sub_latency")
+        neighbours.append(cpp_l3.get("context", {}).get("neighbour_cpu_pct"))
         rounds["py_l3_sub_latency"][0].append(cpp_l3["simpler"])
         rounds["py_l3_sub_latency"][1].append(py_l3_sub_latency())
     result["context"]["rounds"] = args.rounds
+    result["context"]["neighbour_cpu_pct_per_cpp_run"] = neighbours
+    try:
+        result["context"]["load_1m_after"] = os.getloadavg()[0]
+    except OSError:
+        pass
     for name, (cpp, py) in rounds.items():
         result[name] = compare(name, median_of(cpp), median_of(py))
         result[name]["per_round_p50"] = {"cpp": [r["p50"] for r in cpp], "python": [r["p50"] for r in py]}
@@ -164,7 +180,8 @@ def main(argv=None):
                   f"p99 {r['cpp']['p99']:>9.3f}  "
                   f"ratio p50 {r['ratio_vs_cpp']['p50']:.3f}  adds {r['python_adds_p50_us']:+.3f} us  "
                   f"goal <= {GOAL_ADDED_P50_US} us {'met' if r['goal']['met'] else 'NOT met'}")
-        print(f"medians over {args.rounds} alternated rounds; load average before: {load}")
+        print(f"medians over {args.rounds} alternated rounds; load average before: {load}, after: "
+              f"{result['context'].get('load_1m_after')}; neighbour_cpu_pct of the C++ runs: {neighbours}")
     return 0
 
 

@@ -97,22 +97,30 @@ bool interpreter_finalizing() {
 
 // ---------------------------------------------------------------- the GIL on simpler's threads
 
-// Takes the GIL on a thread Python did not start (a scheduler thread, a sub
-// worker's thread in its forked child). pybind11 makes such a thread's Python
-// state on each acquire and destroys it on release, microseconds on every
-// run; this keeps the state from the thread's first call to its end.
+// Takes the GIL for a scope on any thread: one Python did not start (a
+// scheduler thread, a sub worker's thread in its forked child) or a Python
+// thread inside a call that released it. CPython's PyGILState calls, not
+// pybind11's gil_scoped_acquire, which also looks up its internals and a TLS
+// key of its own on every acquire (a third of a no-op sub function's cost in
+// the child, by perf). A thread's Python state is kept from its first call to
+// the thread's end: CPython would make and destroy one on every call on a
+// thread it did not start, microseconds per run.
 class GilOnNativeThread {
  public:
-  GilOnNativeThread() {
+  GilOnNativeThread() : state_(PyGILState_Ensure()) {
     thread_local bool kept = false;
     if (!kept) {
-      gil_.inc_ref();
+      // One Ensure never released: the state's count stays above zero.
+      (void)PyGILState_Ensure();
       kept = true;
     }
   }
+  GilOnNativeThread(const GilOnNativeThread&) = delete;
+  GilOnNativeThread& operator=(const GilOnNativeThread&) = delete;
+  ~GilOnNativeThread() { PyGILState_Release(state_); }
 
  private:
-  py::gil_scoped_acquire gil_;
+  PyGILState_STATE state_;
 };
 
 // ---------------------------------------------------------------- Python references held by C++
@@ -130,8 +138,10 @@ class PyRef {
       (void)o_.release();
       return;
     }
-    py::gil_scoped_acquire gil;
+    // The same GIL calls as GilOnNativeThread, so a thread never holds two Python states.
+    const PyGILState_STATE gil = PyGILState_Ensure();
     o_ = py::object();
+    PyGILState_Release(gil);
   }
   const py::object& get() const { return o_; }
 
@@ -431,35 +441,74 @@ py::list outputs_of(const TaskRef& ref) {
   return out;
 }
 
-// Calls `fn(o, *extra)` with a borrowed orchestrator object that is invalidated after the call.
+// Calls `fn(o, *extra)` with a borrowed orchestrator object that is
+// invalidated after the call. A thread's calls share one such object while no
+// orchestration keeps it (and none is running on the thread already, for an
+// orchestration that runs another worker's): making and registering a
+// pybind11 instance per call was a fifth of a one-task run's orchestration
+// cost, by perf. One that is kept stays invalid; the next call makes another.
 template <typename O, typename... Extra>
-Status call_orchestration(const py::object& fn, O& o, const char* where, Extra&&... extra) {
+Status call_orchestration(PyObject* fn, O& o, const char* where, Extra&&... extra) {
   GilOnNativeThread gil;
-  auto holder = py::cast(Borrowed<O>{&o});
+  // The cache's reference is never dropped while it is reused: a thread may
+  // end when the GIL cannot be taken.
+  thread_local PyObject* cached = nullptr;
+  thread_local Borrowed<O>* cached_borrowed = nullptr;
   Status result;
   try {
-    // Its return value is ignored (a lambda returns what its last call did): raising fails the run.
-    (void)fn(holder, std::forward<Extra>(extra)...);
+    py::object holder;
+    Borrowed<O>* borrowed = nullptr;
+    if (cached != nullptr && cached_borrowed->o == nullptr) {
+      holder = py::reinterpret_borrow<py::object>(cached);
+      borrowed = cached_borrowed;
+    } else {
+      holder = py::cast(Borrowed<O>{});
+      borrowed = &holder.cast<Borrowed<O>&>();
+      if (cached == nullptr) {
+        cached = holder.inc_ref().ptr();
+        cached_borrowed = borrowed;
+      }
+    }
+    borrowed->o = &o;
+    try {
+      // Its return value is ignored (a lambda returns what its last call did): raising fails the run.
+      if constexpr (sizeof...(Extra) == 0) {
+        PyObject* r = PyObject_CallOneArg(fn, holder.ptr());
+        if (r == nullptr) throw py::error_already_set();
+        Py_DECREF(r);
+      } else {
+        (void)py::handle(fn)(holder, std::forward<Extra>(extra)...);
+      }
+    } catch (...) {
+      borrowed->o = nullptr;
+      throw;
+    }
+    borrowed->o = nullptr;
   } catch (py::error_already_set& e) {
     result = Status(StatusCode::kUserCodeFailed, python_error_text(e, where));
   } catch (const std::exception& e) {
     result = Status(StatusCode::kUserCodeFailed, std::string(where) + " raised " + e.what());
   }
-  holder.template cast<Borrowed<O>&>().o = nullptr;
+  // Someone kept it (held beyond the cache's own reference): it stays theirs, invalid.
+  if (cached != nullptr && Py_REFCNT(cached) != 1) {
+    Py_DECREF(cached);
+    cached = nullptr;
+    cached_borrowed = nullptr;
+  }
   return result;
 }
 
 OrchestrationFn chip_orchestration(py::object fn) {
   auto ref = std::make_shared<PyRef>(std::move(fn));
   return [ref](ChipOrchestrator& o, const TaskArgs& run_args) -> Status {
-    return call_orchestration(ref->get(), o, "the orchestration", run_args);
+    return call_orchestration(ref->get().ptr(), o, "the orchestration", run_args);
   };
 }
 
 NodeOrchestrationFn node_orchestration(py::object fn) {
   auto ref = std::make_shared<PyRef>(std::move(fn));
   return [ref](Orchestrator& o, const TaskArgs& run_args) -> Status {
-    return call_orchestration(ref->get(), o, "the node callable's orchestration", run_args);
+    return call_orchestration(ref->get().ptr(), o, "the node callable's orchestration", run_args);
   };
 }
 
@@ -470,18 +519,23 @@ SubFunction sub_function(py::object fn) {
   return [ref](const TaskArgsView& a) -> Status {
     GilOnNativeThread gil;
     try {
-      py::list items;
-      // The heap outlives the call; the capsule only marks the arrays as views (no copy, no owner).
-      static int view_marker = 0;
-      const py::object no_owner = py::capsule(&view_marker, [](void*) {});
+      py::list items(a.size());
       for (size_t i = 0; i < a.size(); ++i) {
+        py::object item;
         if (a[i].kind == TaskArg::Kind::Tensor) {
-          items.append(array_over_view(a[i].tensor, no_owner));
+          // The heap outlives the call; the capsule only marks the arrays as
+          // views (no copy, no owner). One per process, made at its first use.
+          static int view_marker = 0;
+          static const PyObject* const no_owner = py::capsule(&view_marker, [](void*) {}).release().ptr();
+          item = array_over_view(a[i].tensor, py::reinterpret_borrow<py::object>(const_cast<PyObject*>(no_owner)));
         } else {
-          items.append(py::int_(a.scalar(i)));
+          item = py::int_(a.scalar(i));
         }
+        PyList_SET_ITEM(items.ptr(), static_cast<py::ssize_t>(i), item.release().ptr());
       }
-      (void)ref->get()(items);
+      PyObject* r = PyObject_CallOneArg(ref->get().ptr(), items.ptr());
+      if (r == nullptr) throw py::error_already_set();
+      Py_DECREF(r);
       return Status();
     } catch (py::error_already_set& e) {
       return Status(StatusCode::kUserCodeFailed, python_error_text(e, "the sub function"));
@@ -700,6 +754,116 @@ void wait_handle(const RunHandle& h, std::optional<double> timeout) {
       throw py::error_already_set();
     }
   }
+}
+
+// ---------------------------------------------------------------- the per-run calls, without pybind11's dispatcher
+
+// A run from Python makes three calls into the module (Worker.submit,
+// Orchestrator.submit_sub in the orchestration, RunHandle.wait), and
+// pybind11's dispatcher costs about 250 ns a call here (RunHandle.done()
+// 290 ns against a Python method's 28 ns, on the loaded machine). These
+// methods are CPython method descriptors whose common form (one positional
+// argument, or none for wait) goes straight to the C++; every other form is
+// handed to the pybind11 binding it replaced, so refusals, texts and
+// keywords stay the binding's.
+struct FastMethod {
+  PyMethodDef def{};
+  std::string doc;
+  PyObject* general = nullptr;  // the pybind11 binding (a function taking self first); kept for the process
+};
+
+PyObject* call_general(const FastMethod& m, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                       PyObject* kwnames) {
+  const Py_ssize_t nkw = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
+  std::vector<PyObject*> all;
+  all.reserve(static_cast<size_t>(1 + nargs + nkw));
+  all.push_back(self);
+  all.insert(all.end(), args, args + nargs + nkw);
+  return PyObject_Vectorcall(m.general, all.data(), static_cast<size_t>(1 + nargs), kwnames);
+}
+
+// What pybind11's dispatcher does with an exception our code throws.
+template <typename F>
+PyObject* translating(F&& f) noexcept {
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+FastMethod g_submit, g_submit_sub, g_wait;
+
+// Worker.submit(orch) and Worker.submit(callable_handle): no args, the Worker's CallConfig.
+PyObject* fast_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (nargs != 1 || kwnames != nullptr) return call_general(g_submit, self, args, nargs, kwnames);
+  PyObject* what = args[0];
+  const bool orchestration = PyCallable_Check(what) != 0;
+  if (!orchestration && !py::isinstance<CallableHandle>(what)) {
+    return call_general(g_submit, self, args, nargs, kwnames);
+  }
+  return translating([&]() -> PyObject* {
+    Worker& w = py::handle(self).cast<PyWorker&>().get();
+    RunHandle h;
+    if (orchestration) {
+      // Borrowed, as in the binding: submit runs it before it returns.
+      std::function<Status(Orchestrator&)> orch = [what](Orchestrator& o) {
+        return call_orchestration(what, o, "the orchestration");
+      };
+      py::gil_scoped_release release;
+      h = w.submit(std::move(orch));
+    } else {
+      const CallableHandle c = py::handle(what).cast<CallableHandle>();
+      const TaskArgs none;
+      py::gil_scoped_release release;
+      h = w.submit(c, none);
+    }
+    return py::cast(std::move(h)).release().ptr();
+  });
+}
+
+// Orchestrator.submit_sub(fn): no args.
+PyObject* fast_submit_sub(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (nargs != 1 || kwnames != nullptr || !py::isinstance<FunctionHandle>(args[0])) {
+    return call_general(g_submit_sub, self, args, nargs, kwnames);
+  }
+  return translating([&]() -> PyObject* {
+    const PyNodeOrchestrator& o = py::handle(self).cast<const PyNodeOrchestrator&>();
+    const FunctionHandle f = py::handle(args[0]).cast<FunctionHandle>();
+    return py::cast(take(o.get().submit_sub(f, TaskArgs{}), "submit_sub")).release().ptr();
+  });
+}
+
+// RunHandle.wait(): no timeout.
+PyObject* fast_wait(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (nargs != 0 || kwnames != nullptr) return call_general(g_wait, self, args, nargs, kwnames);
+  return translating([&]() -> PyObject* {
+    wait_handle(py::handle(self).cast<const RunHandle&>(), std::nullopt);
+    Py_RETURN_NONE;
+  });
+}
+
+// Replaces `cls.name` (a pybind11 method) by `fast`, which hands every form it
+// does not handle to the replaced binding. The docstring is the binding's.
+void install_fast_method(const py::object& cls, const char* name, FastMethod& m, _PyCFunctionFastWithKeywords fast) {
+  py::object general = cls.attr(name);  // on the class: the binding itself, taking self first
+  m.doc = py::str(general.attr("__doc__")).cast<std::string>();
+  m.general = general.release().ptr();
+  m.def.ml_name = name;
+  m.def.ml_meth = reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast));
+  m.def.ml_flags = METH_FASTCALL | METH_KEYWORDS;
+  m.def.ml_doc = m.doc.c_str();
+  py::object descr =
+      py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), &m.def));
+  if (!descr) throw py::error_already_set();
+  if (PyObject_SetAttrString(cls.ptr(), name, descr.ptr()) != 0) throw py::error_already_set();
 }
 
 // A noop kernel for benchmarks and tests (the one `simpler bench` uses is in bench/).
@@ -1391,20 +1555,22 @@ PYBIND11_MODULE(_simpler, m) {
           [](PyWorker& w, const py::handle& what, const py::handle& args, const py::handle& call) {
             Worker& self = w.get();
             const CallConfig diagnostics = call.is_none() ? self.config().call : to_call(call, "submit: call");
+            if (PyCallable_Check(what.ptr())) {
+              if (!args.is_none()) type_error("submit: a node orchestration takes no args (capture them)");
+              // Borrowed: submit runs the orchestration on this thread before it
+              // returns and keeps no copy, and `what` outlives this call.
+              PyObject* fn = what.ptr();
+              std::function<Status(Orchestrator&)> orch = [fn](Orchestrator& o) {
+                return call_orchestration(fn, o, "the orchestration");
+              };
+              py::gil_scoped_release release;
+              return self.submit(std::move(orch), diagnostics);
+            }
             if (py::isinstance<CallableHandle>(what)) {
               const CallableHandle c = what.cast<CallableHandle>();
               const TaskArgs a = to_args(args, "args");
               py::gil_scoped_release release;
               return self.submit(c, a, diagnostics);
-            }
-            if (PyCallable_Check(what.ptr())) {
-              if (!args.is_none()) type_error("submit: a node orchestration takes no args (capture them)");
-              auto ref = std::make_shared<PyRef>(py::reinterpret_borrow<py::object>(what));
-              std::function<Status(Orchestrator&)> orch = [ref](Orchestrator& o) {
-                return call_orchestration(ref->get(), o, "the orchestration");
-              };
-              py::gil_scoped_release release;
-              return self.submit(std::move(orch), diagnostics);
             }
             type_error("submit: expected a CallableHandle (with args) or a node orchestration `def orch(o)`");
           },
@@ -1422,4 +1588,8 @@ PYBIND11_MODULE(_simpler, m) {
           },
           py::arg("callable"), py::arg("args") = py::none(), py::kw_only(), py::arg("call") = py::none(),
           "submit + wait; returns the finished RunHandle.");
+
+  install_fast_method(m.attr("Worker"), "submit", g_submit, fast_submit);
+  install_fast_method(m.attr("Orchestrator"), "submit_sub", g_submit_sub, fast_submit_sub);
+  install_fast_method(m.attr("RunHandle"), "wait", g_wait, fast_wait);
 }

@@ -209,6 +209,31 @@ def test_orchestrator_is_invalid_after_the_call():
         assert kept[0] is not None
 
 
+def test_orchestration_that_runs_another_workers_run_keeps_its_orchestrator(chip):
+    # The inner run's Python orchestration runs on this thread inside the
+    # outer's: the outer's `o` must still work after the inner call returns
+    # (orchestrator objects are reused from call to call on a thread).
+    inner, add = chip
+    a, b = rng_floats(N, 11), rng_floats(N, 12)
+    ia, ib, ic = upload(inner, a), upload(inner, b), inner.malloc(N * 4)
+    seen = {}
+
+    def orch(o, args):
+        o.submit_aiv(ADD, args)
+        inner.run(add, add_args(ia, ib, ic))
+        o.submit_aiv(ADD, args)
+        seen["tasks"] = o.task_count
+
+    with simpler.Worker(level=2) as w:
+        h = w.register(simpler.ChipCallable("nested", orch, kernels(), ["in", "in", "out"]))
+        w.init()
+        da, db, dc = upload(w, a), upload(w, b), w.malloc(N * 4)
+        w.run(h, add_args(da, db, dc))
+        np.testing.assert_array_equal(w.copy_from(dc, [N], F32), a + b)
+    np.testing.assert_array_equal(inner.copy_from(ic, [N], F32), a + b)
+    assert seen == {"tasks": 2}
+
+
 def test_signature_mismatch_is_a_refused_run(chip):
     w, add = chip
     run = w.submit(add, simpler.TaskArgs(1, 2))

@@ -43,9 +43,15 @@ def test_bench_measures_python_driven_runs():
         lib.add_noop(0, simpler.CoreType.AIV)
         h = w.register(simpler.ChipCallable("noop", lambda o, a: o.submit_aiv(0), lib, []))
         w.init()
-        samples = bench.timed_runs(lambda: w.submit(h), 2, 20)
+        samples = bench.timed_runs(w, h, 2, 20)
     s = bench.summarize(samples)
     assert s["n"] == 20 and 0 < s["min"] <= s["p50"] <= s["p99"] <= s["max"]
+    # Level 3: one node orchestration, reused from run to run, as py_l3_sub_latency times it.
+    with simpler.Worker(level=3, sub_workers=1) as w:
+        fn = w.register(bench.noop_sub)
+        w.init()
+        s = bench.summarize(bench.timed_runs(w, lambda o: o.submit_sub(fn), 2, 20))
+    assert s["n"] == 20 and 0 < s["min"] <= s["p50"] <= s["max"]
     r = bench.compare("x", {"p50": 10.0, "p99": 20.0}, {"p50": 11.5, "p99": 30.0})
     assert bench.median_of([{"min": 1, "p50": 5, "p99": 9}, {"min": 2, "p50": 3, "p99": 7}, {"min": 3, "p50": 4, "p99": 8}]) \
         == {"min": 2, "p50": 4, "p99": 8}

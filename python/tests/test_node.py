@@ -80,6 +80,67 @@ def test_node_orchestration_that_raises_fails_its_run():
             w.submit(orch, [1])
 
 
+def noop(args):
+    pass
+
+
+def test_node_orchestrator_kept_past_its_run_stays_invalid_while_later_runs_get_their_own():
+    # The orchestrator object may be reused from run to run on a thread; one
+    # that an orchestration kept must never come back to life in a later run.
+    kept, seen = [], {}
+    with simpler.Worker(level=3, sub_workers=1) as w:
+        fn = w.register(noop)
+        w.init()
+        w.run(lambda o: kept.append(o))
+
+        def second(o):
+            seen["same_object"] = o is kept[0]
+            try:
+                kept[0].submit_sub(fn)
+                seen["kept_refused"] = False
+            except simpler.Error as e:
+                seen["kept_refused"] = "after its orchestration returned" in str(e)
+            o.submit_sub(fn)
+
+        w.run(second)
+        assert seen == {"same_object": False, "kept_refused": True}
+        with pytest.raises(simpler.Error, match="after its orchestration returned"):
+            kept[0].submit_sub(fn)
+        # Runs after that one (which kept nothing) still work.
+        for _ in range(3):
+            w.run(lambda o: o.submit_sub(fn))
+
+
+def test_the_per_run_calls_in_their_short_forms_behave_as_in_their_long_forms():
+    # submit(orch), o.submit_sub(fn) and wait() have fast paths; every other
+    # form goes to the general binding. Both must succeed, fail and refuse alike.
+    with simpler.Worker(level=3, sub_workers=1) as w:
+        bad = w.register(fails)
+        good = w.register(noop)
+        w.init()
+        assert w.submit(lambda o: o.submit_sub(good)).wait() is None
+        assert w.submit(lambda o: o.submit_sub(good, []), call=None).wait(timeout=DEADLINE_S) is None
+        for short in (True, False):
+            h = w.submit(lambda o: o.submit_sub(bad)) if short else w.submit(lambda o: o.submit_sub(bad, None), call=None)
+            with pytest.raises(simpler.RunError) as e:
+                h.wait() if short else h.wait(timeout=DEADLINE_S)
+            assert e.value.code == simpler.StatusCode.USER_CODE_FAILED and "IndexError" in e.value.message
+        with pytest.raises(TypeError, match="expected a CallableHandle"):
+            w.submit(42)
+        with pytest.raises(TypeError, match="takes no args"):
+            w.submit(lambda o: None, [1])
+        caught = {}
+
+        def refused(o):
+            try:
+                o.submit_sub(42)
+            except TypeError as e:
+                caught["error"] = str(e)
+
+        w.submit(refused).wait()
+        assert "submit_sub" in caught["error"]
+
+
 def test_chips_and_sub_worker_with_scope_alloc_and_python_chip_orchestration():
     # node_pipeline from Python: y_k = a_k + b_k on chip k (the chip's orchestration is a
     # Python function, run in the chip child's process), z = y0 + y1 by the sub worker;
