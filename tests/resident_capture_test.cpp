@@ -494,6 +494,36 @@ TEST(CaptureGate, R102PlantedStaleAcksAreIgnored) {
   EXPECT_LT(first_seal - ev.begin(), first_accept - ev.begin()) << "a stale ack was accepted";
 }
 
+// R102: the readers' acceptance rules over planted acks: a previous run's
+// seal, a previous phase's seal, another task's, InProgress and WouldBlock
+// for the right identity, and a stale tick for the publisher. A peer accepts
+// only the full identity with a terminal status; the publisher only its latest tick.
+TEST(CaptureGate, R102EachReaderAcceptsOnlyWhatItsRuleAllows) {
+  const auto ack = [](AckStatus s, uint64_t epoch, uint64_t task, uint64_t seq, uint64_t tick) {
+    return ArgsCaptureAck{static_cast<uint64_t>(s), 0, 0, tick, epoch, task, 0, seq};
+  };
+  struct Case {
+    ArgsCaptureAck a;
+    bool peer, publisher;
+    const char* what;
+  };
+  const Case cases[] = {
+      {ack(AckStatus::kSealed, kEpoch, 9, 4, 7), true, true, "this phase's seal"},
+      {ack(AckStatus::kAborted, kEpoch, 9, 4, 7), true, true, "this phase's abort"},
+      {ack(AckStatus::kSealed, kEpoch - 1, 9, 4, 7), false, false, "a previous run's seal"},
+      {ack(AckStatus::kSealed, kEpoch, 9, 3, 7), false, false, "a previous phase's seal"},
+      {ack(AckStatus::kSealed, kEpoch, 8, 4, 7), false, false, "another task's seal"},
+      {ack(AckStatus::kInProgress, kEpoch, 9, 4, 7), false, true, "progress for this phase"},
+      {ack(AckStatus::kWouldBlock, kEpoch, 9, 4, 7), false, true, "WouldBlock for this phase"},
+      {ack(AckStatus::kInProgress, kEpoch, 9, 4, 6), false, false, "progress for an older request"},
+      {ack(AckStatus::kNone, kEpoch, 9, 4, 7), false, false, "no status"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(resident::peer_accepts(c.a, kEpoch, 9, 4), c.peer) << "peer: " << c.what;
+    EXPECT_EQ(resident::publisher_accepts(c.a, kEpoch, 9, 4, 7), c.publisher) << "publisher: " << c.what;
+  }
+}
+
 // R103, R104, R124 (A5): one participant's seal acceptance is delayed far
 // behind its peers'. SETTLED appears only after all three released bits, and
 // the next occupancy's claim (a single task on the same gate) never precedes

@@ -184,6 +184,23 @@ Status CaptureRun::enter_single(Participant& p, uint32_t cluster) {
 
 // ---- the barrier (R99-R105, R113-R116) ----
 
+// Identity first (phase_seq, written last by the AICPU, with acquire), then
+// the rest: a status read after a matching identity is at least that ack's.
+bool peer_accepts(const ArgsCaptureAck& ack, uint64_t run_epoch, uint64_t task_id, uint64_t phase_seq) {
+  if (lload(ack.phase_seq) != phase_seq) return false;  // M:peer_read_identity
+  if (lload(ack.run_epoch) != run_epoch || lload(ack.task_id) != task_id) return false;
+  const auto s = static_cast<AckStatus>(lload(ack.status));  // M:peer_read_status
+  return s == AckStatus::kSealed || s == AckStatus::kAborted;
+}
+
+bool publisher_accepts(const ArgsCaptureAck& ack, uint64_t run_epoch, uint64_t task_id, uint64_t phase_seq,
+                       uint64_t request_tick) {
+  if (lload(ack.phase_seq) != phase_seq) return false;  // M:pub_read_ack
+  if (lload(ack.run_epoch) != run_epoch || lload(ack.task_id) != task_id) return false;
+  if (lload(ack.request_tick) != request_tick) return false;
+  return static_cast<AckStatus>(lload(ack.status)) != AckStatus::kNone;
+}
+
 void CaptureRun::publish_request(const Participant& p, CapturePhase ph, uint64_t seq, uint64_t arg, uint64_t cursor,
                                  uint64_t tick) {
   ArgsCaptureRequest& r = control_->requests[p.core];
@@ -244,12 +261,8 @@ Status CaptureRun::phase(Participant& p, CapturePhase ph, CaptureCoreState& cs) 
   for (;;) {
     // Accept: identity first, then (publisher) the tick, then the status.
     const auto matches = [&] {
-      if (lload(ack.phase_seq) != seq) return false;  // M:peer_read_identity / M:pub_read_ack
-      if (lload(ack.run_epoch) != run_epoch_ || lload(ack.task_id) != p.task_id) return false;
-      if (publisher && lload(ack.request_tick) != tick) return false;
-      const auto s = static_cast<AckStatus>(lload(ack.status));  // M:peer_read_status
-      if (!publisher && s != AckStatus::kSealed && s != AckStatus::kAborted) return false;
-      return s != AckStatus::kNone;
+      return publisher ? publisher_accepts(ack, run_epoch_, p.task_id, seq, tick)
+                       : peer_accepts(ack, run_epoch_, p.task_id, seq);
     };
     const uint64_t deadline = timeout.ok() ? first_deadline : second_deadline;
     // Never left on the run's fatal flag alone: the AICPU may be copying this

@@ -147,6 +147,13 @@ struct CaptureCoreState {
   uint64_t request_tick = 0;  // per request it publishes
 };
 
+// R102: what each reader accepts on an ack line. A peer: the phase's full
+// identity and a terminal status, nothing else. The publisher: the identity
+// and the tick of its latest request, with any status the AICPU wrote.
+bool peer_accepts(const ArgsCaptureAck& ack, uint64_t run_epoch, uint64_t task_id, uint64_t phase_seq);
+bool publisher_accepts(const ArgsCaptureAck& ack, uint64_t run_epoch, uint64_t task_id, uint64_t phase_seq,
+                       uint64_t request_tick);
+
 // One participant's view of the occupancy it is in.
 struct Participant {
   uint32_t core = 0;
