@@ -679,7 +679,8 @@ TEST(CaptureService, R110R111ServiceStepsAreBoundedAndFollowFirstObservation) {
   // Publish one at a time so the observation order is fixed: 0, then 3, then 6.
   for (uint32_t i = 0; i < 3; ++i) {
     ts.emplace_back([&, i] { st[i] = rig.participate(cores[i], i, false); });
-    ASSERT_TRUE(eventually([&] { return rig.control->requests[cores[i]].request_tick != 0; }));
+    ASSERT_TRUE(eventually(
+        [&] { return std::atomic_ref<uint64_t>(rig.control->requests[cores[i]].request_tick).load() != 0; }));
     rig.run->service(0);
   }
   uint64_t steps = 0;
@@ -912,7 +913,7 @@ TEST(CaptureAbort, R114R129AnAbortAbandonsTheOpenReservationAndReleasesOnlyOnThe
   rig.serving.store(false);
   Status st;
   std::thread core([&] { st = rig.participate(1, 0, false); });
-  ASSERT_TRUE(eventually([&] { return rig.control->requests[1].request_tick != 0; }));
+  ASSERT_TRUE(eventually([&] { return std::atomic_ref<uint64_t>(rig.control->requests[1].request_tick).load() != 0; }));
   rig.run->service(0);  // hooks say no
   rig.serving.store(true);
   rig.run->service(0);  // reserved, chunk 1

@@ -488,6 +488,7 @@ void ResidentRuntime::after_execute(uint32_t core, const Claim& claim, bool ok, 
   s.last_done[core] = task.id;
   s.executed.fetch_add(1, std::memory_order_relaxed);
   const auto damage = [this](uint64_t addr, uint64_t bytes) { return memory_.check_guards(addr, bytes); };
+  // M:complete: after this participant's AFTER release (or its Aborted ack).
   const bool ended = end_subtask(task, claim.item.task, claim.sub, ok ? nullptr : core_[core].failure.message, s.error,
                                  damage, s.guards.data(), *s.callable);
   if (claim.gang) leave_gang(core);
