@@ -373,6 +373,8 @@ void CaptureRun::dequeue(LaneState& L, uint32_t core) {
 
 void CaptureRun::write_ack(uint32_t core, const ArgsCaptureRequest& r, AckStatus s, uint64_t arg, uint64_t cursor) {
   ArgsCaptureAck& a = control_->acks[core];
+  // Before the stores, so an observer's log shows the ack ahead of its acceptance.
+  point(CapturePoint::kServed, core, static_cast<uint32_t>(lload(r.slot)), static_cast<uint64_t>(s));
   lstore(a.status, static_cast<uint64_t>(s));  // M:ack_progress
   lstore(a.arg_index, arg);
   lstore(a.arg_cursor, cursor);
@@ -380,7 +382,6 @@ void CaptureRun::write_ack(uint32_t core, const ArgsCaptureRequest& r, AckStatus
   lstore(a.run_epoch, lload(r.run_epoch));  // M:ack_identity (last: epoch, task, then phase_seq)
   lstore(a.task_id, lload(r.task_id));
   lstore(a.phase_seq, lload(r.phase_seq));
-  point(CapturePoint::kServed, core, static_cast<uint32_t>(lload(r.slot)), static_cast<uint64_t>(s));
   ring_cluster(static_cast<uint32_t>(lload(r.slot)), UINT32_MAX);
 }
 

@@ -113,7 +113,7 @@ enum class CapturePoint : uint8_t {
   kReleased,      // fetch_or into released_p done (word: the phase)
   kSettled,       // SETTLED | n stored (word: n)
   kAbortCas,      // this core's abort CAS won (word: the aborted value)
-  kServed,        // AICPU: an ack written (word: AckStatus); `core` is the publisher
+  kServed,        // AICPU: an ack about to be written (word: AckStatus); `core` is the publisher
 };
 
 struct CaptureHooks {
