@@ -59,7 +59,8 @@ const std::vector<Entry>& entries() {
 #ifdef SIMPLER_BENCH_HAVE_EXAMPLES
       {{"swimlane",
         "wall time of the matmul_chain example with swimlane level 1 and 4 and a FULL argument dump, each as a "
-        "ratio to diagnostics off (and off against itself)"},
+        "ratio to diagnostics off (and off against itself); the resident route's FULL capture (Mechanism R) vs "
+        "its dumps-off run and vs host_build_graph's FULL"},
        &swimlane},
 #endif
       {{"native_run", "prepare + launch + finalize of an empty and a one-task native run, p50/p99 vs a condvar pool"},

@@ -1,6 +1,8 @@
 // swimlane: the cost of diagnostics on the matmul_chain example (its 32 runs
 // of 384 AIC/AIV tasks, pipeline depth 4): swimlane levels 1 and 4 and a FULL
-// argument dump against diagnostics off, in one process. The configurations
+// argument dump against diagnostics off, in one process; and the capture
+// cost on the resident route (Mechanism R), FULL against its own dumps-off
+// run and against host_build_graph's FULL dump. The configurations
 // alternate round by round so a neighbour's burst lands on all of them, and
 // the figure is each one's median. "off" runs twice per round, its second
 // copy the A/A noise floor that "off is indistinguishable" is judged against.
@@ -42,20 +44,24 @@ Result<Json> swimlane() {
     const char* name;
     uint32_t level;
     DumpArgs dump;
+    const char* runtime;  // null: the default (host_build_graph)
     std::vector<double> wall_s;
     std::vector<double> cpu_s;  // the whole process's CPU time over the example (its device threads included)
   };
-  std::vector<Config> configs = {{"off", 0, DumpArgs::Off, {}, {}},
-                                 {"off_again", 0, DumpArgs::Off, {}, {}},
-                                 {"level1", 1, DumpArgs::Off, {}, {}},
-                                 {"level4", 4, DumpArgs::Off, {}, {}},
-                                 {"dump_full", 0, DumpArgs::Full, {}, {}}};
+  std::vector<Config> configs = {{"off", 0, DumpArgs::Off, nullptr, {}, {}},
+                                 {"off_again", 0, DumpArgs::Off, nullptr, {}, {}},
+                                 {"level1", 1, DumpArgs::Off, nullptr, {}, {}},
+                                 {"level4", 4, DumpArgs::Off, nullptr, {}, {}},
+                                 {"dump_full", 0, DumpArgs::Full, nullptr, {}, {}},
+                                 {"resident_off", 0, DumpArgs::Off, "resident", {}, {}},
+                                 {"resident_dump_full", 0, DumpArgs::Full, "resident", {}, {}}};
   uint64_t tasks = 0;
   for (int round = 0; round < kRounds; ++round) {
     for (Config& c : configs) {
       examples::ExampleOptions options;
       options.call.swimlane_level = c.level;
       options.call.dump_args = c.dump;
+      if (c.runtime != nullptr) options.runtime = c.runtime;
       if (c.level > 0 || c.dump != DumpArgs::Off) options.call.trace_dir = dir;
       const double cpu0 = process_cpu_s();
       Result<examples::ExampleReport> r = examples::run_example("matmul_chain", options);
@@ -94,6 +100,13 @@ Result<Json> swimlane() {
                        {"level4", round3(median(configs[3].wall_s) / off)},
                        {"dump_full", round3(median(configs[4].wall_s) / off)}};
   j["goal"] = {{"level1_ratio_max", kGoalLevel1}, {"met", r1 <= kGoalLevel1}};
+  // Mechanism R's capture cost: the resident route's FULL dump against the
+  // same route with dumps off, and against host_build_graph's FULL dump.
+  const double res_off = median(configs[5].wall_s);
+  const double res_full = median(configs[6].wall_s);
+  j["resident_capture"] = {{"full_vs_resident_off", round3(res_full / res_off)},
+                           {"full_vs_host_build_graph_full", round3(res_full / median(configs[4].wall_s))},
+                           {"resident_off_vs_host_build_graph_off", round3(res_off / off)}};
   return j;
 }
 

@@ -1,9 +1,12 @@
 // The argument-dump lane (metadata buffers, payload arena, back-pressure,
 // the resumable producer) and the dump's files: manifest + args.bin written,
 // loaded with validation, summarised and diffed.
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "base/errors.h"
@@ -571,7 +574,9 @@ TEST_P(ArgsDumpRun, EachStageHoldsTheBytesOfItsMomentAndTheHandOffIsExact) {
   EXPECT_EQ(partial->args[0].stage, DumpStage::kAfter);
 }
 
-INSTANTIATE_TEST_SUITE_P(Runtimes, ArgsDumpRun, ::testing::Values("host_build_graph", "tensormap_and_ringbuffer"));
+// R126 (A7): the resident route passes the same exact hand-off, through Mechanism R.
+INSTANTIATE_TEST_SUITE_P(Runtimes, ArgsDumpRun,
+                         ::testing::Values("host_build_graph", "tensormap_and_ringbuffer", "resident"));
 
 // A 1,000-task chain x <- x + b over two ping-pong buffers; task
 // args[2] (none when out of range) adds b = 1.25 instead of 1.
@@ -678,6 +683,130 @@ TEST(ArgsDumpRun, ACaptureTableWrapsWithTheRingOfAStreamingRun) {
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(dumped_element(*dump, a, i), expect + i) << "task " << a.task;
   }
   EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<long>(seen.size()));
+}
+
+// A chain of mix tasks (1 AIC + 2 AIV each) and AIV tasks: X -> mix -> (P, Q)
+// -> add -> X', repeated, so every stage reads what the one before wrote.
+ChipCallable mix_chain(uint32_t rounds) {
+  return ChipCallable("mix_chain",
+                      [rounds](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                        for (uint32_t r = 0; r < rounds; ++r) {
+                          TaskArgs m;
+                          m.add_tensor(a[0].tensor, Tag::Input)
+                              .add_tensor(a[1].tensor, Tag::Input)
+                              .add_tensor(a[2].tensor, Tag::OutputExisting)
+                              .add_tensor(a[3].tensor, Tag::OutputExisting)
+                              .add_scalar_f32(0.5f);
+                          SIMPLER_RETURN_IF_ERROR(o.submit_mix({1, 2, 3}, m).status());
+                          TaskArgs add;
+                          add.add_tensor(a[2].tensor, Tag::Input)
+                              .add_tensor(a[3].tensor, Tag::Input)
+                              .add_tensor(a[0].tensor, Tag::OutputExisting);
+                          SIMPLER_RETURN_IF_ERROR(o.submit_aiv(4, add).status());
+                        }
+                        return Status();
+                      },
+                      make_kernels({{1, CoreType::AIC, "mix_aic", mix_aic_kernel},
+                                    {2, CoreType::AIV, "mix_aiv0", mix_aiv0_kernel},
+                                    {3, CoreType::AIV, "mix_aiv1", mix_aiv1_kernel},
+                                    {4, CoreType::AIV, "add2d", add2d_kernel}}),
+                      {Param::inout(), Param::inout(), Param::inout(), Param::inout()});
+}
+
+// One FULL dump of `callable` over `host` inputs on `runtime`.
+Result<ArgsDump> dump_on(const std::string& runtime, ChipCallable callable,
+                         const std::vector<std::pair<std::vector<float>, std::vector<int64_t>>>& host,
+                         DumpArgs mode = DumpArgs::Full, std::optional<int64_t> scalar = std::nullopt) {
+  WorkerConfig config = small_config(2, 1024);
+  config.runtime = runtime;
+  Harness hw(std::move(callable), config);
+  TaskArgs args;
+  for (const auto& [data, shape] : host) {
+    const DeviceBuffer b = upload(hw.w, data);
+    args.add_tensor(b.view(shape, DType::F32), Tag::InOut);
+  }
+  if (scalar) args.add_scalar(*scalar);
+  CallConfig call;
+  call.trace_dir = fresh_dir(runtime + std::to_string(static_cast<int>(mode)));
+  call.dump_args = mode;
+  RunHandle h = hw.w.submit(hw.h, args, call);
+  SIMPLER_RETURN_IF_ERROR(wait_run(h));
+  return load_args_dump(call.trace_dir + "/args_dump");
+}
+
+// Two dumps hold the same records with the same bytes, per (task, arg, stage).
+void expect_same_dump(const ArgsDump& a, const ArgsDump& b, const std::string& what) {
+  EXPECT_EQ(a.complete, b.complete) << what;
+  EXPECT_EQ(a.counts.total, b.counts.total) << what;
+  EXPECT_EQ(a.counts.collected, b.counts.collected) << what;
+  EXPECT_EQ(a.counts.dropped, b.counts.dropped) << what;
+  ASSERT_EQ(a.args.size(), b.args.size()) << what;
+  const auto key = [](const DumpedArg& x) { return std::make_tuple(x.task, static_cast<int>(x.stage), x.arg); };
+  std::vector<const DumpedArg*> xa, xb;
+  for (const DumpedArg& x : a.args) xa.push_back(&x);
+  for (const DumpedArg& x : b.args) xb.push_back(&x);
+  const auto by_key = [&](const DumpedArg* l, const DumpedArg* r) { return key(*l) < key(*r); };
+  std::sort(xa.begin(), xa.end(), by_key);
+  std::sort(xb.begin(), xb.end(), by_key);
+  for (size_t i = 0; i < xa.size(); ++i) {
+    const DumpedArg &p = *xa[i], &q = *xb[i];
+    ASSERT_EQ(key(p), key(q)) << what << " record " << i;
+    EXPECT_EQ(p.func_id, q.func_id) << what;
+    EXPECT_EQ(p.kernel, q.kernel) << what;
+    EXPECT_EQ(p.role, q.role) << what;
+    EXPECT_EQ(p.shape, q.shape) << what;
+    EXPECT_EQ(p.strides, q.strides) << what;
+    EXPECT_EQ(p.bytes, q.bytes) << what;
+    EXPECT_EQ(p.metadata_only, q.metadata_only) << what;
+    EXPECT_EQ(p.truncated, q.truncated) << what;
+    ASSERT_EQ(0, std::memcmp(a.bin.data() + p.bin_offset, b.bin.data() + q.bin_offset, p.bytes))
+        << what << ": task " << p.task << " arg " << p.arg << " " << dump_stage_name(p.stage) << " differs";
+  }
+}
+
+// The resident route's dump of a run equals host_build_graph's dump of the
+// same run: the same records with the same bytes per task, argument and
+// stage, under FULL and HYBRID (R119: the selection did not move),
+// for a 200-task chain (whose capture order is forced, so `order` matches
+// too) and a chain of mix tasks (one record set per mix task: R120).
+TEST(ArgsDumpRun, TheResidentRoutesDumpEqualsHostBuildGraphs) {
+  Watchdog dog(std::chrono::seconds(120));
+  constexpr uint32_t kTasks = 200;
+  constexpr int64_t n = 16;
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(i);
+  const std::vector<std::pair<std::vector<float>, std::vector<int64_t>>> chain_in = {{x, {n}},
+                                                                                     {std::vector<float>(n, -1), {n}}};
+  auto hbg = dump_on("host_build_graph", axpb_chain(kTasks), chain_in, DumpArgs::Full, int64_t{-1});
+  auto res = dump_on("resident", axpb_chain(kTasks), chain_in, DumpArgs::Full, int64_t{-1});
+  ASSERT_TRUE(hbg.ok()) << hbg.status().to_string();
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  EXPECT_TRUE(res->complete);
+  EXPECT_EQ(res->args.size(), size_t{2} * kTasks);
+  expect_same_dump(*hbg, *res, "axpb chain FULL");
+  // A chain orders its captures: the run's capture sequence matches too.
+  for (size_t i = 0; i < res->args.size(); ++i) {
+    EXPECT_EQ(res->args[i].task, hbg->args[i].task) << "capture order, record " << i;
+    EXPECT_EQ(res->args[i].stage, hbg->args[i].stage) << "capture order, record " << i;
+  }
+  // Mix tasks, under FULL and HYBRID (HYBRID: every record metadata only, no marks).
+  constexpr int64_t m = 8;
+  std::vector<float> xm(m * m), w(m * m);
+  for (int64_t i = 0; i < m * m; ++i) {
+    xm[i] = static_cast<float>(i % 7) * 0.25f;
+    w[i] = static_cast<float>(i % 5) * 0.5f;
+  }
+  const std::vector<std::pair<std::vector<float>, std::vector<int64_t>>> mix_in = {
+      {xm, {m, m}}, {w, {m, m}}, {std::vector<float>(m * m, 0), {m, m}}, {std::vector<float>(m * m, 0), {m, m}}};
+  for (DumpArgs mode : {DumpArgs::Full, DumpArgs::Hybrid}) {
+    auto a = dump_on("host_build_graph", mix_chain(6), mix_in, mode);
+    auto b = dump_on("resident", mix_chain(6), mix_in, mode);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    // Per round: mix X, W before, P, Q after (one set, not three); add P, Q before, X after.
+    EXPECT_EQ(b->args.size(), size_t{6} * 7);
+    expect_same_dump(*a, *b, mode == DumpArgs::Full ? "mix chain FULL" : "mix chain HYBRID");
+  }
 }
 
 TEST(ArgsDumpRun, ARuntimeThatCannotCaptureRefusesTheDumpNamingTheField) {

@@ -20,6 +20,7 @@
 
 #include "chip/chip_worker.h"
 #include "device/sim/sticky_fault.h"
+#include "diag/args_dump_file.h"
 #include "kernels.h"
 #include "runtime/resident/resident_runtime.h"
 #include "simpler/simpler.h"
@@ -274,18 +275,23 @@ struct NativeStorage {
 
 void add_one_i64(int64_t* args) { tensor_data<int64_t>(tensor_arg(args, 0))[0] += 1; }
 
-// R91: on the route with no per-task producer, prepare with an argument dump
-// is refused (UNIMPLEMENTED, the project's "unsupported") before any bind,
-// touching nothing: the storage stays empty, no arena bank or retained
-// buffer is set up, no run is registered, the lease is still the caller's,
-// and the same lease then serves a run.
-TEST(Resident, R91PrepareWithADumpIsRefusedBeforeAnyBindTouchingNothing) {
-  ASSERT_FALSE((*runtime_named(kResident))->captures_args);
+// R91, as it holds once Mechanism R ships: the route captures, and the
+// refusal stays on every runtime with no per-task producer (`reference`
+// here). prepare with an argument dump is refused (UNIMPLEMENTED, the
+// project's "unsupported") before any bind, touching nothing: the storage
+// stays empty, no arena bank or retained buffer is set up, no run is
+// registered, the lease is still the caller's, and the same lease then
+// serves a run.
+TEST(Resident, R91ADumpOnARuntimeWithoutAProducerIsRefusedBeforeAnyBindTouchingNothing) {
+  EXPECT_TRUE((*runtime_named(kResident))->captures_args) << "Mechanism R lifts the refusal on the resident route";
+  ASSERT_FALSE((*runtime_named("reference"))->captures_args);
   std::vector<ChipCallable> cs;
   cs.emplace_back(
       "add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); },
       make_kernels({{0, CoreType::AIV, "add_one", add_one_i64}}), std::vector<Param>{Param::inout()});
-  auto w = ChipWorker::create(resident_config(Geometry::small(), 2), std::move(cs));
+  WorkerConfig config = resident_config(Geometry::small(), 2);
+  config.runtime = "reference";
+  auto w = ChipWorker::create(config, std::move(cs));
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   ChipWorker& chip = **w;
   auto b = chip.malloc(8);
@@ -305,12 +311,12 @@ TEST(Resident, R91PrepareWithADumpIsRefusedBeforeAnyBindTouchingNothing) {
     NativeStorage s;
     RunConfig cfg;
     cfg.call.dump_args = mode;
-    cfg.call.trace_dir = "/tmp/simpler_resident_r91_never_written";
+    cfg.call.trace_dir = "/tmp/simpler_reference_r91_never_written";
     auto refused = chip.prepare(s.p, native_run_storage_size(), desc, 0, args, cfg);
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented) << refused.status().to_string();
     EXPECT_TRUE(contains(refused.status().message(), "call.dump_args") &&
-                contains(refused.status().message(), "'resident'"))
+                contains(refused.status().message(), "'reference'"))
         << refused.status().to_string();
     EXPECT_EQ(s.magic(), 0u) << "the storage holds a run";
     EXPECT_EQ(chip.runner().arena_addr(desc.arena_bank), 0u) << "an arena bank was set up";
@@ -331,6 +337,192 @@ TEST(Resident, R91PrepareWithADumpIsRefusedBeforeAnyBindTouchingNothing) {
   int64_t x = 0;
   ASSERT_TRUE(chip.copy_from(&x, *b, 8, 0).ok());
   EXPECT_EQ(x, 1);
+}
+
+// ---- Mechanism R on the route (R93, R105, R117, R118, R129, R130) -------------------------------
+
+std::atomic<int> g_ran[8];
+template <int K>
+void ran_kernel(int64_t* args) {
+  g_ran[K].fetch_add(1);
+  tensor_data<int64_t>(tensor_arg(args, 0))[0] += 1;
+}
+
+// X += 1, four times in a chain (tasks 0..3), AIV.
+ChipCallable inc_chain() {
+  return ChipCallable(
+      "inc_chain",
+      [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+        for (uint32_t f = 0; f < 4; ++f) {
+          TaskArgs t;
+          t.add_tensor(a[0].tensor, Tag::InOut);
+          SIMPLER_RETURN_IF_ERROR(o.submit_aiv(f, t).status());
+        }
+        return Status();
+      },
+      make_kernels({{0, CoreType::AIV, "r0", ran_kernel<0>},
+                    {1, CoreType::AIV, "r1", ran_kernel<1>},
+                    {2, CoreType::AIV, "r2", ran_kernel<2>},
+                    {3, CoreType::AIV, "r3", ran_kernel<3>}}),
+      std::vector<Param>{Param::inout()});
+}
+
+std::string resident_dir(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("simpler_resident_" + std::to_string(::getpid()) + "_" + info->name() + "_" + name))
+                              .string();
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// R93, R118, R130 (A11): with dumps off the route reserves no capture
+// block and enters no rendezvous (no gate access at all); with dumps on it
+// reserves exactly one 18 KiB block for the run, and frees it at retirement.
+TEST(Resident, R93R118TheCaptureBlockIs18KiBWhenDumpingAndAbsentOtherwise) {
+  Watchdog dog;
+  Harness hw(inc_chain(), resident_config());
+  std::atomic<int> blocks{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<int> gate_accesses{0};
+  Hooks hooks;
+  hooks.capture_block = [&](uint32_t, uint64_t b) {
+    blocks.fetch_add(1);
+    bytes.store(b);
+  };
+  hooks.capture.slot_access = [&](uint32_t, uint32_t, resident::SlotWordId, resident::SlotOp) {
+    gate_accesses.fetch_add(1);
+  };
+  HookScope scope(hooks);
+  const DeviceBuffer x = upload(hw.w, std::vector<int64_t>{0});
+  TaskArgs args;
+  args.add_tensor(x.view({1}, DType::I64), Tag::InOut);
+  ASSERT_TRUE(hw.run(args).ok());
+  // After a first run: its set's arena and retained buffer stay for the next.
+  const uint64_t free_before = free_bytes(hw.w);
+  ASSERT_TRUE(hw.run(args).ok());
+  EXPECT_EQ(blocks.load(), 0) << "dumps off reserved capture storage";
+  EXPECT_EQ(gate_accesses.load(), 0) << "dumps off entered the rendezvous";
+  CallConfig call;
+  call.trace_dir = resident_dir("on");
+  call.dump_args = DumpArgs::Full;
+  ASSERT_TRUE(wait_run(hw.w.submit(hw.h, args, call)).ok());
+  EXPECT_EQ(blocks.load(), 1);
+  EXPECT_EQ(bytes.load(), 18u * 1024);
+  EXPECT_GT(gate_accesses.load(), 0);
+  EXPECT_EQ(free_bytes(hw.w), free_before) << "the capture block outlived its run";
+  EXPECT_EQ(download<int64_t>(hw.w, x, 1)[0], 12);
+}
+
+// R105: a dependent successor is claimed only after its predecessor's AFTER
+// phase settled (the settle precedes the predecessor's release of its
+// successors on the same core thread; the order comes from one event log).
+TEST(Resident, R105ASuccessorIsDispatchedOnlyAfterItsPredecessorsAfterSeal) {
+  Watchdog dog;
+  Harness hw(inc_chain(), resident_config());
+  std::mutex mu;
+  std::vector<std::tuple<int, uint32_t, uint32_t>> log;  // (kind, core, task)
+  Hooks hooks;
+  hooks.capture.point = [&](resident::CapturePoint p, uint32_t core, uint32_t, uint64_t) {
+    if (p != resident::CapturePoint::kSettled) return;
+    std::lock_guard<std::mutex> lock(mu);
+    log.emplace_back(0, core, 0);
+  };
+  hooks.hand_off = [&](HandOff point, uint32_t core, uint32_t task, uint32_t, uint32_t) {
+    if (point != HandOff::kClaimed && point != HandOff::kBeforeRelease) return;
+    std::lock_guard<std::mutex> lock(mu);
+    log.emplace_back(point == HandOff::kClaimed ? 1 : 2, core, task);
+  };
+  HookScope scope(hooks);
+  const DeviceBuffer x = upload(hw.w, std::vector<int64_t>{0});
+  TaskArgs args;
+  args.add_tensor(x.view({1}, DType::I64), Tag::InOut);
+  CallConfig call;
+  call.trace_dir = resident_dir("r105");
+  call.dump_args = DumpArgs::Full;
+  ASSERT_TRUE(wait_run(hw.w.submit(hw.h, args, call)).ok());
+  std::lock_guard<std::mutex> lock(mu);
+  std::map<uint32_t, size_t> settled_at;  // task -> index of its settle
+  std::map<uint32_t, size_t> last_settle_on_core;
+  for (size_t i = 0; i < log.size(); ++i) {
+    const auto& [kind, core, task] = log[i];
+    if (kind == 0) last_settle_on_core[core] = i;
+    if (kind == 2) {
+      ASSERT_TRUE(last_settle_on_core.count(core)) << "task " << task << " released before any settle on its core";
+      settled_at[task] = last_settle_on_core[core];
+    }
+  }
+  ASSERT_EQ(settled_at.size(), 4u);
+  for (size_t i = 0; i < log.size(); ++i) {
+    const auto& [kind, core, task] = log[i];
+    if (kind == 1 && task > 0) {
+      EXPECT_GT(i, settled_at[task - 1]) << "task " << task << " was claimed before task " << task - 1 << " settled";
+    }
+  }
+}
+
+// R113, R115, R117, R129 (A10) on the route: the AICPU stops answering, the
+// first task's BEFORE publisher times out (abort CAS), then the AICPU
+// answers Aborted. The run fails with ARGS_CAPTURE_TIMEOUT, no kernel of
+// the chain runs, the dump reads incomplete (accounting unknown), and the
+// capture block is freed only when the run retired.
+TEST(Resident, R129AnInducedCaptureTimeoutFailsTheRunRunningNothingAndLeavesTheDumpUnknown) {
+  Watchdog dog;
+  for (auto& r : g_ran) r = 0;
+  Harness hw(inc_chain(), resident_config());
+  std::atomic<bool> aborted{false};
+  Hooks hooks;
+  hooks.capture_config.first_budget_ns = 50'000'000;
+  hooks.capture_config.second_budget_ns = 20'000'000'000;
+  hooks.capture.point = [&](resident::CapturePoint p, uint32_t, uint32_t, uint64_t) {
+    if (p == resident::CapturePoint::kAbortCas) aborted.store(true);
+  };
+  HookScope scope(hooks);
+  const DeviceBuffer x = upload(hw.w, std::vector<int64_t>{5});
+  TaskArgs args;
+  args.add_tensor(x.view({1}, DType::I64), Tag::InOut);
+  hooks.capture.serve = {};
+  ASSERT_TRUE(hw.run(args).ok());  // the set's arena and retained buffer now exist
+  hooks.capture.serve = [&](uint32_t) { return aborted.load(); };
+  for (auto& r : g_ran) r = 0;
+  const uint64_t free_before = free_bytes(hw.w);
+  CallConfig call;
+  call.trace_dir = resident_dir("abort");
+  call.dump_args = DumpArgs::Full;
+  // The run's own DEADLINE_EXCEEDED is its result; the test's deadline is 30 s.
+  const Status st = hw.w.submit(hw.h, args, call).wait_for(std::chrono::seconds(30));
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "ARGS_CAPTURE_TIMEOUT")) << st.to_string();
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(g_ran[k].load(), 0) << "kernel " << k << " ran after the abort";
+  EXPECT_EQ(download<int64_t>(hw.w, x, 1)[0], 9) << "the first, undumped run added 4; the aborted one nothing";
+  auto dump = load_args_dump(call.trace_dir + "/args_dump");
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_FALSE(dump->complete) << "an aborted capture's accounting must read unknown";
+  EXPECT_EQ(dump->counts.collected, 0u);
+  EXPECT_EQ(dump->counts.total, dump->counts.collected + dump->counts.dropped);
+  EXPECT_EQ(free_bytes(hw.w), free_before);
+}
+
+// What the route does not capture says so: a dumping run with an SPMD task
+// is refused at prepare (its blocks run on any cluster; the gate is one
+// cluster's), naming the field and the task.
+TEST(Resident, ADumpOfAnSpmdTaskIsRefusedNamingTheTask) {
+  ChipCallable callable(
+      "spmd",
+      [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+        TaskArgs t;
+        t.add_tensor(a[0].tensor, Tag::InOut);
+        return o.submit_aiv_spmd(0, t, 4).status();
+      },
+      make_kernels({{0, CoreType::AIV, "r0", ran_kernel<0>}}), std::vector<Param>{Param::inout()});
+  Harness hw(std::move(callable), resident_config());
+  const DeviceBuffer x = upload(hw.w, std::vector<int64_t>{0});
+  TaskArgs args;
+  args.add_tensor(x.view({1}, DType::I64), Tag::InOut);
+  CallConfig call;
+  call.trace_dir = resident_dir("spmd");
+  call.dump_args = DumpArgs::Full;
+  EXPECT_REFUSED(hw.w.submit(hw.h, args, call).result(), StatusCode::kUnimplemented, "dump_args");
 }
 
 // ---- R92: a run-boundary read is not a task's data -------------------------------------------

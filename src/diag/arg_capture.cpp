@@ -30,29 +30,54 @@ void ArgCapture::after(uint32_t aicpu, uint64_t task) {
   capture(aicpu, tasks_[task % tasks_.size()], DumpStage::kAfter);
 }
 
+void ArgCapture::fill(const Task& t, const Arg& a, DumpStage stage, DumpRecord& r) const {
+  r.run_epoch = run_epoch_;
+  r.task_id = t.id;
+  r.func_id = t.func_id;
+  r.arg_index = a.index;
+  r.role = static_cast<uint8_t>(a.role);
+  r.stage = static_cast<uint8_t>(stage);
+  r.dtype = static_cast<uint8_t>(a.view.dtype());
+  r.ndim = static_cast<uint8_t>(a.view.ndim());
+  r.offset = a.view.offset();
+  for (int d = 0; d < a.view.ndim(); ++d) {
+    r.shape[d] = a.view.shape(d);
+    r.stride[d] = a.view.stride(d);
+  }
+  r.device_addr = a.view.buffer().addr;
+  r.logical_bytes = static_cast<uint64_t>(a.view.numel()) * dtype_size(a.view.dtype());
+  if (!a.bytes) r.flags |= DumpRecord::kMetadataOnly;
+}
+
+namespace {
+bool wanted_at(DumpRole role, DumpStage stage) {
+  return stage == DumpStage::kBefore ? role != DumpRole::kOutput : role != DumpRole::kInput;
+}
+}  // namespace
+
+bool ArgCapture::stage_arg(uint64_t task, DumpStage stage, uint64_t k, DumpRecord& r, DumpSource& src,
+                           bool& bytes) const {
+  const Task& t = tasks_[task % tasks_.size()];
+  if (t.id != task) return false;
+  for (const Arg& a : t.args) {
+    if (!wanted_at(a.role, stage)) continue;
+    if (k-- != 0) continue;
+    r = DumpRecord{};
+    fill(t, a, stage, r);
+    src = DumpSource{reinterpret_cast<const uint8_t*>(a.view.buffer().addr), a.view};
+    bytes = a.bytes;
+    return true;
+  }
+  return false;
+}
+
 void ArgCapture::capture(uint32_t aicpu, const Task& t, DumpStage stage) {
   DumpLane& lane = collector_.lane(aicpu);
   for (const Arg& a : t.args) {
-    const bool wanted = stage == DumpStage::kBefore ? a.role != DumpRole::kOutput : a.role != DumpRole::kInput;
-    if (!wanted) continue;
+    if (!wanted_at(a.role, stage)) continue;
     DumpRecord r;
-    r.run_epoch = run_epoch_;
-    r.task_id = t.id;
     r.order = collector_.next_order();
-    r.func_id = t.func_id;
-    r.arg_index = a.index;
-    r.role = static_cast<uint8_t>(a.role);
-    r.stage = static_cast<uint8_t>(stage);
-    r.dtype = static_cast<uint8_t>(a.view.dtype());
-    r.ndim = static_cast<uint8_t>(a.view.ndim());
-    r.offset = a.view.offset();
-    for (int d = 0; d < a.view.ndim(); ++d) {
-      r.shape[d] = a.view.shape(d);
-      r.stride[d] = a.view.stride(d);
-    }
-    r.device_addr = a.view.buffer().addr;
-    r.logical_bytes = static_cast<uint64_t>(a.view.numel()) * dtype_size(a.view.dtype());
-    if (!a.bytes) r.flags |= DumpRecord::kMetadataOnly;
+    fill(t, a, stage, r);
     // Device memory is host-mapped on every backend that dumps (checked at prepare).
     const DumpSource src{reinterpret_cast<const uint8_t*>(a.view.buffer().addr), a.view};
     lane.record(r, a.bytes ? &src : nullptr);

@@ -30,6 +30,12 @@ class ArgCapture {
   // after its last one finished, before its successors are released.
   void before(uint32_t aicpu, uint64_t task);
   void after(uint32_t aicpu, uint64_t task);
+  // The resumable form (the resident route's supervisor, one argument at a
+  // time): argument `k` of `task` wanted at `stage`, as its record and its
+  // source (null `*src_out`: metadata only); false when `k` is past the last.
+  // The record's `order` is left 0 for the caller to stamp.
+  bool stage_arg(uint64_t task, DumpStage stage, uint64_t k, DumpRecord& r, DumpSource& src, bool& bytes) const;
+  ArgsDumpCollector& collector() { return collector_; }
 
  private:
   struct Arg {
@@ -44,6 +50,7 @@ class ArgCapture {
     std::vector<Arg> args;
   };
   void capture(uint32_t aicpu, const Task& t, DumpStage stage);
+  void fill(const Task& t, const Arg& a, DumpStage stage, DumpRecord& r) const;
 
   ArgsDumpCollector& collector_;
   const uint64_t run_epoch_;

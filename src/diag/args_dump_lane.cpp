@@ -195,6 +195,12 @@ void DumpLane::drop_pending() {
   dropped_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void DumpLane::withdraw_pending() {
+  if (!pending_) return;
+  pending_ = false;
+  total_.fetch_sub(1, std::memory_order_relaxed);
+}
+
 bool DumpLane::record(const DumpRecord& meta, const DumpSource* src) {
   const uint64_t deadline = now_ns() + config_.wait_ns;
   for (;;) {
@@ -251,6 +257,8 @@ Status DumpLane::drain_final(const Sink& sink) {
     free_.push(current_);
     current_ = kNone;
   }
+  // Its committed records stand; what the aborted capture did not record is unknown.
+  if (unsettled_) return failed_precondition("the dump lane's producer aborted a capture: its accounting is unknown");
   return Status();
 }
 

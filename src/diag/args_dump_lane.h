@@ -113,6 +113,14 @@ class DumpLane {
   void abandon();
   // Gives up on an argument whose try_begin never opened (counts one dropped).
   void drop_pending();
+  // Withdraws an argument whose try_begin only ever answered kWouldBlock:
+  // it never was a record, so it leaves `total` as if never attempted (R109).
+  void withdraw_pending();
+  // The producer's abort: the lane's terminal stays unclosed, so
+  // drain_final reports its accounting unknown (R115, R117).
+  void mark_unsettled() { unsettled_ = true; }
+  // Payload bytes the open reservation has copied so far.
+  uint64_t open_copied() const { return open_copied_; }
   // The blocking capture: waits (spin, then park) up to config.wait_ns for
   // room, copying in chunks; returns false when it recorded a drop instead.
   bool record(const DumpRecord& meta, const DumpSource* src);
@@ -176,6 +184,7 @@ class DumpLane {
   uint64_t write_pos_ = 0;
   bool pending_ = false;
   bool open_ = false;
+  bool unsettled_ = false;
   DumpRecord open_record_{};
   DumpSource open_src_{};
   uint64_t open_start_ = 0;   // write_pos_ before the reservation

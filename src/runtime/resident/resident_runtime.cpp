@@ -1,6 +1,7 @@
 #include "runtime/resident/resident_runtime.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "base/clock.h"
@@ -21,6 +22,7 @@ void gang_wait(uint32_t core, uint32_t task_id) {
   if (const Hooks* h = g_hooks.load(std::memory_order_acquire); h != nullptr && h->gang_wait)
     h->gang_wait(core, task_id);
 }
+const Hooks* hooks() { return g_hooks.load(std::memory_order_acquire); }
 #else
 void hand_off(HandOff, uint32_t, uint32_t, uint32_t, uint32_t) {}
 void gang_wait(uint32_t, uint32_t) {}
@@ -49,6 +51,13 @@ struct ResidentRuntime::Slot : HostGraph {
 
   std::vector<ReadyItem> next;      // the ready-list link of each task
   std::vector<uint32_t> last_done;  // per core, the id of the last task of this run it finished
+  // A dumping run's Mechanism R: its GM control block (0: dumps off, R118)
+  // and its protocol state. `capture_live` is what the AICPU threads serve,
+  // `serving` counts those inside a service step of it.
+  uint64_t capture_block = 0;
+  std::unique_ptr<CaptureRun> capture;
+  std::atomic<CaptureRun*> capture_live{nullptr};
+  std::atomic<uint32_t> serving{0};
   // kIdle -> kLaunched (launch) -> kLive (the supervisor handed out the
   // roots) -> kDrained (a core ended the last task) -> kIdle (retired).
   std::atomic<uint32_t> phase{kIdle};
@@ -132,12 +141,77 @@ Status ResidentRuntime::build(const HostApi& api, const ChipCallable& callable, 
   if (api.slot >= slots_.size()) {
     return invalid_argument("pipeline_slot = {} is outside the grant of {}", api.slot, slots_.size());
   }
-  return build_host_graph(*slots_[api.slot], capacity_, memory_, api, callable, run_args, trace);
+  Slot& s = *slots_[api.slot];
+  release_capture(s);
+  SIMPLER_RETURN_IF_ERROR(build_host_graph(s, capacity_, memory_, api, callable, run_args, trace));
+  if (trace.capture == nullptr) return Status();  // R118: dumps off reserve nothing
+  if (clusters_ > kCaptureClusterCapacity || device_.core_count() > kCaptureWorkerCapacity) {
+    return make_error(StatusCode::kUnimplemented,
+                      "call.dump_args: the resident route's capture block covers {} clusters and {} cores; this "
+                      "device has {} and {}",
+                      kCaptureClusterCapacity, kCaptureWorkerCapacity, clusters_, device_.core_count());
+  }
+  for (uint32_t t = 0; t < s.task_count; ++t) {
+    if (s.tasks[t].blocks > 1) {
+      // An SPMD task's blocks run on any cluster; Mechanism R's gate is one cluster's.
+      return make_error(StatusCode::kUnimplemented,
+                        "call.dump_args: task {} is an SPMD task of {} blocks; the resident route captures "
+                        "arguments of single-block and mix tasks only",
+                        s.tasks[t].id, s.tasks[t].blocks);
+    }
+  }
+  SIMPLER_ASSIGN_OR_RETURN(s.capture_block, memory_.allocate(kCaptureControlBytes),
+                           "call.dump_args: the resident route's capture block");
+  auto* control = reinterpret_cast<ArgsCaptureControl*>(s.capture_block);
+  std::memset(control, 0, kCaptureControlBytes);
+  const CaptureHooks* capture_hooks = nullptr;
+  CaptureConfig config;
+#ifdef SIMPLER_TEST_HOOKS
+  if (const Hooks* h = hooks(); h != nullptr) {
+    capture_hooks = &h->capture;
+    config = h->capture_config;
+    if (h->capture_block) h->capture_block(s.index, kCaptureControlBytes);
+  }
+#endif
+  s.capture =
+      std::make_unique<CaptureRun>(control, device_.core_count(), device_.geometry().aicpu_threads, *trace.capture,
+                                   trace.run, *this, config, capture_hooks, s.index % device_.geometry().aicpu_threads);
+  return Status();
+}
+
+void ResidentRuntime::release_capture(Slot& s) {
+  s.capture_live.store(nullptr, std::memory_order_seq_cst);
+  // A service step is bounded (one scan, one chunk): this wait is short.
+  spin_then_park(
+      serving_bell_, [&] { return s.serving.load(std::memory_order_seq_cst) == 0; }, SpinPolicy{});
+  s.capture.reset();
+  if (s.capture_block != 0) {
+    (void)memory_.free(s.capture_block);
+    s.capture_block = 0;
+  }
+}
+
+Doorbell& ResidentRuntime::core_bell(uint32_t core) { return device_.core_registers(core).bell; }
+void ResidentRuntime::ring_aicpu(uint32_t lane) { device_.ring_aicpu(lane); }
+
+bool ResidentRuntime::serve_captures(uint32_t aicpu) {
+  bool progress = false;
+  for (const std::unique_ptr<Slot>& sp : slots_) {
+    Slot& s = *sp;
+    if (s.capture_live.load(std::memory_order_seq_cst) == nullptr) continue;
+    s.serving.fetch_add(1, std::memory_order_seq_cst);
+    if (CaptureRun* c = s.capture_live.load(std::memory_order_seq_cst); c != nullptr) progress |= c->service(aicpu);
+    if (s.serving.fetch_sub(1, std::memory_order_seq_cst) == 1) serving_bell_.ring();
+  }
+  return progress;
 }
 
 bool ResidentRuntime::binding_held(uint32_t slot) const { return slots_[slot]->api.bound(); }
 
-void ResidentRuntime::discard(uint32_t slot) { slots_[slot]->allocations.release_all(); }
+void ResidentRuntime::discard(uint32_t slot) {
+  release_capture(*slots_[slot]);
+  slots_[slot]->allocations.release_all();
+}
 
 uint32_t ResidentRuntime::last_tasks(uint32_t slot, uint32_t* out, uint32_t capacity) const {
   const std::vector<uint32_t>& row = slots_[slot]->last_done;
@@ -155,6 +229,10 @@ void ResidentRuntime::launch(uint32_t slot) {
     return;
   }
   s.remaining.store(s.task_count, std::memory_order_relaxed);
+  if (s.capture != nullptr) {
+    s.capture_live.store(s.capture.get(), std::memory_order_seq_cst);
+    capturing_.fetch_add(1, std::memory_order_seq_cst);
+  }
   // The run goes to its supervisor, which hands its roots to the clusters.
   s.phase.store(kLaunched, std::memory_order_release);
   notify_supervisor(s);
@@ -168,9 +246,10 @@ void ResidentRuntime::notify_supervisor(const Slot& s) {
 
 bool ResidentRuntime::poll(uint32_t aicpu) {
   std::atomic<uint32_t>& events = pending_[aicpu].events;
-  if (events.load(std::memory_order_acquire) == 0) return false;
+  // Mechanism R's service step comes first: bounded, and never blocking (R110, R112).
+  bool progress = capturing_.load(std::memory_order_seq_cst) != 0 && serve_captures(aicpu);
+  if (events.load(std::memory_order_acquire) == 0) return progress;
   const uint32_t supervisors = device_.geometry().aicpu_threads;
-  bool progress = false;
   for (uint32_t i = aicpu; i < slots_.size(); i += supervisors) {
     Slot& s = *slots_[i];
     const uint32_t phase = s.phase.load(std::memory_order_acquire);
@@ -190,6 +269,12 @@ bool ResidentRuntime::poll(uint32_t aicpu) {
       events.fetch_sub(1, std::memory_order_relaxed);
       progress = true;
     } else if (phase == kDrained) {
+      if (CaptureRun* c = s.capture_live.load(std::memory_order_seq_cst); c != nullptr) {
+        // R117: nothing is released while a lane still serves this run.
+        bool busy = false;
+        for (uint32_t l = 0; l < supervisors; ++l) busy = busy || c->lane_busy(l);
+        if (busy) continue;
+      }
       s.phase.store(kIdle, std::memory_order_relaxed);
       events.fetch_sub(1, std::memory_order_relaxed);
       finish_run(s);
@@ -206,6 +291,8 @@ void ResidentRuntime::finish_run(Slot& s) {
   out.released_early = s.released_early.load(std::memory_order_relaxed);
   out.launch_ns = s.launch_ns;
   out.status = s.error.get();
+  if (s.capture_live.load(std::memory_order_relaxed) != nullptr) capturing_.fetch_sub(1, std::memory_order_seq_cst);
+  release_capture(s);
   s.allocations.release_all();
   out.end_ns = now_ns();
   on_done_(s.index, std::move(out));
@@ -226,13 +313,17 @@ bool ResidentRuntime::core_poll(uint32_t core, CoreExecutor& exec) {
     if (!claim_task(core, c)) return false;
   }
   st.idle.store(false, std::memory_order_relaxed);
-  before_execute(core, c);
-  Slot& s = *slots_[c.item.slot];
-  GraphTask& task = s.tasks[c.item.task];
-  const uint32_t k = kernel_of(task.kind, c.sub);
-  const KernelLabel label{task.name[k], task.id, task.func_id[k], task.kind == TaskKind::Mix ? 0 : c.sub, task.blocks};
-  const bool ok = exec.execute(task.fn[k], task.args, label, st.failure, s.trace.level, s.trace.run);
-  after_execute(core, c, ok);
+  Status captured = before_execute(core, c);
+  bool ok = true;
+  if (captured.ok()) {
+    Slot& s = *slots_[c.item.slot];
+    GraphTask& task = s.tasks[c.item.task];
+    const uint32_t k = kernel_of(task.kind, c.sub);
+    const KernelLabel label{task.name[k], task.id, task.func_id[k], task.kind == TaskKind::Mix ? 0 : c.sub,
+                            task.blocks};
+    ok = exec.execute(task.fn[k], task.args, label, st.failure, s.trace.level, s.trace.run);  // M:execute
+  }
+  after_execute(core, c, ok, std::move(captured));
   return true;
 }
 
@@ -356,18 +447,48 @@ void ResidentRuntime::wake_idle(uint32_t cluster, TaskKind kind, uint32_t n, uin
   }
 }
 
-void ResidentRuntime::before_execute(uint32_t core, const Claim& claim) {
-  hand_off(HandOff::kBeforeExecute, core, task_of(claim.item).id, claim.sub, claim.from_cluster);
+Status ResidentRuntime::before_execute(uint32_t core, const Claim& claim) {
+  Slot& s = *slots_[claim.item.slot];
+  const GraphTask& task = s.tasks[claim.item.task];
+  if (CaptureRun* cap = s.capture.get(); cap != nullptr) {
+    // R115: once the run's capture failed, no further task of it executes.
+    if (cap->fatal()) {
+      return make_error(StatusCode::kAborted, "ARGS_CAPTURE: task {} not run: the run's argument capture failed",
+                        task.id);
+    }
+    Participant& p = core_[core].capture;
+    p = Participant{};
+    p.core = core;
+    p.bit = uint64_t{1} << (core % 3);
+    p.mask = claim.gang ? kWholeCluster : p.bit;
+    p.task_id = task.id;
+    SIMPLER_RETURN_IF_ERROR(claim.gang ? cap->enter_gang(p) : cap->enter_single(p, core / 3));
+    // R105: no execute before the BEFORE seal.
+    SIMPLER_RETURN_IF_ERROR(cap->phase(p, CapturePhase::kBefore, core_[core].capture_ids));
+  }
+  hand_off(HandOff::kBeforeExecute, core, task.id, claim.sub, claim.from_cluster);
+  return Status();
 }
 
-void ResidentRuntime::after_execute(uint32_t core, const Claim& claim, bool ok) {
+void ResidentRuntime::after_execute(uint32_t core, const Claim& claim, bool ok, Status capture) {
   Slot& s = *slots_[claim.item.slot];
   GraphTask& task = s.tasks[claim.item.task];
-  hand_off(HandOff::kAfterExecute, core, task.id, claim.sub, claim.from_cluster);
+  if (capture.ok()) hand_off(HandOff::kAfterExecute, core, task.id, claim.sub, claim.from_cluster);
+  // R105: no completion before the AFTER seal (or an Aborted ack).
+  if (capture.ok() && s.capture != nullptr)
+    capture = s.capture->phase(core_[core].capture, CapturePhase::kAfter, core_[core].capture_ids);
+  if (!capture.ok()) {
+    // The run's shutdown path on the sim: the task ends failed without
+    // effect, so its successors are poisoned and never execute.
+    s.error.record(task.id, claim.sub, std::move(capture));
+    task.poisoned.store(1, std::memory_order_relaxed);
+    ok = true;
+  }
   // Before the release below, which publishes it to the run's retirement.
   s.last_done[core] = task.id;
   s.executed.fetch_add(1, std::memory_order_relaxed);
   const auto damage = [this](uint64_t addr, uint64_t bytes) { return memory_.check_guards(addr, bytes); };
+  // M:complete: after this participant's AFTER release (or its Aborted ack).
   const bool ended = end_subtask(task, claim.item.task, claim.sub, ok ? nullptr : core_[core].failure.message, s.error,
                                  damage, s.guards.data(), *s.callable);
   if (claim.gang) leave_gang(core);
@@ -412,6 +533,6 @@ SIMPLER_REGISTER_RUNTIME(resident,
                                      "(per-cluster ready lists, work stealing, gang-scheduled mix tasks); AICPU "
                                      "threads only supervise",
                                      /*concurrent=*/true, /*streaming=*/false, &ResidentRuntime::create,
-                                     /*captures_args=*/false});
+                                     /*captures_args=*/true});
 
 }  // namespace simpler::resident

@@ -20,6 +20,7 @@
 #include "runtime/common/host_graph.h"
 #include "runtime/common/ready_queue.h"
 #include "runtime/common/task_graph.h"
+#include "runtime/resident/args_capture.h"
 #include "runtime/runtime.h"
 
 namespace simpler::resident {
@@ -37,12 +38,17 @@ enum class HandOff : uint8_t { kClaimed, kBeforeExecute, kAfterExecute, kBeforeR
 struct Hooks {
   std::function<void(HandOff point, uint32_t core, uint32_t task_id, uint32_t sub, uint32_t from_cluster)> hand_off;
   std::function<void(uint32_t core, uint32_t task_id)> gang_wait;
+  // Mechanism R: its hooks, its budgets and chunk size for runs built while
+  // installed, and each dumping run's capture block as it is allocated.
+  CaptureHooks capture;
+  CaptureConfig capture_config;
+  std::function<void(uint32_t slot, uint64_t bytes)> capture_block;
 };
 // Null uninstalls; `hooks` outlives its installation.
 void set_hooks(const Hooks* hooks);
 #endif
 
-class ResidentRuntime final : public ChipRuntime, public CoreProgram {
+class ResidentRuntime final : public ChipRuntime, public CoreProgram, public CaptureEnv {
  public:
   static Result<std::unique_ptr<ChipRuntime>> create(Device& device, const RuntimeOptions& options, RunDoneFn on_done);
   ~ResidentRuntime() override;
@@ -98,8 +104,10 @@ class ResidentRuntime final : public ChipRuntime, public CoreProgram {
   // What only core `c`'s thread writes, except `idle`, which wakers read.
   struct alignas(64) CoreState {
     std::atomic<bool> idle{false};
-    uint64_t joined_gang = 0;  // the gang seq this core joined and has not run yet (0: none)
-    uint64_t last_gang = 0;    // the last gang seq it joined
+    Participant capture;           // the occupancy this core is in on a dumping run
+    CaptureCoreState capture_ids;  // its phase_seq and request_tick counters
+    uint64_t joined_gang = 0;      // the gang seq this core joined and has not run yet (0: none)
+    uint64_t last_gang = 0;        // the last gang seq it joined
     KernelFailure failure;
   };
 
@@ -107,10 +115,12 @@ class ResidentRuntime final : public ChipRuntime, public CoreProgram {
 
   ResidentRuntime(Device& device, GraphCapacity capacity, RunDoneFn on_done);
 
-  // The four hand-off points of the core side.
+  // The four hand-off points of the core side. On a dumping run
+  // before_execute and after_execute are Mechanism R's barriers; a non-OK
+  // before_execute means the subtask must not execute.
   bool claim_task(uint32_t core, Claim& claim);
-  void before_execute(uint32_t core, const Claim& claim);
-  void after_execute(uint32_t core, const Claim& claim, bool ok);
+  Status before_execute(uint32_t core, const Claim& claim);
+  void after_execute(uint32_t core, const Claim& claim, bool ok, Status capture);
   void release_successors(uint32_t core, Slot& s, uint32_t task);
 
   bool claim_gang(uint32_t core, Claim& claim);
@@ -122,6 +132,12 @@ class ResidentRuntime final : public ChipRuntime, public CoreProgram {
   void wake_idle(uint32_t cluster, TaskKind kind, uint32_t n, uint32_t except_core);
   void leave_gang(uint32_t core);
   void finish_run(Slot& s);
+  // Runs every live dumping run's service step for AICPU thread `aicpu`'s lane.
+  bool serve_captures(uint32_t aicpu);
+  // Frees a run's capture block once no AICPU thread serves it.
+  void release_capture(Slot& s);
+  Doorbell& core_bell(uint32_t core) override;
+  void ring_aicpu(uint32_t lane) override;
   // Tells set `s`'s supervisor that its phase changed.
   void notify_supervisor(const Slot& s);
   GraphTask& task_of(ReadyItem item) const;
@@ -141,6 +157,9 @@ class ResidentRuntime final : public ChipRuntime, public CoreProgram {
     std::atomic<uint32_t> events{0};
   };
   std::unique_ptr<Supervisor[]> pending_;
+  std::atomic<uint32_t> capturing_{0};
+  Doorbell serving_bell_;  // rung when an AICPU thread leaves a run's service step  // live dumping runs: the AICPU
+                           // threads serve their lanes
 };
 
 }  // namespace simpler::resident

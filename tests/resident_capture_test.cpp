@@ -1,0 +1,951 @@
+// Mechanism R (seed 002, R93-R131) on its own: the capture gate, the BEFORE
+// and AFTER barriers, the request/ack lines, the AICPU service step and the
+// abort, driven with real threads as cores and either an AICPU thread or the
+// test thread itself as the supervisor (so a script can place every service
+// step). Interleavings are forced with the protocol's hooks and latches; an
+// event log with one global sequence gives the order. Every wait has a deadline.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "diag/arg_capture.h"
+#include "diag/args_dump_collector.h"
+#include "diag/args_dump_file.h"
+#include "runtime/resident/args_capture.h"
+#include "test_util.h"
+
+namespace simpler::testing {
+namespace {
+
+using resident::AckStatus;
+using resident::ArgsCaptureAck;
+using resident::ArgsCaptureControl;
+using resident::ArgsCaptureRequest;
+using resident::ArgsCaptureSlot;
+using resident::CaptureConfig;
+using resident::CaptureCoreState;
+using resident::CaptureEnv;
+using resident::CaptureHooks;
+using resident::CapturePhase;
+using resident::CapturePoint;
+using resident::CaptureRun;
+using resident::claim_occupancy;
+using resident::claim_state;
+using resident::claim_word;
+using resident::Participant;
+using resident::SlotOp;
+using resident::SlotState;
+using resident::SlotWordId;
+
+constexpr uint64_t kEpoch = 41;
+constexpr int kExecute = 100;  // a test event: a participant "executes" its task
+
+// R93: the layouts the seed prices.
+static_assert(sizeof(ArgsCaptureSlot) == 64 && sizeof(ArgsCaptureRequest) == 64 && sizeof(ArgsCaptureAck) == 64);
+static_assert(sizeof(ArgsCaptureControl) == 72 * 64 + 108 * 64 + 108 * 64 && sizeof(ArgsCaptureControl) == 18432);
+
+std::string fresh_dir(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("simpler_capture_" + std::to_string(::getpid()) + "_" + info->name() + "_" + name))
+                              .string();
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+struct FakeEnv : CaptureEnv {
+  explicit FakeEnv(uint32_t cores) : bells(cores) {}
+  Doorbell& core_bell(uint32_t c) override { return bells[c]; }
+  void ring_aicpu(uint32_t) override {
+    aicpu_rings.fetch_add(1);
+    aicpu.ring();
+  }
+  std::vector<Doorbell> bells;
+  Doorbell aicpu;
+  std::atomic<uint64_t> aicpu_rings{0};
+};
+
+struct Event {
+  int kind;  // a CapturePoint, or kExecute
+  uint32_t core;
+  uint32_t slot;
+  uint64_t word;
+};
+
+// A host tensor standing in for device memory.
+struct Buf {
+  explicit Buf(size_t n, float fill = 0) : data(n, fill) {}
+  TensorView view() const {
+    DeviceBuffer b{reinterpret_cast<uint64_t>(data.data()), data.size() * sizeof(float)};
+    return b.view({static_cast<int64_t>(data.size())}, DType::F32);
+  }
+  std::vector<float> data;
+};
+
+// One dumping "run": a collector with one lane, its ArgCapture, a zeroed
+// control block, fake doorbells and the protocol, with hooks that log events.
+struct Rig {
+  explicit Rig(uint32_t cores, CaptureConfig cfg = {}, DumpLaneConfig lane = {}) : env(cores) {
+    dir = fresh_dir("dump");
+    ArgsDumpCollector::Options o;
+    o.dir = dir;
+    o.selection = DumpSelection::kFull;
+    o.run_epoch = kEpoch;
+    o.lane = lane;
+    auto c = ArgsDumpCollector::start(o);
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    collector = std::move(*c);
+    capture = std::make_unique<ArgCapture>(*collector, 64, kEpoch);
+    control.reset(new ArgsCaptureControl{});
+    hooks.point = [this](CapturePoint p, uint32_t core, uint32_t slot, uint64_t w) {
+      log(static_cast<int>(p), core, slot, w);
+      if (on_point) on_point(p, core, slot, w);
+    };
+    hooks.serve = [this](uint32_t) { return serving.load(); };
+    run = std::make_unique<CaptureRun>(control.get(), cores, 1, *capture, kEpoch, env, cfg, &hooks);
+  }
+  ~Rig() { stop_aicpu(); }
+
+  void log(int kind, uint32_t core, uint32_t slot, uint64_t w) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back({kind, core, slot, w});
+  }
+  std::vector<Event> snapshot() {
+    std::lock_guard<std::mutex> lock(mu);
+    return events;
+  }
+  // Task `id`: `in` read before, `out` written after.
+  void add_task(uint64_t id, std::vector<const Buf*> in, std::vector<const Buf*> out) {
+    TaskArgs args;
+    for (const Buf* b : in) args.add_tensor(b->view(), Tag::Input);
+    for (const Buf* b : out) args.add_tensor(b->view(), Tag::OutputExisting);
+    std::array<TensorView, kMaxTaskArgs> views;
+    for (size_t i = 0; i < args.size(); ++i) views[i] = args[i].tensor;
+    capture->add_task(id, 7, args, views.data());
+  }
+  void start_aicpu() {
+    aicpu = std::thread([this] {
+      while (!stop.load()) {
+        if (!run->service(0)) {
+          spin_then_park(
+              env.aicpu, [&] { return stop.load(); }, SpinPolicy{}, now_ns() + 1'000'000);
+        }
+      }
+    });
+  }
+  void stop_aicpu() {
+    stop.store(true);
+    env.aicpu.ring();
+    if (aicpu.joinable()) aicpu.join();
+  }
+  // A participant's whole task: enter, BEFORE, execute, AFTER.
+  Status participate(uint32_t core, uint64_t task, bool gang, const std::function<void()>& execute = {}) {
+    Participant p;
+    p.core = core;
+    p.bit = uint64_t{1} << (core % 3);
+    p.mask = gang ? 7 : p.bit;
+    p.task_id = task;
+    CaptureCoreState& cs = ids[core];
+    Status st = gang ? run->enter_gang(p) : run->enter_single(p, core / 3);
+    if (!st.ok()) return st;
+    st = run->phase(p, CapturePhase::kBefore, cs);
+    if (!st.ok()) return st;
+    log(kExecute, core, p.slot, task);
+    if (execute) execute();
+    return run->phase(p, CapturePhase::kAfter, cs);
+  }
+  uint64_t slot_word(uint32_t slot, SlotWordId w) {
+    return std::atomic_ref<uint64_t>(reinterpret_cast<uint64_t*>(&control->slots[slot])[static_cast<int>(w)]).load();
+  }
+  Result<ArgsDump> finish(bool stopped = true) {
+    stop_aicpu();
+    (void)collector->finish(stopped);
+    return load_args_dump(dir);
+  }
+
+  FakeEnv env;
+  std::string dir;
+  std::unique_ptr<ArgsDumpCollector> collector;
+  std::unique_ptr<ArgCapture> capture;
+  std::unique_ptr<ArgsCaptureControl> control;
+  CaptureHooks hooks;
+  std::function<void(CapturePoint, uint32_t, uint32_t, uint64_t)> on_point;
+  std::atomic<bool> serving{true};
+  std::unique_ptr<CaptureRun> run;
+  std::array<CaptureCoreState, 12> ids{};
+  std::mutex mu;
+  std::vector<Event> events;
+  std::atomic<bool> stop{false};
+  std::thread aicpu;
+};
+
+size_t count(const std::vector<Event>& ev, int kind, uint64_t word = UINT64_MAX) {
+  return static_cast<size_t>(std::count_if(
+      ev.begin(), ev.end(), [&](const Event& e) { return e.kind == kind && (word == UINT64_MAX || e.word == word); }));
+}
+int idx(CapturePoint p) { return static_cast<int>(p); }
+
+// Runs the three cores of cluster 0 as one gang on `task`, all released at once.
+std::array<Status, 3> run_gang(Rig& rig, uint64_t task, const std::function<void(uint32_t)>& execute = {}) {
+  std::array<Status, 3> st;
+  std::atomic<int> go{0};
+  std::vector<std::thread> ts;
+  for (uint32_t c = 0; c < 3; ++c) {
+    ts.emplace_back([&, c] {
+      eventually([&] { return go.load() != 0; });
+      st[c] = rig.participate(c, task, true, [&] {
+        if (execute) execute(c);
+      });
+    });
+  }
+  go.store(1);
+  for (auto& t : ts) t.join();
+  return st;
+}
+
+// ---- R93-R99: the gate and one publisher -----------------------------------------------------
+
+// R95: the gate word carries a reuse counter, advanced once per claim: after
+// N tasks on one gate its occupancy is N, and each left the gate SETTLED.
+TEST(CaptureGate, R95OccupancyCountsTheClaimsOfOneGate) {
+  Watchdog dog;
+  Rig rig(3);
+  Buf a(4, 1), b(4);
+  for (uint64_t t = 0; t < 5; ++t) rig.add_task(t, {&a}, {&b});
+  rig.start_aicpu();
+  for (uint64_t t = 0; t < 5; ++t) ASSERT_TRUE(rig.participate(1, t, false).ok());
+  const uint64_t w = rig.slot_word(0, SlotWordId::kClaim);
+  EXPECT_EQ(claim_state(w), SlotState::kSettled);
+  EXPECT_EQ(claim_occupancy(w), 5u);
+  EXPECT_EQ(claim_word(SlotState::kSettled, 5), (uint64_t{3} << 62) | 5);
+  auto dump = rig.finish();
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_EQ(dump->args.size(), 10u);  // each task: a before, b after
+}
+
+// R96, R97, R99, R122 (A3): three participants race for the claim, over many
+// rounds with randomized arrival orders: exactly one claimer per occupancy,
+// no arrival bit lost, one publisher per (occupancy, phase), every slot
+// access a single atomic, and while the slot reads CLAIMING the peers only
+// load `claim` (the claimer is stalled there on every 8th round).
+TEST(CaptureGate, R96R97R99AClaimRaceHasOneClaimerOnePublisherPerPhaseAndPeersOnlyLoadClaim) {
+  Watchdog dog;
+  Rig rig(3);
+  Buf a(4, 2), b(4);
+  std::atomic<uint32_t> claimer{UINT32_MAX};
+  std::atomic<bool> in_claiming{false};
+  std::mutex amu;
+  std::vector<std::tuple<uint32_t, SlotWordId, SlotOp>> during_claiming;
+  std::atomic<uint64_t> round{0};
+  rig.hooks.slot_access = [&](uint32_t core, uint32_t, SlotWordId w, SlotOp op) {
+    if (in_claiming.load() && core != claimer.load() && core != UINT32_MAX) {
+      std::lock_guard<std::mutex> lock(amu);
+      during_claiming.emplace_back(core, w, op);
+    }
+  };
+  std::atomic<uint32_t> claim_loads_seen{0};
+  rig.on_point = [&](CapturePoint p, uint32_t core, uint32_t, uint64_t) {
+    if (p != CapturePoint::kClaimWon) return;
+    claimer.store(core);
+    if (round.load() % 8 == 0) {
+      in_claiming.store(true);
+      // Stall in CLAIMING until both peers were seen polling (R97's delay hook).
+      eventually([&] {
+        std::lock_guard<std::mutex> lock(amu);
+        return during_claiming.size() >= 4;
+      });
+      in_claiming.store(false);
+    }
+  };
+  rig.start_aicpu();
+  constexpr uint64_t kRounds = 200;
+  uint64_t seed = 12345;
+  for (uint64_t r = 0; r < kRounds; ++r) {
+    round.store(r);
+    rig.add_task(r, {&a}, {&b});
+    std::array<uint32_t, 3> spin{};
+    for (auto& s : spin) s = static_cast<uint32_t>(splitmix(seed) % 2000);
+    std::array<Status, 3> st;
+    std::atomic<int> go{0};
+    std::vector<std::thread> ts;
+    for (uint32_t c = 0; c < 3; ++c) {
+      ts.emplace_back([&, c] {
+        eventually([&] { return go.load() != 0; });
+        for (uint32_t i = 0; i < spin[c]; ++i) cpu_relax();
+        st[c] = rig.participate(c, r, true);
+      });
+    }
+    go.store(1);
+    for (auto& t : ts) t.join();
+    for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(rig.slot_word(0, SlotWordId::kArrivedBefore), 7u) << "an arrival bit was lost in round " << r;
+    EXPECT_EQ(rig.slot_word(0, SlotWordId::kReleasedAfter), 7u);
+  }
+  const std::vector<Event> ev = rig.snapshot();
+  EXPECT_EQ(count(ev, idx(CapturePoint::kClaimWon)), kRounds) << "one claimer per occupancy";
+  EXPECT_EQ(count(ev, idx(CapturePoint::kPublished)), 2 * kRounds) << "one publisher per (occupancy, phase)";
+  EXPECT_EQ(count(ev, idx(CapturePoint::kSettled)), kRounds);
+  EXPECT_EQ(claim_occupancy(rig.slot_word(0, SlotWordId::kClaim)), kRounds);
+  std::lock_guard<std::mutex> lock(amu);
+  ASSERT_FALSE(during_claiming.empty()) << "the stall never saw a peer";
+  for (const auto& [core, w, op] : during_claiming) {
+    EXPECT_EQ(w, SlotWordId::kClaim) << "core " << core << " touched another word during CLAIMING";
+    EXPECT_EQ(op, SlotOp::kLoad) << "core " << core << " did more than load claim during CLAIMING";
+  }
+}
+
+// R122 (A3, last clause), R116: a claimer descheduled in CLAIMING past the
+// budget ends the run as INIT_LOST: its peers write nothing and leave, nothing
+// is published or sealed, and the slot is never SETTLED.
+TEST(CaptureGate, R122AClaimerStalledInClaimingEndsTheRunAsInitLost) {
+  Watchdog dog;
+  CaptureConfig cfg;
+  cfg.first_budget_ns = 50'000'000;
+  cfg.second_budget_ns = 200'000'000;
+  Rig rig(3, cfg);
+  Buf a(4, 2), b(4);
+  rig.add_task(0, {&a}, {&b});
+  std::atomic<int> peers_done{0};
+  std::mutex amu;
+  std::vector<std::pair<uint32_t, SlotOp>> peer_writes;
+  std::atomic<uint32_t> claimer{UINT32_MAX};
+  // A failed claim CAS (a peer that read FREE just before the winner's CAS)
+  // writes nothing; every other non-load by a non-claimer is a write.
+  rig.hooks.slot_access = [&](uint32_t core, uint32_t, SlotWordId w, SlotOp op) {
+    const uint32_t k = claimer.load();
+    if (k != UINT32_MAX && core != k && op != SlotOp::kLoad && !(w == SlotWordId::kClaim && op == SlotOp::kCas)) {
+      std::lock_guard<std::mutex> lock(amu);
+      peer_writes.emplace_back(core, op);
+    }
+  };
+  rig.on_point = [&](CapturePoint p, uint32_t core, uint32_t, uint64_t) {
+    if (p != CapturePoint::kClaimWon) return;
+    claimer.store(core);
+    EXPECT_TRUE(eventually([&] { return peers_done.load() == 2; })) << "the peers never gave up";
+  };
+  rig.start_aicpu();
+  std::array<Status, 3> st;
+  std::vector<std::thread> ts;
+  for (uint32_t c = 0; c < 3; ++c) {
+    ts.emplace_back([&, c] {
+      st[c] = rig.participate(c, 0, true);
+      if (c != claimer.load()) peers_done.fetch_add(1);
+    });
+  }
+  for (auto& t : ts) t.join();
+  // The first peer whose budget expires reports INIT_LOST; a peer that sees
+  // the run already fatal leaves too; the claimer, once resumed, finds no
+  // publisher and leaves. Nobody succeeds.
+  int init_lost = 0;
+  for (uint32_t c = 0; c < 3; ++c) {
+    EXPECT_FALSE(st[c].ok()) << "core " << c;
+    if (contains(st[c].message(), "ARGS_CAPTURE_INIT_LOST")) ++init_lost;
+  }
+  EXPECT_GE(init_lost, 1) << st[0].to_string() << " | " << st[1].to_string() << " | " << st[2].to_string();
+  EXPECT_FALSE(contains(st[claimer.load()].message(), "INIT_LOST")) << "the claimer itself is not lost";
+  EXPECT_TRUE(rig.run->fatal());
+  const std::vector<Event> ev = rig.snapshot();
+  EXPECT_EQ(count(ev, idx(CapturePoint::kPublished)), 0u);
+  EXPECT_EQ(count(ev, kExecute), 0u);
+  EXPECT_NE(claim_state(rig.slot_word(0, SlotWordId::kClaim)), SlotState::kSettled);
+  std::lock_guard<std::mutex> lock(amu);
+  EXPECT_TRUE(peer_writes.empty()) << "a peer wrote the slot";
+}
+
+// R98, R116 (third item): a participant that joined occupancy n and then
+// reads another occupancy leaves into the fatal path, reading no seal.
+TEST(CaptureGate, R116AJoinerThatReadsAForeignOccupancyLeavesFatally) {
+  Watchdog dog;
+  Rig rig(3);
+  Buf a(4, 2), b(4);
+  rig.add_task(0, {&a}, {&b});
+  std::atomic<int> joiners_out{0};
+  std::atomic<uint32_t> claimer{UINT32_MAX};
+  std::atomic<int> loads[3] = {};  // claim loads by each core since the claim
+  rig.on_point = [&](CapturePoint p, uint32_t core, uint32_t slot, uint64_t n) {
+    if (p != CapturePoint::kClaimWon) return;
+    claimer.store(core);
+    // Three loads after the CAS: the joiner decided its occupancy on
+    // CLAIMING | n and polls for READY | n. Then a foreign occupancy appears.
+    EXPECT_TRUE(eventually([&] {
+      for (uint32_t c = 0; c < 3; ++c) {
+        if (c != core && loads[c].load() < 3) return false;
+      }
+      return true;
+    }));
+    std::atomic_ref<uint64_t>(rig.control->slots[slot].claim).store(claim_word(SlotState::kReady, n + 7));
+    EXPECT_TRUE(eventually([&] { return joiners_out.load() == 2; })) << "the joiners did not leave";
+  };
+  rig.hooks.slot_access = [&](uint32_t core, uint32_t, SlotWordId w, SlotOp op) {
+    if (w == SlotWordId::kClaim && op == SlotOp::kLoad && claimer.load() != UINT32_MAX && core < 3) {
+      loads[core].fetch_add(1);
+    }
+  };
+  std::array<Status, 3> st;
+  std::vector<std::thread> ts;
+  for (uint32_t c = 0; c < 3; ++c) {
+    ts.emplace_back([&, c] {
+      Participant p;
+      p.core = c;
+      p.bit = uint64_t{1} << c;
+      p.mask = 7;
+      p.task_id = 0;
+      st[c] = rig.run->enter_gang(p);
+      if (c != claimer.load()) joiners_out.fetch_add(1);
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (uint32_t c = 0; c < 3; ++c) {
+    if (c == claimer.load()) continue;
+    // A peer that read the planted word before the claim CAS retried as a
+    // claimer of n+8 is impossible (READY is no source state): it joined.
+    EXPECT_FALSE(st[c].ok()) << "core " << c;
+    EXPECT_TRUE(contains(st[c].message(), "another occupancy")) << st[c].to_string();
+  }
+  EXPECT_TRUE(rig.run->fatal());
+}
+
+// ---- R100-R105: following, stale acks, departure ----------------------------------------------
+
+// R100, R123 (A4): BEFORE's last arriver is core 1 and AFTER's is core 2
+// (forced). Each phase's publisher word names its own publisher, and every
+// peer's acceptance of a phase comes after that phase's seal was written.
+TEST(CaptureGate, R100R123SplitPublishersEachPhaseFollowsItsOwnPublisherWord) {
+  Watchdog dog;
+  Rig rig(3);
+  Buf a(4, 3), b(4);
+  rig.add_task(0, {&a}, {&b});
+  std::atomic<int> arrived[2] = {};
+  // Core 1 arrives last at BEFORE, core 2 last at AFTER.
+  rig.on_point = [&](CapturePoint p, uint32_t, uint32_t, uint64_t ph) {
+    if (p == CapturePoint::kArrived) arrived[ph - 1].fetch_add(1);
+  };
+  rig.hooks.slot_access = [&](uint32_t core, uint32_t, SlotWordId w, SlotOp op) {
+    if (op != SlotOp::kFetchOr) return;
+    if (w == SlotWordId::kArrivedBefore && core == 1) eventually([&] { return arrived[0].load() == 2; });
+    if (w == SlotWordId::kArrivedAfter && core == 2) eventually([&] { return arrived[1].load() == 2; });
+  };
+  rig.start_aicpu();
+  const auto st = run_gang(rig, 0);
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+  const uint64_t pb = rig.slot_word(0, SlotWordId::kPublisherBefore);
+  const uint64_t pa = rig.slot_word(0, SlotWordId::kPublisherAfter);
+  EXPECT_EQ(pb >> 32, 2u) << "BEFORE's publisher is core 1";
+  EXPECT_EQ(pa >> 32, 3u) << "AFTER's publisher is core 2";
+  EXPECT_EQ(pb & 0xffffffffu, 1u);  // each core's first phase_seq
+  EXPECT_EQ(pa & 0xffffffffu, 1u);
+  // Every acceptance follows the seal of its phase, on the named line.
+  const std::vector<Event> ev = rig.snapshot();
+  int sealed_seen[3] = {};  // by publisher core
+  int accepted[3] = {};     // by accepting core: its first is BEFORE, its second AFTER
+  for (const Event& e : ev) {
+    if (e.kind == idx(CapturePoint::kServed) && e.word == static_cast<uint64_t>(AckStatus::kSealed)) {
+      ++sealed_seen[e.core];
+    }
+    if (e.kind == idx(CapturePoint::kSealAccepted)) {
+      const uint32_t pub = accepted[e.core]++ == 0 ? 1 : 2;
+      EXPECT_GE(sealed_seen[pub], 1) << "core " << e.core << " accepted before core " << pub << "'s seal";
+    }
+  }
+  EXPECT_EQ(sealed_seen[1], 1);
+  EXPECT_EQ(sealed_seen[2], 1);
+}
+
+// R102: stale acks are planted on every ack line before the run: a previous
+// run's Sealed for the phase_seq this phase will use, and the right run's
+// InProgress. With the AICPU stopped until every participant waits, no
+// participant accepts anything; each accepts only after the real seal.
+TEST(CaptureGate, R102PlantedStaleAcksAreIgnored) {
+  Watchdog dog;
+  Rig rig(3);
+  Buf a(4, 3), b(4);
+  rig.add_task(9, {&a}, {&b});
+  for (uint32_t c = 0; c < 3; ++c) {
+    ArgsCaptureAck& k = rig.control->acks[c];
+    k = ArgsCaptureAck{static_cast<uint64_t>(AckStatus::kSealed), 0, 0, 1, kEpoch - 1, 9, 0, 1};
+  }
+  rig.control->acks[2].status = static_cast<uint64_t>(AckStatus::kInProgress);
+  rig.control->acks[2].run_epoch = kEpoch;
+  rig.serving.store(false);
+  rig.start_aicpu();
+  std::array<Status, 3> st;
+  std::thread t([&] { st = run_gang(rig, 9); });
+  // Every participant arrived and the publisher published; nobody accepted.
+  ASSERT_TRUE(eventually([&] { return count(rig.snapshot(), idx(CapturePoint::kPublished)) == 1; }));
+  EXPECT_EQ(count(rig.snapshot(), idx(CapturePoint::kSealAccepted)), 0u);
+  rig.serving.store(true);
+  rig.env.ring_aicpu(0);
+  t.join();
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+  const std::vector<Event> ev = rig.snapshot();
+  const auto first_seal = std::find_if(ev.begin(), ev.end(), [](const Event& e) {
+    return e.kind == idx(CapturePoint::kServed) && e.word == static_cast<uint64_t>(AckStatus::kSealed);
+  });
+  const auto first_accept =
+      std::find_if(ev.begin(), ev.end(), [](const Event& e) { return e.kind == idx(CapturePoint::kSealAccepted); });
+  ASSERT_NE(first_seal, ev.end());
+  EXPECT_LT(first_seal - ev.begin(), first_accept - ev.begin()) << "a stale ack was accepted";
+}
+
+// R102: the readers' acceptance rules over planted acks: a previous run's
+// seal, a previous phase's seal, another task's, InProgress and WouldBlock
+// for the right identity, and a stale tick for the publisher. A peer accepts
+// only the full identity with a terminal status; the publisher only its latest tick.
+TEST(CaptureGate, R102EachReaderAcceptsOnlyWhatItsRuleAllows) {
+  const auto ack = [](AckStatus s, uint64_t epoch, uint64_t task, uint64_t seq, uint64_t tick) {
+    return ArgsCaptureAck{static_cast<uint64_t>(s), 0, 0, tick, epoch, task, 0, seq};
+  };
+  struct Case {
+    ArgsCaptureAck a;
+    bool peer, publisher;
+    const char* what;
+  };
+  const Case cases[] = {
+      {ack(AckStatus::kSealed, kEpoch, 9, 4, 7), true, true, "this phase's seal"},
+      {ack(AckStatus::kAborted, kEpoch, 9, 4, 7), true, true, "this phase's abort"},
+      {ack(AckStatus::kSealed, kEpoch - 1, 9, 4, 7), false, false, "a previous run's seal"},
+      {ack(AckStatus::kSealed, kEpoch, 9, 3, 7), false, false, "a previous phase's seal"},
+      {ack(AckStatus::kSealed, kEpoch, 8, 4, 7), false, false, "another task's seal"},
+      {ack(AckStatus::kInProgress, kEpoch, 9, 4, 7), false, true, "progress for this phase"},
+      {ack(AckStatus::kWouldBlock, kEpoch, 9, 4, 7), false, true, "WouldBlock for this phase"},
+      {ack(AckStatus::kInProgress, kEpoch, 9, 4, 6), false, false, "progress for an older request"},
+      {ack(AckStatus::kNone, kEpoch, 9, 4, 7), false, false, "no status"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(resident::peer_accepts(c.a, kEpoch, 9, 4), c.peer) << "peer: " << c.what;
+    EXPECT_EQ(resident::publisher_accepts(c.a, kEpoch, 9, 4, 7), c.publisher) << "publisher: " << c.what;
+  }
+}
+
+// R103, R104, R124 (A5): one participant's seal acceptance is delayed far
+// behind its peers'. SETTLED appears only after all three released bits, and
+// the next occupancy's claim (a single task on the same gate) never precedes
+// the last departure; the delayed peer still reads the right seal after the
+// publisher moved on.
+TEST(CaptureGate, R103R124TheNextClaimNeverPrecedesTheLastDeparture) {
+  Watchdog dog;
+  Rig rig(3);
+  Buf a(4, 3), b(4);
+  rig.add_task(0, {&a}, {&b});
+  rig.add_task(1, {&a}, {&b});
+  std::atomic<int> late_release{0};
+  std::atomic<int> core2_accepts{0};
+  rig.on_point = [&](CapturePoint p, uint32_t core, uint32_t, uint64_t) {
+    // Core 2 holds at its AFTER acceptance (its second) until the test lets it go.
+    if (p == CapturePoint::kSealAccepted && core == 2 && core2_accepts.fetch_add(1) == 1) {
+      EXPECT_TRUE(eventually([&] { return late_release.load() != 0; }));
+    }
+  };
+  rig.start_aicpu();
+  std::array<Status, 3> st;
+  std::thread gang([&] { st = run_gang(rig, 0); });
+  // Cores 0 and 1 left AFTER; core 2 is held.
+  ASSERT_TRUE(eventually([&] { return count(rig.snapshot(), idx(CapturePoint::kReleased), 2) == 2; }));
+  EXPECT_NE(claim_state(rig.slot_word(0, SlotWordId::kClaim)), SlotState::kSettled);
+  // The next occupant (core 0, a single) must take gate 1, not gate 0.
+  Status next;
+  std::thread single([&] { next = rig.participate(0, 1, false); });
+  single.join();
+  ASSERT_TRUE(next.ok()) << next.to_string();
+  EXPECT_EQ(claim_occupancy(rig.slot_word(0, SlotWordId::kClaim)), 1u) << "gate 0 was re-claimed under core 2";
+  EXPECT_EQ(claim_state(rig.slot_word(1, SlotWordId::kClaim)), SlotState::kSettled);
+  late_release.store(1);
+  gang.join();
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(rig.slot_word(0, SlotWordId::kClaim), claim_word(SlotState::kSettled, 1));
+  // SETTLED came after the third release.
+  const std::vector<Event> ev = rig.snapshot();
+  int released_after = 0;
+  for (const Event& e : ev) {
+    if (e.kind == idx(CapturePoint::kReleased) && e.word == 2 && e.slot == 0) ++released_after;
+    if (e.kind == idx(CapturePoint::kSettled) && e.slot == 0) {
+      EXPECT_EQ(released_after, 3);
+    }
+  }
+}
+
+// R105, R120 (A1): a 1C2V task yields one record set, and no subtask
+// executes before the BEFORE seal nor completes before the AFTER seal.
+TEST(CaptureGate, R105R120AMixTaskIsOneRecordSetAndNoSubtaskRunsBeforeItsSeal) {
+  Watchdog dog;
+  Rig rig(3);
+  Buf a(64, 5), b(64, -1);
+  rig.add_task(0, {&a}, {&b});
+  rig.start_aicpu();
+  const auto st = run_gang(rig, 0, [&](uint32_t c) {
+    if (c == 0) std::fill(b.data.begin(), b.data.end(), 6.f);
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+  const std::vector<Event> ev = rig.snapshot();
+  bool before_sealed = false;
+  for (const Event& e : ev) {
+    if (e.kind == idx(CapturePoint::kServed) && e.word == static_cast<uint64_t>(AckStatus::kSealed)) {
+      before_sealed = true;
+    }
+    if (e.kind == kExecute) {
+      EXPECT_TRUE(before_sealed) << "core " << e.core << " executed before the BEFORE seal";
+    }
+  }
+  EXPECT_EQ(count(ev, kExecute), 3u);
+  auto dump = rig.finish();
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  ASSERT_EQ(dump->args.size(), 2u) << "one record set for the three subtasks";
+  for (const DumpedArg& x : dump->args) {
+    const float want = x.stage == DumpStage::kBefore ? 5.f : 6.f;
+    for (uint64_t i = 0; i < 64; ++i) ASSERT_EQ(dumped_element(*dump, x, i), want);
+  }
+}
+
+// R121 (A2): every cluster requests at once (4 clusters x 3 singles, plus a
+// gang on a fifth): all complete, and no gate is left READY or CLAIMING.
+TEST(CaptureGate, R121EveryClusterRequestingAtOnceCompletesAndLeavesNoGateReady) {
+  Watchdog dog;
+  Rig rig(12);
+  std::vector<std::unique_ptr<Buf>> bufs;
+  for (uint64_t t = 0; t < 12; ++t) {
+    bufs.push_back(std::make_unique<Buf>(256, static_cast<float>(t)));
+    bufs.push_back(std::make_unique<Buf>(256, -1.f));
+    rig.add_task(t, {bufs[2 * t].get()}, {bufs[2 * t + 1].get()});
+  }
+  rig.start_aicpu();
+  std::array<Status, 12> st;
+  std::atomic<int> go{0};
+  std::vector<std::thread> ts;
+  for (uint32_t c = 0; c < 12; ++c) {
+    ts.emplace_back([&, c] {
+      eventually([&] { return go.load() != 0; });
+      st[c] = rig.participate(
+          c, c, false, [&, c] { std::fill(bufs[2 * c + 1]->data.begin(), bufs[2 * c + 1]->data.end(), c + 0.5f); });
+    });
+  }
+  go.store(1);
+  for (auto& t : ts) t.join();
+  for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.to_string();
+  for (uint32_t g = 0; g < 8; ++g) {
+    const SlotState s = claim_state(rig.slot_word(g, SlotWordId::kClaim));
+    EXPECT_TRUE(s == SlotState::kSettled || s == SlotState::kFree) << "gate " << g;
+  }
+  auto dump = rig.finish();
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_TRUE(dump->complete);
+  ASSERT_EQ(dump->args.size(), 24u);
+  for (const DumpedArg& x : dump->args) {
+    const float want = x.stage == DumpStage::kBefore ? static_cast<float>(x.task) : x.task + 0.5f;
+    EXPECT_EQ(dumped_element(*dump, x, 255), want) << "task " << x.task;
+  }
+}
+
+// ---- R107-R112: the service step ---------------------------------------------------------------
+
+// R110, R111, R128 (A9): the test thread is the supervisor. Three singles on
+// one lane publish; the first observed holds an argument of many chunks.
+// Each step copies at most max_bytes (the lane's payload grows by at most
+// that per step), the other requests are answered WouldBlock between its
+// chunks, and reservations open in observation order.
+TEST(CaptureService, R110R111ServiceStepsAreBoundedAndFollowFirstObservation) {
+  Watchdog dog;
+  CaptureConfig cfg;
+  cfg.max_bytes = 4096;
+  DumpLaneConfig lane;
+  lane.arena_bytes = 1 << 20;
+  Rig rig(9, cfg, lane);
+  Buf big(64 * 1024, 1.f), strided(4096, 2.f), small(16, 3.f), out(16);
+  rig.add_task(0, {&big}, {});
+  // A strided view: every other element (non-unit innermost stride).
+  {
+    TaskArgs args;
+    DeviceBuffer d{reinterpret_cast<uint64_t>(strided.data.data()), strided.data.size() * sizeof(float)};
+    TensorView v = d.view({2048}, DType::F32);
+    const int64_t shape[1] = {2048}, stride[1] = {2};
+    v = TensorView::from_parts(d, DType::F32, 1, shape, stride, 0);
+    args.add_tensor(v, Tag::Input);
+    std::array<TensorView, kMaxTaskArgs> views;
+    views[0] = v;
+    rig.capture->add_task(1, 7, args, views.data());
+  }
+  rig.add_task(2, {&small}, {&out});
+  std::vector<std::pair<uint32_t, uint64_t>> observed;
+  rig.hooks.observed = [&](uint32_t, uint32_t core, uint64_t tick) { observed.emplace_back(core, tick); };
+  std::array<Status, 3> st;
+  std::vector<std::thread> ts;
+  const uint32_t cores[3] = {0, 3, 6};  // clusters 0, 1, 2: one lane
+  // Publish one at a time so the observation order is fixed: 0, then 3, then 6.
+  for (uint32_t i = 0; i < 3; ++i) {
+    ts.emplace_back([&, i] { st[i] = rig.participate(cores[i], i, false); });
+    ASSERT_TRUE(eventually(
+        [&] { return std::atomic_ref<uint64_t>(rig.control->requests[cores[i]].request_tick).load() != 0; }));
+    rig.run->service(0);
+  }
+  uint64_t steps = 0;
+  uint64_t last_bytes = rig.collector->lane(0).reservation_open() ? rig.collector->lane(0).open_copied() : 0;
+  EXPECT_LE(last_bytes, 3 * cfg.max_bytes) << "three steps so far";
+  std::vector<uint32_t> sealed_order;
+  while (sealed_order.size() < 6 && steps < 100000) {
+    const uint64_t collected = rig.collector->lane(0).counts().collected;
+    const bool was_open = rig.collector->lane(0).reservation_open();
+    rig.run->service(0);
+    ++steps;
+    const uint64_t bytes = rig.collector->lane(0).open_copied();
+    // Within one reservation (no commit in the step) the cursor moves by at most max_bytes.
+    if (was_open && rig.collector->lane(0).counts().collected == collected && bytes > last_bytes) {
+      EXPECT_LE(bytes - last_bytes, cfg.max_bytes) << "a step copied more than max_bytes";
+    }
+    last_bytes = rig.collector->lane(0).reservation_open() ? bytes : 0;
+    sealed_order.clear();
+    for (const Event& e : rig.snapshot()) {
+      if (e.kind == idx(CapturePoint::kServed) && e.word == static_cast<uint64_t>(AckStatus::kSealed)) {
+        sealed_order.push_back(e.core);
+      }
+    }
+    if (sealed_order.size() < 6) yield_cpu();
+  }
+  for (auto& t : ts) t.join();
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_GE(observed.size(), 6u);  // each core's BEFORE and AFTER, and each further argument
+  EXPECT_EQ(observed[0].first, 0u);
+  EXPECT_EQ(observed[1].first, 3u);
+  EXPECT_EQ(observed[2].first, 6u);
+  // BEFORE seals in observation order: 0's 64 KiB took 64 steps, yet 3 and 6 waited.
+  ASSERT_GE(sealed_order.size(), 3u);
+  EXPECT_EQ(sealed_order[0], 0u);
+  const std::vector<Event> ev = rig.snapshot();
+  EXPECT_GT(count(ev, idx(CapturePoint::kServed), static_cast<uint64_t>(AckStatus::kWouldBlock)), 0u)
+      << "the later requests were never answered WouldBlock between the first's chunks";
+  auto dump = rig.finish();
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_TRUE(dump->complete);
+  EXPECT_EQ(dump->counts.dropped, 0u);
+  EXPECT_EQ(dump->counts.total, dump->counts.collected);
+  for (const DumpedArg& x : dump->args) {
+    if (x.task == 1) {
+      ASSERT_EQ(dumped_elements(x), 2048u);
+      for (uint64_t i = 0; i < 2048; ++i) ASSERT_EQ(dumped_element(*dump, x, i), 2.f);
+    }
+  }
+}
+
+// ---- R113-R117, R129, R131: abort -------------------------------------------------------------
+
+// R131: the seed's worked walk, scripted with the test thread as the AICPU.
+// Publisher A (core 2, forced last arriver at AFTER), peers B and C (cores 0,
+// 1); E (core 4, another cluster on the same lane) publishes meanwhile.
+// Argument 0 (128 KiB) goes in two chunks (InProgress at 64 KiB, then
+// commit); E, observed before A's next request, takes the lane, so argument 1
+// meets WouldBlock; once E is done argument 1 (the arena clamp) is reserved
+// and copied one chunk; A's watchdog fires (the script does its CAS); the
+// AICPU abandons and answers Aborted with A's phase_seq; B and C leave on
+// that word. Host view: argument 0 committed, argument 1 one dropped
+// record, nothing sealed, the gate READY, the lane unsettled (unknown).
+TEST(CaptureAbort, R131TheWorkedWalk) {
+  Watchdog dog;
+  CaptureConfig cfg;
+  cfg.max_bytes = 64 * 1024;
+  DumpLaneConfig lane;
+  lane.arena_bytes = 8 << 20;
+  Rig rig(6, cfg, lane);
+  Buf arg0(32 * 1024, 1.f), arg1(1 << 20, 2.f), in(4, 0.f), ebig(256 * 1024, 4.f);
+  rig.add_task(9, {&in}, {&arg0, &arg1});  // AFTER: args[1] and args[2]
+  rig.add_task(78, {&ebig}, {});
+  std::atomic<int> arrived_after{0};
+  rig.on_point = [&](CapturePoint p, uint32_t, uint32_t, uint64_t ph) {
+    if (p == CapturePoint::kArrived && ph == 2) arrived_after.fetch_add(1);
+  };
+  rig.hooks.slot_access = [&](uint32_t core, uint32_t slot, SlotWordId w, SlotOp op) {
+    if (slot == 0 && core == 2 && w == SlotWordId::kArrivedAfter && op == SlotOp::kFetchOr) {
+      eventually([&] { return arrived_after.load() == 2; });
+    }
+  };
+  const auto tick_of = [&](uint32_t c) {
+    return std::atomic_ref<uint64_t>(rig.control->requests[c].request_tick).load();
+  };
+  const auto ack_of = [&](uint32_t c, uint64_t ArgsCaptureAck::*f) {
+    return std::atomic_ref<uint64_t>(rig.control->acks[c].*f).load();
+  };
+  const auto status = [](AckStatus s) { return static_cast<uint64_t>(s); };
+  // BEFORE of task 9 runs with a live AICPU thread; the script takes AFTER.
+  std::array<Status, 3> st;
+  std::atomic<int> executing{0};
+  std::atomic<int> finish{0};
+  rig.start_aicpu();
+  std::thread gang([&] {
+    st = run_gang(rig, 9, [&](uint32_t) {
+      executing.fetch_add(1);
+      eventually([&] { return finish.load() != 0; });
+    });
+  });
+  ASSERT_TRUE(eventually([&] { return executing.load() == 3; }));
+  rig.stop_aicpu();
+  finish.store(1);
+  // Step 1: A publishes phase_seq, arg 0, cursor 0; peers follow publisher_after.
+  ASSERT_TRUE(eventually([&] { return count(rig.snapshot(), idx(CapturePoint::kPublished)) == 2; }));
+  const uint64_t pub = rig.slot_word(0, SlotWordId::kPublisherAfter);
+  ASSERT_EQ(pub >> 32, 3u) << "A (core 2) publishes AFTER";
+  const uint64_t seq = pub & 0xffffffffu;
+  const uint64_t a0 = tick_of(2);
+  // Step 2: a chunk; InProgress at 64 KiB.
+  rig.run->service(0);
+  EXPECT_EQ(ack_of(2, &ArgsCaptureAck::status), status(AckStatus::kInProgress));
+  EXPECT_EQ(ack_of(2, &ArgsCaptureAck::arg_cursor), 64u * 1024);
+  EXPECT_EQ(ack_of(2, &ArgsCaptureAck::phase_seq), seq);
+  // E publishes while A's argument 0 is open.
+  Status e_status;
+  std::thread e([&] {
+    Participant p;
+    p.core = 4;
+    p.bit = 2;
+    p.mask = 2;
+    p.task_id = 78;
+    e_status = rig.run->enter_single(p, 1);
+    if (e_status.ok()) e_status = rig.run->phase(p, CapturePhase::kBefore, rig.ids[4]);
+  });
+  ASSERT_TRUE(eventually([&] { return tick_of(4) != 0 && tick_of(2) == a0 + 1; }));
+  // Step 3: the rest of argument 0 (the step's whole budget), committed; E is observed, behind A.
+  const DumpCounts c0 = rig.collector->lane(0).counts();
+  rig.run->service(0);
+  EXPECT_EQ(ack_of(2, &ArgsCaptureAck::arg_cursor), resident::kCursorDone);
+  EXPECT_EQ(rig.collector->lane(0).counts().collected, c0.collected + 1) << "argument 0 committed";
+  EXPECT_FALSE(rig.collector->lane(0).reservation_open());
+  // Step 4: A republishes arg 1: another core's reservation is open: WouldBlock, nothing accounted.
+  ASSERT_TRUE(eventually([&] { return tick_of(2) == a0 + 2; }));
+  const DumpCounts c1 = rig.collector->lane(0).counts();
+  rig.run->service(0);
+  EXPECT_EQ(ack_of(2, &ArgsCaptureAck::status), status(AckStatus::kWouldBlock));
+  EXPECT_EQ(ack_of(2, &ArgsCaptureAck::request_tick), a0 + 2);
+  EXPECT_TRUE(rig.collector->lane(0).reservation_open()) << "E, observed first, holds the lane";
+  EXPECT_EQ(rig.collector->lane(0).counts().total, c1.total + 1) << "only E's argument was counted";
+  // Step 5: E finishes; A's argument 1 is reserved and copied one chunk.
+  uint64_t steps = 0;
+  while (!(ack_of(2, &ArgsCaptureAck::status) == status(AckStatus::kInProgress) &&
+           ack_of(2, &ArgsCaptureAck::arg_index) == 1) &&
+         steps++ < 100000) {
+    rig.run->service(0);
+    yield_cpu();
+  }
+  e.join();
+  ASSERT_TRUE(e_status.ok()) << e_status.to_string();
+  ASSERT_TRUE(rig.collector->lane(0).reservation_open()) << "argument 1 is reserved";
+  const DumpCounts c2 = rig.collector->lane(0).counts();
+  EXPECT_EQ(c2.collected, c1.collected + 1) << "E's record";
+  EXPECT_EQ(c2.dropped, 0u) << "WouldBlock answers were charged";
+  EXPECT_EQ(c2.total, c2.collected + 1) << "argument 1 counted once, however often it was retried";
+  // Step 6: A's watchdog fires mid-argument 1: the abort CAS, as its budget would do it.
+  uint64_t expected = 0;
+  ASSERT_TRUE(std::atomic_ref<uint64_t>(rig.control->slots[0].aborted).compare_exchange_strong(expected, 1 | 2 << 8));
+  const uint64_t t = ack_of(2, &ArgsCaptureAck::request_tick);
+  ASSERT_TRUE(eventually([&] { return tick_of(2) != t; }));
+  rig.run->service(0);
+  EXPECT_FALSE(rig.collector->lane(0).reservation_open());
+  const DumpCounts c3 = rig.collector->lane(0).counts();
+  EXPECT_EQ(c3.collected, c2.collected) << "nothing committed from the abandoned reservation";
+  EXPECT_EQ(c3.dropped, 1u) << "argument 1 is exactly one dropped record";
+  EXPECT_EQ(c3.total, c3.collected + c3.dropped);
+  EXPECT_EQ(ack_of(2, &ArgsCaptureAck::status), status(AckStatus::kAborted));
+  EXPECT_EQ(ack_of(2, &ArgsCaptureAck::phase_seq), seq);
+  EXPECT_EQ(ack_of(2, &ArgsCaptureAck::run_epoch), kEpoch);
+  // Step 7: A, B and C leave on that word; nothing sealed; the gate stays READY | n.
+  gang.join();
+  for (uint32_t c = 0; c < 3; ++c) {
+    EXPECT_FALSE(st[c].ok()) << "core " << c;
+    EXPECT_TRUE(contains(st[c].message(), "aborted")) << st[c].to_string();
+  }
+  EXPECT_EQ(rig.slot_word(0, SlotWordId::kClaim), claim_word(SlotState::kReady, 1));
+  EXPECT_EQ(rig.slot_word(0, SlotWordId::kReleasedAfter), 0u);
+  const std::vector<Event> ev = rig.snapshot();
+  EXPECT_EQ(count(ev, idx(CapturePoint::kSettled)), 0u) << "a gate settled (E ran only its BEFORE phase)";
+  auto dump = rig.finish();
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_FALSE(dump->complete) << "the aborted lane's accounting must read unknown";
+  EXPECT_EQ(dump->counts.total, dump->counts.collected + dump->counts.dropped);
+  bool arg0_committed = false;
+  for (const DumpedArg& x : dump->args) {
+    EXPECT_FALSE(x.task == 9 && x.arg == 2) << "argument 1 (args[2]) was committed";
+    if (x.task == 9 && x.arg == 1 && x.stage == DumpStage::kAfter) {
+      arg0_committed = true;
+      EXPECT_EQ(dumped_element(*dump, x, 32 * 1024 - 1), 1.f);
+    }
+  }
+  EXPECT_TRUE(arg0_committed) << "the committed argument 0 was retracted";
+}
+
+// R113, R114 (the walk without a reservation), R116 (second item): the
+// AICPU never answers: the publisher's first budget expires (abort CAS,
+// TIMEOUT, it keeps polling), its second budget ends the wait; nothing was
+// reserved, so nothing is dropped and nothing counted; the gate stays READY.
+TEST(CaptureAbort, R113R116AnAicpuThatNeverAnswersEndsInTheFatalPathWithNothingCharged) {
+  Watchdog dog;
+  CaptureConfig cfg;
+  cfg.first_budget_ns = 30'000'000;
+  cfg.second_budget_ns = 120'000'000;
+  Rig rig(3, cfg);
+  Buf a(4, 1), b(4);
+  rig.add_task(0, {&a}, {&b});
+  rig.serving.store(false);
+  rig.start_aicpu();
+  const Status st = rig.participate(1, 0, false);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "ARGS_CAPTURE_TIMEOUT")) << st.to_string();
+  const std::vector<Event> ev = rig.snapshot();
+  EXPECT_EQ(count(ev, idx(CapturePoint::kAbortCas)), 1u);
+  EXPECT_EQ(count(ev, kExecute), 0u);
+  EXPECT_EQ(rig.slot_word(0, SlotWordId::kAborted), 1u | 1u << 8);
+  EXPECT_EQ(claim_state(rig.slot_word(0, SlotWordId::kClaim)), SlotState::kReady);
+  const DumpCounts c = rig.collector->lane(0).counts();
+  EXPECT_EQ(c.total, 0u);
+  EXPECT_EQ(c.dropped, 0u);
+}
+
+// R113, R114, R129 (A10): the AICPU answers only after the abort. The waiter
+// is still parked after its CAS (no execute, no release) until the Aborted
+// ack; an open reservation is abandoned: exactly one dropped record, the
+// arena rolled back, nothing committed, the lane unsettled.
+TEST(CaptureAbort, R114R129AnAbortAbandonsTheOpenReservationAndReleasesOnlyOnTheAck) {
+  Watchdog dog;
+  CaptureConfig cfg;
+  cfg.first_budget_ns = 40'000'000;
+  cfg.max_bytes = 1024;
+  Rig rig(3, cfg);
+  Buf a(64 * 1024, 1), b(4);
+  rig.add_task(0, {&a}, {&b});
+  rig.serving.store(false);
+  Status st;
+  std::thread core([&] { st = rig.participate(1, 0, false); });
+  ASSERT_TRUE(eventually([&] { return std::atomic_ref<uint64_t>(rig.control->requests[1].request_tick).load() != 0; }));
+  rig.run->service(0);  // hooks say no
+  rig.serving.store(true);
+  rig.run->service(0);  // reserved, chunk 1
+  ASSERT_TRUE(rig.collector->lane(0).reservation_open());
+  rig.serving.store(false);
+  ASSERT_TRUE(eventually([&] { return count(rig.snapshot(), idx(CapturePoint::kAbortCas)) == 1; }));
+  // After its CAS the waiter keeps polling: it has not left.
+  EXPECT_TRUE(core.joinable());
+  EXPECT_EQ(count(rig.snapshot(), idx(CapturePoint::kSealAccepted)), 0u);
+  const DumpCounts mid = rig.collector->lane(0).counts();
+  rig.serving.store(true);
+  ASSERT_TRUE(eventually([&] {
+    rig.run->service(0);
+    return count(rig.snapshot(), idx(CapturePoint::kSealAccepted)) == 1;
+  }));
+  core.join();
+  EXPECT_TRUE(contains(st.message(), "ARGS_CAPTURE_TIMEOUT")) << st.to_string();
+  EXPECT_EQ(count(rig.snapshot(), kExecute), 0u);
+  const DumpCounts c = rig.collector->lane(0).counts();
+  EXPECT_EQ(c.collected, mid.collected);
+  EXPECT_EQ(c.dropped, mid.dropped + 1);
+  EXPECT_EQ(c.total, c.collected + c.dropped);
+  EXPECT_TRUE(rig.run->aborted());
+  EXPECT_EQ(rig.slot_word(0, SlotWordId::kReleasedBefore), 0u);
+  EXPECT_EQ(claim_state(rig.slot_word(0, SlotWordId::kClaim)), SlotState::kReady);
+  auto dump = rig.finish();
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_FALSE(dump->complete);
+}
+
+}  // namespace
+}  // namespace simpler::testing
