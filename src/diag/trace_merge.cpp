@@ -110,9 +110,16 @@ Result<MergedTrace> merge_trace(const HostTrace& host, const std::vector<TraceFr
                                             json_escape(host.label.c_str()))};
   uint32_t level = host.level;
   uint64_t next_flow_id = 1;
+  std::vector<std::string> remote;
   for (const TraceFragment& f : fragments) {
+    if (f.remote_rank >= 0) {
+      remote.push_back(fmt::format(
+          R"({{"path":"{}","rank":{},"clock_offset_ns":{},"clock_rtt_ns":{}{}}})", json_escape(f.path.c_str()),
+          f.remote_rank, f.clock_offset_ns, f.clock_rtt_ns,
+          f.refused.empty() ? std::string() : fmt::format(R"(,"refused":"{}")", json_escape(f.refused.c_str()))));
+    }
     std::error_code ec;
-    if (!std::filesystem::exists(f.path, ec)) {
+    if (!f.refused.empty() || !std::filesystem::exists(f.path, ec)) {
       out.missing.push_back(f.path);
       continue;
     }
@@ -131,8 +138,8 @@ Result<MergedTrace> merge_trace(const HostTrace& host, const std::vector<TraceFr
   for (const std::string& m : out.missing) missing.push_back(fmt::format("\"{}\"", json_escape(m.c_str())));
   out.document = fmt::format(
       "{{\"displayTimeUnit\":\"ns\",\n\"otherData\":{{\"simpler_trace_version\":{},\"swimlane_level\":{},"
-      "\"runs\":[{}],\"fragments_missing\":[{}]}},\n\"traceEvents\":[\n{}\n]}}\n",
-      kTraceFormatVersion, level, fmt::join(runs, ","), fmt::join(missing, ","), events);
+      "\"runs\":[{}],\"fragments_missing\":[{}],\"remote_fragments\":[{}]}},\n\"traceEvents\":[\n{}\n]}}\n",
+      kTraceFormatVersion, level, fmt::join(runs, ","), fmt::join(missing, ","), fmt::join(remote, ","), events);
   return out;
 }
 
