@@ -13,12 +13,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "diag/args_dump_file.h"
+#include "diag/trace_merge.h"
 #include "diag/trace_reader.h"
 #include "dist/node_server.h"
 #include "dist/wire.h"
@@ -30,6 +32,7 @@ namespace {
 
 std::string g_case;
 constexpr int64_t kLen = 256;
+constexpr int64_t kSkewNs = 5'000'000'000;
 
 // One node run: out = in * mul + add on the node's chip (args: in, out, mul, add).
 NodeCallable scale_callable() {
@@ -60,6 +63,8 @@ int serve_rank(int rank) {
       if (n == 3) trace.send = trace.bytes / 2;
     };
   }
+  // Rank 2 answers clock pings 5 s ahead of the shared clock its trace uses.
+  if (g_case == "ARemoteNodesTraceNestsInsideItsServeSlice" && rank == 2) hooks.pong_skew_ns = kSkewNs;
   ServeOptions o;
   o.tensor_heap_bytes = 64ull << 20;
   o.heartbeat_period = std::chrono::milliseconds(50);
@@ -78,7 +83,7 @@ std::string fresh_dir(const std::string& name) {
 struct Network {
   std::unique_ptr<Worker> w;
   CallableHandle scale;
-  DeviceBuffer x, y0, y1;
+  DeviceBuffer x, y0, y1, y2;
 };
 
 Network make_network() {
@@ -102,6 +107,7 @@ Network make_network() {
   n.x = shared_iota(*n.w, kLen, 1);
   n.y0 = shared_iota(*n.w, kLen, 0);
   n.y1 = shared_iota(*n.w, kLen, 0);
+  n.y2 = shared_iota(*n.w, kLen, 0);
   return n;
 }
 
@@ -126,9 +132,9 @@ Status run_both(Network& n, const CallConfig& call, bool remote_only = false) {
   return wait_run(h);
 }
 
-void expect_outputs(const Network& n, bool remote_only = false) {
-  for (const DeviceBuffer* y : {&n.y0, &n.y1}) {
-    if (remote_only && y == &n.y0) continue;
+// Each of `ys` holds x*3+1.
+void expect_outputs(std::initializer_list<const DeviceBuffer*> ys) {
+  for (const DeviceBuffer* y : ys) {
     const float* p = reinterpret_cast<const float*>(y->addr);
     for (int64_t i = 0; i < kLen; ++i) ASSERT_EQ(p[i], (1.f + static_cast<float>(i)) * 3 + 1) << "element " << i;
   }
@@ -143,58 +149,84 @@ nlohmann::json other_data(const std::string& dir) {
 
 std::string process_of(const diag::Trace& t, uint32_t lane) { return t.processes[t.lanes[lane].process].name; }
 
-// Issue 12 through a remote node: one trace.json holds the network, both
-// nodes and their chips; the remote node's host slices and its chip's tasks
-// lie inside the network's `Serve node1` slice once its clock is mapped onto
-// rank 0's, with an offset no further off than half the ping-pong's round
-// trip (one host here: the true offset is 0).
+// Issue 12 through a remote node: one trace.json holds the network, the
+// nodes and their chips; a remote node's host slices and its chip's tasks lie
+// inside the network's `Serve node<i>` slice once its clock is mapped onto
+// rank 0's, with an offset off by at most half the ping-pong's round trip.
+// One host: node1's true offset is 0; node2 answers pings 5 s ahead, so its
+// estimate must be -5 s and its slices land 5 s early, by exactly that.
 TEST(DistMpiTrace, ARemoteNodesTraceNestsInsideItsServeSlice) {
   Watchdog dog(std::chrono::seconds(50));
   Network n = make_network();
   CallConfig call;
   call.swimlane_level = 2;
   call.trace_dir = fresh_dir("nest");
-  ASSERT_TRUE(run_both(n, call).ok());
-  expect_outputs(n);
+  RunHandle h = n.w->submit(
+      [&](Orchestrator& o) -> Status {
+        SIMPLER_RETURN_IF_ERROR(o.submit_next_level(n.scale, scale_args(n.x, n.y0, 3, 1), 0).status());
+        SIMPLER_RETURN_IF_ERROR(o.submit_next_level(n.scale, scale_args(n.x, n.y1, 3, 1), 1).status());
+        return o.submit_next_level(n.scale, scale_args(n.x, n.y2, 3, 1), 2).status();
+      },
+      call);
+  ASSERT_TRUE(wait_run(h).ok()) << h.result().to_string();
+  expect_outputs({&n.y0, &n.y1, &n.y2});
   auto t = diag::read_trace_dir(call.trace_dir);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   std::set<std::string> names;
-  for (const diag::TraceProcess& p : t->processes) names.insert(p.name);
-  EXPECT_EQ(names, (std::set<std::string>{"network", "node0", "node0/chip0", "node1", "node1/chip0"}));
-  // Exactly one chip task on each node.
-  ASSERT_EQ(t->tasks.size(), 2u);
-  const diag::TraceSlice* serve = nullptr;
-  for (const diag::TraceSlice& s : t->slices) {
-    if (process_of(*t, s.lane) == "network" && t->lanes[s.lane].name == "Serve node1") serve = &s;
+  for (const diag::TraceProcess& p : t->processes) {
+    names.insert(p.name);
+    // Another host's pids may be this one's: a remote node's are moved to rank << 22.
+    const int64_t rank = p.name.rfind("node1", 0) == 0 ? 1 : p.name.rfind("node2", 0) == 0 ? 2 : 0;
+    EXPECT_EQ(p.pid >> diag::kRemotePidShift, rank) << p.name;
   }
-  ASSERT_NE(serve, nullptr) << "no Serve node1 slice";
-  int inside = 0;
-  const auto expect_inside = [&](double ts, double dur, const std::string& what) {
-    EXPECT_GE(ts, serve->ts) << what;
-    EXPECT_LE(ts + dur, serve->ts + serve->dur) << what;
-    ++inside;
-  };
-  for (const diag::TraceSlice& s : t->slices) {
-    const std::string p = process_of(*t, s.lane);
-    if (p.rfind("node1", 0) == 0) expect_inside(s.ts, s.dur, p + " " + t->kernels[s.name]);
-  }
-  for (const diag::TraceTask& k : t->tasks) {
-    if (process_of(*t, k.lane) == "node1/chip0") expect_inside(k.ts, k.dur, "node1/chip0 task");
-  }
-  EXPECT_GE(inside, 3);  // node1's build and Serve chip0 slices, its chip's task
+  EXPECT_EQ(names,
+            (std::set<std::string>{"network", "node0", "node0/chip0", "node1", "node1/chip0", "node2", "node2/chip0"}));
+  ASSERT_EQ(t->tasks.size(), 3u);  // one chip task per node
   const auto other = other_data(call.trace_dir);
   EXPECT_EQ(other["fragments_missing"], nlohmann::json::array());
-  ASSERT_EQ(other["remote_fragments"].size(), 1u) << other.dump();
-  const auto& r = other["remote_fragments"][0];
-  EXPECT_EQ(r["rank"], 1);
-  EXPECT_EQ(r["path"], call.trace_dir + "/run1/node1/task1/trace.json");
-  const int64_t offset = r["clock_offset_ns"].get<int64_t>();
-  const int64_t rtt = r["clock_rtt_ns"].get<int64_t>();
-  EXPECT_GT(rtt, 0);
-  EXPECT_LE(std::llabs(offset), rtt / 2 + 1) << "offset " << offset << " ns, round trip " << rtt << " ns";
-  // The server's private directory is gone; rank 0 holds the files where a forked node's go.
-  EXPECT_TRUE(std::filesystem::exists(call.trace_dir + "/run1/node1/task1/trace.json"));
-  EXPECT_TRUE(std::filesystem::exists(call.trace_dir + "/run1/node0/task0/trace.json"));
+  ASSERT_EQ(other["remote_fragments"].size(), 2u) << other.dump();
+  for (int node = 1; node <= 2; ++node) {
+    SCOPED_TRACE("node" + std::to_string(node));
+    const auto& r = other["remote_fragments"][node - 1];
+    EXPECT_EQ(r["rank"], node);
+    EXPECT_EQ(r["path"],
+              call.trace_dir + "/run1/node" + std::to_string(node) + "/task" + std::to_string(node) + "/trace.json");
+    const int64_t offset = r["clock_offset_ns"].get<int64_t>();
+    const int64_t rtt = r["clock_rtt_ns"].get<int64_t>();
+    const int64_t skew = node == 2 ? kSkewNs : 0;
+    EXPECT_GT(rtt, 0);
+    // The offset is rank 0's clock minus the node's: -skew, off by at most rtt / 2.
+    EXPECT_LE(std::llabs(offset + skew), rtt / 2 + 1) << "offset " << offset << " ns, round trip " << rtt << " ns";
+    const diag::TraceSlice* serve = nullptr;
+    for (const diag::TraceSlice& s : t->slices) {
+      if (process_of(*t, s.lane) == "network" && t->lanes[s.lane].name == "Serve node" + std::to_string(node)) {
+        serve = &s;
+      }
+    }
+    ASSERT_NE(serve, nullptr);
+    // Undo the fake skew (what the estimate added beyond the true offset of 0);
+    // what is left may be off by the estimate's error, at most rtt / 2.
+    const double slack_us = node == 2 ? static_cast<double>(rtt / 2 + 1) / 1000.0 : 0;
+    const double back_us = static_cast<double>(skew) / 1000.0;
+    int inside = 0;
+    const auto expect_inside = [&](double ts, double dur, const std::string& what) {
+      EXPECT_GE(ts + back_us, serve->ts - slack_us) << what;
+      EXPECT_LE(ts + back_us + dur, serve->ts + serve->dur + slack_us) << what;
+      ++inside;
+    };
+    const std::string me = "node" + std::to_string(node);
+    for (const diag::TraceSlice& s : t->slices) {
+      const std::string p = process_of(*t, s.lane);
+      if (p.rfind(me, 0) == 0) expect_inside(s.ts, s.dur, p + " " + t->kernels[s.name]);
+    }
+    for (const diag::TraceTask& k : t->tasks) {
+      if (process_of(*t, k.lane) == me + "/chip0") expect_inside(k.ts, k.dur, me + "/chip0 task");
+    }
+    EXPECT_GE(inside, 3);  // the node's build and Serve chip0 slices, its chip's task
+    // Rank 0 holds the files where a forked node's go.
+    EXPECT_TRUE(
+        std::filesystem::exists(call.trace_dir + "/run1/" + me + "/task" + std::to_string(node) + "/trace.json"));
+  }
   EXPECT_TRUE(n.w->close().ok());
 }
 
@@ -214,7 +246,7 @@ TEST(DistMpiTrace, ARemoteNodesDumpsEqualAForkedNodes) {
   call.dump_args = DumpArgs::Full;
   call.trace_dir = fresh_dir("dump");
   ASSERT_TRUE(run_both(n, call).ok());
-  expect_outputs(n);
+  expect_outputs({&n.y0, &n.y1});
   const auto dumps = find_args_dumps(call.trace_dir);
   ASSERT_EQ(dumps.size(), 2u);
   EXPECT_EQ(dumps[0].first, "run1/node0/task0/chip0/task0");
@@ -263,7 +295,7 @@ TEST(DistMpiTrace, AMalformedShipmentIsRefusedAndTheRunFinishes) {
     SCOPED_TRACE("run " + std::to_string(r));
     std::memset(reinterpret_cast<void*>(n.y1.addr), 0, kLen * sizeof(float));
     ASSERT_TRUE(run_both(n, call, /*remote_only=*/true).ok());
-    expect_outputs(n, /*remote_only=*/true);
+    expect_outputs({&n.y1});
     const std::string run_dir = call.trace_dir + "/run" + std::to_string(r);
     const auto other = other_data(call.trace_dir);
     ASSERT_EQ(other["remote_fragments"].size(), 1u) << other.dump();

@@ -36,6 +36,8 @@ struct HostTrace {
 };
 
 // A child's trace.json, where its part of the run is.
+inline constexpr int kRemotePidShift = 22;
+
 struct TraceFragment {
   std::string path;
   // The parent's clock minus the child's, added to every timestamp (0 for a
@@ -44,6 +46,8 @@ struct TraceFragment {
   // A remote (MPI) node's fragment: its rank (-1: a forked child) and the
   // round trip of the ping-pong the offset came from; listed with both in
   // otherData.remote_fragments.
+  // Its pids are moved up by rank << kRemotePidShift (above any Linux pid),
+  // so another host's processes never share one with this host's.
   int remote_rank = -1;
   uint64_t clock_rtt_ns = 0;
   // Why the fragment's files were refused on arrival (empty: not refused);

@@ -252,7 +252,9 @@ bool NodeServer::handle(const std::vector<uint8_t>& bytes, Status& result) {
   }
   if (m->kind == MsgKind::kShutdown && m->h.session == session_) return false;
   if (m->kind == MsgKind::kClockPing) {
-    if (m->h.session == session_) post(encode_simple(MsgKind::kClockPong, session_, 0, 0, 0, m->h.value, now_ns()));
+    if (m->h.session == session_)
+      post(encode_simple(MsgKind::kClockPong, session_, 0, 0, 0, m->h.value,
+                         static_cast<uint64_t>(static_cast<int64_t>(now_ns()) + hooks_.pong_skew_ns)));
     return true;
   }
   if (m->kind == MsgKind::kHeartbeat || stopped_) return true;

@@ -41,6 +41,9 @@ struct ServeHooks {
   std::function<void(uint64_t n, const WireHeader& terminal, const RawSend& send)> before_terminal;
   // Before the n-th request's files are sent.
   std::function<void(uint64_t n, std::vector<ShippedFile>& files)> on_shipment;
+  // Added to the clock this server reports in CLOCK_PONG: a node whose clock
+  // runs that far ahead of the network's (its traces' timestamps do not move).
+  int64_t pong_skew_ns = 0;
 };
 
 Status serve(NodeSpec spec, std::vector<NodeCallable> callables, const ServeOptions& options, ServeHooks hooks = {});
