@@ -1,10 +1,11 @@
 // mpi_latency and mpi_bandwidth: a network on MPI rank 0 with one remote node
 // served on rank 1 (`mpirun -np 2 simpler bench mpi_latency`). The peer is
 // MPI itself between the same two ranks in the same job: a ping-pong of the
-// bytes a one-task remote run puts on the wire (latency), and MPI_Send /
-// MPI_Recv of the tensor bytes a 64 MiB-in, 64 MiB-out run moves
-// (bandwidth). Rank 1 serves the node first and echoes for the peer after,
-// so its node forks before MPI starts (as every node server does).
+// bytes a one-task remote run puts on the wire (latency; the same run through
+// a forked node on rank 0 is measured beside it), and MPI_Send / MPI_Recv of
+// the tensor bytes a 64 MiB-in, 64 MiB-OutputExisting run moves (bandwidth).
+// Rank 1 serves the node first and echoes for the peer after, so its node
+// forks before MPI starts (as every node server does).
 #include <mpi.h>
 
 #include <cstring>
@@ -89,20 +90,26 @@ Result<std::vector<double>> ping_pong(PeerPlan& plan, int iterations, uint64_t o
   return us;
 }
 
-// The network with rank 1's node: `run` is timed submit -> wait, `runs` times after `warmup`.
-Result<std::vector<double>> remote_runs(const char* callable, int warmup, int runs, uint64_t heap,
-                                        const std::function<TaskArgs(Worker&)>& make_args) {
+// The network with rank 1's node (or, `local`, a forked node on this rank
+// with the same configuration and callables): `run` is timed submit -> wait,
+// `runs` times after `warmup`.
+Result<std::vector<double>> network_runs(bool local, const char* callable, int warmup, int runs, uint64_t heap,
+                                         const std::function<TaskArgs(Worker&)>& make_args) {
   Worker net(Level::Network, WorkerConfig{.pipeline_depth = 2, .shared_heap_bytes = heap});
-  if (Status s = net.add_remote_worker(1).status(); !s.ok()) return s;
-  Worker scratch(Level::Node, node_config());
-  Result<FunctionHandle> sub = scratch.register_function(noop_sub);
+  Worker node(Level::Node, node_config());
+  Result<FunctionHandle> sub = node.register_function(noop_sub);
   if (!sub.ok()) return sub.status();
+  const std::vector<NodeCallable> callables = node_callables(*sub);
+  if (local) {
+    if (Status s = net.add_next_level_worker(std::move(node)).status(); !s.ok()) return s;
+  } else if (Status s = net.add_remote_worker(1).status(); !s.ok()) {
+    return s;
+  }
   CallableHandle h;
-  for (NodeCallable& c : node_callables(*sub)) {
-    const bool mine = c.name() == callable;
-    Result<CallableHandle> r = net.register_callable(std::move(c));
+  for (const NodeCallable& c : callables) {
+    Result<CallableHandle> r = net.register_callable(c);
     if (!r.ok()) return r.status();
-    if (mine) h = *r;
+    if (c.name() == callable) h = *r;
   }
   if (Status s = net.init(); !s.ok()) return s;
   const TaskArgs args = make_args(net);
@@ -129,9 +136,13 @@ Json bandwidth_json(const Summary& s, uint64_t bytes) {
 Result<Json> mpi_latency() {
   if (Status s = require_job(); !s.ok()) return s;
   PeerPlan plan;
+  const auto no_args = [](Worker&) { return TaskArgs(); };
   Result<std::vector<double>> remote =
-      remote_runs("bench_mpi_one_sub", kLatencyWarmup, kLatencyRuns, 4ull << 20, [](Worker&) { return TaskArgs(); });
+      network_runs(false, "bench_mpi_one_sub", kLatencyWarmup, kLatencyRuns, 4ull << 20, no_args);
   if (!remote.ok()) return remote.status();
+  Result<std::vector<double>> local =
+      network_runs(true, "bench_mpi_one_sub", kLatencyWarmup, kLatencyRuns, 4ull << 20, no_args);
+  if (!local.ok()) return local.status();
   // The wire bytes of that run: its request (no tensors) out; ACK, ACCEPTED and TERMINAL back.
   std::vector<uint8_t> blob;
   if (Status s = encode_args_blob(TaskArgs(), blob); !s.ok()) return s;
@@ -141,12 +152,20 @@ Result<Json> mpi_latency() {
   if (!peer.ok()) return peer.status();
   std::vector<double> measured(peer->begin() + kLatencyWarmup, peer->end());
   const Summary r = summarize(std::move(*remote)), p = summarize(std::move(measured));
+  const Summary l = summarize(std::move(*local));
   Json j;
   j["unit"] = "us";
   j["simpler"] = summary_json(r);
   j["simpler"]["what"] =
       "Level::Network on rank 0, 1 remote node on rank 1 (1 sub worker): one NodeCallable task whose node run is "
       "one no-op sub task, submit -> wait";
+  // The same run through a forked node on rank 0: what the run costs
+  // without MPI, so the hop's own cost can be set against the ping-pong.
+  j["local_node"] = summary_json(l);
+  j["local_node"]["what"] = "the same run through a local forked node with the same configuration, same job";
+  j["ratio_vs_local"] = {{"p50", round3(r.p50 / l.p50)}};
+  j["mpi_adds_p50_us"] = round3(r.p50 - l.p50);
+  j["mpi_adds_vs_peer_p50"] = round3((r.p50 - l.p50) / p.p50);
   j["peer"] = summary_json(p);
   j["peer"]["what"] = fmt::format(
       "MPI_Send of {} bytes to rank 1 and MPI_Recv of its {}-byte answer (the run's request, and its ACK + "
@@ -160,8 +179,8 @@ Result<Json> mpi_latency() {
 Result<Json> mpi_bandwidth() {
   if (Status s = require_job(); !s.ok()) return s;
   PeerPlan plan;
-  Result<std::vector<double>> remote = remote_runs(
-      "bench_mpi_bytes", kBandwidthWarmup, kBandwidthRuns, 2 * kBandwidthBytes + (8ull << 20), [](Worker& net) {
+  Result<std::vector<double>> remote = network_runs(
+      false, "bench_mpi_bytes", kBandwidthWarmup, kBandwidthRuns, 2 * kBandwidthBytes + (8ull << 20), [](Worker& net) {
         TaskArgs a;
         auto x = net.malloc_shared(kBandwidthBytes);
         auto y = net.malloc_shared(kBandwidthBytes);

@@ -3,9 +3,14 @@
 // before either endpoint acts on it.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
+#include <thread>
 #include <vector>
 
+#include "dist/mpi_io.h"
 #include "dist/wire.h"
 #include "task/args_blob.h"
 
@@ -367,6 +372,35 @@ TEST(DistWire, ChunkCount) {
   EXPECT_EQ(chunk_count(kChunkBytes), 1u);
   EXPECT_EQ(chunk_count(kChunkBytes + 1), 2u);
 }
+
+// A poller that fell asleep (here: at once, for an hour) is woken by the
+// process's own thread when a run is published or a terminal handed over:
+// the answer must not wait out the sleep. Both orders: the wake lands
+// before the pause, or while it sleeps.
+void expect_wake_ends_the_pause(bool wake_first) {
+  constexpr uint64_t kHour = 3'600'000'000'000ull;
+  auto backoff = std::make_shared<Backoff>(kHour, 0, kHour);
+  auto entering = std::make_shared<std::atomic<bool>>(false);
+  std::promise<void> returned;
+  std::future<void> done = returned.get_future();
+  if (wake_first) backoff->wake();
+  std::thread poller([backoff, entering, r = std::move(returned)]() mutable {
+    entering->store(true);
+    backoff->pause();
+    r.set_value();
+  });
+  while (!entering->load()) std::this_thread::yield();
+  if (!wake_first) backoff->wake();
+  if (done.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    poller.detach();  // asleep for the hour; the process ends before it
+    FAIL() << "a woken Backoff::pause did not return within 30 s";
+  }
+  poller.join();
+}
+
+TEST(DistBackoff, AWakeBeforeThePauseEndsIt) { expect_wake_ends_the_pause(true); }
+
+TEST(DistBackoff, AWakeDuringTheSleepEndsIt) { expect_wake_ends_the_pause(false); }
 
 }  // namespace
 }  // namespace simpler::dist

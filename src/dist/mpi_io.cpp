@@ -1,9 +1,9 @@
 #include "dist/mpi_io.h"
 
 #include <sched.h>
-#include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 
 #include "base/errors.h"
@@ -12,19 +12,35 @@
 namespace simpler::dist {
 
 namespace {
-constexpr uint64_t kYieldNs = 200'000;  // after news, yield rather than sleep this long
-constexpr uint64_t kFirstSleepNs = 20'000;
 constexpr uint64_t kChunkWaitSleepNs = 50'000;
 }  // namespace
 
+bool Backoff::take_wake() {
+  if (!woken_.exchange(false, std::memory_order_acq_rel)) return false;
+  news();
+  return true;
+}
+
 void Backoff::pause() {
-  if (now_ns() - last_news_ns_ < kYieldNs) {
+  if (take_wake()) return;
+  if (now_ns() - last_news_ns_ < yield_ns_) {
     sched_yield();
     return;
   }
-  sleep_ns_ = sleep_ns_ == 0 ? kFirstSleepNs : std::min(sleep_ns_ * 2, max_sleep_ns_);
-  timespec ts{static_cast<time_t>(sleep_ns_ / 1'000'000'000ull), static_cast<long>(sleep_ns_ % 1'000'000'000ull)};
-  nanosleep(&ts, nullptr);
+  sleep_ns_ = sleep_ns_ == 0 ? first_sleep_ns_ : std::min(sleep_ns_ * 2, max_sleep_ns_);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::nanoseconds(sleep_ns_), [this] { return woken_.load(std::memory_order_acquire); });
+  }
+  take_wake();
+}
+
+void Backoff::wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_.store(true, std::memory_order_release);
+  }
+  cv_.notify_one();
 }
 
 Result<bool> try_recv_control(int rank, std::vector<uint8_t>& out) {

@@ -7,7 +7,10 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "base/clock.h"
@@ -21,21 +24,38 @@ namespace simpler::dist {
 inline constexpr int kWireMaxMessage = 512 << 10;
 
 // Polling MPI without burning a shared core: yields for a short while after
-// the last news, then sleeps, doubling up to `max_sleep_ns`.
+// the last news, then sleeps, doubling up to `max_sleep_ns`. MPI cannot wake
+// a parked thread, but the process's own threads can: wake() (any thread)
+// ends a sleep at once and counts as news, so a poller that dozed off while
+// nothing was held answers a run published, or a terminal handed over, at
+// once instead of a sleep later. news, pause and set_max_sleep: the polling
+// thread only.
 class Backoff {
  public:
-  explicit Backoff(uint64_t max_sleep_ns) : max_sleep_ns_(max_sleep_ns) {}
+  static constexpr uint64_t kYieldNs = 200'000;  // after news, yield rather than sleep this long
+  static constexpr uint64_t kFirstSleepNs = 20'000;
+
+  explicit Backoff(uint64_t max_sleep_ns, uint64_t yield_ns = kYieldNs, uint64_t first_sleep_ns = kFirstSleepNs)
+      : max_sleep_ns_(max_sleep_ns), yield_ns_(yield_ns), first_sleep_ns_(first_sleep_ns) {}
   void news() {
     last_news_ns_ = now_ns();
     sleep_ns_ = 0;
   }
   void pause();
   void set_max_sleep(uint64_t ns) { max_sleep_ns_ = ns; }
+  void wake();
 
  private:
+  bool take_wake();
+
   uint64_t max_sleep_ns_;
+  const uint64_t yield_ns_;
+  const uint64_t first_sleep_ns_;
   uint64_t last_news_ns_ = now_ns();
   uint64_t sleep_ns_ = 0;
+  std::atomic<bool> woken_{false};
+  std::mutex mu_;  // orders wake() against a sleeper's check, so no wake is lost
+  std::condition_variable cv_;
 };
 
 // One control message from `rank` if one is waiting: true and `out` filled,

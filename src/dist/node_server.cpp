@@ -108,6 +108,8 @@ class NodeServer {
 
   std::mutex done_mu_;  // the node's scheduler thread hands terminals over
   std::vector<std::unique_ptr<Held>> done_;
+  // The serve loop's polling; a terminal handed over wakes it.
+  Backoff backoff_{kIdleSleepNs};
 };
 
 void NodeServer::post(std::vector<uint8_t> bytes) {
@@ -196,7 +198,6 @@ Status NodeServer::run() {
   const uint64_t network_timeout = ms_to_ns(options_.network_timeout);
   uint64_t next_beat = 0;
   std::vector<uint8_t> buf;
-  Backoff backoff(kIdleSleepNs);
   Status result;
   for (;;) {
     const uint64_t now = now_ns();
@@ -214,7 +215,7 @@ Status NodeServer::run() {
     }
     if (*got) {
       last_heard_ns_ = now_ns();
-      backoff.news();
+      backoff_.news();
       if (!handle(buf, result)) break;
       continue;
     }
@@ -223,8 +224,8 @@ Status NodeServer::run() {
                           options_.network_timeout.count());
       break;
     }
-    backoff.set_max_sleep(in_flight_ != 0 ? kBusySleepNs : kIdleSleepNs);
-    backoff.pause();
+    backoff_.set_max_sleep(in_flight_ != 0 ? kBusySleepNs : kIdleSleepNs);
+    backoff_.pause();
   }
   // Every run still held ends with the node; its terminal is not sent.
   (void)node_->close(std::chrono::milliseconds(10'000));
@@ -373,8 +374,11 @@ void NodeServer::handle_request(const Message& m) {
       [this, owner](const Status& result) {
         auto mine = std::make_unique<Held>(std::move(*owner));
         mine->result = result;
-        std::lock_guard<std::mutex> lock(done_mu_);
-        done_.push_back(std::move(mine));
+        {
+          std::lock_guard<std::mutex> lock(done_mu_);
+          done_.push_back(std::move(mine));
+        }
+        backoff_.wake();
       },
       *diagnostics);
 }

@@ -260,6 +260,7 @@ Status RemotePort::send_request(uint32_t e) {
                                         reinterpret_cast<const uint8_t*>(row.addr + row.offset), row.bytes, en.sends),
                             "{}", who());
   }
+  receive_backoff_.wake();
   return Status();
 }
 
@@ -380,7 +381,6 @@ void RemotePort::receive_loop() {
   const uint64_t period_ns = std::max<uint64_t>(timeout_ns / 10, 1'000'000);
   uint64_t next_beat = 0;
   std::vector<uint8_t> buf;
-  Backoff backoff(1'000'000);
   while (!stop_.load() && !mpi_finalizing()) {
     const uint64_t now = now_ns();
     if (now >= next_beat) {
@@ -403,15 +403,22 @@ void RemotePort::receive_loop() {
     Result<bool> got = try_recv_control(rank_, buf);
     if (!got.ok() || *got) {
       last_heard_ns_.store(now_ns());
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!got.ok()) {
-        poison_locked(make_error(StatusCode::kAborted, "{} broke the protocol, the endpoint stopped (R9): {}", who(),
-                                 got.status().message()));
-      } else {
-        handle(buf);
+      bool news_for_scheduler = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        const size_t pending = pending_.size();
+        if (!got.ok()) {
+          poison_locked(make_error(StatusCode::kAborted, "{} broke the protocol, the endpoint stopped (R9): {}", who(),
+                                   got.status().message()));
+        } else {
+          handle(buf);
+        }
+        // A heartbeat or an ACK gives the scheduler nothing to do: waking it
+        // would cost a hand-off per message on a shared core.
+        news_for_scheduler = pending_.size() != pending || poisoned_.has_value();
       }
-      if (ctx_.bell != nullptr) ctx_.bell->ring();
-      backoff.news();
+      if (news_for_scheduler && ctx_.bell != nullptr) ctx_.bell->ring();
+      receive_backoff_.news();
       continue;
     }
     if (now_ns() - last_heard_ns_.load() > timeout_ns) {
@@ -420,7 +427,9 @@ void RemotePort::receive_loop() {
                                "{} sent nothing for {} ms (heartbeat_timeout): the rank is presumed dead", who(),
                                options_.heartbeat_timeout.count()));
     }
-    backoff.pause();
+    const bool holding = free_count_.load(std::memory_order_acquire) < entries_.size();
+    receive_backoff_.set_max_sleep(holding ? kBusySleepNs : kIdleSleepNs);
+    receive_backoff_.pause();
   }
 }
 

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "dist/mpi_io.h"
 #include "dist/mpi_session.h"
 #include "dist/wire.h"
 #include "node/external_worker.h"
@@ -43,6 +44,11 @@ struct RemotePortSends;
 
 class RemotePort final : public ExternalWorker {
  public:
+  // Receiver sleeps: while nothing is held only heartbeats come, and a
+  // publish wakes it; while a run is held its answer may come any moment.
+  static constexpr uint64_t kIdleSleepNs = 1'000'000;
+  static constexpr uint64_t kBusySleepNs = 50'000;
+
   // Says hello to `rank` and checks its answer (granted sets, callables)
   // before returning; then starts the receiver thread.
   static Result<std::unique_ptr<ExternalWorker>> start(int rank, RemoteNodeOptions options, const ExternalContext& ctx);
@@ -154,6 +160,9 @@ class RemotePort final : public ExternalWorker {
   std::unique_ptr<RemotePortSends> sends_;
   bool closed_ = false;
   std::atomic<bool> stop_{false};
+  // The receiver's polling; woken when a request goes out, so a receiver
+  // that slept through a quiet spell sees the answer without its sleep.
+  Backoff receive_backoff_{kIdleSleepNs};
   std::thread receiver_;
 };
 
