@@ -312,7 +312,8 @@ std::vector<uint8_t> chunk_bytes(std::string_view name, uint64_t file_bytes = 8,
 // and its data inside its file; what the network then checks before writing
 // (a relative name inside the run's directory, the bounds) names the field.
 TEST(DistWire, FileChunksAreBoundedAndTheirNamesConfined) {
-  auto m = decode_message(chunk_bytes("chip0/task0/args_dump/args.bin"));
+  const auto good = chunk_bytes("chip0/task0/args_dump/args.bin");  // the views point into it
+  auto m = decode_message(good);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   EXPECT_EQ(m->file_name, "chip0/task0/args_dump/args.bin");
   EXPECT_EQ(m->file_data.size(), 8u);
