@@ -33,6 +33,17 @@ void check(std::span<const uint8_t> in) {
     FUZZ_CHECK(r.bytes != 0 && r.bytes <= kWireMaxTensorBytes);
     FUZZ_CHECK(r.offset % kRowAlignment == 0 && r.offset <= r.buffer_bytes && r.bytes <= r.buffer_bytes - r.offset);
   }
+  FUZZ_CHECK(m->config.size() <= kWireMaxConfig);
+  if (m->kind == MsgKind::kFiles) {
+    // A chunk lies inside its file; a name that passes the check stays inside the run's directory.
+    FUZZ_CHECK(m->file_data.size() <= kFileChunkBytes && m->file.offset <= m->file.file_bytes &&
+               m->file_data.size() <= m->file.file_bytes - m->file.offset);
+    if (validate_file_chunk(*m).ok()) {
+      FUZZ_CHECK(!m->file_name.empty() && m->file_name.front() != '/' && m->file_name.find("..") != 0);
+      FUZZ_CHECK(m->file_name.find("/../") == std::string_view::npos &&
+                 m->file_name.find("//") == std::string_view::npos);
+    }
+  }
   const Classified reply = classify_reply(*m, kSession, entries);
   if (reply.verdict == Verdict::kAccept) {
     FUZZ_CHECK(m->h.entry < count && m->h.generation % 2 == 1 && m->h.generation == entries[m->h.entry].generation);

@@ -131,7 +131,7 @@ HEADERS = {
 
 # --- MPI wire (src/dist/wire.h): 9 bytes of fuzzer prelude (entry count,
 # 8 generations), then one message: the 64-byte header and its payload ---
-WIRE_MAGIC, WIRE_VERSION = 0x49504D53, 2
+WIRE_MAGIC, WIRE_VERSION = 0x49504D53, 3
 
 
 def wire(kind, payload=b"", session=0x5E55, entry=0, tensors=0, generation=3, epoch=9, code=0, value=0,
@@ -140,6 +140,11 @@ def wire(kind, payload=b"", session=0x5E55, entry=0, tensors=0, generation=3, ep
                     code, len(payload) if size is None else size)
     assert len(h) == 64
     return bytes([1, 3, 4, 5, 0, 0, 0, 0, 0]) + h + payload
+
+
+def wire_files(name=b"chip0/task0/trace.json", data=b"{}", file_bytes=None, offset=0, index=0, files=2, total=64):
+    head = struct.pack("<QQII", len(data) if file_bytes is None else file_bytes, offset, index, len(name))
+    return wire(14, head + name + data, tensors=files, value=total)
 
 
 def wire_request(generation=5, entry=0):
@@ -160,6 +165,15 @@ WIRE = {
     "request": wire_request(),
     "request_stale": wire_request(generation=1),
     "request_unattributable": wire_request(entry=7),
+    "request_config": wire(3, bytes(32) + struct.pack("<QQQQII", 0x10000, 4096, 0, 4096, 1, 0)
+                           + blob(record(addr=0x10000, nbytes=4096)) + bytes(24), tensors=1, generation=5, epoch=0,
+                           value=24),
+    "clock_ping": wire(12, generation=0, epoch=0, value=12345),
+    "clock_pong": wire(13, generation=0, epoch=0, value=12399),
+    "files": wire_files(),
+    "files_dotdot": wire_files(name=b"../../x.json"),
+    "files_outside": wire_files(offset=60, file_bytes=61),
+    "files_name_long": wire_files(name=b"a" * 600),
     "bad_magic": wire(4, magic=0),
     "bad_size": wire(4, size=4),
 }

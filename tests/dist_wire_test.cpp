@@ -277,6 +277,96 @@ TEST(DistWire, RequestsAreClassifiedAsR7ToR9Say) {
   EXPECT_EQ(classify(0, 6), Verdict::kUnattributable);
 }
 
+// Issue 12 through a remote node: a request carries the run's CallConfig
+// bytes after its args blob, bounded by the header's value.
+TEST(DistWire, RequestCarriesItsCallConfig) {
+  const TaskArgs args = two_tensor_args();
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(encode_args_blob(args, blob).ok());
+  auto plan = plan_tensors(args);
+  ASSERT_TRUE(plan.ok());
+  const std::vector<uint8_t> config{'C', 'C', 'F', 'G', 1, 2, 3};
+  const auto bytes = encode_request(kSession, 0, 1, 7, Digest{}, plan->rows, blob, config);
+  auto m = decode_message(bytes);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(std::vector<uint8_t>(m->config.begin(), m->config.end()), config);
+  EXPECT_TRUE(decode_args_blob(m->args_blob.data(), m->args_blob.size()).ok());
+  for (uint64_t value : {uint64_t{kWireMaxConfig} + 1, uint64_t{bytes.size()}}) {
+    auto bad = bytes;
+    WireHeader h = get_header(bad);
+    h.value = value;
+    set_header(bad, h);
+    auto r = decode_message(bad);
+    ASSERT_FALSE(r.ok()) << value;
+    EXPECT_NE(r.status().message().find("value"), std::string::npos) << r.status().message();
+  }
+}
+
+std::vector<uint8_t> chunk_bytes(std::string_view name, uint64_t file_bytes = 8, uint64_t offset = 0,
+                                 uint32_t index = 0, uint32_t files = 2, uint64_t total = 16, size_t data = 8) {
+  const std::vector<uint8_t> d(data, 0xab);
+  return encode_file_chunk(kSession, 0, 1, 9, 7, files, total, FileChunkHead{file_bytes, offset, index, 0}, name, d);
+}
+
+// A FILES chunk decodes only when its name and data lie inside its payload
+// and its data inside its file; what the network then checks before writing
+// (a relative name inside the run's directory, the bounds) names the field.
+TEST(DistWire, FileChunksAreBoundedAndTheirNamesConfined) {
+  const auto good = chunk_bytes("chip0/task0/args_dump/args.bin");  // the views point into it
+  auto m = decode_message(good);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->file_name, "chip0/task0/args_dump/args.bin");
+  EXPECT_EQ(m->file_data.size(), 8u);
+  EXPECT_TRUE(validate_file_chunk(*m).ok());
+  // Layout: the decoder refuses.
+  struct Layout {
+    std::vector<uint8_t> bytes;
+    const char* names;
+  };
+  auto long_name = chunk_bytes("trace.json");
+  FileChunkHead f;
+  std::memcpy(&f, long_name.data() + sizeof(WireHeader), sizeof f);
+  f.name_bytes = 1000;
+  std::memcpy(long_name.data() + sizeof(WireHeader), &f, sizeof f);
+  const Layout layouts[] = {{chunk_bytes("trace.json", 8, 4), "offset"},
+                            {chunk_bytes("trace.json", 4), "offset"},
+                            {long_name, "name_bytes"},
+                            {chunk_bytes("t", kWireMaxFileBytes, 0, 0, 2, 16, kFileChunkBytes + 1), "chunk"}};
+  for (const Layout& l : layouts) {
+    auto r = decode_message(l.bytes);
+    ASSERT_FALSE(r.ok()) << l.names;
+    EXPECT_NE(r.status().message().find(l.names), std::string::npos) << r.status().message();
+  }
+  // Content: decoded, then refused by the check, naming the field.
+  struct Content {
+    std::vector<uint8_t> bytes;
+    const char* names;
+  };
+  const Content contents[] = {
+      {chunk_bytes("../trace.json"), "\"..\""},
+      {chunk_bytes("chip0/../../x"), "\"..\""},
+      {chunk_bytes("/etc/passwd"), "absolute"},
+      {chunk_bytes("a//b"), "component \"\""},
+      {chunk_bytes("./a"), "component \".\""},
+      {chunk_bytes("a/"), "component \"\""},
+      {chunk_bytes("a b"), "byte 0x20"},
+      {chunk_bytes(std::string(kWireMaxFileName + 1, 'a')), "name of"},
+      {chunk_bytes("", 8), "name of 0 bytes"},
+      {chunk_bytes("t", kWireMaxFileBytes + 1, 0, 0, 2, kWireMaxShipmentBytes), "file_bytes"},
+      {chunk_bytes("t", 8, 0, 0, 2, 4), "file_bytes"},
+      {chunk_bytes("t", 8, 0, 0, 2, kWireMaxShipmentBytes + 1), "value"},
+      {chunk_bytes("t", 8, 0, 2, 2), "file_index"},
+      {chunk_bytes("t", 8, 0, 0, kWireMaxFiles + 1), "tensor_count"},
+  };
+  for (const Content& c : contents) {
+    auto r = decode_message(c.bytes);
+    ASSERT_TRUE(r.ok()) << c.names << ": " << r.status().to_string();
+    const Status st = validate_file_chunk(*r);
+    ASSERT_FALSE(st.ok()) << c.names;
+    EXPECT_NE(st.message().find(c.names), std::string::npos) << st.message();
+  }
+}
+
 TEST(DistWire, ChunkCount) {
   EXPECT_EQ(chunk_count(0), 0u);
   EXPECT_EQ(chunk_count(1), 1u);

@@ -83,6 +83,9 @@ Result<ExampleReport> run_network_mpi(const ExampleOptions& options) {
   const int slots = pipeline_slots(options, runs);
   WorkerConfig net_config;
   net_config.pipeline_depth = options.pipeline_depth;
+  // --trace / --dump-args: one trace.json with the network's, every node's and
+  // their chips' lanes; a remote node's files come back over MPI.
+  net_config.call = options.call;
   net_config.shared_heap_bytes = (4ull << 20) + 4ull * kBytes * nodes * static_cast<uint64_t>(slots);
   Worker net(Level::Network, net_config);
   std::pair<std::unique_ptr<Worker>, CallableHandle> local;

@@ -55,12 +55,17 @@ Status splice(const Json& doc, const TraceFragment& f, const std::string& prefix
   if (auto l = other->find("swimlane_level"); l != other->end() && l->is_number_unsigned()) {
     level = std::max(level, l->get<uint32_t>());
   }
+  // Another host's pids may be this one's: a remote fragment's move to their own range.
+  const int64_t pid_shift = f.remote_rank >= 0 ? int64_t{f.remote_rank} << kRemotePidShift : 0;
   if (auto r = other->find("runs"); r != other->end()) {
     if (!r->is_array()) return invalid_argument("{}: otherData.runs is not an array", f.path);
     for (Json run : *r) {
       if (!run.is_object()) return invalid_argument("{}: an entry of otherData.runs is not an object", f.path);
       if (auto label = run.find("label"); label != run.end() && label->is_string()) {
         *label = prefix + label->get<std::string>();
+      }
+      if (auto pid = run.find("pid"); pid != run.end() && pid->is_number_integer() && pid_shift != 0) {
+        *pid = pid->get<int64_t>() + pid_shift;
       }
       runs.push_back(run.dump());
     }
@@ -75,6 +80,7 @@ Status splice(const Json& doc, const TraceFragment& f, const std::string& prefix
     auto pid = e.find("pid");
     if (pid == e.end() || !pid->is_number_integer())
       return invalid_argument("{}: event {} has no integer pid", f.path, i);
+    if (pid_shift != 0) *pid = pid->get<int64_t>() + pid_shift;
     if (auto id = e.find("id"); id != e.end()) {
       if (!id->is_number_unsigned()) return invalid_argument("{}: event {}: id is not an unsigned integer", f.path, i);
       const uint64_t v = id->get<uint64_t>();
@@ -110,9 +116,16 @@ Result<MergedTrace> merge_trace(const HostTrace& host, const std::vector<TraceFr
                                             json_escape(host.label.c_str()))};
   uint32_t level = host.level;
   uint64_t next_flow_id = 1;
+  std::vector<std::string> remote;
   for (const TraceFragment& f : fragments) {
+    if (f.remote_rank >= 0) {
+      remote.push_back(fmt::format(
+          R"({{"path":"{}","rank":{},"clock_offset_ns":{},"clock_rtt_ns":{}{}}})", json_escape(f.path.c_str()),
+          f.remote_rank, f.clock_offset_ns, f.clock_rtt_ns,
+          f.refused.empty() ? std::string() : fmt::format(R"(,"refused":"{}")", json_escape(f.refused.c_str()))));
+    }
     std::error_code ec;
-    if (!std::filesystem::exists(f.path, ec)) {
+    if (!f.refused.empty() || !std::filesystem::exists(f.path, ec)) {
       out.missing.push_back(f.path);
       continue;
     }
@@ -131,8 +144,8 @@ Result<MergedTrace> merge_trace(const HostTrace& host, const std::vector<TraceFr
   for (const std::string& m : out.missing) missing.push_back(fmt::format("\"{}\"", json_escape(m.c_str())));
   out.document = fmt::format(
       "{{\"displayTimeUnit\":\"ns\",\n\"otherData\":{{\"simpler_trace_version\":{},\"swimlane_level\":{},"
-      "\"runs\":[{}],\"fragments_missing\":[{}]}},\n\"traceEvents\":[\n{}\n]}}\n",
-      kTraceFormatVersion, level, fmt::join(runs, ","), fmt::join(missing, ","), events);
+      "\"runs\":[{}],\"fragments_missing\":[{}],\"remote_fragments\":[{}]}},\n\"traceEvents\":[\n{}\n]}}\n",
+      kTraceFormatVersion, level, fmt::join(runs, ","), fmt::join(missing, ","), fmt::join(remote, ","), events);
   return out;
 }
 

@@ -36,11 +36,23 @@ struct HostTrace {
 };
 
 // A child's trace.json, where its part of the run is.
+inline constexpr int kRemotePidShift = 22;
+
 struct TraceFragment {
   std::string path;
   // The parent's clock minus the child's, added to every timestamp (0 for a
   // forked child: one host, one steady_clock).
   int64_t clock_offset_ns = 0;
+  // A remote (MPI) node's fragment: its rank (-1: a forked child) and the
+  // round trip of the ping-pong the offset came from; listed with both in
+  // otherData.remote_fragments.
+  // Its pids are moved up by rank << kRemotePidShift (above any Linux pid),
+  // so another host's processes never share one with this host's.
+  int remote_rank = -1;
+  uint64_t clock_rtt_ns = 0;
+  // Why the fragment's files were refused on arrival (empty: not refused);
+  // a refused fragment is missing, and remote_fragments says why.
+  std::string refused;
 };
 
 struct MergedTrace {

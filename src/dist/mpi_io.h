@@ -19,8 +19,9 @@
 namespace simpler::dist {
 
 // The largest control message either side sends (a request with a full
-// args blob, a terminal with its text, a hello reply with every digest).
-inline constexpr int kWireMaxMessage = 64 << 10;
+// args blob, a terminal with its text, a hello reply with every digest, a
+// FILES chunk).
+inline constexpr int kWireMaxMessage = 512 << 10;
 
 // Polling MPI without burning a shared core: yields for a short while after
 // the last news, then sleeps, doubling up to `max_sleep_ns`. MPI cannot wake

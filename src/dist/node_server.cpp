@@ -1,10 +1,16 @@
 #include "dist/node_server.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 
 #include "base/errors.h"
+#include "diag/call_config.h"
 #include "dist/mpi_io.h"
 #include "dist/mpi_session.h"
 #include "node/shared_heap.h"
@@ -18,6 +24,10 @@ constexpr uint64_t kBusySleepNs = 50'000;     // runs in flight: terminals are n
 constexpr uint64_t kIdleSleepNs = 1'000'000;  // nothing held: only a request can come
 
 uint64_t ms_to_ns(std::chrono::milliseconds ms) { return static_cast<uint64_t>(ms.count()) * 1'000'000ull; }
+
+// A shipment's chunks in flight at most: beyond it the server waits for the
+// network to take some, so a large dump never sits in memory whole.
+constexpr uint64_t kShipmentInFlightBytes = 32ull << 20;
 
 struct Posted {
   std::vector<uint8_t> bytes;
@@ -33,6 +43,7 @@ struct Held {
   uint64_t n = 0;  // which request, from 1
   std::vector<TensorRow> rows;
   std::vector<uint64_t> allocs;  // per row, in the server's heap
+  std::string files_dir;         // the run's private directory when it records; removed after its shipment
   Status result;
 };
 
@@ -66,6 +77,11 @@ class NodeServer {
   void stop(const Status& why);
   void post(std::vector<uint8_t> bytes);
   void send_terminal(std::unique_ptr<Held> h);
+  // Sends every file under h.files_dir as FILES chunks, then removes it.
+  void ship_files(const Held& h);
+  // The run's diagnostics from the request's CallConfig (bounded,
+  // validating): its files go to a private directory of this host.
+  Result<NodeWorker::RunDiagnostics> diagnostics_of(const Message& m, Held& h);
   void fail_request(std::unique_ptr<Held> h, const Status& why);
   void free_allocs(const std::vector<uint64_t>& allocs);
   // A heap block, waiting while sends in flight still hold blocks.
@@ -88,6 +104,7 @@ class NodeServer {
   uint64_t last_heard_ns_ = 0;
   std::vector<Posted> control_;
   std::vector<Outgoing> outgoing_;
+  std::string scratch_;  // this server's directory for the runs' private ones
 
   std::mutex done_mu_;  // the node's scheduler thread hands terminals over
   std::vector<std::unique_ptr<Held>> done_;
@@ -223,6 +240,8 @@ Status NodeServer::run() {
   for (Outgoing& o : outgoing_) {
     for (MPI_Request& r : o.reqs) MPI_Request_free(&r);
   }
+  std::error_code ec;
+  if (!scratch_.empty()) std::filesystem::remove_all(scratch_, ec);
   return result;
 }
 
@@ -233,6 +252,12 @@ bool NodeServer::handle(const std::vector<uint8_t>& bytes, Status& result) {
     return true;
   }
   if (m->kind == MsgKind::kShutdown && m->h.session == session_) return false;
+  if (m->kind == MsgKind::kClockPing) {
+    if (m->h.session == session_)
+      post(encode_simple(MsgKind::kClockPong, session_, 0, 0, 0, m->h.value,
+                         static_cast<uint64_t>(static_cast<int64_t>(now_ns()) + hooks_.pong_skew_ns)));
+    return true;
+  }
   if (m->kind == MsgKind::kHeartbeat || stopped_) return true;
   if (m->kind == MsgKind::kMemoryQuery) {
     if (auto info = node_->memory_info(); info.ok()) {
@@ -330,6 +355,11 @@ void NodeServer::handle_request(const Message& m) {
     a.tensor = TensorView::from_parts(DeviceBuffer{h->allocs[row], m.rows[row].bytes}, t.dtype(), t.ndim(), shape,
                                       stride, rebased);
   }
+  auto diagnostics = diagnostics_of(m, *h);
+  if (!diagnostics.ok()) {
+    fail_request(std::move(h), diagnostics.status());
+    return;
+  }
   const NodeCallable& callable = callables_[k];
   Held* held = h.get();
   const auto orchestration = [&, held](Orchestrator& o) {
@@ -339,15 +369,90 @@ void NodeServer::handle_request(const Message& m) {
   };
   // The terminal reaches this thread through done_, from whichever thread ends the run.
   std::shared_ptr<Held> owner(h.release());
-  (void)node_->submit(orchestration, [this, owner](const Status& result) {
-    auto mine = std::make_unique<Held>(std::move(*owner));
-    mine->result = result;
-    {
-      std::lock_guard<std::mutex> lock(done_mu_);
-      done_.push_back(std::move(mine));
-    }
-    backoff_.wake();
-  });
+  (void)node_->submit(
+      orchestration,
+      [this, owner](const Status& result) {
+        auto mine = std::make_unique<Held>(std::move(*owner));
+        mine->result = result;
+        {
+          std::lock_guard<std::mutex> lock(done_mu_);
+          done_.push_back(std::move(mine));
+        }
+        backoff_.wake();
+      },
+      *diagnostics);
+}
+
+Result<NodeWorker::RunDiagnostics> NodeServer::diagnostics_of(const Message& m, Held& h) {
+  SIMPLER_ASSIGN_OR_RETURN(const diag::ChildCallConfig c, diag::decode_call_config(m.config.data(), m.config.size()),
+                           "node task {}: the request's CallConfig", m.h.dispatch_id);
+  NodeWorker::RunDiagnostics d;
+  if (c.call.swimlane_level == 0 && c.call.dump_args == DumpArgs::Off) return d;
+  if (scratch_.empty()) {
+    scratch_ = (std::filesystem::temp_directory_path() /
+                fmt::format("simpler_serve_{}_{}", launcher_rank(), static_cast<long>(::getpid())))
+                   .string();
+  }
+  // The network's directory may not exist on this host: the run records
+  // here, and its files travel back named relative to this directory.
+  h.files_dir = fmt::format("{}/run{}", scratch_, h.run_epoch);
+  std::error_code ec;
+  std::filesystem::remove_all(h.files_dir, ec);
+  d.call = c.call;
+  d.call.trace_dir = h.files_dir;
+  d.trace_label = fmt::format("node{}", c.child_index);
+  return d;
+}
+
+void NodeServer::ship_files(const Held& h) {
+  namespace fs = std::filesystem;
+  std::vector<ShippedFile> files;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(h.files_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    ShippedFile f;
+    f.path = it->path().string();
+    f.name = it->path().lexically_relative(h.files_dir).generic_string();
+    f.bytes = f.send = it->file_size(ec);
+    if (ec) break;
+    files.push_back(std::move(f));
+  }
+  std::sort(files.begin(), files.end(), [](const ShippedFile& a, const ShippedFile& b) { return a.name < b.name; });
+  if (hooks_.on_shipment) hooks_.on_shipment(h.n, files);
+  uint64_t total = 0;
+  for (ShippedFile& f : files) {
+    f.send = std::min(f.send, f.bytes);
+    total += f.bytes;
+  }
+  // A shipment the network would refuse is not sent: its fragment shows as
+  // missing there, and the run's result is unchanged.
+  const bool sendable = !ec && !files.empty() && files.size() <= kWireMaxFiles && total <= kWireMaxShipmentBytes;
+  const uint64_t deadline = now_ns() + ms_to_ns(options_.network_timeout);
+  std::vector<uint8_t> chunk(kFileChunkBytes);
+  Backoff backoff(kBusySleepNs);
+  for (uint32_t i = 0; sendable && i < files.size(); ++i) {
+    const ShippedFile& f = files[i];
+    std::FILE* in = std::fopen(f.path.c_str(), "rb");
+    if (in == nullptr) break;
+    uint64_t off = 0;
+    do {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kFileChunkBytes, f.send - off));
+      if (n != 0 && std::fread(chunk.data(), 1, n, in) != n) break;
+      for (;;) {
+        uint64_t in_flight = 0;
+        for (const Posted& p : control_) in_flight += p.bytes.size();
+        if (in_flight < kShipmentInFlightBytes || now_ns() >= deadline) break;
+        reap();
+        backoff.pause();
+      }
+      post(encode_file_chunk(session_, h.entry, h.generation, h.run_epoch, h.dispatch_id,
+                             static_cast<uint32_t>(files.size()), total, FileChunkHead{f.bytes, off, i, 0}, f.name,
+                             std::span<const uint8_t>(chunk.data(), n)));
+      off += n;
+    } while (off < f.send);
+    std::fclose(in);
+  }
+  fs::remove_all(h.files_dir, ec);
 }
 
 void NodeServer::fail_request(std::unique_ptr<Held> h, const Status& why) {
@@ -372,6 +477,8 @@ void NodeServer::send_terminal(std::unique_ptr<Held> h) {
   if (stopped_) {
     // The network already ended this run when it read STOPPED.
     free_allocs(out.allocs);
+    std::error_code ec;
+    if (!h->files_dir.empty()) std::filesystem::remove_all(h->files_dir, ec);
     return;
   }
   std::vector<uint64_t> sizes;
@@ -383,6 +490,8 @@ void NodeServer::send_terminal(std::unique_ptr<Held> h) {
       returned.push_back(k);
     }
   }
+  // The files first: the network has them in place when it reads the terminal.
+  if (!h->files_dir.empty()) ship_files(*h);
   out.header = encode_terminal(session_, h->entry, h->generation, h->run_epoch, h->dispatch_id, h->result, sizes);
   if (hooks_.before_terminal) {
     WireHeader wh;

@@ -1,8 +1,11 @@
 #include "dist/remote_port.h"
 
+#include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "base/errors.h"
+#include "diag/call_config.h"
 #include "dist/mpi_io.h"
 #include "task/args_blob.h"
 
@@ -18,6 +21,10 @@ struct Posted {
 namespace {
 
 uint64_t ms_to_ns(std::chrono::milliseconds ms) { return static_cast<uint64_t>(ms.count()) * 1'000'000ull; }
+
+constexpr int kClockPings = 4;  // at start; the one with the shortest round trip counts
+constexpr size_t kPingsRemembered = 8;
+constexpr size_t kNotesKept = 1024;  // shipment notes no traced run took (dump-only runs)
 
 // Time for `bytes` of tensor data to arrive once their terminal did: the
 // heartbeat bound plus a floor rate of 100 MB/s.
@@ -118,8 +125,43 @@ Result<std::unique_ptr<ExternalWorker>> RemotePort::start(int rank, RemoteNodeOp
     }
   }
   const uint64_t granted = std::min<uint64_t>(m->h.value, kWireMaxEntries);
+  // The node's clock against this one before any run: a few ping-pongs (the
+  // node sends only heartbeats until it has a request); the shortest counts.
+  ClockEstimate clock;
+  for (int i = 0; i < kClockPings; ++i) {
+    const uint64_t sent = now_ns();
+    SIMPLER_RETURN_IF_ERROR(post_control(rank, encode_simple(MsgKind::kClockPing, session, 0, 0, 0, 0, sent), posted));
+    for (;;) {
+      reap(posted);
+      SIMPLER_ASSIGN_OR_RETURN(const bool got_pong, try_recv_control(rank, buf), "MPI rank {}", rank);
+      if (got_pong) {
+        const uint64_t back = now_ns();
+        auto p = decode_message(buf);
+        if (!p.ok()) {
+          return give_up(Status(p.status().code(), fmt::format("MPI rank {}: {}", rank, p.status().message())));
+        }
+        if (p->kind == MsgKind::kHeartbeat) continue;
+        if (p->kind != MsgKind::kClockPong || p->h.session != session || p->h.dispatch_id != sent) {
+          return give_up(invalid_argument("MPI rank {} answered a clock ping with {}", rank, msg_kind_name(p->kind)));
+        }
+        const uint64_t rtt = back - sent;
+        if (clock.rtt_ns == 0 || rtt < clock.rtt_ns) {
+          clock.rtt_ns = rtt;
+          clock.offset_ns = static_cast<int64_t>(sent + rtt / 2) - static_cast<int64_t>(p->h.value);
+        }
+        break;
+      }
+      if (now_ns() >= deadline) {
+        return give_up(make_error(StatusCode::kDeadlineExceeded, "MPI rank {} answered no clock ping within {} ms",
+                                  rank, options.ready_timeout.count()));
+      }
+      backoff.pause();
+    }
+  }
   while (!posted.empty() && now_ns() < deadline) reap(posted);
   std::unique_ptr<RemotePort> port(new RemotePort(rank, options, ctx, session, granted));
+  port->clock_ = clock;
+  port->best_rtt_ns_ = clock.rtt_ns;
   port->receiver_ = std::thread([p = port.get()] { p->receive_loop(); });
   return std::unique_ptr<ExternalWorker>(std::move(port));
 }
@@ -151,6 +193,18 @@ Result<Publication> RemotePort::publish(const PublishSpec& spec) {
   SIMPLER_ASSIGN_OR_RETURN(const TaskArgs args, decode_args_blob(spec.args_blob.data(), spec.args_blob.size()), "{}",
                            who());
   SIMPLER_ASSIGN_OR_RETURN(TensorPlan plan, plan_tensors(args), "{}", who());
+  // Where the node's files for this task go: where a forked node would write them.
+  std::string files_dir;
+  if (spec.config.size() > kWireMaxConfig) {
+    return invalid_argument("{}: a CallConfig of {} bytes exceeds {}", who(), spec.config.size(), kWireMaxConfig);
+  }
+  if (!spec.config.empty()) {
+    SIMPLER_ASSIGN_OR_RETURN(const diag::ChildCallConfig c,
+                             diag::decode_call_config(spec.config.data(), spec.config.size()), "{}", who());
+    if (c.call.swimlane_level > 0 || c.call.dump_args != DumpArgs::Off) {
+      files_dir = diag::child_trace_dir(c.call.trace_dir, "node", c.child_index, spec.task_slot);
+    }
+  }
   for (const TensorRow& r : plan.rows) {
     if (!ctx_.shared.contains(r.addr, r.buffer_bytes)) {
       return out_of_range("{}: buffer {:#x}+{} is not in the network's shared heap, the only memory sent to a node",
@@ -175,8 +229,10 @@ Result<Publication> RemotePort::publish(const PublishSpec& spec) {
   en.task_slot = spec.task_slot;
   en.published_ns = now_ns();
   en.plan = std::move(plan);
-  en.request =
-      encode_request(session_, e, en.id.generation, spec.dispatch_id, spec.callable, en.plan.rows, spec.args_blob);
+  en.files_dir = files_dir;
+  en.shipment = Shipment{};
+  en.request = encode_request(session_, e, en.id.generation, spec.dispatch_id, spec.callable, en.plan.rows,
+                              spec.args_blob, spec.config);
   if (!spec.staged) {
     if (Status st = send_request(e); !st.ok()) {
       // Not live: the entry goes back unreported, and the endpoint stops.
@@ -249,6 +305,7 @@ void RemotePort::finish(uint32_t e, const Status& status, bool endpoint_failure)
   ev.accepted = en.accepted_reported;
   ev.endpoint_failure = endpoint_failure;
   pending_.push_back(std::move(ev));
+  settle_shipment(en, endpoint_failure, status);
   if (!en.sends.empty()) {
     // The request's bytes must outlive its sends; a dead peer never completes them.
     if (endpoint_failure) {
@@ -332,6 +389,14 @@ void RemotePort::receive_loop() {
       // One heartbeat in flight at most: a dead peer never completes one.
       if (!poisoned_ && sends_->control.size() < 4) {
         (void)post_control(rank_, encode_simple(MsgKind::kHeartbeat, session_, 0, 0, 0, 0), sends_->control);
+        // A clock ping rides with each heartbeat, so the estimate follows a drift.
+        const uint64_t sent = now_ns();
+        {
+          std::lock_guard<std::mutex> clock_lock(note_mu_);
+          pings_.push_back(sent);
+          if (pings_.size() > kPingsRemembered) pings_.erase(pings_.begin());
+        }
+        (void)post_control(rank_, encode_simple(MsgKind::kClockPing, session_, 0, 0, 0, 0, sent), sends_->control);
       }
       next_beat = now + period_ns;
     }
@@ -379,6 +444,9 @@ void RemotePort::handle(const std::vector<uint8_t>& bytes) {
   switch (m->kind) {
     case MsgKind::kHeartbeat:
       return;
+    case MsgKind::kClockPong:
+      if (m->h.session == session_) clock_sample(m->h.dispatch_id, m->h.value, now_ns());
+      return;
     case MsgKind::kStopped:
       poison_locked(make_error(StatusCode::kAborted, "{} stopped its endpoint: {}", who(), std::string(m->text)));
       return;
@@ -393,6 +461,7 @@ void RemotePort::handle(const std::vector<uint8_t>& bytes) {
     case MsgKind::kAck:
     case MsgKind::kAccepted:
     case MsgKind::kTerminal:
+    case MsgKind::kFiles:
       handle_reply(*m);
       return;
     default:
@@ -411,6 +480,7 @@ void RemotePort::handle_reply(const Message& m) {
     // R8: a past occupant's reply changes nothing; its chunks are drained by
     // their own tag so they are never taken for the occupant's.
     stale_.fetch_add(1);
+    if (m.kind == MsgKind::kFiles) return;  // its bytes rode in the message
     for (uint64_t bytes : m.sizes) {
       if (Status st = recv_chunks(rank_, kTagDataBase + static_cast<int>(e), nullptr, bytes,
                                   transfer_deadline(timeout_ns, bytes));
@@ -436,6 +506,10 @@ void RemotePort::handle_reply(const Message& m) {
   }
   if (m.kind == MsgKind::kAck) {
     en.id.run_epoch = m.h.run_epoch;
+    return;
+  }
+  if (m.kind == MsgKind::kFiles) {
+    handle_file_chunk(en, m);
     return;
   }
   if (m.kind == MsgKind::kAccepted) {
@@ -486,6 +560,136 @@ Status RemotePort::receive_outputs(const TensorRow& row, const std::vector<Tenso
   SIMPLER_RETURN_IF_ERROR(recv_chunks(rank_, tag, staging_.data(), row.bytes, deadline_ns));
   scatter_writes(row, writes, staging_.data(), base);
   return Status();
+}
+
+void RemotePort::handle_file_chunk(Entry& en, const Message& m) {
+  Shipment& s = en.shipment;
+  if (!s.refused.empty()) return;  // the rest of a refused shipment is dropped as it comes
+  const auto refuse = [&](const Status& why) {
+    discard(en, fmt::format("{}: task {}'s files refused: {}", who(), en.dispatch_id, why.message()));
+  };
+  if (en.files_dir.empty()) return refuse(invalid_argument("FILES for a run that records nothing"));
+  if (Status st = validate_file_chunk(m); !st.ok()) return refuse(st);
+  if (s.files == 0) {
+    s.files = m.h.tensor_count;
+    s.bytes = m.h.value;
+  } else if (s.files != m.h.tensor_count || s.bytes != m.h.value) {
+    return refuse(invalid_argument("FILES: tensor_count {} / value {} differ from the shipment's first chunk ({} / {})",
+                                   m.h.tensor_count, m.h.value, s.files, s.bytes));
+  }
+  auto [it, fresh] = s.by_index.try_emplace(m.file.file_index);
+  Shipment::File& f = it->second;
+  if (fresh) {
+    for (const auto& [i, other] : s.by_index) {
+      if (i != m.file.file_index && other.name == m.file_name) {
+        return refuse(invalid_argument("FILES: name \"{}\" names files {} and {}", m.file_name, i, m.file.file_index));
+      }
+    }
+    f.name = std::string(m.file_name);
+    f.bytes = m.file.file_bytes;
+    s.declared += f.bytes;
+    if (s.declared > s.bytes) {
+      return refuse(invalid_argument("FILES: file_bytes of the files sent so far ({}) exceed value, the shipment's {}",
+                                     s.declared, s.bytes));
+    }
+  } else if (f.name != m.file_name || f.bytes != m.file.file_bytes) {
+    return refuse(invalid_argument("FILES: file_index {} changed its name or file_bytes mid-file", m.file.file_index));
+  }
+  if (f.done) return refuse(invalid_argument("FILES: file \"{}\" got a chunk after its last byte", f.name));
+  if (m.file.offset != f.received) {
+    return refuse(invalid_argument("FILES: offset {} of \"{}\", expected {} (a file's chunks come in order)",
+                                   m.file.offset, f.name, f.received));
+  }
+  const std::filesystem::path path = std::filesystem::path(en.files_dir) / f.name;
+  if (f.out == nullptr) {
+    std::error_code ec;
+    std::filesystem::create_directories(path.parent_path(), ec);
+    f.out = std::fopen((path.string() + ".part").c_str(), "wb");
+    if (f.out == nullptr) return refuse(internal_error("{}: cannot create it", path.string()));
+  }
+  if (!m.file_data.empty() && std::fwrite(m.file_data.data(), 1, m.file_data.size(), f.out) != m.file_data.size()) {
+    return refuse(internal_error("{}: write failed", path.string()));
+  }
+  f.received += m.file_data.size();
+  if (f.received == f.bytes) {
+    const bool closed = std::fclose(f.out) == 0;
+    f.out = nullptr;
+    std::error_code ec;
+    if (closed) std::filesystem::rename(path.string() + ".part", path, ec);
+    if (!closed || ec) return refuse(internal_error("{}: could not be completed", path.string()));
+    f.done = true;
+  }
+}
+
+void RemotePort::discard(Entry& en, const std::string& why) {
+  Shipment& s = en.shipment;
+  if (s.refused.empty()) s.refused = why;
+  for (auto& [i, f] : s.by_index) {
+    if (f.out != nullptr) std::fclose(f.out);
+    f.out = nullptr;
+    const std::filesystem::path path = std::filesystem::path(en.files_dir) / f.name;
+    std::error_code ec;
+    std::filesystem::remove(path.string() + ".part", ec);
+    if (f.done) std::filesystem::remove(path, ec);
+  }
+  s.by_index.clear();
+}
+
+void RemotePort::settle_shipment(Entry& en, bool endpoint_failure, const Status& status) {
+  if (en.files_dir.empty()) return;
+  Shipment& s = en.shipment;
+  if (s.refused.empty()) {
+    uint64_t received = 0;
+    uint32_t whole = 0;
+    for (const auto& [i, f] : s.by_index) {
+      received += f.received;
+      whole += f.done ? 1 : 0;
+    }
+    if (endpoint_failure && !s.by_index.empty()) {
+      discard(en, fmt::format("{}: task {}'s files refused: the endpoint stopped mid-shipment: {}", who(),
+                              en.dispatch_id, status.message()));
+    } else if (whole != s.files || received != s.bytes) {
+      discard(en, fmt::format("{}: task {}'s files refused: FILES: truncated, {} of {} files and {} of {} bytes "
+                              "arrived before the TERMINAL",
+                              who(), en.dispatch_id, whole, s.files, received, s.bytes));
+    }
+  }
+  if (!s.refused.empty()) {
+    std::lock_guard<std::mutex> lock(note_mu_);
+    if (notes_.size() >= kNotesKept) notes_.erase(notes_.begin());
+    notes_[{en.run_id, en.task_slot}] = ShipmentNote{s.refused};
+  }
+  en.shipment = Shipment{};
+}
+
+void RemotePort::clock_sample(uint64_t sent_ns, uint64_t node_ns, uint64_t back_ns) {
+  std::lock_guard<std::mutex> lock(note_mu_);
+  // Only an answer to a ping this side sent, and one that came back after it.
+  auto it = std::find(pings_.begin(), pings_.end(), sent_ns);
+  if (it == pings_.end() || back_ns < sent_ns) return;
+  pings_.erase(it);
+  const uint64_t rtt = back_ns - sent_ns;
+  // The node read its clock somewhere inside the round trip: taken at its
+  // midpoint, the estimate is off by at most half of it. A sample much
+  // slower than the best seen (a busy peer) would only widen that.
+  if (best_rtt_ns_ != 0 && rtt > 2 * best_rtt_ns_) return;
+  clock_.offset_ns = static_cast<int64_t>(sent_ns + rtt / 2) - static_cast<int64_t>(node_ns);
+  clock_.rtt_ns = rtt;
+  best_rtt_ns_ = best_rtt_ns_ == 0 ? rtt : std::min(best_rtt_ns_, rtt);
+}
+
+ClockEstimate RemotePort::clock() const {
+  std::lock_guard<std::mutex> lock(note_mu_);
+  return clock_;
+}
+
+std::optional<ShipmentNote> RemotePort::take_shipment_note(uint64_t run_id, uint32_t task) {
+  std::lock_guard<std::mutex> lock(note_mu_);
+  auto it = notes_.find({run_id, task});
+  if (it == notes_.end()) return std::nullopt;
+  ShipmentNote n = std::move(it->second);
+  notes_.erase(it);
+  return n;
 }
 
 Result<MemoryInfo> RemotePort::memory_info(uint64_t deadline_ns) {

@@ -8,6 +8,11 @@
 // (R9), as does a rank that sends nothing for heartbeat_timeout. The grant
 // is checked at start (R68). Output bytes land straight in the network's
 // shared heap, at the addresses this side recorded, never ones from the wire.
+// A traced or dumping run carries its CallConfig with the request; the files
+// the node sends back for it (FILES, before the TERMINAL) are checked and
+// written under the directory a forked node would have written them to, or
+// refused whole (the run's result unchanged). Ping-pongs at start and with
+// each heartbeat estimate the node's clock against this one.
 // Threads: the scheduler thread calls the EndpointPort methods; a receiver
 // thread of its own takes every message from the rank; memory_info and close
 // come from the controlling thread.
@@ -19,6 +24,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -57,11 +64,29 @@ class RemotePort final : public ExternalWorker {
 
   Result<MemoryInfo> memory_info(uint64_t deadline_ns) override;
   Status close(uint64_t deadline_ns) override;
+  ClockEstimate clock() const override;
+  std::optional<ShipmentNote> take_shipment_note(uint64_t run_id, uint32_t task) override;
 
   // Replies refused as stale (R8) so far; any thread.
   uint64_t stale_replies() const { return stale_.load(); }
 
  private:
+  // The files of one run as they arrive (FILES), written as `<name>.part`
+  // and renamed once whole.
+  struct Shipment {
+    struct File {
+      std::string name;
+      uint64_t bytes = 0;
+      uint64_t received = 0;
+      std::FILE* out = nullptr;
+      bool done = false;
+    };
+    uint32_t files = 0;  // declared by its first chunk
+    uint64_t bytes = 0;
+    uint64_t declared = 0;  // the sum of the sizes of the files seen
+    std::map<uint32_t, File> by_index;
+    std::string refused;
+  };
   struct Entry {
     EntryIdentity id;  // generation odd while held; epoch from the ACK
     bool held = false;
@@ -74,6 +99,8 @@ class RemotePort final : public ExternalWorker {
     TensorPlan plan;
     std::vector<uint8_t> request;    // the encoded request, kept for the send
     std::vector<MPI_Request> sends;  // its input chunks in flight
+    std::string files_dir;           // where its files go; empty when it records nothing
+    Shipment shipment;
   };
 
   RemotePort(int rank, RemoteNodeOptions options, const ExternalContext& ctx, uint64_t session, uint64_t granted);
@@ -81,6 +108,12 @@ class RemotePort final : public ExternalWorker {
   // One control message from the rank; requires mu_.
   void handle(const std::vector<uint8_t>& bytes);
   void handle_reply(const Message& m);
+  void handle_file_chunk(Entry& en, const Message& m);
+  // Closes and removes every file of `s` (a refused shipment keeps nothing).
+  void discard(Entry& en, const std::string& why);
+  // At the run's terminal: a shipment not whole is refused; the note is kept for the trace.
+  void settle_shipment(Entry& en, bool endpoint_failure, const Status& status);
+  void clock_sample(uint64_t sent_ns, uint64_t node_ns, uint64_t back_ns);
   // Sends entry `e`'s request and input chunks; requires mu_.
   Status send_request(uint32_t e);
   // The event naming entry e's run, of `kind`; the caller adds what else it carries.
@@ -114,6 +147,15 @@ class RemotePort final : public ExternalWorker {
   std::optional<std::pair<uint64_t, uint64_t>> memory_reply_;  // total, free
   std::condition_variable memory_cv_;
   bool memory_query_ = false;
+
+  // Under note_mu_ (not mu_, which the receiver holds while bytes arrive):
+  // the clock estimate, and shipment notes by (run, task) until the trace
+  // merge takes them, bounded.
+  mutable std::mutex note_mu_;
+  std::map<std::pair<uint64_t, uint32_t>, ShipmentNote> notes_;
+  ClockEstimate clock_;
+  uint64_t best_rtt_ns_ = 0;     // 0: no sample yet
+  std::vector<uint64_t> pings_;  // the send times of the last pings, so a pong echoes one of them
 
   std::unique_ptr<RemotePortSends> sends_;
   bool closed_ = false;

@@ -32,6 +32,12 @@ const char* msg_kind_name(MsgKind k) {
       return "MEMORY_QUERY";
     case MsgKind::kMemoryReply:
       return "MEMORY_REPLY";
+    case MsgKind::kClockPing:
+      return "CLOCK_PING";
+    case MsgKind::kClockPong:
+      return "CLOCK_PONG";
+    case MsgKind::kFiles:
+      return "FILES";
   }
   return "?";
 }
@@ -63,7 +69,7 @@ std::vector<uint8_t> with_payload(WireHeader h, size_t payload) {
 // The payload length each kind allows, beyond what its own fields say.
 bool kind_without_payload(MsgKind k) {
   return k == MsgKind::kHello || k == MsgKind::kAck || k == MsgKind::kAccepted || k == MsgKind::kHeartbeat ||
-         k == MsgKind::kShutdown || k == MsgKind::kMemoryQuery;
+         k == MsgKind::kShutdown || k == MsgKind::kMemoryQuery || k == MsgKind::kClockPing || k == MsgKind::kClockPong;
 }
 
 Status decode_request(Message& m) {
@@ -97,7 +103,13 @@ Status decode_request(Message& m) {
       if (m.rows[j].addr == r.addr) return invalid_argument("REQUEST: tensor rows {} and {} name one buffer", j, i);
     }
   }
-  m.args_blob = p.subspan(fixed);
+  if (m.h.value > kWireMaxConfig || m.h.value > p.size() - fixed) {
+    return invalid_argument("REQUEST: value (CallConfig bytes) {} exceeds {} or the {} payload bytes after the rows",
+                            m.h.value, kWireMaxConfig, p.size() - fixed);
+  }
+  const size_t config_bytes = static_cast<size_t>(m.h.value);
+  m.args_blob = p.subspan(fixed, p.size() - fixed - config_bytes);
+  m.config = p.subspan(p.size() - config_bytes);
   if (m.args_blob.size() > kArgsBlobMaxBytes) {
     return invalid_argument("REQUEST: args blob of {} bytes exceeds {}", m.args_blob.size(), kArgsBlobMaxBytes);
   }
@@ -124,6 +136,30 @@ Status decode_request(Message& m) {
   }
   for (uint32_t k = 0; k < n; ++k) {
     if (!used[k]) return invalid_argument("REQUEST: tensor row {} is named by no argument", k);
+  }
+  return Status();
+}
+
+Status decode_files(Message& m) {
+  const auto p = m.payload;
+  if (p.size() < sizeof(FileChunkHead)) {
+    return invalid_argument("FILES: payload_bytes {} is shorter than the {}-byte chunk head", p.size(),
+                            sizeof(FileChunkHead));
+  }
+  std::memcpy(&m.file, p.data(), sizeof(FileChunkHead));
+  const FileChunkHead& f = m.file;
+  if (f.name_bytes > p.size() - sizeof(FileChunkHead)) {
+    return invalid_argument("FILES: name_bytes {} exceeds the {} payload bytes after the chunk head", f.name_bytes,
+                            p.size() - sizeof(FileChunkHead));
+  }
+  m.file_name = std::string_view(reinterpret_cast<const char*>(p.data()) + sizeof(FileChunkHead), f.name_bytes);
+  m.file_data = p.subspan(sizeof(FileChunkHead) + f.name_bytes);
+  if (m.file_data.size() > kFileChunkBytes) {
+    return invalid_argument("FILES: a chunk of {} bytes exceeds {}", m.file_data.size(), kFileChunkBytes);
+  }
+  if (f.offset > f.file_bytes || m.file_data.size() > f.file_bytes - f.offset) {
+    return invalid_argument("FILES: offset {} and {} bytes of data lie outside the file's {} bytes", f.offset,
+                            m.file_data.size(), f.file_bytes);
   }
   return Status();
 }
@@ -155,7 +191,7 @@ Result<Message> decode_message(std::span<const uint8_t> bytes) {
                             bytes.size() - sizeof(WireHeader));
   }
   m.payload = bytes.subspan(sizeof(WireHeader));
-  if (m.kind != MsgKind::kRequest && m.kind != MsgKind::kTerminal && h.tensor_count != 0) {
+  if (m.kind != MsgKind::kRequest && m.kind != MsgKind::kTerminal && m.kind != MsgKind::kFiles && h.tensor_count != 0) {
     return invalid_argument("{}: tensor_count is {}, expected 0", kind, h.tensor_count);
   }
   if (m.kind != MsgKind::kTerminal && h.status_code != 0) {
@@ -208,6 +244,9 @@ Result<Message> decode_message(std::span<const uint8_t> bytes) {
     case MsgKind::kStopped:
       SIMPLER_RETURN_IF_ERROR(decode_text(m, m.payload));
       return m;
+    case MsgKind::kFiles:
+      SIMPLER_RETURN_IF_ERROR(decode_files(m));
+      return m;
     case MsgKind::kMemoryReply: {
       if (m.payload.size() != sizeof(uint64_t)) {
         return invalid_argument("MEMORY_REPLY: payload_bytes is {}, expected 8", m.payload.size());
@@ -225,6 +264,43 @@ Result<Message> decode_message(std::span<const uint8_t> bytes) {
   return internal_error("{}: no decoder", kind);
 }
 
+Status validate_file_chunk(const Message& m) {
+  const std::string_view name = m.file_name;
+  if (m.h.tensor_count == 0 || m.h.tensor_count > kWireMaxFiles) {
+    return invalid_argument("FILES: tensor_count (files) {} outside [1, {}]", m.h.tensor_count, kWireMaxFiles);
+  }
+  if (m.file.file_index >= m.h.tensor_count) {
+    return invalid_argument("FILES: file_index {} is not below the {} files", m.file.file_index, m.h.tensor_count);
+  }
+  if (m.h.value > kWireMaxShipmentBytes) {
+    return invalid_argument("FILES: value (shipment bytes) {} exceeds {}", m.h.value, kWireMaxShipmentBytes);
+  }
+  if (m.file.file_bytes > kWireMaxFileBytes || m.file.file_bytes > m.h.value) {
+    return invalid_argument("FILES: file_bytes {} of file {} exceeds {} or the shipment's {}", m.file.file_bytes,
+                            m.file.file_index, kWireMaxFileBytes, m.h.value);
+  }
+  if (name.empty() || name.size() > kWireMaxFileName) {
+    return invalid_argument("FILES: name of {} bytes outside [1, {}]", name.size(), kWireMaxFileName);
+  }
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == '-' || c == '/';
+    if (!ok) return invalid_argument("FILES: name holds byte {:#04x}, outside [A-Za-z0-9._-/]", uint8_t(c));
+  }
+  if (name.front() == '/') return invalid_argument("FILES: name \"{}\" is absolute", name);
+  size_t at = 0;
+  for (;;) {
+    const size_t end = std::min(name.find('/', at), name.size());
+    const std::string_view part = name.substr(at, end - at);
+    if (part.empty() || part == "." || part == "..") {
+      return invalid_argument("FILES: name \"{}\" has a component \"{}\" (empty, . or ..)", name, part);
+    }
+    if (end == name.size()) break;
+    at = end + 1;
+  }
+  return Status();
+}
+
 std::vector<uint8_t> encode_simple(MsgKind kind, uint64_t session, uint32_t entry, uint64_t generation,
                                    uint64_t run_epoch, uint64_t dispatch_id, uint64_t value) {
   return with_payload(header(kind, session, entry, generation, run_epoch, dispatch_id, value), 0);
@@ -238,14 +314,33 @@ std::vector<uint8_t> encode_hello_reply(uint64_t session, uint64_t granted, std:
 
 std::vector<uint8_t> encode_request(uint64_t session, uint32_t entry, uint64_t generation, uint64_t dispatch_id,
                                     const Digest& callable, std::span<const TensorRow> rows,
-                                    std::span<const uint8_t> args_blob) {
-  WireHeader h = header(MsgKind::kRequest, session, entry, generation, 0, dispatch_id, 0);
+                                    std::span<const uint8_t> args_blob, std::span<const uint8_t> config) {
+  WireHeader h = header(MsgKind::kRequest, session, entry, generation, 0, dispatch_id, config.size());
   h.tensor_count = static_cast<uint32_t>(rows.size());
-  auto out = with_payload(h, kRequestFixedBytes + rows.size_bytes() + args_blob.size());
+  auto out = with_payload(h, kRequestFixedBytes + rows.size_bytes() + args_blob.size() + config.size());
   uint8_t* p = out.data() + sizeof(WireHeader);
   std::memcpy(p, callable.data(), sizeof(Digest));
   if (!rows.empty()) std::memcpy(p + kRequestFixedBytes, rows.data(), rows.size_bytes());
   if (!args_blob.empty()) std::memcpy(p + kRequestFixedBytes + rows.size_bytes(), args_blob.data(), args_blob.size());
+  if (!config.empty()) {
+    std::memcpy(p + kRequestFixedBytes + rows.size_bytes() + args_blob.size(), config.data(), config.size());
+  }
+  return out;
+}
+
+std::vector<uint8_t> encode_file_chunk(uint64_t session, uint32_t entry, uint64_t generation, uint64_t run_epoch,
+                                       uint64_t dispatch_id, uint32_t files, uint64_t shipment_bytes,
+                                       const FileChunkHead& head, std::string_view name,
+                                       std::span<const uint8_t> data) {
+  WireHeader h = header(MsgKind::kFiles, session, entry, generation, run_epoch, dispatch_id, shipment_bytes);
+  h.tensor_count = files;
+  auto out = with_payload(h, sizeof head + name.size() + data.size());
+  uint8_t* p = out.data() + sizeof(WireHeader);
+  FileChunkHead f = head;
+  f.name_bytes = static_cast<uint32_t>(name.size());
+  std::memcpy(p, &f, sizeof f);
+  if (!name.empty()) std::memcpy(p + sizeof f, name.data(), name.size());
+  if (!data.empty()) std::memcpy(p + sizeof f + name.size(), data.data(), data.size());
   return out;
 }
 

@@ -19,7 +19,7 @@
 namespace simpler::dist {
 
 inline constexpr uint32_t kWireMagic = 0x49504d53;  // "SMPI"
-inline constexpr uint16_t kWireVersion = 2;
+inline constexpr uint16_t kWireVersion = 3;
 // Control messages travel on kTagControl; the tensor bytes of the run that
 // occupies entry e on kTagDataBase + e, so the chunks of two runs never
 // interleave and a refused message's chunks can be drained by their own tag.
@@ -33,6 +33,17 @@ inline constexpr uint32_t kWireMaxEntries = 4096;  // remote runs in flight per 
 inline constexpr uint32_t kWireMaxCallables = 1024;
 inline constexpr uint32_t kWireMaxText = 16384;
 inline constexpr uint64_t kWireMaxTensorBytes = 1ull << 40;
+// A request's CallConfig (the CCFG wire form, diag/call_config.h), as a
+// forked node's mailbox request carries it in its config region.
+inline constexpr uint32_t kWireMaxConfig = 1024;
+// A traced or dumping run's files (its node trace.json and argument dumps)
+// travel back to the network as FILES messages of at most kFileChunkBytes of
+// data each, named relative to the run's directory there.
+inline constexpr uint64_t kFileChunkBytes = 256u << 10;
+inline constexpr uint32_t kWireMaxFiles = 4096;
+inline constexpr uint32_t kWireMaxFileName = 512;
+inline constexpr uint64_t kWireMaxFileBytes = 1ull << 32;
+inline constexpr uint64_t kWireMaxShipmentBytes = 1ull << 34;
 
 enum class MsgKind : uint16_t {
   kHello = 1,         // network -> node: session, requested sets (R68)
@@ -46,8 +57,11 @@ enum class MsgKind : uint16_t {
   kShutdown = 9,      // network -> node: drain and exit serve_node
   kMemoryQuery = 10,  // network -> node: memory_info
   kMemoryReply = 11,  // node -> network: total, free
+  kClockPing = 12,    // network -> node: value = the network's clock (ns) when sent
+  kClockPong = 13,    // node -> network: value = the node's clock when it answered; dispatch_id = the ping's value
+  kFiles = 14,        // node -> network: one chunk of one file of a run's shipment, before its TERMINAL
 };
-inline constexpr uint16_t kMsgKindLast = 11;
+inline constexpr uint16_t kMsgKindLast = 14;
 const char* msg_kind_name(MsgKind k);
 
 // Every message starts with this header; payload_bytes more bytes follow in
@@ -58,11 +72,12 @@ struct WireHeader {
   uint16_t kind;
   uint64_t session;        // the network's, chosen at hello; every later message carries it
   uint32_t entry;          // the entry the run occupies on the network's side
-  uint32_t tensor_count;   // request: tensor table rows; terminal: buffers returned
+  uint32_t tensor_count;   // request: tensor table rows; terminal: buffers returned; files: files shipped
   uint64_t generation;     // the entry's occupancy generation, odd while occupied (R7)
   uint64_t run_epoch;      // minted by the node per request it takes (ACK), echoed after
   uint64_t dispatch_id;    // the network's task id, echoed (diagnostics)
-  uint64_t value;          // hello: sets requested; reply: granted; memory reply: total bytes
+  uint64_t value;          // hello: sets requested; reply: granted; memory reply: total bytes;
+                           // request: CallConfig bytes; files: the shipment's bytes; clock: a clock
   int32_t status_code;     // terminal: the run's StatusCode
   uint32_t payload_bytes;  // after the header
 };
@@ -97,11 +112,24 @@ static_assert(offsetof(TensorRow, flags) == 32);
 
 // Layouts of the payloads:
 //   hello reply: digests (32 bytes each, header.value >= requested)
-//   request:     callable digest (32), tensor_count rows, then the args blob
+//   request:     callable digest (32), tensor_count rows, the args blob, then value bytes of CallConfig
+//   files:       a FileChunkHead, its name, then the chunk's data
 //   terminal:    tensor_count uint64 sizes (the returned buffers), then the text
 //   stopped:     the text
 //   memory reply: free bytes (uint64)
 inline constexpr size_t kRequestFixedBytes = sizeof(Digest);
+
+// One FILES message: bytes [offset, offset + data) of file file_index (of
+// the header's tensor_count) whose whole size is file_bytes. A file's chunks
+// come in order; an empty file is one chunk without data.
+struct FileChunkHead {
+  uint64_t file_bytes;
+  uint64_t offset;
+  uint32_t file_index;
+  uint32_t name_bytes;
+};
+static_assert(sizeof(FileChunkHead) == 24);
+static_assert(offsetof(FileChunkHead, file_index) == 16);
 
 // How many chunk messages carry `bytes` (0 for 0).
 inline constexpr uint64_t chunk_count(uint64_t bytes) { return (bytes + kChunkBytes - 1) / kChunkBytes; }
@@ -116,6 +144,11 @@ struct Message {
   Digest callable{};
   std::vector<TensorRow> rows;
   std::span<const uint8_t> args_blob;
+  std::span<const uint8_t> config;  // CCFG bytes; empty: no diagnostics
+  // kFiles
+  FileChunkHead file{};
+  std::string_view file_name;
+  std::span<const uint8_t> file_data;
   // kTerminal: the returned buffers' sizes; kStopped, kTerminal: the text
   std::vector<uint64_t> sizes;
   std::string_view text;
@@ -131,13 +164,23 @@ struct Message {
 // names a tensor buffer that is not exactly one of its rows.
 Result<Message> decode_message(std::span<const uint8_t> bytes);
 
+// What the network checks of a FILES chunk beyond its layout, before any of
+// it touches its disk: the name is relative and stays in the run's directory
+// (1..kWireMaxFileName bytes of [A-Za-z0-9._-/], no empty, `.` or `..`
+// component), and the file, file count and shipment are within the bounds
+// above. A refusal names the field; it refuses the shipment, not the run.
+Status validate_file_chunk(const Message& m);
+
 // Encoders (the sender's own values; the decoder is the check).
 std::vector<uint8_t> encode_simple(MsgKind kind, uint64_t session, uint32_t entry, uint64_t generation,
                                    uint64_t run_epoch, uint64_t dispatch_id, uint64_t value = 0);
 std::vector<uint8_t> encode_hello_reply(uint64_t session, uint64_t granted, std::span<const Digest> digests);
 std::vector<uint8_t> encode_request(uint64_t session, uint32_t entry, uint64_t generation, uint64_t dispatch_id,
                                     const Digest& callable, std::span<const TensorRow> rows,
-                                    std::span<const uint8_t> args_blob);
+                                    std::span<const uint8_t> args_blob, std::span<const uint8_t> config = {});
+std::vector<uint8_t> encode_file_chunk(uint64_t session, uint32_t entry, uint64_t generation, uint64_t run_epoch,
+                                       uint64_t dispatch_id, uint32_t files, uint64_t shipment_bytes,
+                                       const FileChunkHead& head, std::string_view name, std::span<const uint8_t> data);
 std::vector<uint8_t> encode_terminal(uint64_t session, uint32_t entry, uint64_t generation, uint64_t run_epoch,
                                      uint64_t dispatch_id, const Status& status, std::span<const uint64_t> sizes);
 std::vector<uint8_t> encode_text(MsgKind kind, uint64_t session, std::string_view text);

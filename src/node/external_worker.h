@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "base/doorbell.h"
@@ -30,6 +32,20 @@ struct ExternalContext {
   uint64_t run_deadline_ns = 0;   // config.run_timeout; 0 = none
 };
 
+// The external node's clock as this process sees it: this clock minus the
+// node's, estimated from a ping-pong whose round trip took rtt_ns (so the
+// estimate is off by at most rtt_ns / 2).
+struct ClockEstimate {
+  int64_t offset_ns = 0;
+  uint64_t rtt_ns = 0;
+};
+
+// What became of the files a traced or dumping task sent back: `refused`
+// says why none of them was kept (empty: kept, or none was sent).
+struct ShipmentNote {
+  std::string refused;
+};
+
 class ExternalWorker : public EndpointPort {
  public:
   // Device memory of the node behind it (the sum over its chips).
@@ -37,6 +53,11 @@ class ExternalWorker : public EndpointPort {
   // Asks the node to drain and stop; every run still held at deadline_ns
   // gets a terminal. OK for an orderly end.
   virtual Status close(uint64_t deadline_ns) = 0;
+  // The latest clock estimate; any thread.
+  virtual ClockEstimate clock() const = 0;
+  // The note on task `task` of run `run_id`'s files, once: the scheduler
+  // thread asks as it merges the run's trace, after the task's terminal.
+  virtual std::optional<ShipmentNote> take_shipment_note(uint64_t run_id, uint32_t task) = 0;
 };
 
 using ExternalWorkerFactory = std::function<Result<std::unique_ptr<ExternalWorker>>(const ExternalContext&)>;

@@ -594,7 +594,18 @@ Status NodeWorker::export_trace(const NodeRun& run) const {
     // From the publication's start: the child may take the task before the
     // publishing thread reads the clock again.
     h.slices.push_back({tid, name, times.publish_ns, std::max(times.end_ns, times.published_ns), args});
-    if (!t.sub) fragments.push_back({diag::child_trace_dir(run.parts_dir, kind, worker, t.index) + "/trace.json", 0});
+    if (t.sub) return;
+    diag::TraceFragment f{diag::child_trace_dir(run.parts_dir, kind, worker, t.index) + "/trace.json"};
+    if (ExternalWorker* x = external_[worker].get(); x != nullptr) {
+      // Its files came over MPI (checked and written where a forked node's
+      // would be); its clock is mapped onto this one.
+      const ClockEstimate c = x->clock();
+      f.clock_offset_ns = c.offset_ns;
+      f.clock_rtt_ns = c.rtt_ns;
+      f.remote_rank = spec_.nodes[worker].remote_rank;
+      if (auto note = x->take_shipment_note(run.id, t.index)) f.refused = note->refused;
+    }
+    fragments.push_back(std::move(f));
   };
   for (const auto& t : run.tasks) {
     if (t->members.empty()) {
@@ -656,15 +667,6 @@ RunHandle NodeWorker::refused(const Status& why, const std::function<void(const 
 Status NodeWorker::check_diagnostics(const CallConfig& call) const {
   SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(call, "call."));
   if (call.swimlane_level == 0 && call.dump_args == DumpArgs::Off) return Status();
-  for (size_t i = 0; i < external_.size(); ++i) {
-    if (external_[i] != nullptr) {
-      // Its fragment would sit on another host's disk, on another clock.
-      return make_error(StatusCode::kUnimplemented,
-                        "call: next-level worker {} is a node on MPI rank {}: remote nodes record no traces or "
-                        "argument dumps yet",
-                        i, spec_.nodes[i].remote_rank);
-    }
-  }
   return Status();
 }
 

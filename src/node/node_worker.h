@@ -164,8 +164,7 @@ class NodeWorker {
   // exhaustion RESOURCE_EXHAUSTED, and `on_terminal` is still the caller's.
   Result<std::unique_ptr<NodeRun>> new_run(std::function<void(const Status&)>& on_terminal,
                                            const RunDiagnostics& diagnostics);
-  // INVALID_ARGUMENT naming the field, or UNIMPLEMENTED when a remote node
-  // would have to record (its files would sit on another host).
+  // INVALID_ARGUMENT naming the field.
   Status check_diagnostics(const CallConfig& call) const;
   // A traced run's trace.json: this process's host lanes and every next-level
   // child's fragment (scheduler thread, at retire, before the handle completes).
