@@ -484,7 +484,7 @@ TEST(Refusal, BadConfigAtInitChangesNothing) {
                                                  all_kernels(), {}))
                     .ok());
     EXPECT_REFUSED(w.init(), c.code, c.names);
-    EXPECT_EQ(thread_count(), threads) << "a refused init left threads behind";
+    EXPECT_EQ(settled_thread_count(threads), threads) << "a refused init left threads behind";
     // Still not initialised: device calls are refused as before init, and a retry fails the same way.
     EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");
     EXPECT_REFUSED(w.init(), c.code, c.names);
@@ -514,7 +514,7 @@ TEST(Refusal, UnknownRuntimeOrBackendIsRefusedAtInitNamingWhatIsBuilt) {
       EXPECT_REFUSED(st, StatusCode::kInvalidArgument,
                      bad_runtime ? "runtime = 'no_such_thing'" : "backend = 'no_such_thing'");
       EXPECT_TRUE(contains(st.message(), bad_runtime ? built : "sim")) << st.message();
-      EXPECT_EQ(thread_count(), threads) << "a refused init left threads behind";
+      EXPECT_EQ(settled_thread_count(threads), threads) << "a refused init left threads behind";
       EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");
       EXPECT_TRUE(w.close().ok());
     }
@@ -578,7 +578,7 @@ TEST(Refusal, AChildlessNodeOrNetworkIsRefused) {
       EXPECT_REFUSED(w.register_callable(noop).status(), StatusCode::kFailedPrecondition, "NodeCallables");
       EXPECT_REFUSED(w.init(), StatusCode::kInvalidArgument, "no next-level worker");
     }
-    EXPECT_EQ(thread_count(), threads);
+    EXPECT_EQ(settled_thread_count(threads), threads);
     EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");
   }
 }
@@ -946,7 +946,7 @@ TEST_P(Close, DestroyingAWorkerWithRunsInFlightIsClean) {
     ASSERT_TRUE(r.done());
     EXPECT_TRUE(r.result().ok()) << r.result().to_string();
   }
-  EXPECT_EQ(thread_count(), threads);
+  EXPECT_EQ(settled_thread_count(threads), threads);
 }
 
 }  // namespace

@@ -852,10 +852,10 @@ TEST_P(WorkerThreads, InitCreatesEveryDeviceThreadOnceAndRunsCreateNone) {
   std::vector<RunHandle> runs;
   for (int i = 0; i < 10; ++i) runs.push_back(w.submit(*h, {}));
   for (auto& r : runs) ASSERT_TRUE(wait_run(r).ok());
-  EXPECT_EQ(thread_count(), after_init) << "a run created (or left) a thread";
+  EXPECT_EQ(settled_thread_count(after_init), after_init) << "a run created (or left) a thread";
   EXPECT_EQ(g_count.load(), 200);
   ASSERT_TRUE(w.close().ok());
-  EXPECT_EQ(thread_count(), before) << "close left device threads behind";
+  EXPECT_EQ(settled_thread_count(before), before) << "close left device threads behind";
 }
 
 TEST_P(WorkerThreads, AnIdleWorkerLetsEveryThreadSleep) {

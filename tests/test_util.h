@@ -168,6 +168,21 @@ inline int thread_count() {
   return n;
 }
 
+// thread_count() once it reads `expected`, or at a 10 s deadline. A joined
+// thread can still be listed in /proc/self/task for a moment (the kernel
+// wakes the joiner before it reaps the thread), so a count taken right after
+// a join may be one high on a loaded machine; a thread really left behind
+// still fails the comparison, at the deadline.
+inline int settled_thread_count(int expected) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int n = thread_count();
+  while (n != expected && std::chrono::steady_clock::now() < end) {
+    std::this_thread::yield();
+    n = thread_count();
+  }
+  return n;
+}
+
 // The scheduler state letter ('R', 'S', ...) of every thread of this process
 // but the calling one.
 inline std::vector<char> other_thread_states() {
