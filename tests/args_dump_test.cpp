@@ -759,6 +759,9 @@ void expect_same_dump(const ArgsDump& a, const ArgsDump& b, const std::string& w
     EXPECT_EQ(p.bytes, q.bytes) << what;
     EXPECT_EQ(p.metadata_only, q.metadata_only) << what;
     EXPECT_EQ(p.truncated, q.truncated) << what;
+    if (p.bytes == 0) continue;  // metadata only: no bytes in args.bin (which may then be empty)
+    ASSERT_LE(p.bin_offset + p.bytes, a.bin.size()) << what;
+    ASSERT_LE(q.bin_offset + q.bytes, b.bin.size()) << what;
     ASSERT_EQ(0, std::memcmp(a.bin.data() + p.bin_offset, b.bin.data() + q.bin_offset, p.bytes))
         << what << ": task " << p.task << " arg " << p.arg << " " << dump_stage_name(p.stage) << " differs";
   }
