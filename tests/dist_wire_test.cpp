@@ -390,7 +390,12 @@ void expect_wake_ends_the_pause(bool wake_first) {
     backoff->pause();
     r.set_value();
   });
-  while (!entering->load()) std::this_thread::yield();
+  const auto entered_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!entering->load() && std::chrono::steady_clock::now() < entered_by) std::this_thread::yield();
+  if (!entering->load()) {
+    poller.detach();
+    FAIL() << "the poller thread never started within 30 s";
+  }
   if (!wake_first) backoff->wake();
   if (done.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
     poller.detach();  // asleep for the hour; the process ends before it
