@@ -12,6 +12,7 @@
 
 #include "dist/mpi_io.h"
 #include "dist/wire.h"
+#include "gate.h"
 #include "task/args_blob.h"
 
 namespace simpler::dist {
@@ -390,9 +391,7 @@ void expect_wake_ends_the_pause(bool wake_first) {
     backoff->pause();
     r.set_value();
   });
-  const auto entered_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!entering->load() && std::chrono::steady_clock::now() < entered_by) std::this_thread::yield();
-  if (!entering->load()) {
+  if (!testing::eventually([&] { return entering->load(); })) {
     poller.detach();
     FAIL() << "the poller thread never started within 30 s";
   }
