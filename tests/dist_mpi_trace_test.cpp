@@ -63,6 +63,12 @@ int serve_rank(int rank) {
       if (n == 3) trace.send = trace.bytes / 2;
     };
   }
+  // Rank 1 sends its first dump's files under a name that climbs out.
+  if (g_case == "ARefusedDumpFailsItsRun" && rank == 1) {
+    hooks.on_shipment = [](uint64_t n, std::vector<dist::ShippedFile>& files) {
+      if (n == 1 && !files.empty()) files.back().name = "../../escaped.bin";
+    };
+  }
   // Rank 2 answers clock pings 5 s ahead of the shared clock its trace uses.
   if (g_case == "ARemoteNodesTraceNestsInsideItsServeSlice" && rank == 2) hooks.pong_skew_ns = kSkewNs;
   ServeOptions o;
@@ -324,6 +330,32 @@ TEST(DistMpiTrace, AMalformedShipmentIsRefusedAndTheRunFinishes) {
   std::set<std::string> names;
   for (const diag::TraceProcess& p : t->processes) names.insert(p.name);
   EXPECT_EQ(names, (std::set<std::string>{"network", "node1", "node1/chip0"}));
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// A dump-only run has no trace to mark a refused fragment in, and the dump
+// is what the user asked for: the run fails, naming the task, the node and
+// why its files were refused, and the node's outputs are still in place. The
+// next run's dump arrives whole.
+TEST(DistMpiTrace, ARefusedDumpFailsItsRun) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network();
+  CallConfig call;
+  call.dump_args = DumpArgs::Full;
+  call.trace_dir = fresh_dir("refused_dump");
+  const Status first = run_both(n, call, /*remote_only=*/true);
+  EXPECT_EQ(first.code(), StatusCode::kInternal) << first.to_string();
+  EXPECT_NE(first.message().find("argument dump from next-level worker 1 did not arrive"), std::string::npos)
+      << first.to_string();
+  EXPECT_NE(first.message().find("MPI rank 1"), std::string::npos) << first.to_string();
+  EXPECT_NE(first.message().find("\"..\""), std::string::npos) << first.to_string();
+  expect_outputs({&n.y1});
+  EXPECT_TRUE(find_args_dumps(call.trace_dir).empty());
+  EXPECT_FALSE(std::filesystem::exists(call.trace_dir + "/escaped.bin"));
+  ASSERT_TRUE(run_both(n, call, /*remote_only=*/true).ok());
+  const auto dumps = find_args_dumps(call.trace_dir);
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_EQ(dumps[0].first, "run2/node1/task0/chip0/task0");
   EXPECT_TRUE(n.w->close().ok());
 }
 

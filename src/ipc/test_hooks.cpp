@@ -245,6 +245,9 @@ CheckingStores::Target CheckingStores::classify(const void* p, uint64_t value) c
     return t;
   }
   t.entry = static_cast<int64_t>((off - kMailboxEntriesOffset) / kMailboxEntryStride);
+  const MailboxRunEntry& e = view_.entry(static_cast<size_t>(t.entry));
+  t.generation = load_acquire(e.entry_generation);
+  t.run_id = load_acquire(e.run_id);
   const uint64_t field = (off - kMailboxEntriesOffset) % kMailboxEntryStride;
   switch (field) {
     case kEntryOffRunEpoch:
@@ -295,8 +298,7 @@ std::string CheckingStores::check(const Target& t, uint64_t value) {
     return "";
   }
   if (t.entry < 0) return "";
-  const MailboxRunEntry& e = view_.entry(static_cast<size_t>(t.entry));
-  const uint64_t generation = load_acquire(e.entry_generation);
+  const uint64_t generation = t.generation;
   if (const uint64_t done = terminal_gen_[static_cast<size_t>(t.entry)]; done != 0) {
     // The next occupant's generation: odd, above the one the terminal ended.
     const uint64_t next = done % 2 == 1 ? done + 2 : done + 1;
@@ -335,16 +337,14 @@ void CheckingStores::account(const Target& t, uint64_t value) {
     }
     if (fatal_) shared(g_page->frame_lifecycles).fetch_add(1, std::memory_order_relaxed);
   } else if (t.kind == StoreKind::kEntryTerminal) {
-    const MailboxRunEntry& e = view_.entry(static_cast<size_t>(t.entry));
-    const uint64_t generation = load_acquire(e.entry_generation);
-    terminal_gen_[static_cast<size_t>(t.entry)] = generation;
+    terminal_gen_[static_cast<size_t>(t.entry)] = t.generation;
     if (fatal_) shared(g_page->entry_lifecycles).fetch_add(1, std::memory_order_relaxed);
     if (matched_) {
       const uint32_t i = shared(g_page->terminal_count).fetch_add(1);
       if (i < kLoggedTerminals) {
         TerminalRecord& r = g_page->terminals[i];
-        r.run_id = load_acquire(e.run_id);
-        r.generation = generation;
+        r.run_id = t.run_id;
+        r.generation = t.generation;
         r.pid = getpid();
         shared(r.state).store(static_cast<uint32_t>(value));
       }
@@ -368,7 +368,7 @@ void CheckingStores::kill_at(const Target& t, uint64_t value, FaultWhen when) {
   r.when = static_cast<uint32_t>(when);
   r.nth = count_;
   r.entry = t.entry >= 0 ? static_cast<uint32_t>(t.entry) : 0;
-  r.run_id = t.entry >= 0 ? load_acquire(view_.entry(static_cast<size_t>(t.entry)).run_id) : 0;
+  r.run_id = t.run_id;
   r.value = value;
   r.pid = getpid();
   r.killed_ns = now_ns();
@@ -396,6 +396,7 @@ void CheckingStores::store(const void* p, uint64_t value, F&& write) {
   fault_before(t, value);
   if (std::string bad = check(t, value); !bad.empty()) violation(bad);
   write();
+  if (after_write_) after_write_();
   account(t, value);
   fault_after(t, value);
 }
@@ -410,6 +411,11 @@ void CheckingStores::store64(uint64_t& word, uint64_t value) {
 
 void CheckingStores::store_bytes(void* dst, const void* src, size_t n) {
   store(dst, 0, [&] { std::memcpy(dst, src, n); });
+}
+
+void CheckingStores::set_after_write_hook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  after_write_ = std::move(hook);
 }
 
 uint64_t CheckingStores::violations() const {

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -125,12 +126,20 @@ class CheckingStores final : public StorePrimitive {
 
   uint64_t violations() const;
   std::string last_violation() const;
+  // Runs after each store and before the checker accounts for it: where the
+  // parent, reacting to the store, can interleave (the checker's own tests).
+  void set_after_write_hook(std::function<void()> hook);
 
  private:
   struct Target {
     StoreKind kind = StoreKind::kControl;
     int64_t frame = -1;  // request frame index
     int64_t entry = -1;  // entry index
+    // The entry's occupancy as it stood before the store: once a terminal is
+    // written the parent may release and occupy the entry again at once, so
+    // nothing about the ended occupancy may be read after the store.
+    uint64_t generation = 0;
+    uint64_t run_id = 0;
   };
   Target classify(const void* p, uint64_t value) const;
   // Before the store: what it would break; "" when legal.
@@ -159,6 +168,7 @@ class CheckingStores final : public StorePrimitive {
   std::vector<uint64_t> terminal_gen_;
   uint64_t violations_ = 0;
   std::string last_violation_;
+  std::function<void()> after_write_;
 };
 
 }  // namespace simpler

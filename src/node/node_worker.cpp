@@ -566,7 +566,26 @@ std::string NodeWorker::task_name(const NodeTask& t) const {
   return "task";
 }
 
-Status NodeWorker::export_trace(const NodeRun& run) const {
+NodeWorker::RefusedFiles NodeWorker::take_refused_files(const NodeRun& run) const {
+  RefusedFiles refused;
+  // Every task, not only the stamped ones: a dump-only run stamps no times.
+  const auto take = [&](const NodeTask& t, uint32_t worker) {
+    if (t.sub) return;
+    ExternalWorker* x = external_[worker].get();
+    if (x == nullptr) return;
+    if (auto note = x->take_shipment_note(run.id, t.index)) refused[{worker, t.index}] = std::move(note->refused);
+  };
+  for (const auto& t : run.tasks) {
+    if (t->members.empty()) {
+      take(*t, t->worker);
+    } else {
+      for (const GroupMember& m : t->members) take(*t, m.worker);
+    }
+  }
+  return refused;
+}
+
+Status NodeWorker::export_trace(const NodeRun& run, const RefusedFiles& refused) const {
   const bool network = spec_.level == Level::Network;
   const char* kind = network ? "node" : "chip";
   diag::HostTrace h;
@@ -603,7 +622,7 @@ Status NodeWorker::export_trace(const NodeRun& run) const {
       f.clock_offset_ns = c.offset_ns;
       f.clock_rtt_ns = c.rtt_ns;
       f.remote_rank = spec_.nodes[worker].remote_rank;
-      if (auto note = x->take_shipment_note(run.id, t.index)) f.refused = note->refused;
+      if (auto it = refused.find({worker, t.index}); it != refused.end()) f.refused = it->second;
     }
     fragments.push_back(std::move(f));
   };
@@ -621,10 +640,20 @@ Status NodeWorker::export_trace(const NodeRun& run) const {
 }
 
 void NodeWorker::on_retire(NodeRun& run) {
-  if (run.call.swimlane_level > 0) {
+  const bool dumping = run.call.dump_args != DumpArgs::Off;
+  if (run.call.swimlane_level > 0 || dumping) {
     Status st;
     try {
-      st = export_trace(run);
+      const RefusedFiles refused = take_refused_files(run);
+      if (run.call.swimlane_level > 0) st = export_trace(run, refused);
+      // A trace marks a refused fragment as missing; an argument dump is the
+      // evidence the user asked for, so losing it on the way back fails the
+      // run, as a dump this host could not write does.
+      if (dumping && !refused.empty() && st.ok()) {
+        const auto& [key, why] = *refused.begin();
+        st = internal_error("run {}: task {}'s argument dump from next-level worker {} did not arrive: {}", run.id,
+                            key.second, key.first, why);
+      }
     } catch (const std::bad_alloc&) {
       st = resource_exhausted("trace of run {}: host memory exhausted writing it", run.id);
     }

@@ -166,9 +166,15 @@ class NodeWorker {
                                            const RunDiagnostics& diagnostics);
   // INVALID_ARGUMENT naming the field.
   Status check_diagnostics(const CallConfig& call) const;
+  // Per (next-level worker, task): why that remote node's files for the task
+  // were refused (the fragment and dump they held are missing).
+  using RefusedFiles = std::map<std::pair<uint32_t, uint32_t>, std::string>;
+  // Takes the remote nodes' notes on the run's files (scheduler thread, at
+  // retire; each note can be taken once).
+  RefusedFiles take_refused_files(const NodeRun& run) const;
   // A traced run's trace.json: this process's host lanes and every next-level
   // child's fragment (scheduler thread, at retire, before the handle completes).
-  Status export_trace(const NodeRun& run) const;
+  Status export_trace(const NodeRun& run, const RefusedFiles& refused) const;
   std::string task_name(const NodeTask& t) const;
   // A refused submission: `on_terminal` is called with `why`, the handle is done.
   static RunHandle refused(const Status& why, const std::function<void(const Status&)>& on_terminal);

@@ -123,6 +123,42 @@ TEST(StoreOrder, T15CheckerCatchesEachBadSequence) {
   EXPECT_EQ(store_order_counts().violations, 0u);
 }
 
+// T15, R6: the parent may release and occupy an entry again the moment the
+// child's terminal lands. The checker must credit the terminal to the
+// occupancy it ended, not to the next one (which once failed the chaos run
+// with a false "store after its terminal" on the next occupant's staging).
+TEST(StoreOrder, T15ATerminalIsCreditedToTheOccupancyItEndedWhenTheParentReusesTheEntryAtOnce) {
+  auto m = SharedMapping::create_anonymous(*mailbox_size(2));
+  ASSERT_TRUE(m.ok());
+  auto view = MailboxView::attach(m->data(), m->size(), 2);
+  ASSERT_TRUE(view.ok());
+  const MailboxView v = *view;
+  CheckingStores s(v, /*fatal=*/false);
+  occupy(v, 0, 1, 10);
+  publish(v, 0, 0, 1, 100);
+  take(s, v, 0, 0, 100);
+  bool reused = false;
+  s.set_after_write_hook([&] {
+    if (reused || !mailbox_state_is_terminal(load_acquire(v.entry(0).state))) return;
+    reused = true;  // the parent, between the terminal store and the checker's accounting
+    store_release(v.entry(0).entry_generation, uint64_t{2});
+    occupy(v, 0, 3, 11);
+    publish(v, 0, 0, 3, 101);
+  });
+  finish(s, v, 0);
+  ASSERT_TRUE(reused);
+  take(s, v, 0, 0, 101);
+  EXPECT_EQ(s.violations(), 0u) << s.last_violation();
+  // The next occupancy's own terminal still ends it: a store after it is caught.
+  finish(s, v, 0);
+  s.store32(reinterpret_cast<uint32_t&>(v.entry(0).rc), 6);
+  EXPECT_EQ(s.violations(), 1u);
+  EXPECT_TRUE(contains(s.last_violation(),
+                       "entry_rc store into entry 0 (generation 3) after its terminal under "
+                       "generation 3"))
+      << s.last_violation();
+}
+
 // The thread-mode part: the real child loop and TestHandler on a thread.
 class Workload {
  public:
