@@ -1443,6 +1443,70 @@ TEST(CaptureService, R125TheLaneReservationABSchedule) {
   EXPECT_EQ(end.total, end.collected + end.dropped);
 }
 
+// R107: the four-call producer surface, each return value: try_begin
+// answers kDone (reserved) or kWouldBlock (the arena predicate, nothing
+// reserved), copy_chunk kInProgress until the last byte then kDone, commit
+// counts one collected, abandon one dropped. A strided gather (innermost
+// stride 2, rows of 8) resumed in 12-byte chunks, each ending mid-row, gives
+// the bytes of a one-shot gather.
+TEST(CaptureService, R107TheResumableProducerSurfaceAndAStridedGatherResumedAcrossChunks) {
+  DumpLaneConfig c;
+  c.arena_bytes = 8192;
+  Buf base(1024);
+  for (size_t i = 0; i < base.data.size(); ++i) base.data[i] = static_cast<float>(i);
+  DeviceBuffer d{reinterpret_cast<uint64_t>(base.data.data()), base.data.size() * sizeof(float)};
+  const int64_t shape[2] = {64, 8}, stride[2] = {16, 2};
+  const DumpSource strided{reinterpret_cast<const uint8_t*>(base.data.data()),
+                           TensorView::from_parts(d, DType::F32, 2, shape, stride, 1)};
+  std::vector<std::vector<uint8_t>> payloads;
+  const DumpLane::Sink sink = [&](const DumpRecord&, const uint8_t* a, size_t na, const uint8_t* b, size_t nb) {
+    std::vector<uint8_t> bytes(a, a + na);
+    bytes.insert(bytes.end(), b, b + nb);
+    payloads.push_back(std::move(bytes));
+  };
+  auto chunked = DumpLane::create(c).value();
+  ASSERT_EQ(chunked->try_begin(DumpRecord{}, &strided), DumpStep::kDone);
+  int steps = 0;
+  while (chunked->copy_chunk(12) == DumpStep::kInProgress) ++steps;
+  EXPECT_EQ(steps, 2048 / 12) << "a 2 KiB payload in 12-byte chunks";
+  const DumpCounts open = chunked->counts();
+  EXPECT_EQ(open.total, 1u);
+  EXPECT_EQ(open.collected, 0u) << "counted before commit";
+  chunked->commit();
+  EXPECT_EQ(chunked->counts().collected, 1u);
+  // The arena (8 KiB) holds the 2 KiB record and one more clamp-sized 4 KiB payload, not two.
+  Buf big(2048, 5.f);
+  const DumpSource sbig{reinterpret_cast<const uint8_t*>(big.data.data()), big.view()};
+  ASSERT_EQ(chunked->try_begin(DumpRecord{}, &sbig), DumpStep::kDone);
+  EXPECT_EQ(chunked->copy_chunk(4096), DumpStep::kDone);
+  chunked->commit();
+  EXPECT_EQ(chunked->try_begin(DumpRecord{}, &sbig), DumpStep::kWouldBlock);
+  EXPECT_FALSE(chunked->reservation_open());
+  EXPECT_EQ(chunked->counts().dropped, 0u) << "a would-block was charged";
+  chunked->drain(sink);  // the host acknowledges: room again
+  ASSERT_EQ(chunked->try_begin(DumpRecord{}, &sbig), DumpStep::kDone);
+  EXPECT_EQ(chunked->counts().total, 3u) << "the retry was counted again";
+  EXPECT_EQ(chunked->copy_chunk(1024), DumpStep::kInProgress);
+  chunked->abandon();
+  EXPECT_EQ(chunked->counts().dropped, 1u);
+  EXPECT_EQ(chunked->counts().total, chunked->counts().collected + chunked->counts().dropped);
+  ASSERT_TRUE(chunked->drain_final(sink).ok());
+  ASSERT_EQ(payloads.size(), 2u);
+
+  auto whole = DumpLane::create(c).value();
+  ASSERT_EQ(whole->try_begin(DumpRecord{}, &strided), DumpStep::kDone);
+  ASSERT_EQ(whole->copy_chunk(1 << 20), DumpStep::kDone);
+  whole->commit();
+  std::vector<std::vector<uint8_t>> chunked_payloads = std::move(payloads);
+  payloads.clear();
+  ASSERT_TRUE(whole->drain_final(sink).ok());
+  ASSERT_EQ(payloads.size(), 1u);
+  EXPECT_EQ(chunked_payloads[0], payloads[0]) << "the resumed gather differs from the one-shot gather";
+  const auto* f = reinterpret_cast<const float*>(payloads[0].data());
+  EXPECT_EQ(f[0], 1.f);
+  EXPECT_EQ(f[9], 1.f + 16 + 2) << "row 1, column 1 of the view";
+}
+
 // R125 (A6), the abandon-under-a-full-buffer walk: A holds record 255 of a
 // 256-record buffer and abandons it. The count stays 255, one record is
 // charged, the arena rolls back; the buffer then switches (the host sees
