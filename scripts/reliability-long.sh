@@ -11,6 +11,10 @@
 #   T7T8-fuzz  the decoder fuzzers (T7) for 30 min each and the action fuzzer
 #              (T8) for 1 h, then their new inputs merged into fuzz/corpus/
 #              (commit them: CI clones fresh)
+#   M13-model  the long tier of seed 002's Mechanism R model (tests/model/
+#              args_capture.pml, issue 13): safety with WouldBlock answers and
+#              `<> done` with an expired budget (~4 min, ~0.9 GB; CI runs the
+#              per-commit bounds only)
 # Usage: scripts/reliability-long.sh [item...]   (default: every item)
 # Exit status: 0 when every item passed.
 set -uo pipefail
@@ -53,7 +57,7 @@ run_gtest() {
 }
 
 items=("$@")
-[ ${#items[@]} -eq 0 ] && items=(T11-soak T9-stress T3-chaos T7T8-fuzz)
+[ ${#items[@]} -eq 0 ] && items=(T11-soak T9-stress T3-chaos T7T8-fuzz M13-model)
 for item in "${items[@]}"; do
   case "$item" in
     T11-soak)
@@ -75,8 +79,21 @@ for item in "${items[@]}"; do
       done
       echo "$item: $((1 - fz_failed)) passed, $fz_failed failed"
       ;;
+    M13-model)
+      log=$(mktemp)
+      if ARGS_MODEL_WB=1 ARGS_MODEL_LIVE_TO=1 tests/model/check_args_capture_model.sh >"$log" 2>&1; then
+        m_failed=0
+        rm -f "$log"
+      else
+        m_failed=1
+        status=1
+        echo "--- $item: the failing output ($log) ---"
+        grep -v '^ok ' "$log" | tail -40
+      fi
+      echo "$item: $((1 - m_failed)) passed, $m_failed failed"
+      ;;
     *)
-      echo "$item: unknown item (known: T11-soak T9-stress T3-chaos T7T8-fuzz)"
+      echo "$item: unknown item (known: T11-soak T9-stress T3-chaos T7T8-fuzz M13-model)"
       status=1
       ;;
   esac

@@ -225,7 +225,7 @@ TEST(ArgsDumpLane, AHostThatStopsAcknowledgingCostsDropsNotAHang) {
   EXPECT_EQ(dump->args.size(), 5u);
 }
 
-// The resumable producer: a would-block retry is not counted again; an
+// R107: the resumable producer: a would-block retry is not counted again; an
 // abandon rolls the arena back to where the reservation began; a lane left
 // with a reservation open refuses its final drain (accounting unknown).
 TEST(ArgsDumpLane, TheResumableProducerCountsOnceAndAbandonRollsTheArenaBack) {

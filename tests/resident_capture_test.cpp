@@ -9,10 +9,14 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "diag/arg_capture.h"
@@ -92,13 +96,16 @@ struct Buf {
 // One dumping "run": a collector with one lane, its ArgCapture, a zeroed
 // control block, fake doorbells and the protocol, with hooks that log events.
 struct Rig {
-  explicit Rig(uint32_t cores, CaptureConfig cfg = {}, DumpLaneConfig lane = {}) : env(cores) {
+  explicit Rig(uint32_t cores, CaptureConfig cfg = {}, DumpLaneConfig lane = {}, uint32_t lanes_n = 1)
+      : env(cores), lanes(lanes_n) {
     dir = fresh_dir("dump");
     ArgsDumpCollector::Options o;
     o.dir = dir;
     o.selection = DumpSelection::kFull;
     o.run_epoch = kEpoch;
     o.lane = lane;
+    o.lanes = lanes;
+    o.hold = [this](uint32_t l) { return held[l].load(); };
     auto c = ArgsDumpCollector::start(o);
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     collector = std::move(*c);
@@ -109,7 +116,7 @@ struct Rig {
       if (on_point) on_point(p, core, slot, w);
     };
     hooks.serve = [this](uint32_t) { return serving.load(); };
-    run = std::make_unique<CaptureRun>(control.get(), cores, 1, *capture, kEpoch, env, cfg, &hooks);
+    run = std::make_unique<CaptureRun>(control.get(), cores, lanes, *capture, kEpoch, env, cfg, &hooks);
   }
   ~Rig() { stop_aicpu(); }
 
@@ -133,7 +140,9 @@ struct Rig {
   void start_aicpu() {
     aicpu = std::thread([this] {
       while (!stop.load()) {
-        if (!run->service(0)) {
+        bool progress = false;
+        for (uint32_t l = 0; l < lanes; ++l) progress |= run->service(l);
+        if (!progress) {
           spin_then_park(
               env.aicpu, [&] { return stop.load(); }, SpinPolicy{}, now_ns() + 1'000'000);
         }
@@ -161,16 +170,26 @@ struct Rig {
     if (execute) execute();
     return run->phase(p, CapturePhase::kAfter, cs);
   }
-  uint64_t slot_word(uint32_t slot, SlotWordId w) {
-    return std::atomic_ref<uint64_t>(reinterpret_cast<uint64_t*>(&control->slots[slot])[static_cast<int>(w)]).load();
+  // The test's own view of a gate word (a script standing in for a core or a fault).
+  std::atomic_ref<uint64_t> slot_ref(uint32_t slot, SlotWordId w) {
+    return std::atomic_ref<uint64_t>(reinterpret_cast<uint64_t*>(&control->slots[slot])[static_cast<int>(w)]);
   }
+  uint64_t slot_word(uint32_t slot, SlotWordId w) { return slot_ref(slot, w).load(); }
   Result<ArgsDump> finish(bool stopped = true) {
     stop_aicpu();
     (void)collector->finish(stopped);
     return load_args_dump(dir);
   }
 
+  // The host stops acknowledging lane l's payloads while held[l] (R112).
+  void hold(uint32_t l, bool on) {
+    held[l].store(on);
+    collector->wake();
+  }
+
   FakeEnv env;
+  const uint32_t lanes;
+  std::array<std::atomic<bool>, 4> held{};
   std::string dir;
   std::unique_ptr<ArgsDumpCollector> collector;
   std::unique_ptr<ArgCapture> capture;
@@ -380,7 +399,7 @@ TEST(CaptureGate, R116AJoinerThatReadsAForeignOccupancyLeavesFatally) {
       }
       return true;
     }));
-    std::atomic_ref<uint64_t>(rig.control->slots[slot].claim).store(claim_word(SlotState::kReady, n + 7));
+    rig.slot_ref(slot, SlotWordId::kClaim).store(claim_word(SlotState::kReady, n + 7));
     EXPECT_TRUE(eventually([&] { return joiners_out.load() == 2; })) << "the joiners did not leave";
   };
   rig.hooks.slot_access = [&](uint32_t core, uint32_t, SlotWordId w, SlotOp op) {
@@ -837,7 +856,7 @@ TEST(CaptureAbort, R131TheWorkedWalk) {
   EXPECT_EQ(c2.total, c2.collected + 1) << "argument 1 counted once, however often it was retried";
   // Step 6: A's watchdog fires mid-argument 1: the abort CAS, as its budget would do it.
   uint64_t expected = 0;
-  ASSERT_TRUE(std::atomic_ref<uint64_t>(rig.control->slots[0].aborted).compare_exchange_strong(expected, 1 | 2 << 8));
+  ASSERT_TRUE(rig.slot_ref(0, SlotWordId::kAborted).compare_exchange_strong(expected, 1 | 2 << 8));
   const uint64_t t = ack_of(2, &ArgsCaptureAck::request_tick);
   ASSERT_TRUE(eventually([&] { return tick_of(2) != t; }));
   rig.run->service(0);
@@ -945,6 +964,810 @@ TEST(CaptureAbort, R114R129AnAbortAbandonsTheOpenReservationAndReleasesOnlyOnThe
   auto dump = rig.finish();
   ASSERT_TRUE(dump.ok()) << dump.status().to_string();
   EXPECT_FALSE(dump->complete);
+}
+
+// ---- R94, R101, R106: access discipline, line order, payload visibility ----------------------
+
+// R94: a slot word has no plain access at all: no copy, no assignment from
+// a value, no conversion to one, and a slot line cannot be copied whole.
+static_assert(!std::is_copy_constructible_v<resident::SlotWord> && !std::is_copy_assignable_v<resident::SlotWord>);
+static_assert(!std::is_assignable_v<resident::SlotWord&, uint64_t> &&
+              !std::is_convertible_v<resident::SlotWord, uint64_t>);
+static_assert(!std::is_copy_assignable_v<ArgsCaptureSlot> && !std::is_copy_constructible_v<ArgsCaptureSlot>);
+
+constexpr int kLineKind = 200;  // a line event in the rig's log: kLineKind + LineEvent
+
+// R94's checker: it wraps the slot primitives (every access reports its
+// word and op) and the line ops. It flags an op a word may not see, any line
+// event on the slot array, and, at each quiescent point, any gate word whose
+// value changed without a primitive write to it since the last one (a
+// non-atomic store).
+struct SlotChecker {
+  explicit SlotChecker(Rig& rig) : rig(rig) {
+    rig.hooks.slot_access = [this](uint32_t core, uint32_t slot, SlotWordId w, SlotOp op) {
+      on_access(core, slot, w, op);
+    };
+    rig.hooks.line = [this](resident::LineEvent ev, uint32_t, const void* addr, uint64_t bytes) {
+      const auto* lo = reinterpret_cast<const uint8_t*>(&this->rig.control->slots[0]);
+      const auto* hi = lo + sizeof(this->rig.control->slots);
+      const auto* a = static_cast<const uint8_t*>(addr);
+      if (a != nullptr && a < hi && a + bytes > lo)
+        flag("a line event (" + std::to_string(static_cast<int>(ev)) + ") on the slot array");
+    };
+    snapshot();
+  }
+  void on_access(uint32_t core, uint32_t slot, SlotWordId w, SlotOp op) {
+    ++accesses;
+    bool allowed = op == SlotOp::kLoad;
+    switch (w) {
+      case SlotWordId::kClaim:
+        allowed = allowed || op == SlotOp::kCas || op == SlotOp::kStore;
+        break;
+      case SlotWordId::kArrivedBefore:
+      case SlotWordId::kArrivedAfter:
+      case SlotWordId::kReleasedBefore:
+      case SlotWordId::kReleasedAfter:
+        allowed = allowed || op == SlotOp::kFetchOr || op == SlotOp::kStore;  // the claimer's init_clear
+        break;
+      case SlotWordId::kPublisherBefore:
+      case SlotWordId::kPublisherAfter:
+        allowed = allowed || op == SlotOp::kStore;
+        break;
+      case SlotWordId::kAborted:
+        allowed = allowed || op == SlotOp::kCas || op == SlotOp::kStore;
+        break;
+    }
+    if (!allowed)
+      flag("core " + std::to_string(core) + " did op " + std::to_string(static_cast<int>(op)) + " on word " +
+           std::to_string(static_cast<int>(w)));
+    if (op != SlotOp::kLoad) {
+      std::lock_guard<std::mutex> lock(mu);
+      written.insert({slot, static_cast<int>(w)});
+    }
+  }
+  void flag(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    flags.push_back(what);
+  }
+  // Everything quiet: every changed word must have seen a primitive write.
+  void quiescent(const std::string& where) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (uint32_t g = 0; g < 72; ++g) {
+      for (int w = 0; w < 8; ++w) {
+        const uint64_t v = rig.slot_word(g, static_cast<SlotWordId>(w));
+        if (v != last[g][w] && !written.count({g, w})) {
+          flags.push_back(where + ": gate " + std::to_string(g) + " word " + std::to_string(w) +
+                          " changed without an atomic");
+        }
+        last[g][w] = v;
+      }
+    }
+    written.clear();
+  }
+  void snapshot() {
+    for (uint32_t g = 0; g < 72; ++g) {
+      for (int w = 0; w < 8; ++w) last[g][w] = rig.slot_word(g, static_cast<SlotWordId>(w));
+    }
+  }
+  Rig& rig;
+  std::mutex mu;
+  std::set<std::pair<uint32_t, int>> written;
+  std::array<std::array<uint64_t, 8>, 72> last{};
+  std::vector<std::string> flags;
+  std::atomic<uint64_t> accesses{0};
+};
+
+// R94: gangs, singles on two clusters, and an aborted phase, under the
+// checker: every slot access is one of the four single-word atomics, no line
+// op touches a slot, and no gate word changes outside them.
+TEST(CaptureGate, R94EverySlotAccessIsOneAtomicAndNoLineOpTouchesASlot) {
+  Watchdog dog;
+  CaptureConfig cfg;
+  cfg.first_budget_ns = 30'000'000;
+  Rig rig(6, cfg);
+  SlotChecker check(rig);
+  Buf a(64, 1), b(64);
+  for (uint64_t t = 0; t < 8; ++t) rig.add_task(t, {&a}, {&b});
+  // The aborted phase at the end: the AICPU answers only after the waiter's abort CAS.
+  rig.on_point = [&](CapturePoint p, uint32_t, uint32_t, uint64_t) {
+    if (p == CapturePoint::kAbortCas) rig.serving.store(true);
+  };
+  rig.start_aicpu();
+  for (uint64_t t = 0; t < 3; ++t) {
+    for (const Status& st : run_gang(rig, t)) ASSERT_TRUE(st.ok()) << st.to_string();
+    check.quiescent("gang " + std::to_string(t));
+  }
+  std::array<Status, 4> st;
+  std::vector<std::thread> ts;
+  const uint32_t cores[4] = {0, 1, 3, 4};
+  for (uint32_t i = 0; i < 4; ++i) ts.emplace_back([&, i] { st[i] = rig.participate(cores[i], 3 + i, false); });
+  for (auto& t : ts) t.join();
+  for (const Status& x : st) ASSERT_TRUE(x.ok()) << x.to_string();
+  check.quiescent("singles");
+  rig.serving.store(false);
+  const Status aborted = rig.participate(5, 7, false);
+  EXPECT_FALSE(aborted.ok());
+  rig.stop_aicpu();
+  check.quiescent("abort");
+  EXPECT_GT(check.accesses.load(), 100u);
+  std::lock_guard<std::mutex> lock(check.mu);
+  for (const std::string& f : check.flags) ADD_FAILURE() << f;
+}
+
+struct LineLog {
+  resident::LineEvent ev;
+  uint32_t actor;
+  const void* addr;
+  uint64_t bytes;
+  ArgsCaptureRequest req;  // at a request line's flush: its contents
+  ArgsCaptureAck ack;      // at an ack line's flush: its contents
+};
+
+// R101: the recorder order on the lines. Every ack is status, index, cursor,
+// tick, then the identity (epoch, task) with phase_seq the very last, then
+// the flush; every request has request_tick last, then the flush. One
+// argument goes in chunks and a second follows: the publisher republishes
+// per chunk and per argument, advancing index, cursor and tick, never its
+// phase_seq, and each ack echoes the tick it answers.
+TEST(CaptureLines, R101ProgressAndSealFollowTheRecorderOrder) {
+  Watchdog dog;
+  CaptureConfig cfg;
+  cfg.max_bytes = 1024;
+  Rig rig(3, cfg);
+  Buf big(2048, 1.f), small(16, 2.f), out(16);
+  rig.add_task(0, {&big, &small}, {&out});
+  std::mutex mu;
+  std::vector<LineLog> log;
+  rig.hooks.line = [&](resident::LineEvent ev, uint32_t actor, const void* addr, uint64_t bytes) {
+    LineLog e{ev, actor, addr, bytes, {}, {}};
+    const auto* a = static_cast<const uint8_t*>(addr);
+    const auto* req0 = reinterpret_cast<const uint8_t*>(&rig.control->requests[0]);
+    const auto* ack0 = reinterpret_cast<const uint8_t*>(&rig.control->acks[0]);
+    if (ev == resident::LineEvent::kFlush && a >= req0 && a < req0 + sizeof(rig.control->requests)) {
+      for (int i = 0; i < 8; ++i) {
+        reinterpret_cast<uint64_t*>(&e.req)[i] =
+            std::atomic_ref<uint64_t>(const_cast<uint64_t*>(reinterpret_cast<const uint64_t*>(a))[i]).load();
+      }
+    }
+    if (ev == resident::LineEvent::kFlush && a >= ack0 && a < ack0 + sizeof(rig.control->acks)) {
+      for (int i = 0; i < 8; ++i) {
+        reinterpret_cast<uint64_t*>(&e.ack)[i] =
+            std::atomic_ref<uint64_t>(const_cast<uint64_t*>(reinterpret_cast<const uint64_t*>(a))[i]).load();
+      }
+    }
+    if (ev == resident::LineEvent::kInvalidate) return;
+    std::lock_guard<std::mutex> lock(mu);
+    log.push_back(e);
+  };
+  rig.start_aicpu();
+  ASSERT_TRUE(rig.participate(1, 0, false).ok());
+  rig.stop_aicpu();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto* req_base = reinterpret_cast<const uint8_t*>(&rig.control->requests[1]);
+  const auto* ack_base = reinterpret_cast<const uint8_t*>(&rig.control->acks[1]);
+  const std::vector<size_t> ack_order = {offsetof(ArgsCaptureAck, status),     offsetof(ArgsCaptureAck, arg_index),
+                                         offsetof(ArgsCaptureAck, arg_cursor), offsetof(ArgsCaptureAck, request_tick),
+                                         offsetof(ArgsCaptureAck, run_epoch),  offsetof(ArgsCaptureAck, task_id),
+                                         offsetof(ArgsCaptureAck, phase_seq)};
+  std::vector<size_t> req_order;
+  for (size_t o = 0; o < 64; o += 8) req_order.push_back(o);  // request_tick (56) last
+  std::vector<size_t> ack_stores, req_stores;
+  std::vector<ArgsCaptureRequest> requests;
+  std::vector<ArgsCaptureAck> acks;
+  for (const LineLog& e : log) {
+    const auto* a = static_cast<const uint8_t*>(e.addr);
+    const bool on_ack = a >= ack_base && a < ack_base + 64;
+    const bool on_req = a >= req_base && a < req_base + 64;
+    if (e.ev == resident::LineEvent::kStore && on_ack) ack_stores.push_back(static_cast<size_t>(a - ack_base));
+    if (e.ev == resident::LineEvent::kStore && on_req) req_stores.push_back(static_cast<size_t>(a - req_base));
+    if (e.ev == resident::LineEvent::kFlush && on_ack) {
+      EXPECT_EQ(e.actor, UINT32_MAX) << "only the AICPU writes an ack line";
+      EXPECT_EQ(ack_stores, ack_order) << "ack " << acks.size() << ": the identity, phase_seq last, then the flush";
+      ack_stores.clear();
+      acks.push_back(e.ack);
+    }
+    if (e.ev == resident::LineEvent::kFlush && on_req) {
+      EXPECT_EQ(e.actor, 1u) << "only its core writes a request line";
+      EXPECT_EQ(req_stores, req_order) << "request " << requests.size() << ": request_tick last, then the flush";
+      req_stores.clear();
+      requests.push_back(e.req);
+    }
+  }
+  EXPECT_TRUE(ack_stores.empty() && req_stores.empty()) << "a line was written and never flushed";
+  // BEFORE: 2 KiB + 64 B of input in 1 KiB steps; AFTER: one output.
+  ASSERT_GE(requests.size(), 4u);
+  uint64_t chunk_moves = 0, arg_moves = 0;
+  for (size_t i = 1; i < requests.size(); ++i) {
+    const ArgsCaptureRequest& p = requests[i - 1];
+    const ArgsCaptureRequest& r = requests[i];
+    EXPECT_GT(r.request_tick, p.request_tick);
+    if (r.phase != p.phase) continue;
+    EXPECT_EQ(r.phase_seq, p.phase_seq) << "a republish advanced phase_seq";
+    EXPECT_TRUE(r.arg_index > p.arg_index || (r.arg_index == p.arg_index && r.arg_cursor >= p.arg_cursor));
+    if (r.arg_index == p.arg_index && r.arg_cursor > p.arg_cursor) ++chunk_moves;
+    if (r.arg_index > p.arg_index) ++arg_moves;
+  }
+  EXPECT_GE(chunk_moves, 1u) << "no republish per chunk";
+  EXPECT_GE(arg_moves, 1u) << "no republish per argument";
+  // Each ack answers the request whose tick it echoes, with that request's identity.
+  for (const ArgsCaptureAck& k : acks) {
+    const auto it = std::find_if(requests.begin(), requests.end(),
+                                 [&](const ArgsCaptureRequest& r) { return r.request_tick == k.request_tick; });
+    ASSERT_NE(it, requests.end()) << "an ack echoes a tick never requested";
+    EXPECT_EQ(k.phase_seq, it->phase_seq);
+    EXPECT_EQ(k.task_id, it->task_id);
+    EXPECT_EQ(k.run_epoch, kEpoch);
+  }
+}
+
+// R106: the three cores of a gang each write a third of the output. Each
+// flushes its outputs before it arrives at AFTER; the AICPU invalidates each
+// argument's tensor extent before its seal, and the dumped bytes are every
+// core's writes (the publisher's barrier alone would carry only its own).
+TEST(CaptureLines, R106OutputsAreFlushedBeforeArrivalAndInvalidatedBeforeTheCopy) {
+  Watchdog dog;
+  Rig rig(3);
+  Buf in(96, 4.f), out(96, -1.f);
+  rig.add_task(0, {&in}, {&out});
+  rig.hooks.line = [&](resident::LineEvent ev, uint32_t actor, const void* addr, uint64_t bytes) {
+    if (ev == resident::LineEvent::kFlushOutputs) rig.log(kLineKind + static_cast<int>(ev), actor, 0, bytes);
+    if (ev == resident::LineEvent::kInvalidate && actor == UINT32_MAX) {
+      if (addr == in.data.data() && bytes == 96 * sizeof(float)) rig.log(kLineKind + static_cast<int>(ev), actor, 0, 1);
+      if (addr == out.data.data() && bytes == 96 * sizeof(float))
+        rig.log(kLineKind + static_cast<int>(ev), actor, 0, 2);
+    }
+  };
+  rig.start_aicpu();
+  const auto st = run_gang(rig, 0, [&](uint32_t c) {
+    for (uint32_t i = 0; i < 32; ++i) out.data[c * 32 + i] = static_cast<float>(c + 1);
+  });
+  for (const Status& x : st) ASSERT_TRUE(x.ok()) << x.to_string();
+  const std::vector<Event> ev = rig.snapshot();
+  const int flush_outputs = kLineKind + static_cast<int>(resident::LineEvent::kFlushOutputs);
+  const int invalidate = kLineKind + static_cast<int>(resident::LineEvent::kInvalidate);
+  bool flushed[3] = {};
+  int seals = 0;
+  bool inv_in = false, inv_out = false;
+  for (const Event& e : ev) {
+    if (e.kind == flush_outputs) flushed[e.core] = true;
+    if (e.kind == idx(CapturePoint::kArrived) && e.word == 2) {
+      EXPECT_TRUE(flushed[e.core]) << "core " << e.core << " arrived at AFTER before flushing its outputs";
+    }
+    if (e.kind == invalidate) (e.word == 1 ? inv_in : inv_out) = true;
+    if (e.kind == idx(CapturePoint::kServed) && e.word == static_cast<uint64_t>(AckStatus::kSealed)) {
+      ++seals;
+      EXPECT_TRUE(seals == 1 ? inv_in : inv_out) << "seal " << seals << " before its tensor extent was invalidated";
+    }
+  }
+  EXPECT_EQ(seals, 2);
+  auto dump = rig.finish();
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  ASSERT_EQ(dump->args.size(), 2u);
+  for (const DumpedArg& x : dump->args) {
+    for (uint64_t i = 0; i < 96; ++i) {
+      const double want = x.stage == DumpStage::kBefore ? 4.0 : static_cast<double>(i / 32 + 1);
+      ASSERT_EQ(dumped_element(*dump, x, i), want)
+          << "element " << i << " of the " << dump_stage_name(x.stage) << " record";
+    }
+  }
+}
+
+// ---- R108, R109, R112, R125, R127: reservations, accounting, back-pressure --------------------
+
+// A task's BEFORE phase run on its own thread, the test thread being the supervisor.
+struct Single {
+  Single(Rig& rig, uint32_t core, uint64_t task) : rig(rig), core(core) {
+    t = std::thread([this, task] {
+      st = this->rig.participate(this->core, task, false);
+      done.store(true);
+    });
+  }
+  ~Single() {
+    if (t.joinable()) t.join();
+  }
+  uint64_t tick() const { return std::atomic_ref<uint64_t>(rig.control->requests[core].request_tick).load(); }
+  uint64_t ack(uint64_t ArgsCaptureAck::*f) const {
+    return std::atomic_ref<uint64_t>(rig.control->acks[core].*f).load();
+  }
+  // Waits for a request newer than `after`, then runs one service step.
+  void step_after(uint64_t after, uint32_t lane = 0) {
+    EXPECT_TRUE(eventually([&] { return tick() != after; })) << "core " << core << " never republished";
+    rig.run->service(lane);
+  }
+  Rig& rig;
+  uint32_t core;
+  Status st;
+  std::atomic<bool> done{false};
+  std::thread t;
+};
+
+// R109: the accounting classes. (1) A would-block on the arena predicate
+// (the host stopped acknowledging) is answered WouldBlock, retried, not
+// charged: the argument is counted once in total, and once the host
+// acknowledges it commits with nothing dropped. (2) The abort walk with no
+// reservation: a waiter whose argument only ever met WouldBlock times out;
+// the AICPU abandons nothing and charges nothing. The walk with a
+// reservation (exactly one charge) is R114R129's test.
+TEST(CaptureService, R109AWouldBlockIsRetriedUnchargedAndAnAbortWithoutAReservationChargesNothing) {
+  Watchdog dog;
+  DumpLaneConfig lane;
+  lane.arena_bytes = 64 * 1024;                     // a payload is clamped to 32 KiB
+  Buf a0(8192, 1.f), a1(8192, 2.f), a2(8192, 3.f);  // 32 KiB each
+  {
+    Rig rig(3, {}, lane);
+    rig.add_task(0, {&a0, &a1, &a2}, {});
+    rig.hold(0, true);
+    Single s(rig, 1, 0);
+    uint64_t t = 0;
+    // a0 and a1 fill the arena; a2 meets the arena predicate.
+    while (!(s.ack(&ArgsCaptureAck::status) == static_cast<uint64_t>(AckStatus::kWouldBlock))) {
+      s.step_after(t);
+      t = s.ack(&ArgsCaptureAck::request_tick);
+      ASSERT_FALSE(s.done.load());
+    }
+    const DumpCounts blocked = rig.collector->lane(0).counts();
+    EXPECT_EQ(blocked.collected, 2u);
+    EXPECT_EQ(blocked.total, 3u);
+    for (int retry = 0; retry < 5; ++retry) {
+      s.step_after(t);
+      t = s.ack(&ArgsCaptureAck::request_tick);
+      EXPECT_EQ(s.ack(&ArgsCaptureAck::status), static_cast<uint64_t>(AckStatus::kWouldBlock));
+    }
+    EXPECT_EQ(rig.collector->lane(0).counts().total, 3u) << "a retried would-block was counted again";
+    EXPECT_EQ(rig.collector->lane(0).counts().dropped, 0u) << "a would-block was charged";
+    rig.hold(0, false);
+    ASSERT_TRUE(eventually([&] {
+      if (s.tick() != t) {
+        t = s.tick();
+        rig.run->service(0);
+      }
+      return s.ack(&ArgsCaptureAck::status) == static_cast<uint64_t>(AckStatus::kSealed);
+    }));
+    // AFTER has no arguments: its own seal.
+    ASSERT_TRUE(eventually([&] {
+      rig.run->service(0);
+      return s.done.load();
+    }));
+    s.t.join();
+    ASSERT_TRUE(s.st.ok()) << s.st.to_string();
+    auto dump = rig.finish();
+    ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+    EXPECT_TRUE(dump->complete);
+    EXPECT_EQ(dump->counts.total, 3u);
+    EXPECT_EQ(dump->counts.collected, 3u);
+    EXPECT_EQ(dump->counts.dropped, 0u);
+  }
+  {
+    CaptureConfig cfg;
+    cfg.first_budget_ns = 50'000'000;
+    Rig rig(3, cfg, lane);
+    rig.add_task(0, {&a0, &a1, &a2}, {});
+    rig.hold(0, true);  // never acknowledged
+    Single s(rig, 1, 0);
+    ASSERT_TRUE(eventually([&] {
+      rig.run->service(0);
+      return s.done.load();
+    }));
+    s.t.join();
+    EXPECT_TRUE(contains(s.st.message(), "ARGS_CAPTURE_TIMEOUT")) << s.st.to_string();
+    EXPECT_EQ(count(rig.snapshot(), idx(CapturePoint::kAbortCas)), 1u);
+    EXPECT_FALSE(rig.collector->lane(0).reservation_open());
+    const DumpCounts c = rig.collector->lane(0).counts();
+    EXPECT_EQ(c.collected, 2u);
+    EXPECT_EQ(c.dropped, 0u) << "the watchdog charged a would-block that never reserved";
+    EXPECT_EQ(c.total, 2u) << "the withdrawn would-block is not an argument of the dump";
+    EXPECT_TRUE(rig.run->aborted());
+    rig.hold(0, false);
+    auto dump = rig.finish();
+    ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+    EXPECT_FALSE(dump->complete) << "an aborted lane's accounting must read unknown";
+    EXPECT_EQ(dump->counts.total, dump->counts.collected + dump->counts.dropped);
+  }
+}
+
+// R125 (A6), R108: the A/B schedule. A holds the lane's reservation mid-copy;
+// B's request is answered WouldBlock with nothing counted, and no metadata
+// buffer is published while A's reservation is open. A's watchdog fires and
+// the AICPU abandons: the arena offset and the record count are exactly
+// their pre-reservation values (B's record starts where A's would have),
+// and B then takes the lane.
+TEST(CaptureService, R125TheLaneReservationABSchedule) {
+  Watchdog dog;
+  CaptureConfig cfg;
+  cfg.max_bytes = 1024;
+  DumpLaneConfig lane;
+  lane.records_per_buffer = 1;  // every commit publishes: any publication shows
+  Rig rig(6, cfg, lane);
+  Buf big(4096, 1.f), small(64, 2.f);
+  rig.add_task(0, {&big}, {});
+  rig.add_task(1, {&small}, {});
+  rig.hold(0, true);  // the test drains the lane itself
+  std::atomic<bool> abandoned{false};
+  DumpCounts at_abandon;
+  rig.on_point = [&](CapturePoint p, uint32_t core, uint32_t, uint64_t w) {
+    // On the service thread, right after the abandon and before the Aborted ack.
+    if (p == CapturePoint::kServed && core == 0 && w == static_cast<uint64_t>(AckStatus::kAborted)) {
+      at_abandon = rig.collector->lane(0).counts();
+      abandoned.store(true);
+    }
+  };
+  Doorbell& host = rig.collector->lane(0).host_bell();
+  std::vector<DumpRecord> seen;
+  const auto drain = [&] {
+    return rig.collector->lane(0).drain(
+        [&](const DumpRecord& r, const uint8_t*, size_t, const uint8_t*, size_t) { seen.push_back(r); });
+  };
+  Single a(rig, 0, 0);
+  a.step_after(0);
+  ASSERT_TRUE(rig.collector->lane(0).reservation_open());
+  const uint32_t published = host.arm();
+  const DumpCounts open = rig.collector->lane(0).counts();
+  EXPECT_EQ(open.total, 1u);
+  Single b(rig, 3, 1);
+  ASSERT_TRUE(eventually([&] { return b.tick() != 0 && a.tick() != a.ack(&ArgsCaptureAck::request_tick); }));
+  rig.run->service(0);  // A's next chunk; B observed behind it
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t t = b.ack(&ArgsCaptureAck::request_tick);
+    if (b.tick() == t)
+      b.step_after(t);
+    else
+      rig.run->service(0);
+  }
+  EXPECT_EQ(b.ack(&ArgsCaptureAck::status), static_cast<uint64_t>(AckStatus::kWouldBlock));
+  EXPECT_TRUE(rig.collector->lane(0).reservation_open()) << "A's reservation yielded";
+  EXPECT_EQ(rig.collector->lane(0).counts().total, open.total) << "B's would-block was counted";
+  EXPECT_EQ(rig.collector->lane(0).counts().dropped, 0u);
+  EXPECT_EQ(host.arm(), published) << "a metadata buffer was published while A's reservation was open";
+  EXPECT_EQ(drain(), 0u);
+  // A's watchdog, as its budget would fire it; the AICPU abandons on A's next request.
+  uint64_t expected = 0;
+  ASSERT_TRUE(rig.slot_ref(0, SlotWordId::kAborted).compare_exchange_strong(expected, 1 | 1 << 8));
+  a.step_after(a.ack(&ArgsCaptureAck::request_tick));
+  ASSERT_TRUE(eventually([&] { return a.done.load(); })) << "A did not leave on its Aborted ack";
+  ASSERT_TRUE(abandoned.load());
+  EXPECT_EQ(at_abandon.collected, open.collected) << "the record count moved";
+  EXPECT_EQ(at_abandon.total, open.total);
+  EXPECT_EQ(at_abandon.dropped, 1u) << "the abandon is one refused record";
+  // B takes the lane: its record starts at A's pre-reservation offset.
+  ASSERT_TRUE(eventually([&] {
+    rig.run->service(0);
+    return b.done.load();
+  }));
+  b.t.join();
+  ASSERT_TRUE(b.st.ok()) << b.st.to_string();
+  drain();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].task_id, 1u);
+  EXPECT_EQ(seen[0].arena_pos, 0u) << "the arena was not rolled back to its pre-reservation offset";
+  const DumpCounts end = rig.collector->lane(0).counts();
+  EXPECT_EQ(end.total, end.collected + end.dropped);
+}
+
+// R107: the four-call producer surface, each return value: try_begin
+// answers kDone (reserved) or kWouldBlock (the arena predicate, nothing
+// reserved), copy_chunk kInProgress until the last byte then kDone, commit
+// counts one collected, abandon one dropped. A strided gather (innermost
+// stride 2, rows of 8) resumed in 12-byte chunks, each ending mid-row, gives
+// the bytes of a one-shot gather.
+TEST(CaptureService, R107TheResumableProducerSurfaceAndAStridedGatherResumedAcrossChunks) {
+  DumpLaneConfig c;
+  c.arena_bytes = 8192;
+  Buf base(1024);
+  for (size_t i = 0; i < base.data.size(); ++i) base.data[i] = static_cast<float>(i);
+  DeviceBuffer d{reinterpret_cast<uint64_t>(base.data.data()), base.data.size() * sizeof(float)};
+  const int64_t shape[2] = {64, 8}, stride[2] = {16, 2};
+  const DumpSource strided{reinterpret_cast<const uint8_t*>(base.data.data()),
+                           TensorView::from_parts(d, DType::F32, 2, shape, stride, 1)};
+  std::vector<std::vector<uint8_t>> payloads;
+  const DumpLane::Sink sink = [&](const DumpRecord&, const uint8_t* a, size_t na, const uint8_t* b, size_t nb) {
+    std::vector<uint8_t> bytes(a, a + na);
+    bytes.insert(bytes.end(), b, b + nb);
+    payloads.push_back(std::move(bytes));
+  };
+  auto chunked = DumpLane::create(c).value();
+  ASSERT_EQ(chunked->try_begin(DumpRecord{}, &strided), DumpStep::kDone);
+  int steps = 0;
+  while (chunked->copy_chunk(12) == DumpStep::kInProgress) ++steps;
+  EXPECT_EQ(steps, 2048 / 12) << "a 2 KiB payload in 12-byte chunks";
+  const DumpCounts open = chunked->counts();
+  EXPECT_EQ(open.total, 1u);
+  EXPECT_EQ(open.collected, 0u) << "counted before commit";
+  chunked->commit();
+  EXPECT_EQ(chunked->counts().collected, 1u);
+  // The arena (8 KiB) holds the 2 KiB record and one more clamp-sized 4 KiB payload, not two.
+  Buf big(2048, 5.f);
+  const DumpSource sbig{reinterpret_cast<const uint8_t*>(big.data.data()), big.view()};
+  ASSERT_EQ(chunked->try_begin(DumpRecord{}, &sbig), DumpStep::kDone);
+  EXPECT_EQ(chunked->copy_chunk(4096), DumpStep::kDone);
+  chunked->commit();
+  EXPECT_EQ(chunked->try_begin(DumpRecord{}, &sbig), DumpStep::kWouldBlock);
+  EXPECT_FALSE(chunked->reservation_open());
+  EXPECT_EQ(chunked->counts().dropped, 0u) << "a would-block was charged";
+  chunked->drain(sink);  // the host acknowledges: room again
+  ASSERT_EQ(chunked->try_begin(DumpRecord{}, &sbig), DumpStep::kDone);
+  EXPECT_EQ(chunked->counts().total, 3u) << "the retry was counted again";
+  EXPECT_EQ(chunked->copy_chunk(1024), DumpStep::kInProgress);
+  chunked->abandon();
+  EXPECT_EQ(chunked->counts().dropped, 1u);
+  EXPECT_EQ(chunked->counts().total, chunked->counts().collected + chunked->counts().dropped);
+  ASSERT_TRUE(chunked->drain_final(sink).ok());
+  ASSERT_EQ(payloads.size(), 2u);
+
+  auto whole = DumpLane::create(c).value();
+  ASSERT_EQ(whole->try_begin(DumpRecord{}, &strided), DumpStep::kDone);
+  ASSERT_EQ(whole->copy_chunk(1 << 20), DumpStep::kDone);
+  whole->commit();
+  std::vector<std::vector<uint8_t>> chunked_payloads = std::move(payloads);
+  payloads.clear();
+  ASSERT_TRUE(whole->drain_final(sink).ok());
+  ASSERT_EQ(payloads.size(), 1u);
+  EXPECT_EQ(chunked_payloads[0], payloads[0]) << "the resumed gather differs from the one-shot gather";
+  const auto* f = reinterpret_cast<const float*>(payloads[0].data());
+  EXPECT_EQ(f[0], 1.f);
+  EXPECT_EQ(f[9], 1.f + 16 + 2) << "row 1, column 1 of the view";
+}
+
+// R125 (A6), the abandon-under-a-full-buffer walk: A holds record 255 of a
+// 256-record buffer and abandons it. The count stays 255, one record is
+// charged, the arena rolls back; the buffer then switches (the host sees
+// its 255 records) and B opens record 0 of the next buffer.
+TEST(CaptureService, R125AbandoningTheLastRecordOfABufferSwitchesItAndWedgesNothing) {
+  DumpLaneConfig c;
+  c.buffers = 2;
+  c.records_per_buffer = 256;
+  c.arena_bytes = 1 << 20;
+  auto lane = DumpLane::create(c);
+  ASSERT_TRUE(lane.ok()) << lane.status().to_string();
+  DumpLane& L = **lane;
+  Buf x(16, 7.f), big(4096, 8.f);
+  const auto src = [](const Buf& b) { return DumpSource{reinterpret_cast<const uint8_t*>(b.data.data()), b.view()}; };
+  const DumpSource sx = src(x), sbig = src(big);
+  for (uint64_t i = 0; i < 255; ++i) {
+    DumpRecord r;
+    r.task_id = i;
+    ASSERT_EQ(L.try_begin(r, &sx), DumpStep::kDone);
+    ASSERT_EQ(L.copy_chunk(1 << 20), DumpStep::kDone);
+    L.commit();
+  }
+  std::vector<DumpRecord> seen;
+  const DumpLane::Sink sink = [&](const DumpRecord& r, const uint8_t*, size_t, const uint8_t*, size_t) {
+    seen.push_back(r);
+  };
+  EXPECT_EQ(L.drain(sink), 0u) << "a 255-record buffer was published early";
+  DumpRecord a;
+  a.task_id = 1000;
+  ASSERT_EQ(L.try_begin(a, &sbig), DumpStep::kDone);
+  ASSERT_EQ(L.copy_chunk(1024), DumpStep::kInProgress);
+  L.abandon();
+  EXPECT_EQ(L.counts().collected, 255u);
+  EXPECT_EQ(L.counts().dropped, 1u);
+  EXPECT_EQ(L.counts().total, 256u);
+  EXPECT_EQ(L.drain(sink), 255u) << "the switch did not proceed after the abandon";
+  DumpRecord b;
+  b.task_id = 2000;
+  ASSERT_EQ(L.try_begin(b, &sx), DumpStep::kDone);
+  ASSERT_EQ(L.copy_chunk(1 << 20), DumpStep::kDone);
+  L.commit();
+  ASSERT_TRUE(L.drain_final(sink).ok());
+  ASSERT_EQ(seen.size(), 256u);
+  EXPECT_EQ(seen[255].task_id, 2000u) << "B is record 0 of the next buffer, after A's 255";
+  EXPECT_EQ(seen[255].arena_pos, 255u * 64) << "B's bytes start where A's rolled back";
+  for (uint64_t i = 0; i < 255; ++i) EXPECT_EQ(seen[i].arena_pos, i * 64);
+}
+
+// R108: at most one open reservation per lane, as a property over random
+// interleavings of try_begin, copy_chunk, commit, abandon, the watchdog's
+// withdrawal and the host's drains, for three cores sharing one lane
+// (seeded; the seed is printed). After every step: reserved == count +
+// open; the open reservation's bytes are the last taken (committed records
+// are contiguous in the arena: an abandon left no hole); no metadata buffer
+// is published while a reservation is open; host-facing counters move only
+// at commit or abandon; total == collected + dropped whenever nothing is pending.
+TEST(CaptureService, R108OneOpenReservationPerLaneUnderRandomInterleavings) {
+  Watchdog dog;
+  const uint64_t base = 0x5108;
+  for (uint64_t round = 0; round < 40; ++round) {
+    uint64_t seed = base + round;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    DumpLaneConfig c;
+    c.buffers = 2;
+    c.records_per_buffer = 3;
+    c.arena_bytes = 8192;  // payloads up to 4 KiB: the arena predicate bites
+    auto made = DumpLane::create(c);
+    ASSERT_TRUE(made.ok());
+    DumpLane& L = **made;
+    std::vector<std::unique_ptr<Buf>> bufs;
+    std::vector<DumpSource> srcs;
+    for (uint64_t k = 0; k < 6; ++k) {
+      bufs.push_back(std::make_unique<Buf>(64 << k, static_cast<float>(k)));  // 256 B .. 8 KiB (clamped)
+      srcs.push_back({reinterpret_cast<const uint8_t*>(bufs.back()->data.data()), bufs.back()->view()});
+    }
+    // The supervisor's view, as CaptureRun keeps it: one owner, one pending argument.
+    int owner = -1, pending = -1;
+    uint64_t pending_src = 0;
+    uint64_t committed = 0, abandoned = 0, opened = 0;
+    uint64_t next_pos = 0;  // where the next committed record's bytes must start
+    std::vector<uint64_t> order;
+    const DumpLane::Sink sink = [&](const DumpRecord& r, const uint8_t*, size_t na, const uint8_t*, size_t nb) {
+      EXPECT_EQ(r.arena_pos, next_pos) << "a committed record does not follow the last one's bytes";
+      EXPECT_EQ(na + nb, r.payload_bytes);
+      next_pos = r.arena_pos + r.payload_bytes;
+    };
+    for (int step = 0; step < 400; ++step) {
+      const uint32_t core = static_cast<uint32_t>(splitmix(seed) % 3);
+      const uint64_t action = splitmix(seed) % 6;
+      const DumpCounts before = L.counts();
+      const uint32_t bell = L.host_bell().arm();
+      const bool was_open = L.reservation_open();
+      if (action <= 1) {  // the core's request reaches the supervisor
+        const bool busy =
+            (owner >= 0 && owner != static_cast<int>(core)) || (pending >= 0 && pending != static_cast<int>(core));
+        if (owner < 0 && !busy) {
+          if (pending < 0) pending_src = splitmix(seed) % srcs.size();
+          DumpRecord r;
+          r.task_id = core;
+          const DumpStep st = L.try_begin(r, &srcs[pending_src]);
+          if (st == DumpStep::kDone) {
+            owner = static_cast<int>(core);
+            pending = -1;
+            ++opened;
+            EXPECT_EQ(L.counts().collected, before.collected);
+            EXPECT_EQ(L.counts().dropped, before.dropped);
+          } else {
+            EXPECT_EQ(L.counts().total, before.total + (pending < 0 ? 1 : 0)) << "a retried would-block was recounted";
+            pending = static_cast<int>(core);
+          }
+        }
+        // Lane busy: WouldBlock without touching the lane (nothing counted).
+        if (busy) EXPECT_EQ(L.counts().total, before.total);
+      } else if (action == 2 && owner >= 0) {
+        (void)L.copy_chunk(1 + splitmix(seed) % 2048);
+        const DumpCounts now = L.counts();
+        EXPECT_TRUE(now.total == before.total && now.collected == before.collected && now.dropped == before.dropped)
+            << "a chunk moved a host-facing counter";
+      } else if (action == 3 && owner >= 0) {
+        while (L.copy_chunk(4096) == DumpStep::kInProgress) {
+        }
+        EXPECT_EQ(L.host_bell().arm(), bell) << "a buffer was published while a reservation was open";
+        L.commit();
+        owner = -1;
+        ++committed;
+      } else if (action == 4 && (owner >= 0 || pending >= 0)) {  // the watchdog
+        if (owner >= 0) {
+          L.abandon();
+          owner = -1;
+          ++abandoned;
+        } else {
+          L.withdraw_pending();
+          pending = -1;
+        }
+      } else if (action == 5) {
+        L.drain(sink);
+      }
+      if (was_open && L.reservation_open()) {
+        EXPECT_EQ(L.host_bell().arm(), bell) << "a buffer was published while a reservation was open";
+      }
+      ASSERT_EQ(L.reservation_open(), owner >= 0) << "step " << step;
+      const DumpCounts now = L.counts();
+      EXPECT_EQ(opened - abandoned, now.collected + (owner >= 0 ? 1 : 0))
+          << "reserved != count + open at step " << step;
+      EXPECT_EQ(now.collected, committed);
+      EXPECT_EQ(now.dropped, abandoned);
+      if (owner < 0 && pending < 0) {
+        ASSERT_EQ(now.total, now.collected + now.dropped) << "step " << step;
+      }
+    }
+    if (owner >= 0) L.abandon();
+    if (pending >= 0) L.withdraw_pending();
+    ASSERT_TRUE(L.drain_final(sink).ok());
+    const DumpCounts end = L.counts();
+    EXPECT_EQ(end.total, end.collected + end.dropped);
+    EXPECT_GT(end.collected, 0u);
+  }
+}
+
+// R112: the host stops acknowledging lane 0's payloads. Its publisher is
+// answered WouldBlock step after step, while the same supervisor loop keeps
+// serving lane 1's core through five whole tasks and polling its error
+// latch between steps; once the host acknowledges again lane 0 completes.
+TEST(CaptureService, R112BackPressureNeverBlocksTheSupervisor) {
+  Watchdog dog;
+  DumpLaneConfig lane;
+  lane.arena_bytes = 64 * 1024;
+  Rig rig(6, {}, lane, 2);  // cluster 0 -> lane 0, cluster 1 -> lane 1
+  Buf a0(8192, 1.f), a1(8192, 2.f), a2(8192, 3.f), x(64, 4.f), y(64);
+  rig.add_task(0, {&a0, &a1, &a2}, {});
+  for (uint64_t t = 1; t <= 5; ++t) rig.add_task(t, {&x}, {&y});
+  rig.hold(0, true);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> latch_polls{0}, steps{0};
+  std::atomic<uint32_t> error_latch{0};
+  std::thread supervisor([&] {
+    while (!stop.load()) {
+      rig.run->service(0);
+      rig.run->service(1);
+      (void)error_latch.load();  // the run's error latch, polled between steps
+      latch_polls.fetch_add(1);
+      steps.fetch_add(1);
+      yield_cpu();
+    }
+  });
+  Single blocked(rig, 0, 0);
+  ASSERT_TRUE(eventually(
+      [&] { return blocked.ack(&ArgsCaptureAck::status) == static_cast<uint64_t>(AckStatus::kWouldBlock); }));
+  // Lane 1's core runs five whole tasks meanwhile.
+  for (uint64_t t = 1; t <= 5; ++t) {
+    const Status st = rig.participate(3, t, false);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+  }
+  EXPECT_FALSE(blocked.done.load()) << "lane 0 finished with its host silent";
+  const uint64_t polls = latch_polls.load();
+  ASSERT_TRUE(eventually([&] { return latch_polls.load() > polls + 10; })) << "the supervisor stopped polling";
+  EXPECT_GT(count(rig.snapshot(), idx(CapturePoint::kServed), static_cast<uint64_t>(AckStatus::kWouldBlock)), 1u);
+  EXPECT_EQ(rig.collector->lane(0).counts().dropped, 0u);
+  rig.hold(0, false);
+  ASSERT_TRUE(eventually([&] { return blocked.done.load(); }));
+  stop.store(true);
+  supervisor.join();
+  blocked.t.join();
+  ASSERT_TRUE(blocked.st.ok()) << blocked.st.to_string();
+  auto dump = rig.finish();
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_TRUE(dump->complete);
+  EXPECT_EQ(dump->counts.collected, 3u + 10u);
+  EXPECT_EQ(dump->counts.dropped, 0u);
+}
+
+// R127 (A8), scaled down: FULL capture of a 48-task chain (each task reads
+// the previous one's 64 KiB output and writes its own) against a 256 KiB
+// arena. The host starts silent, so the capture back-pressures; it then
+// drains as it goes. No deadlock, every record complete (never short), the
+// would-blocks added no dropped record, and total == collected + dropped.
+TEST(CaptureService, R127ArenaPressureOnAChainBackPressuresWithoutDeadlockOrShortRecords) {
+  Watchdog dog;
+  DumpLaneConfig lane;
+  lane.arena_bytes = 256 * 1024;
+  Rig rig(9, {}, lane);
+  constexpr uint64_t kTasks = 48;
+  constexpr size_t kFloats = 16 * 1024;  // 64 KiB
+  std::vector<std::unique_ptr<Buf>> bufs;
+  for (uint64_t t = 0; t <= kTasks; ++t) bufs.push_back(std::make_unique<Buf>(kFloats, t == 0 ? 1.f : 0.f));
+  for (uint64_t t = 0; t < kTasks; ++t) rig.add_task(t, {bufs[t].get()}, {bufs[t + 1].get()});
+  rig.hold(0, true);
+  std::atomic<uint64_t> would_blocks{0};
+  rig.on_point = [&](CapturePoint p, uint32_t, uint32_t, uint64_t w) {
+    // The first would-block ends the host's silence.
+    if (p == CapturePoint::kServed && w == static_cast<uint64_t>(AckStatus::kWouldBlock) &&
+        would_blocks.fetch_add(1) == 0) {
+      rig.hold(0, false);
+    }
+  };
+  rig.start_aicpu();
+  for (uint64_t t = 0; t < kTasks; ++t) {
+    const uint32_t core = static_cast<uint32_t>(3 * (t % 3));  // three clusters, one lane
+    Buf& in = *bufs[t];
+    Buf& out = *bufs[t + 1];
+    const Status st = rig.participate(core, t, false, [&] {
+      for (size_t i = 0; i < kFloats; ++i) out.data[i] = in.data[i] + 1.f;
+    });
+    ASSERT_TRUE(st.ok()) << "task " << t << ": " << st.to_string();
+  }
+  EXPECT_GT(would_blocks.load(), 0u) << "the arena never pushed back";
+  auto dump = rig.finish();
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_TRUE(dump->complete);
+  EXPECT_EQ(dump->counts.total, 2 * kTasks);
+  EXPECT_EQ(dump->counts.collected, 2 * kTasks);
+  EXPECT_EQ(dump->counts.dropped, 0u) << "a would-block that cleared was charged";
+  EXPECT_EQ(dump->counts.total, dump->counts.collected + dump->counts.dropped);
+  ASSERT_EQ(dump->args.size(), 2 * kTasks);
+  for (const DumpedArg& x : dump->args) {
+    ASSERT_FALSE(x.truncated);
+    ASSERT_EQ(x.bytes, kFloats * sizeof(float)) << "a short record";
+    const double want = static_cast<double>(x.task + (x.stage == DumpStage::kBefore ? 1 : 2));
+    EXPECT_EQ(dumped_element(*dump, x, 0), want) << "task " << x.task;
+    EXPECT_EQ(dumped_element(*dump, x, kFloats - 1), want) << "task " << x.task;
+  }
 }
 
 }  // namespace

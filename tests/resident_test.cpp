@@ -503,6 +503,64 @@ TEST(Resident, R129AnInducedCaptureTimeoutFailsTheRunRunningNothingAndLeavesTheD
   EXPECT_EQ(free_bytes(hw.w), free_before);
 }
 
+// R117, R57 (ties): an aborted capture leaves its lane's terminal unclosed,
+// so nothing proves the producer stopped: the run's terminal bank is
+// quarantined (not returned) until finalize, and the dump's accounting reads
+// unknown. A clean dumping run before it returns its bank, and close's
+// finalize takes the quarantined one back.
+TEST(Resident, R117AnAbortedCaptureQuarantinesTheBankUntilFinalize) {
+  Watchdog dog;
+  std::vector<ChipCallable> cs;
+  cs.push_back(inc_chain());
+  auto made = ChipWorker::create(resident_config(), std::move(cs));
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ChipWorker& chip = **made;
+  auto x = chip.malloc(8);
+  ASSERT_TRUE(x.ok());
+  const int64_t zero = 0;
+  ASSERT_TRUE(chip.copy_to(*x, &zero, 8, 0).ok());
+  TaskArgs args;
+  args.add_tensor(x->view({1}, DType::I64), Tag::InOut);
+  std::atomic<bool> aborted{false};
+  std::atomic<bool> silent{false};
+  Hooks hooks;
+  hooks.capture_config.first_budget_ns = 50'000'000;
+  hooks.capture_config.second_budget_ns = 20'000'000'000;
+  hooks.capture.point = [&](resident::CapturePoint p, uint32_t, uint32_t, uint64_t) {
+    if (p == resident::CapturePoint::kAbortCas) aborted.store(true);
+  };
+  hooks.capture.serve = [&](uint32_t) { return !silent.load() || aborted.load(); };
+  HookScope scope(hooks);
+  CallConfig call;
+  call.dump_args = DumpArgs::Full;
+  call.trace_dir = resident_dir("clean");
+  RunHandle clean = chip.submit(0, args, call);
+  ASSERT_TRUE(clean.wait_for(std::chrono::seconds(30)).ok());
+  const std::optional<Settlement> c = chip.terminal_banks().settlement(clean.run_id());
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(c->returned) << "a clean capture's bank was not returned";
+  EXPECT_EQ(chip.terminal_banks().counts().quarantined, 0u);
+
+  silent.store(true);
+  call.trace_dir = resident_dir("aborted");
+  RunHandle bad = chip.submit(0, args, call);
+  const Status st = bad.wait_for(std::chrono::seconds(30));
+  EXPECT_TRUE(contains(st.message(), "ARGS_CAPTURE_TIMEOUT")) << st.to_string();
+  const std::optional<Settlement> q = chip.terminal_banks().settlement(bad.run_id());
+  ASSERT_TRUE(q.has_value());
+  EXPECT_TRUE(q->quarantined) << "an aborted capture's bank was handed back";
+  EXPECT_FALSE(q->returned);
+  EXPECT_FALSE(q->producers_stopped);
+  EXPECT_EQ(q->verdict, SettlementVerdict::kPartialCutUnknown);
+  EXPECT_EQ(chip.terminal_banks().counts().quarantined, 1u);
+  auto dump = load_args_dump(call.trace_dir + "/args_dump");
+  ASSERT_TRUE(dump.ok()) << dump.status().to_string();
+  EXPECT_FALSE(dump->complete) << "the host must report the argument accounting unknown";
+  ASSERT_TRUE(chip.close(std::chrono::seconds(30)).ok());
+  EXPECT_EQ(chip.terminal_banks().counts().quarantined, 0u) << "finalize did not take the quarantined bank back";
+  EXPECT_GE(chip.terminal_banks().stats().finalize_returned, 1u);
+}
+
 // What the route does not capture says so: a dumping run with an SPMD task
 // is refused at prepare (its blocks run on any cluster; the gate is one
 // cluster's), naming the field and the task.

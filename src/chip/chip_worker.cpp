@@ -877,7 +877,14 @@ void ChipWorker::close_terminal(NativeRunContext* ctx, const RunOutcome& out) {
     snap->device_ns = out.end_ns - out.launch_ns;
     snap->core_count = runtime_->last_tasks(ctx->desc_.lease.slot, snap->last_task, TerminalSnapshot::kMaxCores);
     for (TerminalContributor* c : contributors_) c->write_terminal(epoch, *snap);
-    banks_.publish(epoch);
+    // An aborted argument capture closes no terminal (R117): unpublished.
+    if (!out.capture_unsettled) banks_.publish(epoch);
+  }
+  if (out.capture_unsettled) {
+    // No proof that the capture's producer stopped: the bank is quarantined
+    // until finalize, and the dump reports its accounting unknown (R57, R117).
+    (void)banks_.run_close(epoch, /*completed=*/false, /*producers_stopped=*/false);
+    return;
   }
   // The done callback comes after the runtime stopped touching the set, and
   // a simulated run's producers are this process's AICPU and core threads,

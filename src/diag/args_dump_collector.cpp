@@ -33,7 +33,10 @@ void ArgsDumpCollector::drain_loop() {
   for (;;) {
     const uint32_t armed = bell_.arm();
     size_t n = 0;
-    for (size_t i = 0; i < lanes_.size(); ++i) n += lanes_[i]->drain(sinks_[i]);
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      if (options_.hold && options_.hold(static_cast<uint32_t>(i))) continue;
+      n += lanes_[i]->drain(sinks_[i]);
+    }
     if (stop_.load(std::memory_order_acquire)) return;
     // A producer rings after every publication, so parking cannot miss one;
     // the deadline only bounds how late a stop is noticed if a ring is lost.

@@ -33,6 +33,9 @@ class ArgsDumpCollector {
     DumpLaneConfig lane;
     uint64_t run_epoch = 0;
     std::function<std::string(uint32_t func_id)> kernel_name;
+    // Tests: while it returns true for a lane, the host thread does not
+    // drain it (it stops acknowledging payloads); wake() after a change.
+    std::function<bool(uint32_t lane)> hold;
   };
   // Creates the directory, the lanes and the host thread.
   static Result<std::unique_ptr<ArgsDumpCollector>> start(Options options);
@@ -44,6 +47,8 @@ class ArgsDumpCollector {
   DumpLane& lane(uint32_t aicpu) { return *lanes_[aicpu]; }
   // The run's capture sequence: the order of the manifest and of `dump diff`.
   uint64_t next_order() { return order_.fetch_add(1, std::memory_order_relaxed); }
+  // Makes the host thread look at every lane again (after `hold` changed).
+  void wake() { bell_.ring(); }
 
   // Stops the host thread and writes the manifest. `producers_stopped`: the
   // device can no longer write a lane (the run's outcome was delivered, so

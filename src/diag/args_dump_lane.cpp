@@ -188,6 +188,10 @@ void DumpLane::abandon() {
   write_pos_ = open_start_;
   open_ = false;
   drop_pending();
+  // The abandoned record held the buffer's last slot: the switch that a
+  // commit there would have made proceeds now, so the next record is record
+  // 0 of the next buffer (seed 002's abandon-under-a-full-buffer walk, R125).
+  if (current_ != kNone && buffers_[current_].count + 1 == config_.records_per_buffer) publish_current();
 }
 
 void DumpLane::drop_pending() {

@@ -109,7 +109,8 @@ class DumpLane {
   // Publishes the open record into the current buffer; counts it collected.
   void commit();
   // Closes the open reservation without a record: the arena rolls back to
-  // where it was before try_begin; counts one dropped.
+  // where it was before try_begin; counts one dropped. When the record was
+  // to take the buffer's last slot, the buffer is published.
   void abandon();
   // Gives up on an argument whose try_begin never opened (counts one dropped).
   void drop_pending();

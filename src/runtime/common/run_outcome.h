@@ -17,6 +17,9 @@ struct RunOutcome {
   uint32_t released_early = 0;  // intermediates freed during the run because their scope had ended
   uint64_t launch_ns = 0;
   uint64_t end_ns = 0;
+  // The run's argument capture was aborted: a dump lane's terminal stays
+  // unclosed, so nothing proves its producer stopped (R117, R57).
+  bool capture_unsettled = false;
 };
 
 // Called once per launched run with the set it held.

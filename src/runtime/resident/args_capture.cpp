@@ -55,8 +55,8 @@ CaptureRun::CaptureRun(ArgsCaptureControl* control, uint32_t cores, uint32_t lan
 // ---- slot words (R94): every access is one of these four ----
 
 std::atomic_ref<uint64_t> CaptureRun::word(uint32_t slot, SlotWordId w) const {
-  uint64_t* words = reinterpret_cast<uint64_t*>(&control_->slots[slot]);
-  return std::atomic_ref<uint64_t>(words[static_cast<int>(w)]);
+  SlotWord* words = &control_->slots[slot].claim;
+  return std::atomic_ref<uint64_t>(words[static_cast<int>(w)].v_);
 }
 
 uint64_t CaptureRun::load(uint32_t core, uint32_t slot, SlotWordId w) const {
@@ -81,6 +81,23 @@ uint64_t CaptureRun::fetch_or(uint32_t core, uint32_t slot, SlotWordId w, uint64
 
 void CaptureRun::point(CapturePoint p, uint32_t core, uint32_t slot, uint64_t w) const {
   if (hooks_ != nullptr && hooks_->point) hooks_->point(p, core, slot, w);
+}
+
+// ---- request and ack lines, tensor extents (R101, R106) ----
+
+void CaptureRun::line_store(uint32_t actor, uint64_t& field, uint64_t v) const {
+  if (hooks_ != nullptr && hooks_->line) hooks_->line(LineEvent::kStore, actor, &field, sizeof(field));
+  lstore(field, v);
+}
+
+void CaptureRun::flush(uint32_t actor, const void* addr, uint64_t bytes) const {
+  std::atomic_thread_fence(std::memory_order_release);
+  if (hooks_ != nullptr && hooks_->line) hooks_->line(LineEvent::kFlush, actor, addr, bytes);
+}
+
+void CaptureRun::invalidate(uint32_t actor, const void* addr, uint64_t bytes) const {
+  if (hooks_ != nullptr && hooks_->line) hooks_->line(LineEvent::kInvalidate, actor, addr, bytes);
+  std::atomic_thread_fence(std::memory_order_acquire);
 }
 
 template <typename Ready>
@@ -205,19 +222,26 @@ void CaptureRun::publish_request(const Participant& p, CapturePhase ph, uint64_t
                                  uint64_t tick) {
   ArgsCaptureRequest& r = control_->requests[p.core];
   // M:req_fields
-  lstore(r.run_epoch, run_epoch_);
-  lstore(r.task_id, p.task_id);
-  lstore(r.phase, static_cast<uint64_t>(ph));
-  lstore(r.phase_seq, seq);
-  lstore(r.arg_index, arg);
-  lstore(r.arg_cursor, cursor);
-  lstore(r.slot, p.slot);
-  lstore(r.request_tick, tick);  // M:req_tick (last; release = barrier + flush)
+  line_store(p.core, r.run_epoch, run_epoch_);
+  line_store(p.core, r.task_id, p.task_id);
+  line_store(p.core, r.phase, static_cast<uint64_t>(ph));
+  line_store(p.core, r.phase_seq, seq);
+  line_store(p.core, r.arg_index, arg);
+  line_store(p.core, r.arg_cursor, cursor);
+  line_store(p.core, r.slot, p.slot);
+  line_store(p.core, r.request_tick, tick);  // M:req_tick (last; release = barrier + flush)
+  flush(p.core, &r, sizeof(r));
   env_.ring_aicpu(lane_of(p.core, lanes_n_));
 }
 
 Status CaptureRun::phase(Participant& p, CapturePhase ph, CaptureCoreState& cs) {
   const uint32_t slot = p.slot;
+  // R106: the output spans this core wrote are published before it arrives
+  // (the pipe barrier alone is not publication); the AICPU invalidates.
+  if (ph == CapturePhase::kAfter) {
+    std::atomic_thread_fence(std::memory_order_release);
+    if (hooks_ != nullptr && hooks_->line) hooks_->line(LineEvent::kFlushOutputs, p.core, nullptr, p.task_id);
+  }
   const uint64_t prev = fetch_or(p.core, slot, arrived_of(ph), p.bit);  // M:arrive_fetch_or
   point(CapturePoint::kArrived, p.core, slot, static_cast<uint64_t>(ph));
   const bool publisher = (prev | p.bit) == p.mask;
@@ -261,6 +285,7 @@ Status CaptureRun::phase(Participant& p, CapturePhase ph, CaptureCoreState& cs) 
   for (;;) {
     // Accept: identity first, then (publisher) the tick, then the status.
     const auto matches = [&] {
+      invalidate(p.core, &ack, sizeof(ack));
       return publisher ? publisher_accepts(ack, run_epoch_, p.task_id, seq, tick)
                        : peer_accepts(ack, run_epoch_, p.task_id, seq);
     };
@@ -335,6 +360,7 @@ bool CaptureRun::service(uint32_t lane) {
   for (uint32_t c = 0; c < cores_; ++c) {
     if (lane_of(c, lanes_n_) != lane) continue;
     CoreReq& q = req_state_[c];
+    invalidate(kAicpuActor, &control_->requests[c], sizeof(ArgsCaptureRequest));
     const uint64_t tick = lload(control_->requests[c].request_tick);  // M:svc_observe
     if (tick == q.seen_tick) continue;
     q.seen_tick = tick;
@@ -375,13 +401,14 @@ void CaptureRun::write_ack(uint32_t core, const ArgsCaptureRequest& r, AckStatus
   ArgsCaptureAck& a = control_->acks[core];
   // Before the stores, so an observer's log shows the ack ahead of its acceptance.
   point(CapturePoint::kServed, core, static_cast<uint32_t>(lload(r.slot)), static_cast<uint64_t>(s));
-  lstore(a.status, static_cast<uint64_t>(s));  // M:ack_progress
-  lstore(a.arg_index, arg);
-  lstore(a.arg_cursor, cursor);
-  lstore(a.request_tick, lload(r.request_tick));
-  lstore(a.run_epoch, lload(r.run_epoch));  // M:ack_identity (last: epoch, task, then phase_seq)
-  lstore(a.task_id, lload(r.task_id));
-  lstore(a.phase_seq, lload(r.phase_seq));
+  line_store(kAicpuActor, a.status, static_cast<uint64_t>(s));  // M:ack_progress
+  line_store(kAicpuActor, a.arg_index, arg);
+  line_store(kAicpuActor, a.arg_cursor, cursor);
+  line_store(kAicpuActor, a.request_tick, lload(r.request_tick));
+  line_store(kAicpuActor, a.run_epoch, lload(r.run_epoch));  // M:ack_identity (last: epoch, task, then phase_seq)
+  line_store(kAicpuActor, a.task_id, lload(r.task_id));
+  line_store(kAicpuActor, a.phase_seq, lload(r.phase_seq));
+  flush(kAicpuActor, &a, sizeof(a));
   ring_cluster(static_cast<uint32_t>(lload(r.slot)), UINT32_MAX);
 }
 
@@ -435,6 +462,15 @@ bool CaptureRun::answer(uint32_t lane, LaneState& L, uint32_t core, uint64_t& bu
       L.pending_core = core;
       write_ack(core, r, AckStatus::kWouldBlock, arg, 0);
       return true;
+    }
+    // R106: the tensor extent is read fresh, after its writers' flushes.
+    if (bytes) {
+      const TensorView& v = src.view;
+      int64_t last = 0;  // the view's last element, relative to its first
+      for (int d = 0; d < v.ndim(); ++d) last += (v.shape(d) - 1) * v.stride(d);
+      const uint64_t esize = dtype_size(v.dtype());
+      invalidate(kAicpuActor, src.base + static_cast<uint64_t>(v.offset()) * esize,
+                 static_cast<uint64_t>(last + 1) * esize);
     }
     L.pending = false;
     L.open = true;

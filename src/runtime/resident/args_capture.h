@@ -26,17 +26,32 @@ inline constexpr uint32_t kCaptureClusterCapacity = 36;
 inline constexpr uint32_t kCapturePendingSlots = 2;
 inline constexpr uint32_t kCaptureWorkerCapacity = 108;
 
-// One gate per (cluster, pending slot). Every word is accessed only by a
-// single 64-bit atomic or a direct load/store (R94), through SlotWord below.
+// A gate word. It has no copy, no assignment and no conversion: only
+// CaptureRun's four primitives (each a single 64-bit atomic) reach its
+// value, so a plain load, store or whole-line copy of a slot does not
+// compile (R94). Zeroed at run init, with the rest of the block.
+class SlotWord {
+ public:
+  SlotWord() = default;
+  SlotWord(const SlotWord&) = delete;
+  SlotWord& operator=(const SlotWord&) = delete;
+
+ private:
+  friend class CaptureRun;
+  uint64_t v_ = 0;
+};
+static_assert(sizeof(SlotWord) == 8 && alignof(SlotWord) == 8);
+
+// One gate per (cluster, pending slot).
 struct ArgsCaptureSlot {
-  uint64_t claim;             // (state << 62) | occupancy
-  uint64_t arrived_before;    // participant bitmask
-  uint64_t arrived_after;     // participant bitmask
-  uint64_t released_before;   // participant bitmask
-  uint64_t released_after;    // participant bitmask
-  uint64_t publisher_before;  // (core + 1) << 32 | phase_seq
-  uint64_t publisher_after;   // (core + 1) << 32 | phase_seq
-  uint64_t aborted;           // 0, or 1 | (site << 8)
+  SlotWord claim;             // (state << 62) | occupancy
+  SlotWord arrived_before;    // participant bitmask
+  SlotWord arrived_after;     // participant bitmask
+  SlotWord released_before;   // participant bitmask
+  SlotWord released_after;    // participant bitmask
+  SlotWord publisher_before;  // (core + 1) << 32 | phase_seq
+  SlotWord publisher_after;   // (core + 1) << 32 | phase_seq
+  SlotWord aborted;           // 0, or 1 | (site << 8)
 };
 static_assert(sizeof(ArgsCaptureSlot) == 64, "R93: ArgsCaptureSlot is exactly 8 x u64");
 
@@ -104,6 +119,13 @@ enum class SlotWordId : uint8_t {
 };
 enum class SlotOp : uint8_t { kLoad, kStore, kCas, kFetchOr };
 
+// What a thread did to a request or ack line (R101, R106). A store is one
+// field's single-writer store; a flush is the writer's barrier + line
+// write-back, modelled as a release fence; an invalidate is the reader's
+// line invalidate, modelled as an acquire fence. kFlushOutputs is a core's
+// flush of the output spans it wrote, before it arrives at AFTER.
+enum class LineEvent : uint8_t { kStore, kFlush, kInvalidate, kFlushOutputs };
+
 // Where a core is in the protocol, for tests (timestamps, forced interleavings).
 enum class CapturePoint : uint8_t {
   kClaimWon,      // the claim CAS succeeded; the core is inside CLAIMING, before initialization
@@ -125,6 +147,10 @@ struct CaptureHooks {
   std::function<bool(uint32_t lane)> serve;
   // An AICPU service step observed a request (core, its observe_tick) for the first time.
   std::function<void(uint32_t lane, uint32_t core, uint64_t observe_tick)> observed;
+  // Every line event (the R94 checker and R101/R106's order checks): `actor`
+  // is a core or UINT32_MAX for the AICPU; `addr`/`bytes` the line, field or
+  // tensor extent (kFlushOutputs: null, bytes = the task id).
+  std::function<void(LineEvent ev, uint32_t actor, const void* addr, uint64_t bytes)> line;
 };
 
 struct CaptureConfig {
@@ -229,6 +255,10 @@ class CaptureRun {
   bool cas(uint32_t core, uint32_t slot, SlotWordId w, uint64_t& expected, uint64_t desired) const;
   uint64_t fetch_or(uint32_t core, uint32_t slot, SlotWordId w, uint64_t bits) const;
   void point(CapturePoint p, uint32_t core, uint32_t slot, uint64_t w) const;
+  // Line ops on request and ack lines and tensor extents, never on a slot (R94).
+  void line_store(uint32_t actor, uint64_t& field, uint64_t v) const;
+  void flush(uint32_t actor, const void* addr, uint64_t bytes) const;
+  void invalidate(uint32_t actor, const void* addr, uint64_t bytes) const;
 
   bool try_claim(Participant& p, uint32_t slot);
   // Waits on the core's bell until ready() or `deadline`; false on the deadline.

@@ -162,8 +162,10 @@ Status ResidentRuntime::build(const HostApi& api, const ChipCallable& callable, 
   }
   SIMPLER_ASSIGN_OR_RETURN(s.capture_block, memory_.allocate(kCaptureControlBytes),
                            "call.dump_args: the resident route's capture block");
+  // Run init zeroes the block before any participant exists (R95); after
+  // this, slot words are reached only through CaptureRun's atomics (R94).
+  std::memset(reinterpret_cast<void*>(s.capture_block), 0, kCaptureControlBytes);
   auto* control = reinterpret_cast<ArgsCaptureControl*>(s.capture_block);
-  std::memset(control, 0, kCaptureControlBytes);
   const CaptureHooks* capture_hooks = nullptr;
   CaptureConfig config;
 #ifdef SIMPLER_TEST_HOOKS
@@ -291,6 +293,8 @@ void ResidentRuntime::finish_run(Slot& s) {
   out.released_early = s.released_early.load(std::memory_order_relaxed);
   out.launch_ns = s.launch_ns;
   out.status = s.error.get();
+  // R117: an aborted or failed capture leaves its lane's terminal unclosed.
+  out.capture_unsettled = s.capture != nullptr && (s.capture->aborted() || s.capture->fatal());
   if (s.capture_live.load(std::memory_order_relaxed) != nullptr) capturing_.fetch_sub(1, std::memory_order_seq_cst);
   release_capture(s);
   s.allocations.release_all();
