@@ -54,8 +54,6 @@ class CoreDispatcher {
   // finishes the run, after every task's completion was published to it.
   uint32_t last_done(uint32_t slot, uint32_t* out, uint32_t capacity) const;
   void push(TaskKind kind, ReadyItem item) { queue(kind).push(item); }
-  // A hint, read without the lock: tasks of `kind` wait for a core.
-  bool queued(TaskKind kind) const { return !queues_[static_cast<int>(kind)]->empty_hint(); }
   void push_many(TaskKind kind, const ReadyItem* items, size_t n) { queue(kind).push_many(items, n); }
   // Queues every item of `ready` by its task's kind and empties it.
   template <typename TaskOf>

@@ -20,11 +20,6 @@ constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a
 
 // The orchestration runs on the device: it never holds a HostApi binding.
 const HostApi kUnboundApi{};
-
-// How long the orchestrator yields for the run's first ready task to be
-// taken, and how many ready tasks it places between later yields.
-constexpr uint64_t kFirstTaskYieldNs = 20'000;
-constexpr uint32_t kYieldEvery = 64;
 }  // namespace
 
 // ---- StreamBuilder -----------------------------------------------------------------------------
@@ -47,7 +42,7 @@ class StreamBuilder final : public RunBuilder {
   Set& s_;
   uint64_t desc_pos_ = 0;  // where reserve() put the next task's descriptors
   std::vector<GuardCheck> guard_scratch_;
-  uint32_t ready_ = 0;  // tasks this run pushed ready as it placed them
+  bool yielded_ = false;  // after the run's first ready task
 };
 
 Status StreamBuilder::reserve(uint32_t task, uint32_t tensors) {
@@ -196,19 +191,13 @@ void StreamBuilder::place(const CheckedTask& t) {
   }
   rt_.dispatcher_.push(task.kind, ReadyItem{s.index_, slot});
   rt_.device_.ring_all_aicpu();
-  // Where the orchestrator shares CPUs with the schedulers and cores (the
-  // simulator on a small host), a thread that goes straight on to the next
-  // submit keeps them waiting for its time slice. So it yields until the
-  // run's first ready task is taken (briefly: a scheduler that cannot run
-  // then will not soon), and then once every kYieldEvery ready tasks while
-  // tasks still wait for a scheduler.
-  if (ready_ == 0) {
-    const uint64_t until = now_ns() + kFirstTaskYieldNs;
-    while (rt_.dispatcher_.queued(task.kind) && now_ns() < until) yield_cpu();
-  } else if (ready_ % kYieldEvery == 0 && rt_.dispatcher_.queued(task.kind)) {
+  // Where the orchestrator shares CPUs with the cores (the simulator on a
+  // small host), the first ready task of a run must not wait for the whole
+  // orchestration's time slice.
+  if (!yielded_) {
+    yielded_ = true;
     yield_cpu();
   }
-  ++ready_;
 }
 
 // ---- Set ---------------------------------------------------------------------------------------
@@ -600,10 +589,6 @@ void TmrRuntime::launch(uint32_t slot) {
     launched_.push_back(slot);
   }
   device_.ring_aicpu(device_.geometry().aicpu_threads);
-  // The scheduler threads too: their wake-up overlaps the orchestrator's
-  // instead of following it, so one fewer futex wake-up lies between the
-  // launch and the first task's dispatch.
-  device_.ring_all_aicpu();
 }
 
 bool TmrRuntime::poll(uint32_t aicpu) {
@@ -626,10 +611,6 @@ bool TmrRuntime::poll(uint32_t aicpu) {
 }
 
 void TmrRuntime::stream(Set& s) {
-  // The scheduler threads have usually parked since the last run. Woken
-  // now, they come up while the orchestration builds its first task and are
-  // spinning when it is pushed, instead of paying a futex wake-up after it.
-  device_.ring_all_aicpu();
   Status st;
   {
     StreamBuilder builder(*this, s);
