@@ -6,7 +6,7 @@ PACKAGES := build-essential cmake ninja-build pkg-config libfmt-dev libcli11-dev
             libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libtbb-dev clang-format spin stress-ng \
             libopenmpi-dev openmpi-bin \
             clang-14 libclang-rt-14-dev libfuzzer-14-dev \
-            python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest \
+            python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest python3-matplotlib \
             chromium
 SIMPLER := build/default/src/cli/simpler
 # Debian's interpreter, the one the module is built for (not a pyenv/venv python3 on PATH).
@@ -77,10 +77,22 @@ fuzz: deps
 	cmake --build --preset fuzz -j $(JOBS)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
 
+# Every benchmark (the MPI ones need mpirun and are left out), then the load
+# curves quiet vs BENCH_NEIGHBOURS busy processes; all figures into
+# build/bench-results.json, the curves into docs/img/*.png. A failing
+# benchmark is reported in its JSON line and the rest still run.
+BENCH_LOAD ?= runs_in_flight l3_pipelined
+BENCH_NEIGHBOURS ?= 2
 bench: configure
 	cmake --build --preset default -j $(JOBS) --target simpler-cli
-	$(SIMPLER) bench --list
-	for b in $$($(SIMPLER) bench --list | awk '{print $$1}'); do $(SIMPLER) bench --json $$b; done
+	@lines=build/bench-results.jsonl; : > $$lines; \
+	for b in $$($(SIMPLER) bench --list | awk '!/mpirun/ {print $$1}'); do \
+	  $(SIMPLER) bench --json $$b | tee -a $$lines; \
+	done; \
+	for b in $(BENCH_LOAD); do \
+	  $(SIMPLER) bench --json --compare-load --neighbours $(BENCH_NEIGHBOURS) $$b | tee -a $$lines; \
+	done
+	$(PYTHON) scripts/plot_bench.py --lines build/bench-results.jsonl --out build/bench-results.json --img docs/img
 
 install: build
 	cmake --install build/default --prefix $(or $(PREFIX),/usr/local)

@@ -11,6 +11,7 @@ Result<Json> l2_latency();
 Result<Json> runs_in_flight();
 Result<Json> dispatch();
 Result<Json> first_task();
+Result<Json> scaling();
 Result<Json> stream();
 Result<Json> idle_cpu();
 // Only in a build with the examples (swimlane.cpp runs matmul_chain).

@@ -7,6 +7,7 @@
 
 #include "bench.h"
 #include "benchmarks.h"
+#include "neighbours.h"
 
 namespace simpler::bench {
 namespace {
@@ -47,6 +48,10 @@ const std::vector<Entry>& entries() {
         "ns per no-op task for 10k tasks: independent, chain, layered DAG; host_build_graph, "
         "tensormap_and_ringbuffer and resident vs a oneTBB flow graph"},
        &dispatch},
+      {{"scaling",
+        "ns per no-op task at 10k, 100k, 1M tasks (independent, chain, layered; host_build_graph and "
+        "tensormap_and_ringbuffer; small, a2a3, a5) vs the same cell at 10k; runs/s of a node with 1, 2, 4 chips"},
+       &scaling},
       {{"first_task",
         "submit -> first kernel start for 1k/10k/100k independent-task graphs, tensormap_and_ringbuffer vs "
         "host_build_graph"},
@@ -129,7 +134,58 @@ std::vector<BenchInfo> list() {
   return out;
 }
 
-int run(const std::string& name, bool json, std::ostream& out) {
+namespace {
+
+// One run of `entry`, beside `neighbours` busy processes: the benchmark's
+// JSON object, its context included. The neighbours are reaped before the
+// object is returned, whatever the benchmark did.
+Result<Json> measure(const Entry& entry, uint32_t neighbours) {
+  Json head{{"bench", entry.info.name}};
+  head["context"] = context();
+  Result<Json> figures = Status(StatusCode::kInternal, "benchmark did not run");
+  Neighbours busy;
+  if (Status s = busy.start(neighbours); !s.ok()) return s;
+  const NeighbourMeter meter;
+  try {
+    figures = entry.fn();
+  } catch (const std::exception& e) {
+    figures = Status(StatusCode::kInternal, std::string("exception: ") + e.what());
+  }
+  head["context"]["neighbour_cpu_pct"] = meter.pct();
+  if (neighbours > 0) {
+    Json pids = Json::array();
+    for (const pid_t pid : busy.pids()) pids.push_back(pid);
+    const uint32_t running = busy.stop();
+    head["context"]["busy_neighbours"] = {{"count", neighbours}, {"pids", pids}, {"running_at_end", running}};
+  }
+  if (figures.ok()) {
+    head.update(*figures);
+  } else {
+    head["error"] = figures.status().to_string();
+  }
+  return head;
+}
+
+// loaded ÷ quiet for every number both objects hold at the same path
+// (context and booleans left out); a quiet 0 gives no ratio.
+Json ratios(const Json& quiet, const Json& loaded) {
+  Json out = Json::object();
+  for (const auto& [key, q] : quiet.items()) {
+    if (key == "context" || !loaded.contains(key)) continue;
+    const Json& l = loaded[key];
+    if (q.is_object() && l.is_object()) {
+      Json inner = ratios(q, l);
+      if (!inner.empty()) out[key] = std::move(inner);
+    } else if (q.is_number() && l.is_number() && q.get<double>() != 0.0) {
+      out[key] = round3(l.get<double>() / q.get<double>());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int run(const std::string& name, const RunOptions& options, std::ostream& out) {
   const Entry* entry = nullptr;
   for (const Entry& e : entries()) {
     if (e.info.name == name) entry = &e;
@@ -138,27 +194,39 @@ int run(const std::string& name, bool json, std::ostream& out) {
     out << "unknown benchmark '" << name << "'; `simpler bench --list` names them\n";
     return 2;
   }
-  Json head{{"bench", name}};
-  head["context"] = context();
-  Result<Json> figures = Status(StatusCode::kInternal, "benchmark did not run");
-  const NeighbourMeter neighbours;
-  try {
-    figures = entry->fn();
-  } catch (const std::exception& e) {
-    figures = Status(StatusCode::kInternal, std::string("exception: ") + e.what());
-  }
-  head["context"]["neighbour_cpu_pct"] = neighbours.pct();
-  if (figures.ok()) {
-    head.update(*figures);
+  Json result;
+  bool ok = true;
+  if (options.compare_load) {
+    const uint32_t n = options.neighbours > 0 ? options.neighbours : kDefaultCompareNeighbours;
+    Result<Json> quiet = measure(*entry, 0);
+    Result<Json> loaded = quiet.ok() && !quiet->contains("error") ? measure(*entry, n) : quiet;
+    if (!quiet.ok() || !loaded.ok()) {
+      const Status why = !quiet.ok() ? quiet.status() : loaded.status();
+      result = Json{{"bench", name}, {"error", why.to_string()}};
+      ok = false;
+    } else {
+      ok = !quiet->contains("error") && !loaded->contains("error");
+      result = Json{{"bench", name}, {"busy_neighbours", n}};
+      if (ok) result["loaded_over_quiet"] = ratios(*quiet, *loaded);
+      result["quiet"] = *quiet;
+      result["loaded"] = *loaded;
+    }
   } else {
-    head["error"] = figures.status().to_string();
+    Result<Json> one = measure(*entry, options.neighbours);
+    if (one.ok()) {
+      result = *one;
+      ok = !result.contains("error");
+    } else {
+      result = Json{{"bench", name}, {"error", one.status().to_string()}};
+      ok = false;
+    }
   }
-  if (json) {
-    out << head.dump() << "\n";
+  if (options.json) {
+    out << result.dump() << "\n";
   } else {
-    out << render_table(head);
+    out << render_table(result);
   }
-  return figures.ok() ? 0 : 1;
+  return ok ? 0 : 1;
 }
 
 }  // namespace simpler::bench

@@ -1,6 +1,9 @@
 // `simpler bench --json <name>` for the streaming benchmarks, in tiny sizes
 // chosen through the environment: each prints one JSON object with its
 // figures and counts. Timings are never asserted, only that they were taken.
+#include <signal.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <string>
 
@@ -69,6 +72,62 @@ TEST(Bench, StreamCountsItsTasksAndIntermediates) {
   EXPECT_EQ(j["tmr"]["released_early"], 500);
   EXPECT_GE(j["tmr"]["memory_samples"].get<int>(), 1);
   EXPECT_GT(j["ratio_vs_peer"]["tasks_per_s"].get<double>(), 0.0);
+}
+
+TEST(Bench, ScalingReportsEveryShapeSizeRuntimeAndChipCount) {
+  Watchdog dog(std::chrono::seconds(120));
+  CommandResult c = run_bench("scaling",
+                              "SIMPLER_BENCH_SCALING_SIZES=200,400 SIMPLER_BENCH_SCALING_GEOMETRIES=small "
+                              "SIMPLER_BENCH_SCALING_CHIPS=1,2");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const nlohmann::json j = parse(c);
+  ASSERT_TRUE(j.is_object()) << c.output;
+  EXPECT_EQ(j["bench"], "scaling");
+  for (const char* runtime : {"host_build_graph", "tensormap_and_ringbuffer"}) {
+    for (const char* shape : {"independent", "chain", "layered"}) {
+      const nlohmann::json& s = j["geometries"]["small"][runtime][shape];
+      for (const char* size : {"200", "400"}) {
+        EXPECT_GT(s["sizes"][size]["ns_per_task"].get<double>(), 0.0) << runtime << " " << shape << " " << size;
+        EXPECT_GE(s["sizes"][size]["reps"].get<int>(), 3) << runtime << " " << shape << " " << size;
+      }
+      EXPECT_GT(s["ratio_largest_over_smallest"].get<double>(), 0.0) << runtime << " " << shape;
+      EXPECT_TRUE(s["goal_met"].is_boolean());
+    }
+  }
+  for (const char* chips : {"1", "2"}) {
+    EXPECT_GT(j["node"]["chips"][chips]["runs_per_s"].get<double>(), 0.0) << chips;
+  }
+  EXPECT_TRUE(j["goal"]["met"].is_boolean());
+}
+
+TEST(Bench, NeighboursRunBesideTheBenchmarkAndAreGoneAfterIt) {
+  Watchdog dog(std::chrono::seconds(120));
+  CommandResult c = run_command("timeout 90 " SIMPLER_CLI_PATH " bench --json --neighbours 2 mailbox_bytes");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const nlohmann::json j = parse(c);
+  ASSERT_TRUE(j.is_object()) << c.output;
+  const nlohmann::json& busy = j["context"]["busy_neighbours"];
+  EXPECT_EQ(busy["count"], 2) << c.output;
+  ASSERT_EQ(busy["pids"].size(), 2u) << c.output;
+  // Still running when the benchmark ended: they loaded all of it.
+  EXPECT_EQ(busy["running_at_end"], 2) << c.output;
+  for (const auto& pid : busy["pids"]) {
+    EXPECT_EQ(kill(pid.get<pid_t>(), 0), -1) << "neighbour " << pid << " outlived the command";
+    EXPECT_EQ(errno, ESRCH);
+  }
+}
+
+TEST(Bench, CompareLoadReportsQuietLoadedAndTheirRatio) {
+  Watchdog dog(std::chrono::seconds(120));
+  CommandResult c = run_command("timeout 90 " SIMPLER_CLI_PATH " bench --json --compare-load mailbox_bytes");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const nlohmann::json j = parse(c);
+  ASSERT_TRUE(j.is_object()) << c.output;
+  EXPECT_EQ(j["busy_neighbours"], 2);
+  EXPECT_FALSE(j["quiet"]["context"].contains("busy_neighbours")) << c.output;
+  EXPECT_EQ(j["loaded"]["context"]["busy_neighbours"]["count"], 2) << c.output;
+  // A size does not change under load: loaded ÷ quiet is exactly 1.
+  EXPECT_EQ(j["loaded_over_quiet"]["grants"]["1"]["bytes"], 1.0) << c.output;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "base/clock.h"
+#include "base/load_sense.h"
 
 namespace simpler {
 
@@ -31,6 +32,8 @@ class Doorbell {
   // Parks until ring() was called after arm() returned `armed`, or until
   // `deadline_ns` (absolute now_ns() time, 0 = none) passes. Spurious returns happen.
   void park(uint32_t armed, uint64_t deadline_ns = 0);
+  // Threads parked (or about to) right now: what a test waits for.
+  uint32_t parked() const { return waiters_.load(std::memory_order_seq_cst); }
 
  private:
   std::atomic<uint32_t> seq_{0};
@@ -47,20 +50,26 @@ struct SpinPolicy {
 
 // Waits until ready() is true: spins for policy.spin_ns (yielding so that a
 // 2-core machine with many simulated cores makes progress), then parks on
-// `bell`, whose producers ring it after making ready() true. Returns false
-// when `deadline_ns` (0 = none) passed first.
+// `bell`, whose producers ring it after making ready() true. On an
+// oversubscribed machine (load_sense()) a yield hands the CPU to a neighbour
+// for a whole time slice, so the wait then spins one batch and parks, and a
+// batch that lost its CPU parks at once. Returns false when `deadline_ns`
+// (0 = none) passed first.
 template <typename Ready>
 bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns = 0) {
   if (ready()) return true;
-  const uint64_t spin_until = now_ns() + policy.spin_ns;
+  LoadSense& load = load_sense();
+  uint64_t batch_start = now_ns();
+  const uint64_t spin_until = batch_start + (load.oversubscribed(batch_start) ? 0 : policy.spin_ns);
   uint32_t n = 0;
   for (;;) {
     if (ready()) return true;
     if (++n % policy.pauses_per_yield == 0) {
       const uint64_t t = now_ns();
       if (deadline_ns != 0 && t >= deadline_ns) return false;
-      if (t >= spin_until) break;
+      if (t >= spin_until || load.note_batch(t - batch_start, t)) break;
       yield_cpu();
+      batch_start = t;
     } else {
       cpu_relax();
     }

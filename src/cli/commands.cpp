@@ -304,7 +304,7 @@ int cmd_bench(const BenchFlags& flags) {
   }
   int rc = kExitOk;
   for (const std::string& name : names) {
-    const int r = bench::run(name, flags.json, std::cout);
+    const int r = bench::run(name, {flags.json, flags.neighbours, flags.compare_load}, std::cout);
     if (r != kExitOk && rc == kExitOk) rc = r;
   }
   return rc;

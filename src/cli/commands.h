@@ -32,6 +32,8 @@ struct BenchFlags {
   bool list = false;
   bool json = false;
   std::vector<std::string> names;  // empty: all
+  uint32_t neighbours = 0;         // busy-loop processes beside every benchmark
+  bool compare_load = false;       // each benchmark quiet, then loaded; loaded ÷ quiet
 };
 
 struct TraceFlags {

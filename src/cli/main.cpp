@@ -82,6 +82,11 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Run benchmarks (all, or the named ones)");
   bench->add_flag("--list", bench_flags.list, "List the benchmarks and exit");
   bench->add_flag("--json", bench_flags.json, "Print one JSON object per benchmark");
+  bench->add_option("--neighbours", bench_flags.neighbours,
+                    "Run beside N busy-loop processes (forked, killed and reaped when each benchmark ends)");
+  bench->add_flag("--compare-load", bench_flags.compare_load,
+                  "Run each benchmark quiet, then beside --neighbours (default 2) busy processes, and report "
+                  "loaded_over_quiet for every figure");
   bench->add_option("name", bench_flags.names, "Benchmarks to run");
 
   TraceFlags trace_flags;

@@ -62,7 +62,9 @@ void Core::loop(SpinPolicy policy) {
 
 void Core::program_loop(SpinPolicy policy, CoreProgram* program) {
   name_this_thread("{}{}", type_ == CoreType::AIC ? "aic" : "aiv", id_);
+  LoadSense& load = load_sense();
   uint64_t idle_since = 0;
+  uint64_t last_idle = 0;
   uint32_t idle_polls = 0;
   for (;;) {
     // Armed before stop_ and the poll are read, as on an AICPU thread: a ring
@@ -75,9 +77,13 @@ void Core::program_loop(SpinPolicy policy, CoreProgram* program) {
       continue;
     }
     const uint64_t t = now_ns();
-    if (idle_since == 0) idle_since = t;
-    if (t - idle_since < policy.spin_ns) {
-      if (++idle_polls % 8 == 0)
+    if (idle_since == 0) idle_since = last_idle = t;
+    // As on an AICPU thread: oversubscribed, spin briefly without a yield.
+    const bool lost = load.note_batch(t - last_idle, t);
+    last_idle = t;
+    const bool pressed = load.oversubscribed(t);
+    if (!lost && t - idle_since < (pressed ? LoadSense::kPressedSpinNs : policy.spin_ns)) {
+      if (!pressed && ++idle_polls % 8 == 0)
         yield_cpu();
       else
         cpu_relax();

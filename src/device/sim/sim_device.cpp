@@ -62,7 +62,9 @@ void SimDevice::aicpu_loop(uint32_t index) {
     name_this_thread("orchestrator{}", index - geometry_.aicpu_threads);
   }
   Doorbell& bell = bells_[index].bell;
+  LoadSense& load = load_sense();
   uint64_t idle_since = 0;
+  uint64_t last_idle = 0;
   uint32_t idle_polls = 0;
   for (;;) {
     // Armed before stop_ and the poll are read: a ring that lands after this
@@ -77,9 +79,14 @@ void SimDevice::aicpu_loop(uint32_t index) {
       continue;
     }
     const uint64_t t = now_ns();
-    if (idle_since == 0) idle_since = t;
-    if (t - idle_since < policy_.spin_ns) {
-      if (++idle_polls % 8 == 0)
+    if (idle_since == 0) idle_since = last_idle = t;
+    // Oversubscribed, a yield gives the CPU away for a time slice: spin
+    // briefly without one and park; an idle poll that lost its CPU parks now.
+    const bool lost = load.note_batch(t - last_idle, t);
+    last_idle = t;
+    const bool pressed = load.oversubscribed(t);
+    if (!lost && t - idle_since < (pressed ? LoadSense::kPressedSpinNs : policy_.spin_ns)) {
+      if (!pressed && ++idle_polls % 8 == 0)
         yield_cpu();
       else
         cpu_relax();

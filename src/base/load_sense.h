@@ -1,0 +1,81 @@
+// LoadSense: whether this process's spinning threads keep losing their CPU to
+// other threads (the machine is oversubscribed: busy neighbours, or more
+// runnable simulator threads than CPUs), so that every spin-then-park wait
+// parks sooner instead of yielding its CPU away for a whole time slice.
+// Any thread, lock-free; one per process (load_sense()), forked children
+// start from their parent's state. Owns two atomics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace simpler {
+
+class LoadSense {
+ public:
+  // A spin batch (a few pauses and one yield) takes ~1-100 µs while the
+  // spinners share the CPUs among themselves; one that took this long gave
+  // its CPU to a thread that kept it for a time slice.
+  static constexpr uint64_t kLostCpuNs = 200'000;
+  // How long one lost batch keeps the process oversubscribed. Once it lapses
+  // the next spin probes again: at most one lost slice per spinner per hold.
+  static constexpr uint64_t kHoldNs = 50'000'000;
+  // The idle spin of a simulated AICPU or core thread while oversubscribed:
+  // pauses only, no yield, then park.
+  static constexpr uint64_t kPressedSpinNs = 2'000;
+
+  // A spinner's batch that ended at `now` took `elapsed_ns`; returns true
+  // (and holds the process oversubscribed until now + kHoldNs) when it lost
+  // its CPU.
+  bool note_batch(uint64_t elapsed_ns, uint64_t now);
+  bool oversubscribed(uint64_t now) const;
+  // The spin window a waiter with `spin_ns` quiet uses at `now`.
+  uint64_t spin_window(uint64_t spin_ns, uint64_t now) const {
+    return oversubscribed(now) ? (spin_ns < kPressedSpinNs ? spin_ns : kPressedSpinNs) : spin_ns;
+  }
+  uint64_t lost_batches() const { return lost_.load(std::memory_order_relaxed); }
+  // Off: every batch reads as quiet, the waits spin as before issue 16 (the
+  // process's LoadSense is off when SIMPLER_LOAD_SENSE=0, for A/B runs).
+  void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> enabled_{true};
+  std::atomic<uint64_t> pressed_until_{0};
+  std::atomic<uint64_t> lost_{0};
+};
+
+// The process's LoadSense, shared by every spin-then-park wait and every
+// simulated AICPU and core thread.
+LoadSense& load_sense();
+
+namespace hooks {
+#ifdef SIMPLER_TEST_HOOKS
+// Test builds: state -1 measures (the default), 0 reads as quiet, 1 as
+// oversubscribed, whatever the batches measured.
+void force_load_state(int state);
+int forced_load_state() noexcept;
+// Every spin batch noted from now reads `extra_ns` longer than it took (0 disarms).
+void add_spin_batch_gap(uint64_t extra_ns);
+uint64_t spin_batch_gap() noexcept;
+#else
+inline constexpr int forced_load_state() noexcept { return -1; }
+inline constexpr uint64_t spin_batch_gap() noexcept { return 0; }
+#endif
+}  // namespace hooks
+
+inline bool LoadSense::note_batch(uint64_t elapsed_ns, uint64_t now) {
+  if (elapsed_ns + hooks::spin_batch_gap() < kLostCpuNs || !enabled_.load(std::memory_order_relaxed)) return false;
+  lost_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t until = now + kHoldNs;
+  uint64_t seen = pressed_until_.load(std::memory_order_relaxed);
+  while (seen < until && !pressed_until_.compare_exchange_weak(seen, until, std::memory_order_relaxed)) {
+  }
+  return true;
+}
+
+inline bool LoadSense::oversubscribed(uint64_t now) const {
+  if (const int forced = hooks::forced_load_state(); forced >= 0) return forced == 1;
+  return now < pressed_until_.load(std::memory_order_relaxed);
+}
+
+}  // namespace simpler
