@@ -24,6 +24,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -117,7 +118,10 @@ inline std::optional<std::string> check_partition(const std::string& what, const
 
 class HealthScan {
  public:
-  HealthScan() {
+  // `shm_dir`: the directory of shared-memory names to watch; a test of the
+  // scan itself watches a private one, since a name it made in /dev/shm
+  // would show in the scans of the tests ctest runs beside it.
+  explicit HealthScan(std::string shm_dir = "/dev/shm") : shm_dir_(std::move(shm_dir)) {
     // An orphan of a forked child would otherwise be adopted by init and
     // escape the scan; as a subreaper this process adopts it and sees it.
     subreaper_ = prctl(PR_SET_CHILD_SUBREAPER, 1) == 0;
@@ -125,7 +129,7 @@ class HealthScan {
       if (p.ppid == getpid()) children_.insert(p.pid);
     }
     fds_ = open_fd_count();
-    shm_ = dir_names("/dev/shm");
+    shm_ = dir_names(shm_dir_.c_str());
   }
   HealthScan(const HealthScan&) = delete;
   HealthScan& operator=(const HealthScan&) = delete;
@@ -142,8 +146,8 @@ class HealthScan {
     if (const size_t fds = open_fd_count(); fds != fds_) {
       out.push_back(fmt::format("open fds: {} at the start, {} now", fds_, fds));
     }
-    for (const std::string& name : dir_names("/dev/shm")) {
-      if (shm_.count(name) == 0) out.push_back(fmt::format("new /dev/shm name: {}", name));
+    for (const std::string& name : dir_names(shm_dir_.c_str())) {
+      if (shm_.count(name) == 0) out.push_back(fmt::format("new {} name: {}", shm_dir_, name));
     }
     return out;
   }
@@ -156,6 +160,7 @@ class HealthScan {
   }
 
  private:
+  std::string shm_dir_;
   bool subreaper_ = false;
   std::set<pid_t> children_;
   size_t fds_ = 0;

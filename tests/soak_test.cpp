@@ -14,7 +14,6 @@
 // repeats a seed.
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -373,7 +372,9 @@ bool mentions(const std::vector<std::string>& problems, const std::string& what)
 
 TEST(HealthScan, SeesZombiesOrphansFdsAndShmNames) {
   Watchdog dog;
-  HealthScan scan;
+  char shm_dir[] = "/tmp/simpler_health_scan_XXXXXX";
+  ASSERT_NE(mkdtemp(shm_dir), nullptr);
+  HealthScan scan(shm_dir);
   ASSERT_TRUE(scan.problems().empty()) << scan.problems().front();
   // A child that exited unreaped.
   const pid_t zombie = fork();
@@ -395,22 +396,24 @@ TEST(HealthScan, SeesZombiesOrphansFdsAndShmNames) {
   }
   ASSERT_EQ(waitpid(parent, nullptr, 0), parent);
   close(gate[0]);
-  const std::string shm = fmt::format("/simpler-health-scan-{}", getpid());
-  const int shm_fd = shm_open(shm.c_str(), O_CREAT | O_RDWR, 0600);
+  const std::string shm = fmt::format("simpler-health-scan-{}", getpid());
+  const std::string shm_path = fmt::format("{}/{}", shm_dir, shm);
+  const int shm_fd = open(shm_path.c_str(), O_CREAT | O_RDWR, 0600);
   ASSERT_GE(shm_fd, 0);
   ASSERT_TRUE(eventually([&] { return mentions(scan.problems(), "zombie child pid " + std::to_string(zombie)); }));
   std::vector<std::string> p = scan.problems();
   EXPECT_TRUE(mentions(p, "leftover child pid")) << "the orphan was not adopted";
   EXPECT_TRUE(mentions(p, "open fds")) << "the pipe's write end and the shm fd are still open";
-  EXPECT_TRUE(mentions(p, "new /dev/shm name: " + shm.substr(1)));
+  EXPECT_TRUE(mentions(p, fmt::format("new {} name: {}", shm_dir, shm)));
   // Cleaned up: the orphan exits and is reaped here, its adopter.
   close(gate[1]);
   close(shm_fd);
-  shm_unlink(shm.c_str());
+  unlink(shm_path.c_str());
   ASSERT_EQ(waitpid(zombie, nullptr, 0), zombie);
   ASSERT_TRUE(eventually([&] { return waitpid(-1, nullptr, WNOHANG) > 0; })) << "the orphan was never adopted";
   p = scan.problems();
   EXPECT_TRUE(p.empty()) << p.front();
+  rmdir(shm_dir);
 }
 
 TEST(HealthScan, LedgerNamesMissingDuplicateAndUnsubmittedTerminals) {
