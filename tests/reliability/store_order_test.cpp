@@ -61,15 +61,19 @@ void finish(CheckingStores& s, MailboxView v, uint32_t entry) {
   s.store32(e.state, kMailboxTaskDone);
 }
 
+// A 2-entry mailbox in anonymous memory and a non-fatal checker over it.
+struct CheckedMailbox {
+  SharedMapping map = std::move(SharedMapping::create_anonymous(*mailbox_size(2))).value();
+  MailboxView view = *MailboxView::attach(map.data(), map.size(), 2);
+  CheckingStores stores{view, /*fatal=*/false};
+};
+
 // T15: the checker sees each kind of violation, exactly where it happens,
 // and none in the legitimate sequences around them.
 TEST(StoreOrder, T15CheckerCatchesEachBadSequence) {
-  auto m = SharedMapping::create_anonymous(*mailbox_size(2));
-  ASSERT_TRUE(m.ok());
-  auto view = MailboxView::attach(m->data(), m->size(), 2);
-  ASSERT_TRUE(view.ok());
-  const MailboxView v = *view;
-  CheckingStores s(v, /*fatal=*/false);
+  CheckedMailbox mb;
+  const MailboxView v = mb.view;
+  CheckingStores& s = mb.stores;
   auto expect_violation = [&](uint64_t n, const char* what) {
     EXPECT_EQ(s.violations(), n) << "expected: " << what << "; last: " << s.last_violation();
     EXPECT_TRUE(contains(s.last_violation(), what)) << s.last_violation();
@@ -128,12 +132,9 @@ TEST(StoreOrder, T15CheckerCatchesEachBadSequence) {
 // occupancy it ended, not to the next one (which once failed the chaos run
 // with a false "store after its terminal" on the next occupant's staging).
 TEST(StoreOrder, T15ATerminalIsCreditedToTheOccupancyItEndedWhenTheParentReusesTheEntryAtOnce) {
-  auto m = SharedMapping::create_anonymous(*mailbox_size(2));
-  ASSERT_TRUE(m.ok());
-  auto view = MailboxView::attach(m->data(), m->size(), 2);
-  ASSERT_TRUE(view.ok());
-  const MailboxView v = *view;
-  CheckingStores s(v, /*fatal=*/false);
+  CheckedMailbox mb;
+  const MailboxView v = mb.view;
+  CheckingStores& s = mb.stores;
   occupy(v, 0, 1, 10);
   publish(v, 0, 0, 1, 100);
   take(s, v, 0, 0, 100);
