@@ -714,16 +714,18 @@ TEST(Observer, R75SamplerFailuresReachTheCaller) {
   const MailboxView view = (*ep)->view();
   {
     Observer o;
-    std::atomic<int> calls{0};
     std::atomic<bool> armed{false};  // only after start() returned, or start() itself reports it
+    // Set just before the throw, not counted per call: a sample that began
+    // before the arming throws nothing, and stop() after it would see no failure.
+    std::atomic<bool> threw{false};
     o.set_sample_hook([&] {
-      calls.fetch_add(1);
-      if (armed.load()) throw std::runtime_error("sampler blew up");
+      if (!armed.load()) return;
+      threw.store(true);
+      throw std::runtime_error("sampler blew up");
     });
     ASSERT_TRUE(o.start({{mapping, view}}, now_ns() + kTestWaitNs).ok());
-    const int before = calls.load();
     armed.store(true);
-    ASSERT_TRUE(eventually([&] { return calls.load() > before; }));
+    ASSERT_TRUE(eventually([&] { return threw.load(); }));
     Status st = o.stop(now_ns() + kTestWaitNs);
     EXPECT_TRUE(contains(st.message(), "sampler blew up")) << st.to_string();
   }
