@@ -191,10 +191,15 @@ Json cell_json(const Cell& c) {
 
 // One runtime on one geometry: every shape at every size, and the ratio of
 // the largest size's ns/task to the smallest's.
-Result<Json> runtime_row(const Geometry& geometry, const std::string& runtime, const std::vector<uint32_t>& sizes,
-                         bool& all_flat) {
+Json runtime_row(const Geometry& geometry, const std::string& runtime, const std::vector<uint32_t>& sizes,
+                 bool& all_flat) {
   ScalingChip chip(geometry, runtime, sizes.back());
-  if (Status s = chip.open(); !s.ok()) return s;
+  // A chip that cannot open or close is this row's figure; the other rows
+  // still run (a failure is never the whole benchmark's).
+  if (Status s = chip.open(); !s.ok()) {
+    all_flat = false;
+    return Json{{"error", s.to_string()}};
+  }
   Json row;
   for (const ShapeName& shape : kShapes) {
     Json per_size;
@@ -222,7 +227,7 @@ Result<Json> runtime_row(const Geometry& geometry, const std::string& runtime, c
     }
     row[shape.name] = s;
   }
-  if (Status s = chip.close(); !s.ok()) return s;
+  if (Status s = chip.close(); !s.ok()) row["close_error"] = s.to_string();
   return row;
 }
 
@@ -280,7 +285,10 @@ Result<Json> scaling() {
   double runs_at_1 = 0;
   for (uint32_t chips : chip_counts) {
     Result<Json> row = node_row(chips);
-    if (!row.ok()) return row.status();
+    if (!row.ok()) {
+      node[std::to_string(chips)] = {{"error", row.status().to_string()}};
+      continue;
+    }
     if (runs_at_1 == 0) runs_at_1 = (*row)["runs_per_s"].get<double>();
     (*row)["runs_per_s_vs_first"] = round3((*row)["runs_per_s"].get<double>() / runs_at_1);
     node[std::to_string(chips)] = *row;
@@ -296,11 +304,7 @@ Result<Json> scaling() {
       if (mine.empty()) mine.push_back(sizes.front());
     }
     Json g;
-    for (const std::string& runtime : runtimes) {
-      Result<Json> row = runtime_row(geometry, runtime, mine, all_flat);
-      if (!row.ok()) return row.status();
-      g[runtime] = *row;
-    }
+    for (const std::string& runtime : runtimes) g[runtime] = runtime_row(geometry, runtime, mine, all_flat);
     per_geometry[name] = g;
   }
   // An a5 chip within 4x of small on the same graph (the goal for

@@ -100,6 +100,29 @@ TEST(Bench, ScalingReportsEveryShapeSizeRuntimeAndChipCount) {
   EXPECT_TRUE(j["goal"]["met"].is_boolean());
 }
 
+// A row that fails (here: a runtime no chip has) is recorded in its place with
+// its error, and every other row is still measured: one bad cell never costs
+// the figures of a long run.
+TEST(Bench, ScalingRecordsAFailedRowAndMeasuresTheRest) {
+  Watchdog dog(std::chrono::seconds(120));
+  CommandResult c =
+      run_bench("scaling",
+                "SIMPLER_BENCH_SCALING_SIZES=200,400 SIMPLER_BENCH_SCALING_GEOMETRIES=small "
+                "SIMPLER_BENCH_SCALING_CHIPS=1 SIMPLER_BENCH_SCALING_RUNTIMES=no_such_runtime,host_build_graph");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const nlohmann::json j = parse(c);
+  ASSERT_TRUE(j.is_object()) << c.output;
+  const nlohmann::json& small = j["geometries"]["small"];
+  ASSERT_TRUE(small["no_such_runtime"].contains("error")) << c.output;
+  EXPECT_NE(small["no_such_runtime"]["error"].get<std::string>().find("no_such_runtime"), std::string::npos)
+      << c.output;
+  for (const char* shape : {"independent", "chain", "layered"}) {
+    EXPECT_GT(small["host_build_graph"][shape]["sizes"]["400"]["ns_per_task"].get<double>(), 0.0) << shape;
+  }
+  EXPECT_GT(j["node"]["chips"]["1"]["runs_per_s"].get<double>(), 0.0) << c.output;
+  EXPECT_FALSE(j["goal"]["met"].get<bool>()) << "a failed row cannot meet the goal";
+}
+
 TEST(Bench, NeighboursRunBesideTheBenchmarkAndAreGoneAfterIt) {
   Watchdog dog(std::chrono::seconds(120));
   CommandResult c = run_command("timeout 90 " SIMPLER_CLI_PATH " bench --json --neighbours 2 mailbox_bytes");
