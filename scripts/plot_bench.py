@@ -56,14 +56,16 @@ def plot_scaling(plt, scaling, path):
                 ax.plot([x for x, _ in xs], [y for _, y in xs], marker="o", label=shape)
         ax.set_xscale("log")
         ax.set_ylim(bottom=0)
-        ax.set_title(f"{g} / {r}", fontsize=9)
+        failed = "error" in geometries[g][r] or any(
+            "error" in v for sh in SHAPES for v in geometries[g][r].get(sh, {}).get("sizes", {}).values())
+        ax.set_title(f"{g} / {r}" + (" (a cell failed: see the JSON)" if failed else ""), fontsize=9)
         ax.set_xlabel("tasks per graph")
         ax.set_ylabel("ns per task")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     if node:
         ax = flat[len(panels)]
-        chips = sorted(node, key=int)
+        chips = sorted((c for c in node if "runs_per_s" in node[c]), key=int)
         ax.bar([str(c) for c in chips], [node[c]["runs_per_s"] for c in chips], label="runs/s")
         ax.plot([str(c) for c in chips], [node[c]["chip_tasks_per_s"] for c in chips], "k--o",
                 label="chip tasks/s")
