@@ -137,4 +137,30 @@ Result<double> chip_runs_per_s(const WorkerConfig& config, uint64_t window_ns, i
   return rate;
 }
 
+std::vector<std::string> env_list(const char* name, const char* fallback) {
+  const char* s = std::getenv(name);
+  std::stringstream in(s != nullptr && *s != '\0' ? s : fallback);
+  std::vector<std::string> out;
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+Result<std::vector<uint32_t>> env_sizes(const char* name, const char* fallback, uint32_t max) {
+  std::vector<uint32_t> out;
+  for (const std::string& item : env_list(name, fallback)) {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(item.c_str(), &end, 10);
+    if (end == item.c_str() || *end != '\0' || v == 0 || v > max) {
+      return Status(StatusCode::kInvalidArgument, fmt::format("{}: '{}' is not a size in 1..{}", name, item, max));
+    }
+    out.push_back(static_cast<uint32_t>(v));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  if (out.empty()) return Status(StatusCode::kInvalidArgument, fmt::format("{} names no size", name));
+  return out;
+}
+
 }  // namespace simpler::bench

@@ -54,6 +54,14 @@ Result<CallableHandle> prepare_chip(Worker& worker, const std::string& name, Orc
 // One chip run of a single no-op AIV task: the unit of the latency benchmarks.
 Status one_noop_task(ChipOrchestrator& o, const TaskArgs& run_args);
 
+// Sizes from the environment (quick runs and experiments shrink or pick
+// them): `name` holds a comma-separated list of integers in 1..max, returned
+// sorted and without repeats; unset or empty gives `fallback`. Anything else
+// is an INVALID_ARGUMENT naming the variable and the item.
+Result<std::vector<uint32_t>> env_sizes(const char* name, const char* fallback, uint32_t max = 16'000'000);
+// A comma-separated list of names from the environment, or `fallback`.
+std::vector<std::string> env_list(const char* name, const char* fallback);
+
 inline double to_us(uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
 // Throughput with a fixed number of operations outstanding: start(k) begins one

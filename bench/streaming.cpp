@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "base/errors.h"
 #include "benchmarks.h"
 
 namespace simpler::bench {
@@ -29,30 +30,6 @@ extern "C" void simpler_bench_first_start_kernel(int64_t* /*args*/) {
   if (first_start_ns.load(std::memory_order_relaxed) != 0) return;
   uint64_t none = 0;
   first_start_ns.compare_exchange_strong(none, wall_ns(), std::memory_order_relaxed);
-}
-
-// Quick runs (the ctest smoke test) shrink the sizes through the environment.
-uint64_t env_u64(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  return *end == '\0' && n > 0 ? n : fallback;
-}
-
-std::vector<uint32_t> env_sizes(const char* name, std::vector<uint32_t> fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  std::vector<uint32_t> sizes;
-  for (const char* p = v; *p != '\0';) {
-    char* end = nullptr;
-    const unsigned long n = std::strtoul(p, &end, 10);
-    if (end == p || n == 0 || n > UINT32_MAX) return fallback;
-    sizes.push_back(static_cast<uint32_t>(n));
-    p = *end == ',' ? end + 1 : end;
-    if (*end != ',' && *end != '\0') return fallback;
-  }
-  return sizes.empty() ? fallback : sizes;
 }
 
 Result<CallableHandle> register_and_init(Worker& worker, const std::string& name, OrchestrationFn orchestrate,
@@ -286,8 +263,9 @@ Json stream_json(const StreamFigures& f) {
 }  // namespace
 
 Result<Json> first_task() {
-  const std::vector<uint32_t> sizes = env_sizes("SIMPLER_BENCH_FIRST_TASK_SIZES", {1'000, 10'000, 100'000});
-  const uint32_t largest = *std::max_element(sizes.begin(), sizes.end());
+  SIMPLER_ASSIGN_OR_RETURN(const std::vector<uint32_t> sizes,
+                           env_sizes("SIMPLER_BENCH_FIRST_TASK_SIZES", "1000,10000,100000"));
+  const uint32_t largest = sizes.back();
   // host_build_graph must hold the largest graph whole; tensormap_and_ringbuffer
   // keeps its default window and streams what does not fit.
   FirstTaskWorker hbg(kHbg, largest);
@@ -339,7 +317,11 @@ Result<Json> first_task() {
 }
 
 Result<Json> stream() {
-  const uint64_t want = env_u64("SIMPLER_BENCH_STREAM_TASKS", kStreamTasks);
+  SIMPLER_ASSIGN_OR_RETURN(const std::vector<uint32_t> tasks,
+                           env_sizes("SIMPLER_BENCH_STREAM_TASKS", std::to_string(kStreamTasks).c_str()));
+  if (tasks.size() != 1)
+    return invalid_argument("SIMPLER_BENCH_STREAM_TASKS names one task count, not {}", tasks.size());
+  const uint64_t want = tasks.front();
   const uint64_t steps = (want + kStreamTasksPerStep - 1) / kStreamTasksPerStep;
 
   WorkerConfig tc;
