@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -132,6 +133,34 @@ Result<double> chip_runs_per_s(const WorkerConfig& config, uint64_t window_ns, i
   std::vector<RunHandle> ring(depth);
   Result<double> rate = median_rate(
       depth, window_ns, windows, [&](uint32_t k) { ring[k] = worker.submit(*callable, no_args); },
+      [&](uint32_t k) { return ring[k].wait(); });
+  if (Status s = worker.close(); !s.ok()) return s;
+  return rate;
+}
+
+Result<double> node_runs_per_s(const WorkerConfig& config, uint64_t window_ns, int windows, int warmup_runs) {
+  const uint32_t depth = config.pipeline_depth;
+  const uint32_t chips = config.chips;
+  Worker worker(Level::Node, config);
+  Result<ChipCallable> callable = noop_callable("bench_node_fan_out", one_noop_task);
+  if (!callable.ok()) return callable.status();
+  Result<CallableHandle> handle = worker.register_callable(std::move(callable).value());
+  if (!handle.ok()) return handle.status();
+  if (Status s = worker.init(); !s.ok()) return s;
+  const CallableHandle chip = *handle;
+  const TaskArgs no_args;
+  const std::function<Status(Orchestrator&)> fan_out = [&](Orchestrator& o) -> Status {
+    for (uint32_t k = 0; k < chips; ++k) {
+      if (Result<uint32_t> t = o.submit_next_level(chip, no_args, k); !t.ok()) return t.status();
+    }
+    return Status();
+  };
+  for (int i = 0; i < warmup_runs; ++i) {
+    if (Status s = worker.submit(fan_out).wait(); !s.ok()) return s;
+  }
+  std::vector<RunHandle> ring(depth);
+  Result<double> rate = median_rate(
+      depth, window_ns, windows, [&](uint32_t k) { ring[k] = worker.submit(fan_out); },
       [&](uint32_t k) { return ring[k].wait(); });
   if (Status s = worker.close(); !s.ok()) return s;
   return rate;

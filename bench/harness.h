@@ -101,6 +101,12 @@ Result<double> median_rate(uint32_t depth, uint64_t window_ns, int windows, Star
 // runs_in_flight reports and l3_pipelined compares against.
 Result<double> chip_runs_per_s(const WorkerConfig& config, uint64_t window_ns, int windows, int warmup_runs);
 
+// The node counterpart: runs per second of a Level::Node Worker of `config`
+// whose every run sends one no-op chip task to each of its config.chips
+// children, config.pipeline_depth runs in flight. The Worker forks at init, so
+// the caller runs no other thread.
+Result<double> node_runs_per_s(const WorkerConfig& config, uint64_t window_ns, int windows, int warmup_runs);
+
 // Human-readable rendering of a benchmark's JSON: one "path  value" line per leaf.
 std::string render_table(const Json& j);
 

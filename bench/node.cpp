@@ -52,29 +52,6 @@ uint64_t context_switches() {
   return static_cast<uint64_t>(u.ru_nvcsw + u.ru_nivcsw);
 }
 
-Result<double> node_runs_per_s(uint32_t depth) {
-  Worker worker(Level::Node, bench_config(1, 0, depth));
-  Result<ChipCallable> callable = noop_callable("bench_l3_one_task", one_noop_task);
-  if (!callable.ok()) return callable.status();
-  Result<CallableHandle> handle = worker.register_callable(std::move(callable).value());
-  if (!handle.ok()) return handle.status();
-  if (Status s = worker.init(); !s.ok()) return s;
-  const CallableHandle chip = *handle;
-  const TaskArgs no_args;
-  const std::function<Status(Orchestrator&)> one_chip_task = [&](Orchestrator& o) {
-    return o.submit_next_level(chip, no_args, 0).status();
-  };
-  for (int i = 0; i < kWarmupRuns; ++i) {
-    if (Status s = worker.submit(one_chip_task).wait(); !s.ok()) return s;
-  }
-  std::vector<RunHandle> ring(depth);
-  Result<double> rate = median_rate(
-      depth, kWindowNs, kWindows, [&](uint32_t k) { ring[k] = worker.submit(one_chip_task); },
-      [&](uint32_t k) { return ring[k].wait(); });
-  if (Status s = worker.close(); !s.ok()) return s;
-  return rate;
-}
-
 }  // namespace
 
 Result<Json> l3_sub_latency() {
@@ -135,7 +112,7 @@ Result<Json> l3_pipelined() {
   double best = 0, node_at_1 = 0;
   uint32_t best_depth = 0;
   for (uint32_t depth : kDepths) {
-    Result<double> node = node_runs_per_s(depth);
+    Result<double> node = node_runs_per_s(bench_config(1, 0, depth), kWindowNs, kWindows, kWarmupRuns);
     if (!node.ok()) return node.status();
     Result<double> chip = chip_runs_per_s(bench_config(0, 0, depth), kWindowNs, kWindows, kWarmupRuns);
     if (!chip.ok()) return chip.status();

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -216,30 +215,8 @@ Result<Json> node_row(uint32_t chips) {
   c.device_memory_bytes = 64ull << 20;
   c.max_tasks_per_run = 16;
   c.shared_heap_bytes = 16ull << 20;
-  Worker worker(Level::Node, c);
-  Result<ChipCallable> callable = noop_callable("bench_scaling_node", one_noop_task);
-  if (!callable.ok()) return callable.status();
-  Result<CallableHandle> handle = worker.register_callable(std::move(callable).value());
-  if (!handle.ok()) return handle.status();
-  if (Status s = worker.init(); !s.ok()) return s;
-  const CallableHandle chip = *handle;
-  const TaskArgs no_args;
-  const std::function<Status(Orchestrator&)> fan_out = [&](Orchestrator& o) -> Status {
-    for (uint32_t k = 0; k < chips; ++k) {
-      if (Result<uint32_t> t = o.submit_next_level(chip, no_args, k); !t.ok()) return t.status();
-    }
-    return Status();
-  };
-  for (int i = 0; i < kNodeWarmupRuns; ++i) {
-    if (Status s = worker.submit(fan_out).wait(); !s.ok()) return s;
-  }
-  std::vector<RunHandle> ring(kNodeDepth);
-  Result<double> rate = median_rate(
-      kNodeDepth, kNodeWindowNs, kNodeWindows, [&](uint32_t k) { ring[k] = worker.submit(fan_out); },
-      [&](uint32_t k) { return ring[k].wait(); });
-  if (Status s = worker.close(); !s.ok()) return s;
-  if (!rate.ok()) return rate.status();
-  return Json{{"runs_per_s", std::round(*rate)}, {"chip_tasks_per_s", std::round(*rate * chips)}};
+  SIMPLER_ASSIGN_OR_RETURN(double rate, node_runs_per_s(c, kNodeWindowNs, kNodeWindows, kNodeWarmupRuns));
+  return Json{{"runs_per_s", std::round(rate)}, {"chip_tasks_per_s", std::round(rate * chips)}};
 }
 
 }  // namespace

@@ -48,6 +48,50 @@ struct SpinPolicy {
   uint64_t spin_ns = 20'000;
 };
 
+// The idle spin of a thread that polls for work and parks on its bell when
+// there is none (a simulated AICPU or core thread). After each empty poll,
+// keep_polling() says whether to poll again (it has paused or yielded) or to
+// park. Quiet, the thread polls for the spin window, yielding every 8th poll so
+// that a 2-core machine with many simulated cores makes progress; while
+// oversubscribed (load_sense()) a yield gives the CPU away for a time slice, so
+// it spins LoadSense::kPressedSpinNs without one, and a poll that lost its CPU
+// parks at once. One per polling thread, used by that thread only.
+class IdleSpin {
+ public:
+  explicit IdleSpin(uint64_t spin_ns) : spin_ns_(spin_ns) {}
+  // The poll found work.
+  void busy() {
+    idle_since_ = 0;
+    polls_ = 0;
+  }
+  // The poll found none: true to poll again, false to park now.
+  bool keep_polling();
+  // The thread parked and is polling again.
+  void woke() { idle_since_ = 0; }
+
+ private:
+  LoadSense& load_ = load_sense();
+  uint64_t spin_ns_;
+  uint64_t idle_since_ = 0;
+  uint64_t last_idle_ = 0;
+  uint32_t polls_ = 0;
+};
+
+inline bool IdleSpin::keep_polling() {
+  const uint64_t t = now_ns();
+  if (idle_since_ == 0) idle_since_ = last_idle_ = t;
+  const bool lost = load_.note_batch(t - last_idle_, t);
+  last_idle_ = t;
+  const bool pressed = load_.oversubscribed(t);
+  if (lost || t - idle_since_ >= (pressed ? LoadSense::kPressedSpinNs : spin_ns_)) return false;
+  if (!pressed && ++polls_ % 8 == 0) {
+    yield_cpu();
+  } else {
+    cpu_relax();
+  }
+  return true;
+}
+
 // Waits until ready() is true: spins for policy.spin_ns (yielding so that a
 // 2-core machine with many simulated cores makes progress), then parks on
 // `bell`, whose producers ring it after making ready() true. On an

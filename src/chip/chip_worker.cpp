@@ -880,17 +880,15 @@ void ChipWorker::close_terminal(NativeRunContext* ctx, const RunOutcome& out) {
     // An aborted argument capture closes no terminal (R117): unpublished.
     if (!out.capture_unsettled) banks_.publish(epoch);
   }
-  if (out.capture_unsettled) {
-    // No proof that the capture's producer stopped: the bank is quarantined
-    // until finalize, and the dump reports its accounting unknown (R57, R117).
-    (void)banks_.run_close(epoch, /*completed=*/false, /*producers_stopped=*/false);
-    return;
-  }
   // The done callback comes after the runtime stopped touching the set, and
   // a simulated run's producers are this process's AICPU and core threads,
   // which reach a run only through its runtime: every producer of this run
-  // has stopped (R58). Completion is the run's own outcome, a separate fact (R59).
-  (void)banks_.run_close(epoch, /*completed=*/ctx->result_.ok(), /*producers_stopped=*/true);
+  // has stopped (R58), unless an argument capture was aborted, which leaves no
+  // proof that its producer stopped: the bank is then quarantined until
+  // finalize, and the dump reports its accounting unknown (R57, R117).
+  // Completion is the run's own outcome, a separate fact (R59).
+  const bool producers_stopped = !out.capture_unsettled;
+  (void)banks_.run_close(epoch, /*completed=*/producers_stopped && ctx->result_.ok(), producers_stopped);
 }
 
 // The flag and the count are a Dekker pair (both seq_cst): a completion that

@@ -62,35 +62,19 @@ void Core::loop(SpinPolicy policy) {
 
 void Core::program_loop(SpinPolicy policy, CoreProgram* program) {
   name_this_thread("{}{}", type_ == CoreType::AIC ? "aic" : "aiv", id_);
-  LoadSense& load = load_sense();
-  uint64_t idle_since = 0;
-  uint64_t last_idle = 0;
-  uint32_t idle_polls = 0;
+  IdleSpin idle(policy.spin_ns);
   for (;;) {
     // Armed before stop_ and the poll are read, as on an AICPU thread: a ring
     // after this point (new work, a gang peer, stop()) makes the park return.
     const uint32_t armed = regs_.bell.arm();
     if (stop_.load(std::memory_order_acquire)) return;
     if (program->core_poll(id_, *this)) {
-      idle_since = 0;
-      idle_polls = 0;
+      idle.busy();
       continue;
     }
-    const uint64_t t = now_ns();
-    if (idle_since == 0) idle_since = last_idle = t;
-    // As on an AICPU thread: oversubscribed, spin briefly without a yield.
-    const bool lost = load.note_batch(t - last_idle, t);
-    last_idle = t;
-    const bool pressed = load.oversubscribed(t);
-    if (!lost && t - idle_since < (pressed ? LoadSense::kPressedSpinNs : policy.spin_ns)) {
-      if (!pressed && ++idle_polls % 8 == 0)
-        yield_cpu();
-      else
-        cpu_relax();
-      continue;
-    }
+    if (idle.keep_polling()) continue;
     regs_.bell.park(armed);
-    idle_since = 0;
+    idle.woke();
   }
 }
 

@@ -62,10 +62,7 @@ void SimDevice::aicpu_loop(uint32_t index) {
     name_this_thread("orchestrator{}", index - geometry_.aicpu_threads);
   }
   Doorbell& bell = bells_[index].bell;
-  LoadSense& load = load_sense();
-  uint64_t idle_since = 0;
-  uint64_t last_idle = 0;
-  uint32_t idle_polls = 0;
+  IdleSpin idle(policy_.spin_ns);
   for (;;) {
     // Armed before stop_ and the poll are read: a ring that lands after this
     // point (a FIN, a launch, stop()) makes the park below return at once, so
@@ -74,24 +71,10 @@ void SimDevice::aicpu_loop(uint32_t index) {
     const uint32_t armed = bell.arm();
     if (stop_.load(std::memory_order_acquire)) return;
     if (program_->poll(index)) {
-      idle_since = 0;
-      idle_polls = 0;
+      idle.busy();
       continue;
     }
-    const uint64_t t = now_ns();
-    if (idle_since == 0) idle_since = last_idle = t;
-    // Oversubscribed, a yield gives the CPU away for a time slice: spin
-    // briefly without one and park; an idle poll that lost its CPU parks now.
-    const bool lost = load.note_batch(t - last_idle, t);
-    last_idle = t;
-    const bool pressed = load.oversubscribed(t);
-    if (!lost && t - idle_since < (pressed ? LoadSense::kPressedSpinNs : policy_.spin_ns)) {
-      if (!pressed && ++idle_polls % 8 == 0)
-        yield_cpu();
-      else
-        cpu_relax();
-      continue;
-    }
+    if (idle.keep_polling()) continue;
     parks_.fetch_add(1, std::memory_order_relaxed);
     // Level 3 shows a scheduler thread's parks; a spin is not worth an event.
     const bool traced = index < geometry_.aicpu_threads && recorder_.live_level() >= 3;
@@ -100,7 +83,7 @@ void SimDevice::aicpu_loop(uint32_t index) {
     if (traced) {
       recorder_.aicpu_lane(index).record(diag::Event{0, parked, now_ns(), "idle", 0, 0, diag::EventKind::kSched});
     }
-    idle_since = 0;
+    idle.woke();
   }
 }
 
