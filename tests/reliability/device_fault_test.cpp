@@ -203,6 +203,10 @@ TEST(DeviceFault, T13ChipStickyFaultEndsInFlightRunsRefusesThenResets) {
     ledger.submitted(next_id);
     in_flight.emplace_back(next_id++, a.submit(s, kNormal, kHold));
   }
+  // Both held tasks at their gate before the fault: a held run whose first
+  // task had not started would end with the fault at once.
+  ASSERT_TRUE(poll_for([&] { return std::atomic_ref<uint32_t>(gates->kernels_at_gate).load() == 2; }))
+      << "the held runs never reached their gate";
   const auto t_fault = Clock::now();
   ledger.submitted(next_id);
   const uint64_t trigger_id = next_id++;
@@ -363,6 +367,10 @@ TEST(DeviceFault, T13NodeStickyFaultEndsChipRunsChildIsReplaced) {
   // only once the gate opens; the shared counter says when the fault was raised.
   std::vector<RunHandle> in_flight;
   for (int s = 2; s <= 3; ++s) in_flight.push_back(submit(s, 0, kNormal, kHold).second);
+  // Both held tasks at their gate before the fault: a held run whose first
+  // task had not started would end with the fault at once (seen under load).
+  ASSERT_TRUE(poll_for([&] { return std::atomic_ref<uint32_t>(gates->kernels_at_gate).load() == 2; }))
+      << "the held runs never reached their gate";
   const auto t_fault = Clock::now();
   in_flight.push_back(submit(4, 0, kTrigger, -1).second);
   ASSERT_TRUE(poll_for([&] { return fired->load() != 0; })) << "H3 never fired in chip 0's child";
