@@ -5,6 +5,7 @@
 #include <fstream>
 #include <thread>
 
+#include "base/load_sense.h"
 #include "bench.h"
 #include "benchmarks.h"
 #include "neighbours.h"
@@ -146,12 +147,16 @@ Result<Json> measure(const Entry& entry, uint32_t neighbours) {
   Neighbours busy;
   if (Status s = busy.start(neighbours); !s.ok()) return s;
   const NeighbourMeter meter;
+  const uint64_t lost_before = load_sense().lost_batches();
   try {
     figures = entry.fn();
   } catch (const std::exception& e) {
     figures = Status(StatusCode::kInternal, std::string("exception: ") + e.what());
   }
   head["context"]["neighbour_cpu_pct"] = meter.pct();
+  // Spin batches of this process that lost their CPU for a time slice, each
+  // of which made its waits park sooner for a while (base/load_sense.h).
+  head["context"]["load_sense_lost_batches"] = load_sense().lost_batches() - lost_before;
   if (neighbours > 0) {
     Json pids = Json::array();
     for (const pid_t pid : busy.pids()) pids.push_back(pid);

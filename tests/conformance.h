@@ -1,15 +1,19 @@
 // The conformance suite's parameters: every registered chip runtime on every
-// registered backend and every geometry preset (issue 8). A runtime or backend added later is tested by
+// registered backend and every geometry preset (issue 8), and once more on
+// `small` with the process read as oversubscribed (issue 16). A runtime or backend added later is tested by
 // registering it: the suites instantiate over the registry, not over a list
 // in the tests. Test-thread use only.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "base/load_sense.h"
 #include "device/backend_registry.h"
 #include "runtime/runtime.h"
 #include "simpler/simpler.h"
@@ -24,15 +28,21 @@ struct ChipTarget {
   // The orchestration runs on the device after launch (RuntimeInfo::streaming):
   // tasks submitted before a refusal or an orchestration error run.
   bool streaming = false;
+  // The case runs with the process forced to read as oversubscribed
+  // (hooks::force_load_state(1)) and SIMPLER_INLINE_DISPATCH=1: every wait
+  // parks after one batch, and the AICPU-dispatch runtimes run short kernels
+  // inline on their AICPU threads.
+  bool loaded = false;
 };
 
 inline void PrintTo(const ChipTarget& t, std::ostream* os) {
-  *os << t.runtime << "/" << t.backend << "/" << t.geometry;
+  *os << t.runtime << "/" << t.backend << "/" << t.geometry << (t.loaded ? "/loaded" : "");
 }
 
 // "host_build_graph_sim_small": a gtest-safe name for the instance.
 inline std::string target_name(const ::testing::TestParamInfo<ChipTarget>& info) {
-  return info.param.runtime + "_" + info.param.backend + "_" + info.param.geometry;
+  return info.param.runtime + "_" + info.param.backend + "_" + info.param.geometry +
+         (info.param.loaded ? "_loaded" : "");
 }
 
 // Every registered runtime on every registered backend and geometry preset.
@@ -42,6 +52,7 @@ inline std::vector<ChipTarget> every_target() {
     for (const BackendInfo* b : registered_backends()) {
       for (const Geometry& g : Geometry::presets())
         out.push_back({r->name, g.name, b->name, r->concurrent, r->streaming});
+      out.push_back({r->name, Geometry::small().name, b->name, r->concurrent, r->streaming, /*loaded=*/true});
     }
   }
   return out;
@@ -72,6 +83,16 @@ inline WorkerConfig target_config(const ChipTarget& target, uint32_t depth = 2, 
 // The fixture of a case that runs on every target it is instantiated for.
 class TargetTest : public ::testing::TestWithParam<ChipTarget> {
  protected:
+  void SetUp() override {
+    if (GetParam().loaded) {
+      hooks::force_load_state(1);
+      setenv("SIMPLER_INLINE_DISPATCH", "1", 1);
+    }
+  }
+  void TearDown() override {
+    hooks::force_load_state(-1);
+    unsetenv("SIMPLER_INLINE_DISPATCH");
+  }
   WorkerConfig config(uint32_t depth = 2, uint32_t max_tasks = 1024) const {
     return target_config(GetParam(), depth, max_tasks);
   }

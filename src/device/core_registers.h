@@ -3,7 +3,10 @@
 // every backend. The AICPU writes `task` (with `fn`/`args` published by that
 // release store) and rings `bell`; the core answers ACK, then FIN with the
 // dispatch token, in `status`. One writer per word: the AICPU owns
-// task/fn/args, the core owns status and the failure record.
+// task/fn/args, the core owns status, the failure record and kernel_ns.
+// Between a FIN the AICPU has seen and its next `task` store the core touches
+// nothing: an AICPU that runs a kernel inline for the core (CoreDispatcher,
+// while oversubscribed) writes the failure record itself then.
 #pragma once
 
 #include <atomic>
@@ -35,6 +38,7 @@ struct alignas(64) CoreRegisters {
   // resets `failure` for the next kernel.
   alignas(64) std::atomic<uint64_t> status{0};
   alignas(64) KernelFailure failure;
+  uint64_t kernel_ns = 0;  // how long the kernel ran, written before FIN
 };
 
 }  // namespace simpler

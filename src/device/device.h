@@ -153,6 +153,10 @@ class Device {
   // The swimlane lanes of its cores and AICPU threads, or null for a backend
   // that records none (a traced run is then refused). Stable for its life.
   virtual diag::Recorder* recorder() { return nullptr; }
+  // Core `core`'s execution of a kernel on the calling thread, for a
+  // dispatcher that runs one inline (same fault, label and lane as the core's
+  // own), or null for a backend whose kernels run only on its cores.
+  virtual CoreExecutor* core_executor(uint32_t /*core*/) { return nullptr; }
 
   uint32_t core_count() const { return geometry().cores(); }
   static CoreType core_type(uint32_t core) { return core % 3 == 0 ? CoreType::AIC : CoreType::AIV; }

@@ -47,11 +47,13 @@ void Core::loop(SpinPolicy policy) {
     regs_.status.store(CoreRegisters::kAck | tok, std::memory_order_release);
     // Recorded before FIN: once the owner reaps it, the run may end and be exported.
     const bool traced = regs_.trace_level != 0 && lane_ != nullptr;
-    const uint64_t begin = traced ? now_ns() : 0;
+    const uint64_t begin = now_ns();
     const bool ok = run_kernel(regs_.fn, regs_.args, regs_.failure, regs_.label);
+    const uint64_t end = now_ns();
+    regs_.kernel_ns = end - begin;
     if (traced) {
-      lane_->record(diag::Event{regs_.trace_run, begin, now_ns(), regs_.label.name, regs_.label.task,
-                                regs_.label.func_id, diag::EventKind::kTask});
+      lane_->record(diag::Event{regs_.trace_run, begin, end, regs_.label.name, regs_.label.task, regs_.label.func_id,
+                                diag::EventKind::kTask});
     }
     executed_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t fin = CoreRegisters::kFin | (ok ? 0 : CoreRegisters::kFailedBit) | tok;

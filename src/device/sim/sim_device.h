@@ -27,6 +27,7 @@ class SimDevice final : public Device {
   const Geometry& geometry() const override { return geometry_; }
   GlobalMemory& memory() override { return *memory_; }
   CoreRegisters& core_registers(uint32_t core) override { return cores_[core]->regs(); }
+  CoreExecutor* core_executor(uint32_t core) override { return cores_[core].get(); }
   void start(AicpuProgram* program) override;
   void stop() override;
   void ring_aicpu(uint32_t aicpu) override { bells_[aicpu].bell.ring(); }

@@ -1,6 +1,10 @@
 #include "runtime/common/core_dispatcher.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "base/load_sense.h"
 
 namespace simpler {
 
@@ -20,7 +24,11 @@ CoreDispatcher::CoreDispatcher(Device& device)
       mix_queue_(0),
       inflight_(device.core_count()),
       next_token_(device.core_count(), 0),
-      aicpu_(new AicpuState[device.geometry().aicpu_threads]) {
+      aicpu_(new AicpuState[device.geometry().aicpu_threads]),
+      inline_allowed_([] {
+        const char* env = std::getenv("SIMPLER_INLINE_DISPATCH");
+        return env != nullptr && std::strcmp(env, "1") == 0;
+      }()) {
   for (uint32_t c = 0; c < device.core_count(); ++c) regs_.push_back(&device.core_registers(c));
   for (uint32_t c = 0; c < device.geometry().clusters; ++c) aicpu_[device.owner_of_cluster(c)].clusters.push_back(c);
 }
@@ -59,13 +67,62 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
   r.fn = task.fn[k];
   r.args = task.args;
   r.label = KernelLabel{task.name[k], task.id, task.func_id[k], task.kind == TaskKind::Mix ? 0 : sub, task.blocks};
-  r.task.store((uint64_t{sub} << 32) | f.token, std::memory_order_release);
-  r.bell.ring();
+  CoreExecutor* const here = inline_executor(aicpu, core, task, r.fn);
+  f.ran_inline = here != nullptr;
+  if (here == nullptr) {
+    ++aicpu_[aicpu].on_cores;
+    r.task.store((uint64_t{sub} << 32) | f.token, std::memory_order_release);
+    r.bell.ring();
+  }
   if (tr.level >= 2) {
     // Only the cluster's owning AICPU thread dispatches to its cores.
     rec_->aicpu_lane(device_.owner_of_cluster(core / 3))
         .record(diag::Event{tr.run, begin, now_ns(), f.name, f.task_id, 0, diag::EventKind::kDispatch});
   }
+  if (here != nullptr) {
+    // Completed by this thread's next poll round, like a FIN it read.
+    const uint64_t start = now_ns();
+    f.inline_failed = !here->execute(r.fn, r.args, r.label, r.failure, tr.level, tr.run);
+    costs_.note(r.fn, now_ns() - start);
+    inlining_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+CoreExecutor* CoreDispatcher::inline_executor(uint32_t aicpu, uint32_t core, const GraphTask& task,
+                                              simpler_kernel_fn fn) {
+  if (!inline_allowed_ || task.blocks != 1 || task.kind == TaskKind::Mix || aicpu_[aicpu].on_cores != 0) {
+    return nullptr;
+  }
+  if (!costs_.short_kernel(fn) || !load_sense().oversubscribed(now_ns())) return nullptr;
+  CoreExecutor* const executor = device_.core_executor(core);
+  if (executor == nullptr) return nullptr;
+  const uint32_t others = device_.geometry().aicpu_threads - 1;
+  uint32_t n = inlining_.load(std::memory_order_relaxed);
+  do {
+    if (n >= others) return nullptr;
+  } while (!inlining_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+  return executor;
+}
+
+namespace {
+// Slot in the high byte, fingerprint in the high half (never 0: 0 is an empty slot).
+uint64_t kernel_hash(simpler_kernel_fn fn) { return uint64_t{reinterpret_cast<uintptr_t>(fn)} * 0x9e3779b97f4a7c15ull; }
+uint64_t fingerprint(uint64_t hash) { return (hash | (uint64_t{1} << 32)) & ~uint64_t{0xffffffff}; }
+}  // namespace
+
+bool CoreDispatcher::KernelCosts::short_kernel(simpler_kernel_fn fn) const {
+  const uint64_t h = kernel_hash(fn);
+  const uint64_t w = slots_[(h >> 56) % kSlots].load(std::memory_order_relaxed);
+  return (w & ~uint64_t{0xffffffff}) == fingerprint(h) && (w & 0xffffffff) <= kInlineMaxNs;
+}
+
+void CoreDispatcher::KernelCosts::note(simpler_kernel_fn fn, uint64_t ns) {
+  const uint64_t h = kernel_hash(fn);
+  const uint64_t fp = fingerprint(h);
+  std::atomic<uint64_t>& slot = slots_[(h >> 56) % kSlots];
+  const uint64_t w = slot.load(std::memory_order_relaxed);
+  const uint64_t recent = (w & ~uint64_t{0xffffffff}) == fp ? (w & 0xffffffff) / 2 : 0;
+  slot.store(fp | std::min<uint64_t>(std::max(ns, recent), 0xffffffff), std::memory_order_relaxed);
 }
 
 }  // namespace simpler

@@ -4,8 +4,12 @@
 // task a ReadyItem names and what a finished subtask does. poll() for an
 // AICPU thread runs only on it; push and publish on any thread; the queues'
 // storage is swapped only at a regrant, while every queue is empty.
+// With SIMPLER_INLINE_DISPATCH=1, while the process is oversubscribed, an
+// AICPU thread runs a short kernel itself, for the core it placed it on,
+// instead of handing it over (see inline_executor()).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -30,7 +34,12 @@ class CoreDispatcher {
     uint32_t task_id = 0;        // the task's id in its run (task is a window slot on some runtimes)
     uint32_t aicpu = 0;          // the AICPU thread that owns the core: it dispatches and completes
     const char* name = nullptr;  // the subtask's kernel
+    bool ran_inline = false;     // the owning AICPU thread ran it (done when dispatch() returned)
+    bool inline_failed = false;
   };
+  // A kernel whose recent runs took longer than this is not run inline: it
+  // would hold its AICPU thread's placements for longer than a hand-off costs.
+  static constexpr uint64_t kInlineMaxNs = 20'000;
   // Storage for the three queues, each set's trace and the per-set record
   // of each core's last finished task, built ahead of a regrant of `grant` sets.
   struct Storage {
@@ -70,10 +79,44 @@ class CoreDispatcher {
   struct alignas(64) AicpuState {
     std::vector<uint32_t> clusters;
     std::vector<ReadyItem> scratch;  // newly ready tasks, pushed in one batch
+    uint32_t on_cores = 0;           // its subtasks running on core threads
+  };
+  // How long each kernel's recent runs took, by entry point: the longest,
+  // halved at each later run, so a kernel that sometimes waits (for a gate,
+  // for company) stays long, while one run preempted under load marks a
+  // no-op kernel long for a few runs only, not for good. A direct-mapped
+  // table whose word holds a fingerprint of the entry point (high half) and
+  // the nanoseconds (low half, saturated): a slot taken by another kernel
+  // starts over. Any AICPU thread; one word per note, so two kernels of one
+  // slot never mix their figures; two notes of one kernel at once may lose
+  // one of them.
+  class KernelCosts {
+   public:
+    // Seen, and its recent runs took at most kInlineMaxNs.
+    bool short_kernel(simpler_kernel_fn fn) const;
+    void note(simpler_kernel_fn fn, uint64_t ns);
+
+   private:
+    static constexpr size_t kSlots = 256;
+    std::atomic<uint64_t> slots_[kSlots] = {};
   };
 
   ReadyQueue& queue(TaskKind kind) { return *queues_[static_cast<int>(kind)]; }
   void dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub);
+  // Where AICPU thread `aicpu` runs kernel `fn` of `task` inline for `core`,
+  // or null to hand it to the core. Only when SIMPLER_INLINE_DISPATCH=1 was
+  // set when the dispatcher was made, and while the process is oversubscribed
+  // (load_sense()), where each hand-off waits for a wake-up behind other
+  // processes' time slices (0.3-1.4 ms measured, against a kernel's
+  // microseconds); only for a kernel that waits for no other (no mix task, no
+  // SPMD block), was seen to be short, and holds no completion of another
+  // core of this thread behind it (none is running on a core thread); and
+  // never on the last AICPU thread not already running one, so that a kernel
+  // that blocks after all (on a gate, on another task) leaves one thread
+  // placing work. Off by default: such a kernel still takes its thread's
+  // clusters out of use while it blocks, which a kernel on a core does not.
+  // A non-null answer counts the caller in `inlining_` until its kernel returns.
+  CoreExecutor* inline_executor(uint32_t aicpu, uint32_t core, const GraphTask& task, simpler_kernel_fn fn);
   // Starts the next block of an AIC or AIV task on `core`; a task with
   // blocks left goes back to `from` for the other cores (true then).
   bool dispatch_single(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, ReadyQueue& from) {
@@ -107,6 +150,9 @@ class CoreDispatcher {
   std::vector<uint32_t> next_token_;
   std::vector<diag::RunTrace> traces_;  // per set
   std::unique_ptr<AicpuState[]> aicpu_;
+  const bool inline_allowed_;
+  std::atomic<uint32_t> inlining_{0};  // AICPU threads running a kernel inline now
+  KernelCosts costs_;
 };
 
 template <typename TaskOf>
@@ -140,8 +186,14 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
       Inflight& f = inflight_[core];
       if (!f.busy) continue;
       const CoreRegisters& r = *regs_[core];
-      const uint64_t status = r.status.load(std::memory_order_acquire);
-      if ((status >> CoreRegisters::kStateShift) != 2 || (status & CoreRegisters::kTokenMask) != f.token) continue;
+      bool failed = f.inline_failed;
+      if (!f.ran_inline) {
+        const uint64_t status = r.status.load(std::memory_order_acquire);
+        if ((status >> CoreRegisters::kStateShift) != 2 || (status & CoreRegisters::kTokenMask) != f.token) continue;
+        failed = (status & CoreRegisters::kFailedBit) != 0;
+        --st.on_cores;
+        costs_.note(r.fn, r.kernel_ns);
+      }
       f.busy = false;
       const diag::RunTrace& tr = traces_[f.slot];
       if (tr.level >= 2) {
@@ -152,7 +204,7 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
       }
       // Before complete(), whose release of the task publishes this to the run's finisher.
       last_done_[size_t{f.slot} * regs_.size() + core] = f.task_id;
-      complete(r, f, (status & CoreRegisters::kFailedBit) != 0, ready);
+      complete(r, f, failed, ready);
       progress = true;
     }
   }

@@ -1,0 +1,261 @@
+// Issue 16, inline dispatch: with SIMPLER_INLINE_DISPATCH=1 and the process
+// read as oversubscribed (forced through the test hooks, never measured
+// here), an AICPU thread of the AICPU-dispatch runtimes runs a kernel it has
+// seen run short itself, for the core it placed it on, instead of waking that
+// core; a mix task, an SPMD block, a kernel seen running long, a quiet
+// process, the last AICPU thread not running one and the default keep the
+// hand-off. Which thread ran each kernel is read from its name.
+#include <pthread.h>
+#include <stdlib.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/load_sense.h"
+#include "gate.h"
+#include "kernels.h"
+#include "test_util.h"
+
+namespace simpler {
+namespace {
+
+using namespace testing;
+
+enum : uint32_t { kStep = 1, kNote, kNoteAic, kSlow, kHold };
+
+std::atomic<int> g_on_aicpu{0};
+std::atomic<int> g_on_core{0};
+
+// Counts the calling thread as an AICPU thread ("aicpu<i>") or a core thread
+// ("aic<i>", "aiv<i>"), reading its name once per thread.
+void note_thread() {
+  thread_local const bool on_aicpu = [] {
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    return std::strncmp(name, "aicpu", 5) == 0;
+  }();
+  (on_aicpu ? g_on_aicpu : g_on_core).fetch_add(1);
+}
+
+// x = x * 3 + 1 over a one-element i64 view (a chain of them is order-sensitive);
+// fails when args[1] is negative.
+void step_kernel(int64_t* args) {
+  note_thread();
+  if (args[1] < 0) {
+    simpler_kernel_fail("step: told to fail");
+    return;
+  }
+  int64_t* x = tensor_data<int64_t>(tensor_arg(args, 0));
+  *x = *x * 3 + 1;
+}
+
+void note_kernel(int64_t*) { note_thread(); }
+
+// Notes its thread, then passes g_hold when args[0] is set.
+Gate g_hold;
+void hold_kernel(int64_t* args) {
+  note_thread();
+  if (args[0] != 0) g_hold.pass();
+}
+
+// Runs args[0] microseconds (busy), then notes its thread.
+void slow_kernel(int64_t* args) {
+  const uint64_t until = now_ns() + static_cast<uint64_t>(args[0]) * 1000;
+  while (now_ns() < until) {
+  }
+  note_thread();
+}
+
+KernelLibrary kernels() {
+  return make_kernels({{kStep, CoreType::AIV, "step", step_kernel},
+                       {kNote, CoreType::AIV, "note", note_kernel},
+                       {kNoteAic, CoreType::AIC, "note_aic", note_kernel},
+                       {kSlow, CoreType::AIV, "slow", slow_kernel},
+                       {kHold, CoreType::AIV, "hold", hold_kernel}});
+}
+
+// `steps` step tasks on one element (each depends on the one before), the
+// last told to fail when `fail` is set.
+ChipCallable chain(int steps) {
+  return ChipCallable("inline_chain",
+                      [steps](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                        for (int i = 0; i < steps; ++i) {
+                          TaskArgs t;
+                          t.add_tensor(a[0].tensor, Tag::InOut).add_scalar(i + 1 == steps ? a[1].scalar : 0);
+                          if (auto r = o.submit_aiv(kStep, t); !r.ok()) return r.status();
+                        }
+                        return Status();
+                      },
+                      kernels(), {Param::inout(), Param::scalar()});
+}
+
+// The load state forced and inline dispatch on (or left at its default) for
+// the Workers made while it lives.
+struct Forced {
+  explicit Forced(int state, bool inline_on = true) {
+    hooks::force_load_state(state);
+    if (inline_on) setenv("SIMPLER_INLINE_DISPATCH", "1", 1);
+    g_on_aicpu = 0;
+    g_on_core = 0;
+  }
+  ~Forced() {
+    hooks::force_load_state(-1);
+    unsetenv("SIMPLER_INLINE_DISPATCH");
+  }
+};
+
+// Runs the chain `runs` times on x = 0 and returns the last run's status,
+// checking each result against the host's.
+Status run_chains(Harness& hw, int steps, int runs, int64_t fail = 0) {
+  DeviceBuffer x = upload(hw.w, std::vector<int64_t>{0});
+  Status last;
+  for (int r = 0; r < runs; ++r) {
+    const int64_t zero = 0;
+    EXPECT_TRUE(hw.w.copy_to(x, &zero, sizeof(zero)).ok());
+    TaskArgs a;
+    a.add_tensor(x.view({1}, DType::I64), Tag::InOut).add_scalar(fail);
+    last = hw.run(a);
+    if (!last.ok()) return last;
+    int64_t want = 0;
+    for (int i = 0; i < steps; ++i) want = want * 3 + 1;
+    EXPECT_EQ(download<int64_t>(hw.w, x, 1)[0], want) << "run " << r;
+  }
+  return last;
+}
+
+TEST(InlineDispatch, OversubscribedShortKernelsRunOnTheAicpuThreadWithTheSameResults) {
+  for (const char* runtime : {"host_build_graph", "tensormap_and_ringbuffer"}) {
+    SCOPED_TRACE(runtime);
+    Forced forced(1);
+    WorkerConfig c = small_config();
+    c.runtime = runtime;
+    Harness hw(chain(10), c);
+    EXPECT_TRUE(run_chains(hw, 10, 20).ok());
+    // The first run of the kernel went to a core (its cost unknown); once seen
+    // short, the AICPU thread ran it itself.
+    EXPECT_GT(g_on_core.load(), 0);
+    EXPECT_GT(g_on_aicpu.load(), 0);
+    EXPECT_EQ(g_on_core.load() + g_on_aicpu.load(), 200);
+  }
+}
+
+TEST(InlineDispatch, AQuietProcessHandsEveryKernelToItsCore) {
+  Forced forced(0);
+  Harness hw(chain(10));
+  EXPECT_TRUE(run_chains(hw, 10, 20).ok());
+  EXPECT_EQ(g_on_aicpu.load(), 0);
+  EXPECT_EQ(g_on_core.load(), 200);
+}
+
+TEST(InlineDispatch, OffByDefault) {
+  Forced forced(1, /*inline_on=*/false);
+  Harness hw(chain(10));
+  EXPECT_TRUE(run_chains(hw, 10, 20).ok());
+  EXPECT_EQ(g_on_aicpu.load(), 0);
+  EXPECT_EQ(g_on_core.load(), 200);
+}
+
+TEST(InlineDispatch, AFailingInlineKernelFailsItsRunWithItsMessage) {
+  Forced forced(1);
+  Harness hw(chain(10));
+  ASSERT_TRUE(run_chains(hw, 10, 5).ok());
+  ASSERT_GT(g_on_aicpu.load(), 0) << "the chain never ran inline, so this case proves nothing";
+  const int before = g_on_aicpu.load();
+  const Status s = run_chains(hw, 10, 1, /*fail=*/-1);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("step: told to fail"), std::string::npos) << s.to_string();
+  EXPECT_GT(g_on_aicpu.load(), before);
+}
+
+TEST(InlineDispatch, MixTasksAndSpmdBlocksStayOnTheirCores) {
+  Forced forced(1);
+  Harness hw(ChipCallable("inline_mix_spmd",
+                          [](ChipOrchestrator& o, const TaskArgs&) -> Status {
+                            TaskArgs t;
+                            t.add_scalar(0);
+                            if (auto r = o.submit_mix({kNoteAic, kNote, kNote}, t); !r.ok()) return r.status();
+                            return o.submit_aiv_spmd(kNote, t, 4).status();
+                          },
+                          kernels(), {}));
+  for (int r = 0; r < 20; ++r) ASSERT_TRUE(hw.run().ok());
+  EXPECT_EQ(g_on_aicpu.load(), 0);
+  EXPECT_EQ(g_on_core.load(), 20 * 7);
+}
+
+TEST(InlineDispatch, AKernelSeenRunningLongIsHandedToItsCoreUntilItsRunsAreShortAgain) {
+  Forced forced(1);
+  Harness hw(ChipCallable("inline_slow",
+                          [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                            TaskArgs t;
+                            t.add_scalar(a[0].scalar);
+                            return o.submit_aiv(kSlow, t).status();
+                          },
+                          kernels(), {Param::scalar()}));
+  const auto run_us = [&](int64_t us) {
+    TaskArgs a;
+    a.add_scalar(us);
+    return hw.run(a);
+  };
+  ASSERT_TRUE(run_us(0).ok());
+  ASSERT_TRUE(run_us(0).ok());  // seen short: may run inline from now on
+  // 200 us, then short runs: the recent figure halves per run, 200 -> 100 ->
+  // 50 -> 25 us, each still above kInlineMaxNs (20 us), whatever else the runs took.
+  ASSERT_TRUE(run_us(200).ok());
+  const int before = g_on_aicpu.load();
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(run_us(0).ok());
+  EXPECT_EQ(g_on_aicpu.load(), before) << "a kernel seen running 200 us ran inline";
+  // Then the figure falls below the bound and the kernel runs inline again.
+  bool inlined = false;
+  for (int r = 0; r < 50 && !inlined; ++r) {
+    ASSERT_TRUE(run_us(0).ok());
+    inlined = g_on_aicpu.load() > before;
+  }
+  EXPECT_TRUE(inlined);
+}
+
+// A kernel seen short that blocks after all holds only its own AICPU thread:
+// the other may not run one inline too, so it keeps placing work.
+TEST(InlineDispatch, TheLastAicpuThreadNotRunningAKernelInlineHandsOff) {
+  Forced forced(1);
+  Harness hw(ChipCallable("inline_hold",
+                          [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                            TaskArgs t;
+                            t.add_scalar(a[0].scalar);
+                            return o.submit_aiv(kHold, t).status();
+                          },
+                          kernels(), {Param::scalar()}),
+             small_config(/*depth=*/3));  // two held runs and a third in flight
+  const auto submit = [&](int64_t hold) {
+    TaskArgs a;
+    a.add_scalar(hold);
+    return hw.submit(a);
+  };
+  ASSERT_TRUE(wait_run(submit(0)).ok());
+  ASSERT_TRUE(wait_run(submit(0)).ok());  // seen short
+  g_on_aicpu = 0;
+  g_on_core = 0;
+  // Opened on every way out, so the Worker's close never waits on a held kernel.
+  struct Opener {
+    ~Opener() { g_hold.release(); }
+  } opener;
+  RunHandle first = submit(1);
+  ASSERT_TRUE(g_hold.wait_entered(1));
+  EXPECT_EQ(g_on_aicpu.load(), 1) << "the held kernel did not run inline, so this case proves nothing";
+  RunHandle second = submit(1);
+  ASSERT_TRUE(g_hold.wait_entered(2));
+  EXPECT_EQ(g_on_aicpu.load(), 1) << "both AICPU threads ran a kernel inline";
+  EXPECT_EQ(g_on_core.load(), 1);
+  // Both held, and a third run still finds a core and an AICPU thread.
+  const Status third = submit(0).wait_for(std::chrono::seconds(30));
+  g_hold.release();
+  EXPECT_TRUE(third.ok()) << third.to_string();
+  EXPECT_TRUE(wait_run(first).ok());
+  EXPECT_TRUE(wait_run(second).ok());
+}
+
+}  // namespace
+}  // namespace simpler
