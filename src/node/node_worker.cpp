@@ -694,9 +694,7 @@ RunHandle NodeWorker::refused(const Status& why, const std::function<void(const 
 }
 
 Status NodeWorker::check_diagnostics(const CallConfig& call) const {
-  SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(call, "call."));
-  if (call.swimlane_level == 0 && call.dump_args == DumpArgs::Off) return Status();
-  return Status();
+  return diag::validate_call_config(call, "call.");
 }
 
 RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchestration,
