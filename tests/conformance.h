@@ -45,7 +45,8 @@ inline std::string target_name(const ::testing::TestParamInfo<ChipTarget>& info)
          (info.param.loaded ? "_loaded" : "");
 }
 
-// Every registered runtime on every registered backend and geometry preset.
+// Every registered runtime on every registered backend and geometry preset,
+// and on `small` loaded.
 inline std::vector<ChipTarget> every_target() {
   std::vector<ChipTarget> out;
   for (const RuntimeInfo* r : registered_runtimes()) {
