@@ -31,20 +31,23 @@ std::atomic<int> g_on_aicpu{0};
 std::atomic<int> g_on_core{0};
 
 // Counts the calling thread as an AICPU thread ("aicpu<i>") or a core thread
-// ("aic<i>", "aiv<i>"), reading its name once per thread.
-void note_thread() {
+// ("aic<i>", "aiv<i>"), reading its name once per thread; true on an AICPU thread.
+bool note_thread() {
   thread_local const bool on_aicpu = [] {
     char name[16] = {};
     pthread_getname_np(pthread_self(), name, sizeof(name));
     return std::strncmp(name, "aicpu", 5) == 0;
   }();
   (on_aicpu ? g_on_aicpu : g_on_core).fetch_add(1);
+  return on_aicpu;
 }
 
+std::atomic<int> g_failed_inline{0};
+
 // x = x * 3 + 1 over a one-element i64 view (a chain of them is order-sensitive);
-// fails when args[1] is negative.
+// fails when args[1] is negative, counting a failure on an AICPU thread.
 void step_kernel(int64_t* args) {
-  note_thread();
+  if (note_thread() && args[1] < 0) g_failed_inline.fetch_add(1);
   if (args[1] < 0) {
     simpler_kernel_fail("step: told to fail");
     return;
@@ -55,11 +58,12 @@ void step_kernel(int64_t* args) {
 
 void note_kernel(int64_t*) { note_thread(); }
 
-// Notes its thread, then passes g_hold when args[0] is set.
-Gate g_hold;
+// Notes its thread, then passes *g_hold when args[0] is set. Each attempt of
+// the case that uses it makes a fresh Gate (never freed, as gate.h says).
+Gate* g_hold = nullptr;
 void hold_kernel(int64_t* args) {
   note_thread();
-  if (args[0] != 0) g_hold.pass();
+  if (args[0] != 0) g_hold->pass();
 }
 
 // Runs args[0] microseconds (busy), then notes its thread.
@@ -161,14 +165,17 @@ TEST(InlineDispatch, OffByDefault) {
 
 TEST(InlineDispatch, AFailingInlineKernelFailsItsRunWithItsMessage) {
   Forced forced(1);
+  g_failed_inline = 0;
   Harness hw(chain(10));
   ASSERT_TRUE(run_chains(hw, 10, 5).ok());
-  ASSERT_GT(g_on_aicpu.load(), 0) << "the chain never ran inline, so this case proves nothing";
-  const int before = g_on_aicpu.load();
-  const Status s = run_chains(hw, 10, 1, /*fail=*/-1);
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("step: told to fail"), std::string::npos) << s.to_string();
-  EXPECT_GT(g_on_aicpu.load(), before);
+  // Until the failing step itself ran inline (bounded): a step preempted on a
+  // loaded machine makes the kernel look long for a few runs.
+  for (int attempt = 0; attempt < 50 && g_failed_inline.load() == 0; ++attempt) {
+    const Status s = run_chains(hw, 10, 1, /*fail=*/-1);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("step: told to fail"), std::string::npos) << s.to_string();
+  }
+  EXPECT_GT(g_failed_inline.load(), 0) << "the failing step never ran inline";
 }
 
 TEST(InlineDispatch, MixTasksAndSpmdBlocksStayOnTheirCores) {
@@ -234,27 +241,41 @@ TEST(InlineDispatch, TheLastAicpuThreadNotRunningAKernelInlineHandsOff) {
     a.add_scalar(hold);
     return hw.submit(a);
   };
-  ASSERT_TRUE(wait_run(submit(0)).ok());
-  ASSERT_TRUE(wait_run(submit(0)).ok());  // seen short
-  g_on_aicpu = 0;
-  g_on_core = 0;
-  // Opened on every way out, so the Worker's close never waits on a held kernel.
-  struct Opener {
-    ~Opener() { g_hold.release(); }
-  } opener;
-  RunHandle first = submit(1);
-  ASSERT_TRUE(g_hold.wait_entered(1));
-  EXPECT_EQ(g_on_aicpu.load(), 1) << "the held kernel did not run inline, so this case proves nothing";
-  RunHandle second = submit(1);
-  ASSERT_TRUE(g_hold.wait_entered(2));
-  EXPECT_EQ(g_on_aicpu.load(), 1) << "both AICPU threads ran a kernel inline";
-  EXPECT_EQ(g_on_core.load(), 1);
-  // Both held, and a third run still finds a core and an AICPU thread.
-  const Status third = submit(0).wait_for(std::chrono::seconds(30));
-  g_hold.release();
-  EXPECT_TRUE(third.ok()) << third.to_string();
-  EXPECT_TRUE(wait_run(first).ok());
-  EXPECT_TRUE(wait_run(second).ok());
+  // The case says something only once the first held kernel ran inline; a
+  // warm-up run preempted on a loaded machine makes the kernel look long, so
+  // the attempt is repeated (bounded) until it does.
+  bool first_inline = false;
+  for (int attempt = 0; attempt < 10 && !first_inline; ++attempt) {
+    g_hold = new Gate();
+    ASSERT_TRUE(wait_run(submit(0)).ok());
+    ASSERT_TRUE(wait_run(submit(0)).ok());  // seen short
+    g_on_aicpu = 0;
+    g_on_core = 0;
+    // Opened on every way out, so the Worker's close never waits on a held kernel.
+    struct Opener {
+      Gate* gate;
+      ~Opener() { gate->release(); }
+    } opener{g_hold};
+    RunHandle first = submit(1);
+    ASSERT_TRUE(g_hold->wait_entered(1));
+    first_inline = g_on_aicpu.load() == 1;
+    if (!first_inline) {
+      g_hold->release();
+      ASSERT_TRUE(wait_run(first).ok());
+      continue;
+    }
+    RunHandle second = submit(1);
+    ASSERT_TRUE(g_hold->wait_entered(2));
+    EXPECT_EQ(g_on_aicpu.load(), 1) << "both AICPU threads ran a kernel inline";
+    EXPECT_EQ(g_on_core.load(), 1);
+    // Both held, and a third run still finds a core and an AICPU thread.
+    const Status third = submit(0).wait_for(std::chrono::seconds(30));
+    g_hold->release();
+    EXPECT_TRUE(third.ok()) << third.to_string();
+    EXPECT_TRUE(wait_run(first).ok());
+    EXPECT_TRUE(wait_run(second).ok());
+  }
+  EXPECT_TRUE(first_inline) << "the held kernel never ran inline, so this case proved nothing";
 }
 
 }  // namespace
