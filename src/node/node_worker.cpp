@@ -693,9 +693,7 @@ RunHandle NodeWorker::refused(const Status& why, const std::function<void(const 
   return detail::refused_run(0, why);
 }
 
-Status NodeWorker::check_diagnostics(const CallConfig& call) const {
-  return diag::validate_call_config(call, "call.");
-}
+Status NodeWorker::check_diagnostics(const CallConfig& call) const { return diag::validate_call_config(call, "call."); }
 
 RunHandle NodeWorker::submit(const std::function<Status(Orchestrator&)>& orchestration,
                              std::function<void(const Status&)> on_terminal, const RunDiagnostics& diagnostics) {
