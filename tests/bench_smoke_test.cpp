@@ -49,8 +49,14 @@ TEST(Bench, FirstTaskReportsEverySizeForBothRuntimes) {
     }
     EXPECT_GT(s["ratio_vs_peer"].get<double>(), 0.0);
     EXPECT_TRUE(s["goal_met"].is_boolean());
+    EXPECT_GT(s["tmr_prepare_us_p50"].get<double>(), 0.0);
+    EXPECT_GT(s["hbg_prepare_us_p50"].get<double>(), 0.0);
   }
   EXPECT_TRUE(j["goal"]["met"].is_boolean());
+  // The floor beside it: every rep of the three-thread hand-off chain measured.
+  EXPECT_EQ(j["handoff_floor_us"]["n"], 30) << c.output;
+  EXPECT_GT(j["handoff_floor_us"]["min"].get<double>(), 0.0);
+  EXPECT_GT(j["tmr_worst_p50_over_floor_p50"].get<double>(), 0.0);
 }
 
 TEST(Bench, StreamCountsItsTasksAndIntermediates) {
