@@ -58,6 +58,9 @@ from ._simpler import (  # noqa: F401
     Worker,
     available_backends,
     available_runtimes,
+    mpi_rank,
+    mpi_size,
+    serve_node,
     version,
 )
 

@@ -586,11 +586,11 @@ std::vector<Param> to_signature(const py::handle& h) {
 
 uint64_t to_u64(const py::handle& v, const std::string& field, uint64_t max) {
   if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) {
-    type_error("Worker: " + field + " must be an int, not " + py::str(py::type::handle_of(v)).cast<std::string>());
+    type_error(field + " must be an int, not " + py::str(py::type::handle_of(v)).cast<std::string>());
   }
   const py::int_ i = py::reinterpret_borrow<py::int_>(v);
   if (i < py::int_(0) || i > py::int_(max)) {
-    value_error("Worker: " + field + " = " + py::str(py::handle(i)).cast<std::string>() + " is out of range [0, " +
+    value_error(field + " = " + py::str(py::handle(i)).cast<std::string>() + " is out of range [0, " +
                 std::to_string(max) + "]");
   }
   return i.cast<uint64_t>();
@@ -603,9 +603,9 @@ std::chrono::milliseconds to_ms(const py::handle& v, const std::string& field) {
   } else if (py::hasattr(v, "total_seconds")) {
     seconds = v.attr("total_seconds")().cast<double>();
   } else {
-    type_error("Worker: " + field + " must be seconds (int or float) or a datetime.timedelta");
+    type_error(field + " must be seconds (int or float) or a datetime.timedelta");
   }
-  if (!(seconds >= 0) || seconds > 1e9) value_error("Worker: " + field + " must be between 0 and 1e9 seconds");
+  if (!(seconds >= 0) || seconds > 1e9) value_error(field + " must be between 0 and 1e9 seconds");
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
 }
 
@@ -645,23 +645,23 @@ WorkerConfig to_config(const py::kwargs& kw) {
     } else if (k == "geometry") {
       c.geometry = to_geometry(value);
     } else if (k == "chips") {
-      c.chips = static_cast<uint32_t>(to_u64(value, k, UINT32_MAX));
+      c.chips = static_cast<uint32_t>(to_u64(value, "Worker: " + k, UINT32_MAX));
     } else if (k == "sub_workers") {
-      c.sub_workers = static_cast<uint32_t>(to_u64(value, k, UINT32_MAX));
+      c.sub_workers = static_cast<uint32_t>(to_u64(value, "Worker: " + k, UINT32_MAX));
     } else if (k == "pipeline_depth") {
-      c.pipeline_depth = static_cast<uint32_t>(to_u64(value, k, UINT32_MAX));
+      c.pipeline_depth = static_cast<uint32_t>(to_u64(value, "Worker: " + k, UINT32_MAX));
     } else if (k == "launch_depth") {
-      c.launch_depth = static_cast<uint32_t>(to_u64(value, k, UINT32_MAX));
+      c.launch_depth = static_cast<uint32_t>(to_u64(value, "Worker: " + k, UINT32_MAX));
     } else if (k == "device_memory_bytes") {
-      c.device_memory_bytes = to_u64(value, k, UINT64_MAX);
+      c.device_memory_bytes = to_u64(value, "Worker: " + k, UINT64_MAX);
     } else if (k == "max_tasks_per_run") {
-      c.max_tasks_per_run = static_cast<uint32_t>(to_u64(value, k, UINT32_MAX));
+      c.max_tasks_per_run = static_cast<uint32_t>(to_u64(value, "Worker: " + k, UINT32_MAX));
     } else if (k == "shared_heap_bytes") {
-      c.shared_heap_bytes = to_u64(value, k, UINT64_MAX);
+      c.shared_heap_bytes = to_u64(value, "Worker: " + k, UINT64_MAX);
     } else if (k == "run_timeout") {
-      c.run_timeout = to_ms(value, k);
+      c.run_timeout = to_ms(value, "Worker: " + k);
     } else if (k == "close_timeout") {
-      c.close_timeout = to_ms(value, k);
+      c.close_timeout = to_ms(value, "Worker: " + k);
     } else if (k == "guard_device_memory") {
       if (value.is_none()) {
         c.guard_device_memory.reset();
@@ -1013,6 +1013,8 @@ PYBIND11_MODULE(_simpler, m) {
       },
       "(name, description) of every device backend; each name is a valid Worker(backend=...).");
   m.def("version", [] { return std::string(version_string()); });
+  m.def("mpi_rank", &mpi_rank, "This process's MPI rank, from mpirun's environment (0 outside mpirun).");
+  m.def("mpi_size", &mpi_size, "The MPI job's size, from mpirun's environment (1 outside mpirun).");
 
   py::class_<DeviceBuffer>(m, "DeviceBuffer", "Memory a Worker allocated: device memory, or the shared heap.")
       .def_readonly("addr", &DeviceBuffer::addr)
@@ -1383,6 +1385,20 @@ PYBIND11_MODULE(_simpler, m) {
           },
           py::arg("worker"), "Level 4, before init(): an uninitialised Level 3 Worker becomes next-level worker i.")
       .def(
+          "add_remote_worker",
+          [](PyWorker& w, int rank, const py::handle& heartbeat_timeout, const py::handle& ready_timeout) {
+            RemoteNodeOptions o;
+            if (!heartbeat_timeout.is_none()) {
+              o.heartbeat_timeout = to_ms(heartbeat_timeout, "add_remote_worker: heartbeat_timeout");
+            }
+            if (!ready_timeout.is_none()) o.ready_timeout = to_ms(ready_timeout, "add_remote_worker: ready_timeout");
+            return take(w.get().add_remote_worker(rank, o), "add_remote_worker");
+          },
+          py::arg("rank"), py::kw_only(), py::arg("heartbeat_timeout") = py::none(),
+          py::arg("ready_timeout") = py::none(),
+          "Level 4, before init(), under mpirun on rank 0: next-level worker i (returned) is the node that "
+          "serve_node() serves on MPI rank `rank`. Timeouts in seconds or a timedelta; None keeps the default.")
+      .def(
           "init",
           [](PyWorker& w) {
             Worker& self = w.get();
@@ -1588,6 +1604,33 @@ PYBIND11_MODULE(_simpler, m) {
           },
           py::arg("callable"), py::arg("args") = py::none(), py::kw_only(), py::arg("call") = py::none(),
           "submit + wait; returns the finished RunHandle.");
+
+  m.def(
+      "serve_node",
+      [](PyWorker& node, std::vector<NodeCallable> callables, const py::handle& tensor_heap_bytes,
+         const py::handle& heartbeat_period, const py::handle& network_timeout, const py::handle& hello_timeout) {
+        ServeOptions o;
+        if (!tensor_heap_bytes.is_none())
+          o.tensor_heap_bytes = to_u64(tensor_heap_bytes, "serve_node: tensor_heap_bytes", UINT64_MAX);
+        if (!heartbeat_period.is_none()) o.heartbeat_period = to_ms(heartbeat_period, "serve_node: heartbeat_period");
+        if (!network_timeout.is_none()) o.network_timeout = to_ms(network_timeout, "serve_node: network_timeout");
+        if (!hello_timeout.is_none()) o.hello_timeout = to_ms(hello_timeout, "serve_node: hello_timeout");
+        Worker& w = node.get();
+        Status s;
+        {
+          // The node's Python orchestrations take the GIL on its threads while this one serves.
+          py::gil_scoped_release release;
+          s = serve_node(std::move(w), std::move(callables), o);
+        }
+        check(s, "serve_node");
+      },
+      py::arg("node"), py::arg("callables"), py::kw_only(), py::arg("tensor_heap_bytes") = py::none(),
+      py::arg("heartbeat_period") = py::none(), py::arg("network_timeout") = py::none(),
+      py::arg("hello_timeout") = py::none(),
+      "On an MPI rank other than 0: initialises `node` (an uninitialised Level 3 Worker with its chip callables "
+      "and sub functions registered; it forks its children before MPI starts) and serves the network on rank 0, "
+      "running the NodeCallables in `callables` (the network registers the same names). Blocks until the network "
+      "closes; raises with why the node stopped serving otherwise. `node` is closed afterwards.");
 
   install_fast_method(m.attr("Worker"), "submit", g_submit, fast_submit);
   install_fast_method(m.attr("Orchestrator"), "submit_sub", g_submit_sub, fast_submit_sub);
