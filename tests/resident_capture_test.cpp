@@ -543,11 +543,28 @@ TEST(CaptureGate, R102EachReaderAcceptsOnlyWhatItsRuleAllows) {
   }
 }
 
-// R103, R104, R124 (A5): one participant's seal acceptance is delayed far
-// behind its peers'. SETTLED appears only after all three released bits, and
-// the next occupancy's claim (a single task on the same gate) never precedes
-// the last departure; the delayed peer still reads the right seal after the
-// publisher moved on.
+// Until `core` has arrived for `ph` (its kArrived is logged before any hook holds it).
+bool arrived(Rig& rig, uint32_t core, CapturePhase ph) {
+  const std::vector<Event> ev = rig.snapshot();
+  return std::any_of(ev.begin(), ev.end(), [&](const Event& e) {
+    return e.kind == idx(CapturePoint::kArrived) && e.core == core && e.word == static_cast<uint64_t>(ph);
+  });
+}
+
+// The position of the first event matching, or the log's size.
+size_t first_at(const std::vector<Event>& ev, int kind, uint32_t core, uint32_t slot) {
+  return static_cast<size_t>(
+      std::find_if(ev.begin(), ev.end(),
+                   [&](const Event& e) { return e.kind == kind && e.core == core && e.slot == slot; }) -
+      ev.begin());
+}
+
+// R103, R124 (A5): one participant's seal acceptance is delayed far behind
+// its peers'. SETTLED appears only after all three released bits, and the
+// next occupancy's claim (a single task on the same cluster) never precedes
+// the last departure: it takes gate 1, not gate 0. Core 2 arrives last for
+// AFTER (cores 0 and 1 arrive first), so it is that phase's publisher and
+// reads its own ack line; the single on core 0 reuses no line a peer still reads.
 TEST(CaptureGate, R103R124TheNextClaimNeverPrecedesTheLastDeparture) {
   Watchdog dog;
   Rig rig(3);
@@ -564,7 +581,14 @@ TEST(CaptureGate, R103R124TheNextClaimNeverPrecedesTheLastDeparture) {
   };
   rig.start_aicpu();
   std::array<Status, 3> st;
-  std::thread gang([&] { st = run_gang(rig, 0); });
+  std::thread gang([&] {
+    st = run_gang(rig, 0, [&](uint32_t core) {
+      if (core == 2) {
+        EXPECT_TRUE(
+            eventually([&] { return arrived(rig, 0, CapturePhase::kAfter) && arrived(rig, 1, CapturePhase::kAfter); }));
+      }
+    });
+  });
   // Cores 0 and 1 left AFTER; core 2 is held.
   ASSERT_TRUE(eventually([&] { return count(rig.snapshot(), idx(CapturePoint::kReleased), 2) == 2; }));
   EXPECT_NE(claim_state(rig.slot_word(0, SlotWordId::kClaim)), SlotState::kSettled);
@@ -588,6 +612,70 @@ TEST(CaptureGate, R103R124TheNextClaimNeverPrecedesTheLastDeparture) {
       EXPECT_EQ(released_after, 3);
     }
   }
+}
+
+// R104: a seal outlives its readers. Core 0 publishes task 0's AFTER phase
+// (cores 2 and 1 arrive first) while core 2 is held after its arrival,
+// before it reads the seal on core 0's ack line. Core 0 moves on to its next
+// task (a single, on gate 1) and must not publish there, which would rewrite
+// that line, until core 2 has left: its publish waits (kReuseWait) and comes
+// after core 2's acceptance and release; core 2 reads the right seal.
+TEST(CaptureGate, R104ADelayedPeerReadsItsSealAfterThePublisherMovedOn) {
+  Watchdog dog;
+  Rig rig(3);
+  Buf a(4, 3), b(4);
+  rig.add_task(0, {&a}, {&b});
+  rig.add_task(1, {&a}, {&b});
+  std::atomic<int> late_release{0};
+  rig.on_point = [&](CapturePoint p, uint32_t core, uint32_t, uint64_t w) {
+    if (p == CapturePoint::kArrived && core == 2 && w == static_cast<uint64_t>(CapturePhase::kAfter)) {
+      EXPECT_TRUE(eventually([&] { return late_release.load() != 0; }));
+    }
+  };
+  rig.start_aicpu();
+  std::array<Status, 3> st;
+  std::thread gang([&] {
+    st = run_gang(rig, 0, [&](uint32_t core) {
+      // AFTER arrivals in the order 2, 1, 0: core 0 is the publisher.
+      if (core == 1) EXPECT_TRUE(eventually([&] { return arrived(rig, 2, CapturePhase::kAfter); }));
+      if (core == 0) EXPECT_TRUE(eventually([&] { return arrived(rig, 1, CapturePhase::kAfter); }));
+    });
+  });
+  ASSERT_TRUE(eventually([&] { return count(rig.snapshot(), idx(CapturePoint::kReleased), 2) == 2; }));
+  Status next;
+  std::thread single([&] { next = rig.participate(0, 1, false); });
+  // Core 0 arrived on gate 1 and waits; nothing was published there.
+  EXPECT_TRUE(eventually([&] {
+    const std::vector<Event> ev = rig.snapshot();
+    return first_at(ev, idx(CapturePoint::kReuseWait), 0, 1) < ev.size();
+  })) << "core 0 did not wait on gate 1 for core 2 to read its seal";
+  {
+    const std::vector<Event> ev = rig.snapshot();
+    EXPECT_EQ(first_at(ev, idx(CapturePoint::kPublished), 0, 1), ev.size())
+        << "core 0 published on gate 1 while core 2 had not read its seal";
+  }
+  late_release.store(1);
+  gang.join();
+  single.join();
+  for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(next.ok()) << next.to_string();
+  const std::vector<Event> ev = rig.snapshot();
+  const size_t accepted = first_at(ev, idx(CapturePoint::kSealAccepted), 2, 0);
+  const size_t published = first_at(ev, idx(CapturePoint::kPublished), 0, 1);
+  ASSERT_LT(accepted, ev.size());
+  ASSERT_LT(published, ev.size());
+  // Core 2's AFTER acceptance is its second on gate 0; both precede core 0's next publish.
+  size_t core2_after = ev.size();
+  int seen = 0;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    if (ev[i].kind == idx(CapturePoint::kSealAccepted) && ev[i].core == 2 && ev[i].slot == 0 && ++seen == 2) {
+      core2_after = i;
+    }
+  }
+  EXPECT_EQ(ev[core2_after].word, static_cast<uint64_t>(AckStatus::kSealed));
+  EXPECT_LT(core2_after, published) << "core 0 rewrote its ack line before core 2 read the seal";
+  EXPECT_EQ(rig.slot_word(0, SlotWordId::kClaim), claim_word(SlotState::kSettled, 1));
+  EXPECT_EQ(rig.slot_word(1, SlotWordId::kClaim), claim_word(SlotState::kSettled, 1));
 }
 
 // R105, R120 (A1): a 1C2V task yields one record set, and no subtask

@@ -39,10 +39,15 @@
      completes;
    - under weak fairness every core finishes (ltl every_core_leaves).
 
+   A second gate is modelled by its effect on one ack line only (R104): core
+   0, having published an AFTER phase, moves on once to an independent
+   single task on another gate, whose first request rewrites core 0's ack
+   line while a peer may still have to read the seal there. It waits until
+   every participant of that phase left (M:reuse_wait).
+
    Not modelled: the payload bytes and the lane's metadata buffer (one open
    reservation per lane, R108, is a property test of the producer); other
-   slots and other lanes (one slot, one publisher at a time, so the lane is
-   never busy; WouldBlock stands for every back-pressure cause); an AICPU that
+   slots beyond that request, and other lanes (so the lane is never busy; WouldBlock stands for every back-pressure cause); an AICPU that
    never acknowledges (the model's AICPU always answers a published request;
    the second, longer budget is taken only where no request can ever exist). */
 
@@ -100,7 +105,8 @@
 #endif
 #define OBSERVE t = rq_tick[c]; rn = rq_task[c]; rp = rq_phase[c]; rs = rq_seq[c]; rc = rq_cur[c]
 #define PH(n, p) ((n) * 2 + (p))   /* index of (occupancy, phase) */
-#define NPH ((TASKS + 1) * 2)
+#define SINGLE (TASKS + 1)         /* core 0's single task on the second gate */
+#define NPH ((TASKS + 2) * 2)
 
 /* ---- the slot: ArgsCaptureSlot ---- */
 byte cst; byte cocc;               /* claim */
@@ -128,7 +134,8 @@ bool unarrivable[NPH];             /* a participant left before arriving: never 
 byte joined[TASKS + 1];            /* participants that stored an arrival bit */
 byte arrived_g[NPH]; byte released_g[NPH];  /* the bits each mask must hold */
 byte departed[TASKS + 1];          /* participants whose released_after bit is stored */
-byte exec_started[TASKS + 1]; byte exec_done[TASKS + 1];
+byte exec_started[TASKS + 2]; byte exec_done[TASKS + 2];
+bool single_sent;                  /* core 0 published its single task's first request */
 byte to_used; byte ended; bool done;
 
 inline fault_left(n, from) {
@@ -145,6 +152,7 @@ inline complete_task(n) {
 
 proctype Core(byte me) {
   byte k = 1, n, p, ost, oocc, r, pc, ps, st, gs, gn, gp, seqctr, seq, tick, cur, q;
+  bool published_after;              /* it published the AFTER phase it just left */
   bool won, last, stored, i_aborted;
   byte mybit = 1 << me;
 #ifdef MUTANT_ABORT_WRITES_LINE_BACK
@@ -377,7 +385,27 @@ leave_sealed:
 #endif
   :: else
   fi;
-  atomic { k++; n = 0; p = BEFORE; r = 0; pc = 0; ps = 0; st = 0; cur = 0; last = false; stored = false;
+  /* R104: core 0 moves on to its single task on another gate. Its first
+     request there makes the AICPU rewrite core 0's ack line, so it waits
+     until every participant of the AFTER phase it published has left: the
+     gate settled or was claimed again. The run failing first: no request. */
+  published_after = last;
+  if
+  :: me == 0 && published_after && !single_sent ->
+     if
+#ifdef MUTANT_REUSE_BEFORE_DEPARTURE
+     :: true ->
+#else
+     :: atomic { cocc != n || rel[AFTER] == MASK -> skip }               /* M:reuse_wait */
+#endif
+        atomic { seqctr++; tick++; rq_task[me] = SINGLE; rq_phase[me] = BEFORE; rq_cur[me] = 0;
+                 rq_seq[me] = seqctr; single_sent = true }
+        rq_tick[me] = tick
+     :: fatal -> skip
+     fi
+  :: else
+  fi;
+  atomic { published_after = false; k++; n = 0; p = BEFORE; r = 0; pc = 0; ps = 0; st = 0; cur = 0; last = false; stored = false;
            seq = 0; goto next_task }
 
 gone:
@@ -411,7 +439,7 @@ end_serve:
      atomic {                                                            /* M:svc_copy_chunk */
        if
        :: rp == BEFORE -> assert(exec_started[rn] == 0)  /* the inputs the task reads */
-       :: rp == AFTER -> assert(exec_done[rn] == MASK && (rn == TASKS || exec_started[rn + 1] == 0))
+       :: rp == AFTER -> assert(exec_done[rn] == MASK && (rn >= TASKS || exec_started[rn + 1] == 0))
        fi;
        rc++;
        if :: rc == CHUNKS -> q = SEALED :: else -> q = INPROGRESS fi }  /* commit on the last */

@@ -39,6 +39,7 @@ MUTANTS=(
   "LEAVE_ON_ABORT_FLAG||abort_acked|no participant leaves before the Aborted ack"
   "PEER_READS_STATUS_FIRST||gs==1|no stale ack accepted"
   "PEER_IGNORES_PHASE_SEQ||gs==1|no stale ack accepted"
+  "REUSE_BEFORE_DEPARTURE|-DTO=0|invalid end state|a seal outlives its readers (a peer waits forever on a rewritten ack line)"
 )
 # caught by the liveness run only; pinned to TO=0, where the cycle is found in
 # seconds (with one fault the nested search ran past 15 min and 4 GB)

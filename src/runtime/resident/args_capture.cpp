@@ -234,6 +234,39 @@ void CaptureRun::publish_request(const Participant& p, CapturePhase ph, uint64_t
   env_.ring_aicpu(lane_of(p.core, lanes_n_));
 }
 
+Status CaptureRun::await_departure(const Participant& p, CaptureCoreState& cs, uint64_t deadline) {
+  if (cs.published_mask == 0) return Status();
+  const uint32_t slot = cs.published_slot;
+  // The claim word first: a gate claimed again has settled, and the claim
+  // cleared its released words, which must not then read as "not left".
+  const auto departed = [&] {  // M:reuse_wait
+    if (claim_occupancy(load(p.core, slot, SlotWordId::kClaim)) != cs.published_occupancy) return true;
+    return load(p.core, slot, released_of(cs.published_phase)) == cs.published_mask;
+  };
+  if (!departed()) {
+    // Only an AFTER phase can still have a participant inside: each BEFORE
+    // participant released before it arrived for AFTER. Its last release
+    // settles the gate and rings this cluster.
+    point(CapturePoint::kReuseWait, p.core, p.slot, slot);
+    const bool left = wait(p.core, deadline, [&] { return departed() || fatal(); });
+    if (!departed()) {
+      set_fatal();
+      if (!left) {
+        return make_error(StatusCode::kDeadlineExceeded,
+                          "ARGS_CAPTURE_TIMEOUT: core {} waited {} ns for the participants of its last {} seal "
+                          "(gate {}, occupancy {}) to leave before reusing its ack line",
+                          p.core, config_.second_budget_ns, phase_name(cs.published_phase), slot,
+                          cs.published_occupancy);
+      }
+      return make_error(StatusCode::kAborted,
+                        "ARGS_CAPTURE: core {} did not publish for task {}: the run's capture failed", p.core,
+                        p.task_id);
+    }
+  }
+  cs.published_mask = 0;
+  return Status();
+}
+
 Status CaptureRun::phase(Participant& p, CapturePhase ph, CaptureCoreState& cs) {
   const uint32_t slot = p.slot;
   // R106: the output spans this core wrote are published before it arrives
@@ -256,8 +289,13 @@ Status CaptureRun::phase(Participant& p, CapturePhase ph, CaptureCoreState& cs) 
   uint64_t arg = 0;
   uint64_t cursor = 0;
   if (publisher) {
+    SIMPLER_RETURN_IF_ERROR(await_departure(p, cs, second_deadline));
     seq = ++cs.phase_seq;  // the phase's one identity, never advanced again
     tick = ++cs.request_tick;
+    cs.published_slot = slot;
+    cs.published_occupancy = p.occupancy;
+    cs.published_phase = ph;
+    cs.published_mask = p.mask;
     publish_request(p, ph, seq, arg, cursor, tick);
     store(p.core, slot, publisher_of(ph), (uint64_t{p.core} + 1) << 32 | seq);  // M:publisher_store
     point(CapturePoint::kPublished, p.core, slot, seq);

@@ -136,6 +136,7 @@ enum class CapturePoint : uint8_t {
   kSettled,       // SETTLED | n stored (word: n)
   kAbortCas,      // this core's abort CAS won (word: the aborted value)
   kServed,        // AICPU: an ack about to be written (word: AckStatus); `core` is the publisher
+  kReuseWait,     // a publisher waits for its last phase's participants to leave (R104; word: that phase's gate)
 };
 
 struct CaptureHooks {
@@ -171,6 +172,13 @@ class CaptureEnv {
 struct CaptureCoreState {
   uint64_t phase_seq = 0;     // the next phase identity it allocates
   uint64_t request_tick = 0;  // per request it publishes
+  // The last phase it published (R104): its ack line holds that phase's
+  // seal for the peers still to read it, until each of them left the phase.
+  // None while published_mask is 0.
+  uint32_t published_slot = 0;
+  uint64_t published_occupancy = 0;
+  CapturePhase published_phase = CapturePhase::kBefore;
+  uint64_t published_mask = 0;
 };
 
 // R102: what each reader accepts on an ack line. A peer: the phase's full
@@ -267,6 +275,11 @@ class CaptureRun {
   void ring_cluster(uint32_t slot, uint32_t except);
   void publish_request(const Participant& p, CapturePhase ph, uint64_t seq, uint64_t arg, uint64_t cursor,
                        uint64_t tick);
+  // R104: before `p.core` publishes again, every participant of the last
+  // phase it published has released it (or its gate was claimed again,
+  // which only a settled gate allows), so no peer still reading that seal
+  // finds the line rewritten. Non-OK: the run is fatal.
+  Status await_departure(const Participant& p, CaptureCoreState& cs, uint64_t deadline);
   // Answers `core`'s fresh request; false when it needs bytes and the step's
   // `budget` is spent (it stays fresh for the next step).
   bool answer(uint32_t lane, LaneState& L, uint32_t core, uint64_t& budget);
