@@ -96,27 +96,28 @@ struct Buf {
 // One dumping "run": a collector with one lane, its ArgCapture, a zeroed
 // control block, fake doorbells and the protocol, with hooks that log events.
 struct Rig {
-  explicit Rig(uint32_t cores, CaptureConfig cfg = {}, DumpLaneConfig lane = {}, uint32_t lanes_n = 1)
+  explicit Rig(uint32_t cores, CaptureConfig cfg = {}, DumpLaneConfig lane = {}, uint32_t lanes_n = 1,
+               uint64_t epoch = kEpoch)
       : env(cores), lanes(lanes_n) {
     dir = fresh_dir("dump");
     ArgsDumpCollector::Options o;
     o.dir = dir;
     o.selection = DumpSelection::kFull;
-    o.run_epoch = kEpoch;
+    o.run_epoch = epoch;
     o.lane = lane;
     o.lanes = lanes;
     o.hold = [this](uint32_t l) { return held[l].load(); };
     auto c = ArgsDumpCollector::start(o);
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     collector = std::move(*c);
-    capture = std::make_unique<ArgCapture>(*collector, 64, kEpoch);
+    capture = std::make_unique<ArgCapture>(*collector, 64, epoch);
     control.reset(new ArgsCaptureControl{});
     hooks.point = [this](CapturePoint p, uint32_t core, uint32_t slot, uint64_t w) {
       log(static_cast<int>(p), core, slot, w);
       if (on_point) on_point(p, core, slot, w);
     };
     hooks.serve = [this](uint32_t) { return serving.load(); };
-    run = std::make_unique<CaptureRun>(control.get(), cores, lanes, *capture, kEpoch, env, cfg, &hooks);
+    run = std::make_unique<CaptureRun>(control.get(), cores, lanes, *capture, epoch, env, cfg, &hooks);
   }
   ~Rig() { stop_aicpu(); }
 
@@ -676,6 +677,36 @@ TEST(CaptureGate, R104ADelayedPeerReadsItsSealAfterThePublisherMovedOn) {
   EXPECT_LT(core2_after, published) << "core 0 rewrote its ack line before core 2 read the seal";
   EXPECT_EQ(rig.slot_word(0, SlotWordId::kClaim), claim_word(SlotState::kSettled, 1));
   EXPECT_EQ(rig.slot_word(1, SlotWordId::kClaim), claim_word(SlotState::kSettled, 1));
+}
+
+// R104 across runs: the phase a core published last belongs to its run's ack
+// lines, so it holds back nothing in the next run (whose lines are its own),
+// even where that run's gate 0 is at the same occupancy. The AFTER publisher
+// of a gang in one run runs a single task in the next: it claims gate 0
+// (occupancy 1 again) and publishes at once.
+TEST(CaptureGate, R104APublicationOfAnEarlierRunHoldsNothingBack) {
+  Watchdog dog;
+  Buf a(4, 3), b(4);
+  std::array<CaptureCoreState, 12> ids{};
+  uint32_t publisher = 0;
+  {
+    Rig first(3);
+    first.add_task(0, {&a}, {&b});
+    first.start_aicpu();
+    for (const Status& s : run_gang(first, 0)) ASSERT_TRUE(s.ok()) << s.to_string();
+    publisher = static_cast<uint32_t>(first.slot_word(0, SlotWordId::kPublisherAfter) >> 32) - 1;
+    ASSERT_LT(publisher, 3u);
+    ids = first.ids;
+  }
+  Rig second(3, {}, {}, 1, kEpoch + 1);
+  second.ids = ids;
+  second.add_task(5, {&a}, {&b});
+  second.start_aicpu();
+  const Status st = second.participate(publisher, 5, false);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(count(second.snapshot(), idx(CapturePoint::kReuseWait)), 0u)
+      << "a previous run's phase held core " << publisher << " back";
+  EXPECT_EQ(second.slot_word(0, SlotWordId::kClaim), claim_word(SlotState::kSettled, 1));
 }
 
 // R105, R120 (A1): a 1C2V task yields one record set, and no subtask

@@ -235,7 +235,7 @@ void CaptureRun::publish_request(const Participant& p, CapturePhase ph, uint64_t
 }
 
 Status CaptureRun::await_departure(const Participant& p, CaptureCoreState& cs, uint64_t deadline) {
-  if (cs.published_mask == 0) return Status();
+  if (cs.published_mask == 0 || cs.published_run != run_epoch_) return Status();
   const uint32_t slot = cs.published_slot;
   // The claim word first: a gate claimed again has settled, and the claim
   // cleared its released words, which must not then read as "not left".
@@ -292,6 +292,7 @@ Status CaptureRun::phase(Participant& p, CapturePhase ph, CaptureCoreState& cs) 
     SIMPLER_RETURN_IF_ERROR(await_departure(p, cs, second_deadline));
     seq = ++cs.phase_seq;  // the phase's one identity, never advanced again
     tick = ++cs.request_tick;
+    cs.published_run = run_epoch_;
     cs.published_slot = slot;
     cs.published_occupancy = p.occupancy;
     cs.published_phase = ph;

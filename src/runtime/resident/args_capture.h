@@ -174,7 +174,9 @@ struct CaptureCoreState {
   uint64_t request_tick = 0;  // per request it publishes
   // The last phase it published (R104): its ack line holds that phase's
   // seal for the peers still to read it, until each of them left the phase.
-  // None while published_mask is 0.
+  // None while published_mask is 0. Another run's publication holds nothing
+  // back: each run has ack lines of its own.
+  uint64_t published_run = 0;
   uint32_t published_slot = 0;
   uint64_t published_occupancy = 0;
   CapturePhase published_phase = CapturePhase::kBefore;
