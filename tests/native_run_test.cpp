@@ -541,6 +541,41 @@ TEST(NativeRun, R52PreflightRefusalIsRetryable) {
   EXPECT_TRUE(f.worker->free(f.buf).ok());
 }
 
+// R52: the device belongs to the process that made it. A fork() child (the
+// pid is cached, refreshed by an atfork handler) is refused at preflight,
+// naming both pids; the parent's prepared run is untouched and launches.
+TEST(NativeRun, R52AForkedChildIsRefusedTheParentsDevice) {
+  testing::Watchdog dog(std::chrono::seconds(60));
+  Fixture f;
+  Storage s;
+  auto lease = f.worker->try_acquire_lease();
+  auto epoch = f.worker->prepare(s.get(), native_run_storage_size(), desc_for(*lease), 0, f.inout_args());
+  ASSERT_TRUE(epoch.ok());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Exit codes: 0 refused as expected, 1 launched, 2 refused for another reason.
+    const Status st = f.worker->launch(s.get(), *epoch);
+    const std::string want = fmt::format("belongs to pid {}, caller is pid {}", getppid(), getpid());
+    _exit(st.ok() ? 1 : st.message().find(want) != std::string::npos ? 0 : 2);
+  }
+  int wstatus = 0;
+  const uint64_t until = now_ns() + 30'000'000'000ull;
+  pid_t reaped = 0;
+  while ((reaped = waitpid(child, &wstatus, WNOHANG)) == 0 && now_ns() < until) usleep(1000);
+  if (reaped == 0) {
+    ::kill(child, SIGKILL);
+    (void)waitpid(child, nullptr, 0);
+    FAIL() << "the forked child did not exit by the deadline";
+  }
+  ASSERT_TRUE(WIFEXITED(wstatus)) << "the forked child died of a signal";
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "1: the child launched the parent's run; 2: refused without naming both pids";
+  EXPECT_EQ(NativeRunContext::from_storage(s.get())->phase(), RunPhase::Prepared);
+  ASSERT_TRUE(f.worker->launch(s.get(), *epoch).ok());
+  EXPECT_TRUE(f.worker->wait(s.get(), *epoch, deadline()).ok());
+  EXPECT_TRUE(f.worker->finalize(s.get(), *epoch).ok());
+}
+
 // R52: a prepared run that never launched references its argument buffers
 // too: free() of one is refused until finalize (here, the abort) retires it.
 TEST(NativeRun, R52PreparedRunPinsItsArguments) {

@@ -6,22 +6,22 @@
 #pragma once
 
 #include <sys/types.h>
-#include <unistd.h>
 
 #include <atomic>
 
 #include "base/errors.h"
+#include "base/process_id.h"
 
 namespace simpler {
 
 class ExecutionContext {
  public:
-  ExecutionContext() : owner_pid_(getpid()) {}
+  ExecutionContext() : owner_pid_(process_id()) {}
 
   Status validate(const char* call) const {
-    if (getpid() != owner_pid_) {
+    if (const pid_t caller = process_id(); caller != owner_pid_) {
       return failed_precondition("{}: execution context refused: the device belongs to pid {}, caller is pid {}", call,
-                                 owner_pid_, getpid());
+                                 owner_pid_, caller);
     }
     if (suspended_.load(std::memory_order_acquire)) {
       return failed_precondition("{}: execution context refused: the device is suspended", call);
