@@ -638,8 +638,12 @@ TEST(CaptureGate, R104ADelayedPeerReadsItsSealAfterThePublisherMovedOn) {
   std::thread gang([&] {
     st = run_gang(rig, 0, [&](uint32_t core) {
       // AFTER arrivals in the order 2, 1, 0: core 0 is the publisher.
-      if (core == 1) EXPECT_TRUE(eventually([&] { return arrived(rig, 2, CapturePhase::kAfter); }));
-      if (core == 0) EXPECT_TRUE(eventually([&] { return arrived(rig, 1, CapturePhase::kAfter); }));
+      if (core == 1) {
+        EXPECT_TRUE(eventually([&] { return arrived(rig, 2, CapturePhase::kAfter); }));
+      }
+      if (core == 0) {
+        EXPECT_TRUE(eventually([&] { return arrived(rig, 1, CapturePhase::kAfter); }));
+      }
     });
   });
   ASSERT_TRUE(eventually([&] { return count(rig.snapshot(), idx(CapturePoint::kReleased), 2) == 2; }));
@@ -1738,7 +1742,9 @@ TEST(CaptureService, R108OneOpenReservationPerLaneUnderRandomInterleavings) {
           }
         }
         // Lane busy: WouldBlock without touching the lane (nothing counted).
-        if (busy) EXPECT_EQ(L.counts().total, before.total);
+        if (busy) {
+          EXPECT_EQ(L.counts().total, before.total);
+        }
       } else if (action == 2 && owner >= 0) {
         (void)L.copy_chunk(1 + splitmix(seed) % 2048);
         const DumpCounts now = L.counts();

@@ -614,7 +614,8 @@ Status NodeWorker::export_trace(const NodeRun& run, const RefusedFiles& refused)
     // publishing thread reads the clock again.
     h.slices.push_back({tid, name, times.publish_ns, std::max(times.end_ns, times.published_ns), args});
     if (t.sub) return;
-    diag::TraceFragment f{diag::child_trace_dir(run.parts_dir, kind, worker, t.index) + "/trace.json"};
+    diag::TraceFragment f;
+    f.path = diag::child_trace_dir(run.parts_dir, kind, worker, t.index) + "/trace.json";
     if (ExternalWorker* x = external_[worker].get(); x != nullptr) {
       // Its files came over MPI (checked and written where a forked node's
       // would be); its clock is mapped onto this one.
