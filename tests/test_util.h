@@ -211,6 +211,25 @@ inline char thread_state(pid_t tid) {
   return p != std::string::npos && p + 2 < line.size() ? line[p + 2] : '?';
 }
 
+// The state letter of the thread of this process named `name` (its comm,
+// at most 15 characters), or '?' when there is none.
+inline char named_thread_state(const std::string& name) {
+  char state = '?';
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string line;
+      std::getline(comm, line);
+      if (line != name) continue;
+      state = thread_state(static_cast<pid_t>(std::stol(e->d_name)));
+      break;
+    }
+    closedir(d);
+  }
+  return state;
+}
+
 inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }

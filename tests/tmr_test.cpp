@@ -345,43 +345,35 @@ TEST(Rings, WrapAroundAndBackPressureUnderLaunchDepth) {
       ChipCallable("steps", [](ChipOrchestrator& o, const TaskArgs& a) { return affine_steps(o, a[0].tensor, kSteps); },
                    kernels(), {Param::inout()}),
       c);
-  std::vector<DeviceBuffer> xs;
-  std::vector<std::vector<int64_t>> init;
-  std::vector<RunHandle> runs;
-  for (int r = 0; r < kRuns; ++r) {
-    std::vector<int64_t> v(kLen);
-    for (int64_t i = 0; i < kLen; ++i) v[i] = i * (r + 1);
-    init.push_back(v);
-    xs.push_back(upload(hw.w, v));
+  // Two rounds of the eight: the first sets up the arenas the sets keep, so
+  // the second must give back exactly what it took.
+  for (int round = 0; round < 2; ++round) {
+    std::vector<DeviceBuffer> xs;
+    std::vector<std::vector<int64_t>> init;
+    std::vector<RunHandle> runs;
+    for (int r = 0; r < kRuns; ++r) {
+      std::vector<int64_t> v(kLen);
+      for (int64_t i = 0; i < kLen; ++i) v[i] = i * (r + 1) + round;
+      init.push_back(v);
+      xs.push_back(upload(hw.w, v));
+    }
+    const uint64_t before = free_bytes(hw.w);
+    for (int r = 0; r < kRuns; ++r) {
+      TaskArgs a;
+      a.add_tensor(xs[r].view({kLen}, DType::I64), Tag::InOut);
+      runs.push_back(hw.submit(a));
+    }
+    for (int r = 0; r < kRuns; ++r) {
+      ASSERT_TRUE(wait_run(runs[r]).ok()) << "run " << r << ": " << runs[r].result().to_string();
+      EXPECT_EQ(runs[r].stats().tasks, 3u * kSteps);
+      EXPECT_EQ(runs[r].stats().released_early, static_cast<uint32_t>(kSteps)) << "run " << r;
+      EXPECT_EQ(download<int64_t>(hw.w, xs[r], kLen), affine_host(init[r], kSteps)) << "run " << r;
+    }
+    if (round == 1) {
+      EXPECT_EQ(free_bytes(hw.w), before) << "pipelined runs kept device memory";
+    }
+    for (const DeviceBuffer& x : xs) ASSERT_TRUE(hw.w.free(x).ok());
   }
-  const uint64_t before = free_bytes(hw.w);
-  for (int r = 0; r < kRuns; ++r) {
-    TaskArgs a;
-    a.add_tensor(xs[r].view({kLen}, DType::I64), Tag::InOut);
-    runs.push_back(hw.submit(a));
-  }
-  for (int r = 0; r < kRuns; ++r) {
-    ASSERT_TRUE(wait_run(runs[r]).ok()) << "run " << r << ": " << runs[r].result().to_string();
-    EXPECT_EQ(runs[r].stats().tasks, 3u * kSteps);
-    EXPECT_EQ(runs[r].stats().released_early, static_cast<uint32_t>(kSteps)) << "run " << r;
-    EXPECT_EQ(download<int64_t>(hw.w, xs[r], kLen), affine_host(init[r], kSteps)) << "run " << r;
-  }
-  // What a run holds goes back when it ends (the arenas the sets keep were set up by now).
-  EXPECT_LE(free_bytes(hw.w), before);
-  Status again = hw.run([&] {
-    TaskArgs a;
-    a.add_tensor(xs[0].view({kLen}, DType::I64), Tag::InOut);
-    return a;
-  }());
-  ASSERT_TRUE(again.ok()) << again.to_string();
-  const uint64_t steady = free_bytes(hw.w);
-  ASSERT_TRUE(hw.run([&] {
-                  TaskArgs a;
-                  a.add_tensor(xs[1].view({kLen}, DType::I64), Tag::InOut);
-                  return a;
-                }())
-                  .ok());
-  EXPECT_EQ(free_bytes(hw.w), steady) << "a run kept device memory";
 }
 
 // A scope's intermediate is reused once the scope ended and its consumers
@@ -457,15 +449,37 @@ TEST(Rings, AScopeHoldingMoreThanItsRingFailsNamingTheRingInsteadOfHanging) {
                           },
                           kernels(), {}),
              c);
-  const uint64_t before = free_bytes(hw.w);
   const Status s = hw.run();
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
   EXPECT_TRUE(contains(s.message(), "heap ring 1 (65536 bytes, runtime_env.heap_ring_bytes) is full")) << s.to_string();
   EXPECT_TRUE(contains(s.message(), "no task is in flight")) << s.to_string();
-  EXPECT_LE(free_bytes(hw.w), before);
+  // The first run set up the set's arena; from here on a run keeps nothing.
   const uint64_t steady = free_bytes(hw.w);
   EXPECT_EQ(hw.run().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(free_bytes(hw.w), steady) << "the failed run kept its rings";
+}
+
+// A scope that allocates more intermediates than a set's table holds
+// (2 x task_window + 64) fails at the first one too many, naming the field
+// that sizes the table.
+TEST(Rings, MoreLiveIntermediatesThanTheTableHoldsFailNamingTheWindow) {
+  Watchdog dog;
+  WorkerConfig c = tmr_config(4);
+  int made = 0;
+  Harness hw(ChipCallable("many",
+                          [&](ChipOrchestrator& o, const TaskArgs&) -> Status {
+                            Scope scope(o);
+                            for (;;) {
+                              SIMPLER_RETURN_IF_ERROR(o.alloc({8}, DType::I64).status());
+                              ++made;
+                            }
+                          },
+                          kernels(), {}),
+             c);
+  const Status s = hw.run();
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), "2 x runtime_env.task_window + 64 = 2 x 4 + 64")) << s.to_string();
+  EXPECT_EQ(made, 2 * 4 + 64);
 }
 
 // The window is full of tasks held at a gate: with no task retiring for the
@@ -506,6 +520,105 @@ TEST(Rings, NoRetirementWithinTheStallTimeoutFailsNamingTheWindow) {
   EXPECT_TRUE(contains(s.message(), "runtime_env.stall_timeout")) << s.to_string();
   EXPECT_EQ(fifth, s);
   EXPECT_EQ(download<int64_t>(hw.w, x, 8), (std::vector<int64_t>{0, 1, 2, 3, -1, -1, -1, -1}));
+}
+
+// A full 16-slot window refills in bursts of two finishes: its oldest task
+// is held while the other fifteen finish, so one finish is all that can
+// still come when the orchestrator begins to wait for room (it waits for
+// the fifteen before its next submit). It parks; that one finish must wake it
+// (a target of two more finishes, never reached, slept until the stall
+// timeout, here far beyond the wait below).
+TEST(Rings, AFullWindowWakesWhenItsOldestTaskRetiresAfterAllTheOthers) {
+  Watchdog dog(std::chrono::seconds(120));
+  g_gate_open = false;
+  g_gate_entered = 0;
+  g_count = 0;
+  std::atomic<bool> returned{false};
+  WorkerConfig c = tmr_config(16);
+  c.runtime_env.stall_timeout = std::chrono::seconds(60);
+  Harness hw(ChipCallable("oldest",
+                          [&](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                            TaskArgs held;
+                            held.add_tensor(a[0].tensor, Tag::OutputExisting).add_scalar(7);
+                            SIMPLER_RETURN_IF_ERROR(o.submit_aiv(kGate, held).status());
+                            for (int i = 1; i < 16; ++i) SIMPLER_RETURN_IF_ERROR(o.submit_aiv(kCount, {}).status());
+                            // The wait for room begins with the fifteen finished.
+                            if (!eventually([] { return g_count.load() == 15; }))
+                              return internal_error("tasks 1-15 never finished");
+                            SIMPLER_RETURN_IF_ERROR(o.submit_aiv(kCount, {}).status());
+                            returned = true;
+                            return Status();
+                          },
+                          kernels(), {Param::output()}),
+             c);
+  DeviceBuffer x = upload(hw.w, std::vector<int64_t>(1, -1));
+  TaskArgs a;
+  a.add_tensor(x.view({1}, DType::I64), Tag::OutputExisting);
+  RunHandle r = hw.submit(a);
+  ASSERT_TRUE(eventually([] { return g_count.load() == 15 && g_gate_entered.load() == 1; }));
+  ASSERT_TRUE(eventually([] { return named_thread_state("orchestrator0") == 'S'; }))
+      << "the orchestrator never parked waiting for the full window";
+  EXPECT_FALSE(returned.load());
+  g_gate_open = true;
+  EXPECT_TRUE(eventually([&] { return returned.load(); }))
+      << "the held task retired, yet the orchestrator still waits for room in the window";
+  ASSERT_TRUE(wait_run(r).ok()) << r.result().to_string();
+  EXPECT_EQ(g_count.load(), 16);
+  EXPECT_EQ(download<int64_t>(hw.w, x, 1), std::vector<int64_t>{7});
+}
+
+// A 64 KiB heap ring: a 30 KiB intermediate in one scope, then a 40 KiB one
+// in the next, which does not fit the ring's end and goes to its start. Once
+// the first is gone the ring is empty, and the gap the wrap skipped must not
+// count as held (it did: the run failed, "no task is in flight").
+TEST(Rings, AnEmptyRingTakesAnyIntermediateThatFitsIt) {
+  Watchdog dog;
+  g_count = 0;
+  WorkerConfig c = tmr_config();
+  c.guard_device_memory = false;
+  c.runtime_env.heap_ring_bytes = 64 << 10;
+  Harness hw(ChipCallable("gap",
+                          [](ChipOrchestrator& o, const TaskArgs&) -> Status {
+                            for (int64_t n : {30 << 7, 40 << 7}) {  // I64 elements: 30 KiB, then 40 KiB
+                              Scope scope(o);
+                              TaskArgs t;
+                              t.add_output({n}, DType::I64);
+                              SIMPLER_RETURN_IF_ERROR(o.submit_aiv(kCount, t).status());
+                            }
+                            return Status();
+                          },
+                          kernels(), {}),
+             c);
+  const Status s = hw.run();
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(g_count.load(), 2);
+}
+
+// The descriptor ring of a 4-task set holds 32 descriptors, one task's most:
+// a task of 32 tensors after one of a single tensor wraps to the ring's
+// start, and once the first retired it fits (the skipped gap is no one's).
+TEST(Rings, ATaskOfTheMostTensorsFitsTheDescriptorRingOnceItIsEmpty) {
+  Watchdog dog;
+  g_count = 0;
+  WorkerConfig c = tmr_config(4);
+  Harness hw(ChipCallable("wide",
+                          [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                            TaskArgs one;
+                            one.add_tensor(a[0].tensor, Tag::Input);
+                            SIMPLER_RETURN_IF_ERROR(o.submit_aiv(kCount, one).status());
+                            TaskArgs wide;
+                            for (size_t i = 0; i < kMaxTaskArgs; ++i) wide.add_tensor(a[0].tensor, Tag::Input);
+                            SIMPLER_RETURN_IF_ERROR(o.submit_aiv(kCount, wide).status());
+                            return Status();
+                          },
+                          kernels(), {Param::input()}),
+             c);
+  DeviceBuffer x = upload(hw.w, std::vector<int64_t>(1, 0));
+  TaskArgs a;
+  a.add_tensor(x.view({1}, DType::I64), Tag::Input);
+  const Status s = hw.run(a);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(g_count.load(), 2);
 }
 
 // A kernel fails; a hundred later tasks push it out of the 8-slot window

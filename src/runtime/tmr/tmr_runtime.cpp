@@ -61,9 +61,15 @@ Status StreamBuilder::reserve(uint32_t task, uint32_t tensors) {
   const uint64_t cap = rt_.descriptor_capacity();
   uint64_t pos = s.desc_head_;
   if (pos % cap + tensors > cap) pos += cap - pos % cap;  // a task's descriptors never wrap
+  // With none in use, the gap a wrap skipped is free too (as in Set::create).
   SIMPLER_RETURN_IF_ERROR(s.wait_for_room(
-      [&] { return pos + tensors - s.desc_tail_ <= cap; },
-      [&] { return fmt::format("descriptor ring: {} tensor descriptors are in use", s.desc_head_ - s.desc_tail_); }));
+      [&] { return s.desc_tail_ == s.desc_head_ || pos + tensors - s.desc_tail_ <= cap; },
+      [&] {
+        return fmt::format(
+            "descriptor ring: {} of its {} tensor descriptors are in use ({} per task of max_tasks_per_run = {})",
+            s.desc_head_ - s.desc_tail_, cap, kDescriptorsPerTask, rt_.window_capacity_);
+      }));
+  if (s.desc_tail_ == s.desc_head_) s.desc_tail_ = pos;
   desc_pos_ = pos;
   return Status();
 }
@@ -178,7 +184,16 @@ void StreamBuilder::place(const CheckedTask& t) {
   s.remaining_.fetch_add(1, std::memory_order_acq_rel);
   // Edges last: waiting for dependency entries may reclaim, which edits the
   // map, so it must not happen inside the map's walk above.
-  if (Status st = link(slot); !st.ok()) {
+  // Counted in remaining_ and holding its fanin, the task must go on to the
+  // hold's release below whatever link() does: a throw (host memory, while
+  // a wait reclaims) would leave the run one task short of its end forever.
+  Status st;
+  try {
+    st = link(slot);
+  } catch (const std::bad_alloc&) {
+    st = Status(StatusCode::kResourceExhausted, "host memory exhausted linking a task's dependencies");
+  }
+  if (!st.ok()) {
     // Placed without all its edges, it must not run; the next submit is refused with the same error.
     task.poisoned.store(1, std::memory_order_relaxed);
     s.stalled_ = std::move(st);
@@ -275,6 +290,9 @@ Status Set::wait_for_room(Room&& room, What&& what, uint32_t batch) {
     const bool woke = spin_then_park(
         progress_,
         [&] {
+          // Read before reclaim(): a task that finishes after this load is
+          // counted toward the target below, or seen by reclaim().
+          const uint32_t finished = finished_.load(std::memory_order_seq_cst);
           if (reclaim()) last_progress = now_ns();
           if (room()) return true;
           // Every task submitted has finished and been reclaimed (a task's
@@ -283,10 +301,13 @@ Status Set::wait_for_room(Room&& room, What&& what, uint32_t batch) {
           stuck = reclaimed_ == submitted_;
           if (stuck) return true;
           // Finishers ring only once `batch` more tasks finished, not once
-          // per task. Both sides store, then load the other's word
-          // (seq_cst): either a finisher sees this target, or this sees
-          // the finish and looks again instead of parking.
-          const uint32_t target = finished_.load(std::memory_order_seq_cst) + std::min(batch, submitted_ - reclaimed_);
+          // per task; never more than the tasks still unfinished, or no
+          // finish would ever reach it (tasks that finished out of order
+          // wait for reclaim behind an older one, they finish no more).
+          // Both sides store, then load the other's word (seq_cst): either
+          // a finisher sees this target, or this sees the finish and looks
+          // again instead of parking.
+          const uint32_t target = finished + std::min(batch, submitted_ - finished);
           wake_at_.store(target, std::memory_order_seq_cst);
           raced = finished_.load(std::memory_order_seq_cst) >= target;
           return raced;
@@ -312,15 +333,16 @@ bool Set::reclaim() {
   while (reclaimed_ < submitted_) {
     TaskSlot& ts = slot_of(reclaimed_);
     if (ts.done.load(std::memory_order_acquire) == 0) break;
+    const bool failed = ts.task.poisoned.load(std::memory_order_relaxed) != 0;
+    // First, the one step that allocates: a throw here leaves this task unreclaimed, as if not done yet.
+    if (failed) failed_reclaimed_.insert(reclaimed_);
     for (uint32_t e = ts.taken; e != 0 && e != kClosed;) {
       const uint32_t next = deps_[e - 1].next;
       deps_[e - 1].next = dep_free_;
       dep_free_ = e;
       e = next;
     }
-    const bool failed = ts.task.poisoned.load(std::memory_order_relaxed) != 0;
     map_.retire(reclaimed_ % sizes_.window, failed);
-    if (failed) failed_reclaimed_.insert(reclaimed_);
     desc_tail_ = ts.desc_end;
     ++reclaimed_;
     any = true;
@@ -369,10 +391,17 @@ Result<uint32_t> Set::create(const HostApi&, uint64_t bytes) {
   }
   SIMPLER_RETURN_IF_ERROR(
       wait_for_room([&] { return !im_free_.empty() || im_next_ < im_capacity_; },
-                    [&] { return fmt::format("intermediate tensor: all {} intermediates are live", im_capacity_); }));
+                    [&] {
+                      return fmt::format(
+                          "intermediate tensor: all {} intermediates are live (2 x runtime_env.task_window + 64 = "
+                          "2 x {} + 64)",
+                          im_capacity_, sizes_.window);
+                    }));
   uint64_t pos = r.head;
   if (pos % size + span > size) pos += size - pos % size;  // a block never wraps
-  SIMPLER_RETURN_IF_ERROR(wait_for_room([&] { return pos + span - r.tail <= size; },
+  // An empty ring has room for any block that fits it: the gap a wrap
+  // skipped before `pos` belongs to no block, so no reclaim ever frees it.
+  SIMPLER_RETURN_IF_ERROR(wait_for_room([&] { return r.blocks.empty() || pos + span - r.tail <= size; },
                                         [&] {
                                           return fmt::format(
                                               "heap ring {} ({} bytes, runtime_env.heap_ring_bytes) is full: an "
@@ -399,6 +428,7 @@ Result<uint32_t> Set::create(const HostApi&, uint64_t bytes) {
     std::memset(reinterpret_cast<void*>(im.addr + bytes), kRingGuardPattern,
                 align_up(bytes, kRingAlign) + guard - bytes);
   }
+  if (r.blocks.empty()) r.tail = pos;
   r.blocks.push_back(RingBlock{r.head, pos + span, i});
   r.head = pos + span;
   live_[im.addr] = i;
