@@ -5,6 +5,8 @@
 // misuse is refused naming the call.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <functional>
 #include <tuple>
@@ -69,6 +71,14 @@ Status fill_then_copy(ChipOrchestrator& o, const TensorView& y, bool state_order
   return o.submit_aiv(kCopy, copy).status();
 }
 
+// Every thread of the process but the caller and the core spinning in the
+// held kernel sleeps: the scheduler threads parked with nothing ready, so a
+// task that has not started by now waits for the held one.
+bool quiet_but_the_gated_core() {
+  const std::vector<char> states = other_thread_states();
+  return std::count_if(states.begin(), states.end(), [](char c) { return c != 'S'; }) <= 1;
+}
+
 TEST_P(ManualScopes, StatedDependenciesOrderTasksOnTheScopesIntermediates) {
   Watchdog dog;
   g_gate_open = true;
@@ -104,10 +114,15 @@ TEST_P(ManualScopesConcurrent, AnAccessToTheScopesIntermediateOrdersNothing) {
     DeviceBuffer y = upload(hw.w, std::vector<int64_t>(8, 0));
     TaskArgs a;
     a.add_tensor(y.view({8}, DType::I64), Tag::OutputExisting);
+    g_gate_entered = 0;
     RunHandle r = hw.submit(a);
     if (!state_order) {
       ASSERT_TRUE(eventually([] { return g_copy_before_gate.load() == 1; }))
           << "the copy waited for the fill although nothing ordered it";
+    } else {
+      ASSERT_TRUE(eventually([] { return g_gate_entered.load() == 1 && quiet_but_the_gated_core(); }))
+          << "the device never went quiet around the held fill";
+      EXPECT_EQ(g_copy_before_gate.load(), 0) << "the copy started before the fill it follows finished";
     }
     g_gate_open = true;
     ASSERT_TRUE(wait_run(r).ok()) << r.result().to_string();
@@ -141,7 +156,9 @@ TEST_P(ManualScopes, TensorsFromOutsideTheScopeKeepTheirAccessOrder) {
   TaskArgs a;
   a.add_tensor(x.view({8}, DType::I64), Tag::OutputExisting).add_tensor(y.view({8}, DType::I64), Tag::OutputExisting);
   RunHandle r = hw.submit(a);
-  ASSERT_TRUE(eventually([] { return g_gate_entered.load() >= 1; }));
+  ASSERT_TRUE(eventually([] { return g_gate_entered.load() >= 1 && quiet_but_the_gated_core(); }))
+      << "the device never went quiet around the held fill";
+  EXPECT_EQ(g_copy_before_gate.load(), 0) << "the copy started while the fill of x was held";
   g_gate_open = true;
   ASSERT_TRUE(wait_run(r).ok()) << r.result().to_string();
   EXPECT_EQ(g_copy_before_gate.load(), 0);

@@ -162,6 +162,7 @@ TEST_P(Lifecycle, R86FinalizeAbortsPreparedRun) {
 // R86 + launch_depth: a launch queued behind launch_depth parks in Launching;
 // finalize and wait refuse it then, poll says NOT_READY.
 TEST_P(Lifecycle, R86LaunchingRefusesFinalizeAndWait) {
+  testing::Watchdog dog;  // joins threads parked in calls without a deadline
   Fixture f(2, 1, GetParam());
   std::unique_ptr<Gate> gate(new Gate);
   g_gate = gate.get();
@@ -235,6 +236,7 @@ Status rec_upload(const HostApi&, uint32_t) { return Status(); }
 uint32_t rec_level(const HostApi&) { return 0; }
 
 TEST(HostApi, R79BindingIsPerValue) {
+  testing::Watchdog dog;  // joins threads parked in calls without a deadline
   const HostApiOps ops{"recording", rec_malloc,   rec_free,  rec_copy_to, rec_copy_from,
                        rec_memset,  rec_retained, rec_arena, rec_upload,  rec_level};
   ASSERT_TRUE(check_host_api_ops(ops).ok());
@@ -468,6 +470,7 @@ TEST(NativeRun, R48R85EpochIsTheIdentity) {
 // R50: a waiter parked in wait() keeps its entry while 23 later admissions grow
 // the run table.
 TEST(NativeRun, R50TableGrowsUnderAParkedWaiter) {
+  testing::Watchdog dog;  // joins threads parked in calls without a deadline
   Fixture f(32);
   std::unique_ptr<Gate> gate(new Gate);
   g_gate = gate.get();
@@ -1070,6 +1073,7 @@ TEST(Grant, R30RepeatedBindsReuseTheArena) {
 // R49: a phase call parked in wait() holds the run: a concurrent finalize waits
 // for it to leave, and a regrant is refused meanwhile.
 TEST(NativeRun, R49CallsHoldTheRun) {
+  testing::Watchdog dog;  // joins threads parked in calls without a deadline
   Fixture f(2);
   std::unique_ptr<Gate> gate(new Gate);
   g_gate = gate.get();
@@ -1113,6 +1117,7 @@ TEST(NativeRun, R49CallsHoldTheRun) {
 extern "C" void fail_kernel(int64_t*) { simpler_kernel_fail("fail_kernel: planned failure"); }
 
 TEST(NativeRun, R54CloseDrainsWide) {
+  testing::Watchdog dog;  // joins threads parked in calls without a deadline
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "add_one_kernel", add_one_kernel).ok());
   ASSERT_TRUE(k.add_function(2, CoreType::AIV, "fail_kernel", fail_kernel).ok());
@@ -1183,6 +1188,7 @@ TEST(HostApi, R80NoAmbientSetters) {
 
 // R87: a launcher parked behind launch_depth burns no CPU, and is released.
 TEST(NativeRun, R87LaunchWaitBurnsNoCpu) {
+  testing::Watchdog dog;  // joins threads parked in calls without a deadline
   Fixture f(2, 1);
   std::unique_ptr<Gate> gate(new Gate);
   g_gate = gate.get();

@@ -140,6 +140,7 @@ Settlement failed_run(TerminalBankTable& t, uint64_t epoch, bool producers_stopp
 // R55: acquire then arm then close is clean; arming without acquiring is
 // refused, and the close then finds no bank and reads partial_cut_unknown.
 TEST(TerminalBanks, R55BanksAreKeyedByEpoch) {
+  testing::Watchdog dog;
   TerminalBankTable t;
   auto bank = t.try_acquire(41);
   ASSERT_TRUE(bank.has_value());
@@ -168,6 +169,7 @@ TEST(TerminalBanks, R55BanksAreKeyedByEpoch) {
 // R57: the same failed run, twice: with the producer-stop proof its bank is
 // returned; without it (nothing consumed, nothing proved) it is quarantined.
 TEST(TerminalBanks, R57ReturnRequiresProof) {
+  testing::Watchdog dog;
   TerminalBankTable with_proof;
   TerminalBankTable without_proof;
   const Settlement returned = failed_run(with_proof, 7, /*producers_stopped=*/true);
@@ -191,6 +193,7 @@ TEST(TerminalBanks, R57ReturnRequiresProof) {
 // R62: finalize returns every bank, quarantined ones included; after
 // initialize all three are free again.
 TEST(TerminalBanks, R62FinalizeReturnsEveryBank) {
+  testing::Watchdog dog;
   TerminalBankTable t;
   failed_run(t, 1, /*producers_stopped=*/false);
   failed_run(t, 2, /*producers_stopped=*/false);
@@ -209,6 +212,7 @@ TEST(TerminalBanks, R62FinalizeReturnsEveryBank) {
 // refused beyond the bank count, by a finalized table and to an epoch that
 // cannot take one; each refusal hands out nothing.
 TEST(TerminalBanks, R65HandsBanksOutByEpochAndRefusesBeyondTheBankCount) {
+  testing::Watchdog dog;
   TerminalBankTable t;
   std::vector<uint32_t> got;
   for (uint64_t e = 1; e <= kTerminalBanksPerContext; ++e) {
@@ -235,6 +239,7 @@ TEST(TerminalBanks, R65HandsBanksOutByEpochAndRefusesBeyondTheBankCount) {
 // task, and through the extension point a recorder's lanes; a recorder
 // offering more than the snapshot holds is told so, never cut short silently.
 TEST(TerminalBanks, ASnapshotHoldsTheTerminalFactsAndTheRecordersLanes) {
+  testing::Watchdog dog;
   struct Recorder : TerminalContributor {
     void write_terminal(uint64_t epoch, TerminalSnapshot& s) override {
       for (uint32_t lane = 0; lane < TerminalSnapshot::kMaxLanes + 1; ++lane) {
@@ -273,6 +278,7 @@ TEST(TerminalBanks, ASnapshotHoldsTheTerminalFactsAndTheRecordersLanes) {
 // R56: success, prepare failure and a partial (failed) run each leave the
 // held count at its baseline, every bank accounted for.
 TEST(TerminalBanks, R56SuccessPrepareFailureAndPartialSettle) {
+  testing::Watchdog dog;
   Chip chip;
   RunHandle ok = chip.worker->submit(kAddOne, chip.inout(), true);
   ASSERT_TRUE(ok.wait_for(30s).ok());
@@ -298,6 +304,7 @@ TEST(TerminalBanks, R56SuccessPrepareFailureAndPartialSettle) {
 // R56: a launch unwound before the device took it (NotStarted) and a refused
 // arm settle their bank too.
 TEST(TerminalBanks, R56NotStartedAndRefusedArmSettle) {
+  testing::Watchdog dog;
   Chip chip(4, 1);
   chip.banks().refuse_next_arm(1, internal_error("injected arm refusal"));
   RunHandle refused = chip.worker->submit(kAddOne, chip.inout(), true);
@@ -338,6 +345,7 @@ TEST(TerminalBanks, R56NotStartedAndRefusedArmSettle) {
 // R56: close settles the bank of a run still on the device (quarantine, no
 // proof), and the table's finalize at close takes it back.
 TEST(TerminalBanks, R56CloseAndFinalizeSettle) {
+  testing::Watchdog dog;
   Chip chip;
   RunHandle stuck = chip.worker->submit(kGated, Chip::gate(0), true);
   ASSERT_TRUE(g_gates[0].wait_entered());
@@ -357,6 +365,7 @@ TEST(TerminalBanks, R56CloseAndFinalizeSettle) {
 // kernel may still write), so its bank is quarantined, and stays so when the
 // kernel ends later; close's finalize takes it back.
 TEST(TerminalBanks, R56TimeoutQuarantinesUntilFinalize) {
+  testing::Watchdog dog;
   Chip chip(4, 0, 50ms);
   RunHandle wedged = chip.worker->submit(kGated, Chip::gate(0), true);
   EXPECT_EQ(wedged.wait_for(30s).code(), StatusCode::kDeadlineExceeded);
@@ -374,6 +383,7 @@ TEST(TerminalBanks, R56TimeoutQuarantinesUntilFinalize) {
 // R58: the simulated chip's completion path proves its producers stopped. A
 // failed run, with nothing retained (no snapshot is read), returns its bank.
 TEST(TerminalBanks, R58TheSimDrainSuppliesTheProducerStopProof) {
+  testing::Watchdog dog;
   Chip chip;
   chip.banks().set_retain_artifacts(false);
   RunHandle r = chip.worker->submit(kFails, Chip::gate(0), true);
@@ -391,6 +401,7 @@ TEST(TerminalBanks, R58TheSimDrainSuppliesTheProducerStopProof) {
 // R59: completion and producer-stop reach run_close separately; no error path
 // passes completed = true. Table-driven over the chip's error paths.
 TEST(TerminalBanks, R59NoErrorPathClaimsCompletion) {
+  testing::Watchdog dog;
   struct Case {
     const char* name;
     std::function<uint64_t(Chip&)> run;  // returns the run's epoch once it is terminal
@@ -443,6 +454,7 @@ TEST(TerminalBanks, R59NoErrorPathClaimsCompletion) {
 // R60: with retention off, a NotStarted rollback still returns the bank, and
 // the same run launches once the context is back.
 TEST(TerminalBanks, R60NotStartedRollbackReturnsTheCredit) {
+  testing::Watchdog dog;
   Chip chip(4, 1);
   chip.banks().set_retain_artifacts(false);
   RunHandle blocker = chip.worker->submit(kGated, Chip::gate(0));
@@ -480,6 +492,7 @@ TEST(TerminalBanks, R60NotStartedRollbackReturnsTheCredit) {
 // R61: an acquire whose arm refuses gives the bank back; nothing ran, and the
 // next diagnostic run gets a bank.
 TEST(TerminalBanks, R61RefusedArmReturnsTheCredit) {
+  testing::Watchdog dog;
   Chip chip;
   chip.banks().refuse_next_arm(kTerminalBanksPerContext, internal_error("injected arm refusal"));
   for (uint32_t i = 0; i < kTerminalBanksPerContext; ++i) {
@@ -497,6 +510,7 @@ TEST(TerminalBanks, R61RefusedArmReturnsTheCredit) {
 // R63: bank count + 1 proved-stopped failures in a row leave the table
 // whole: the next diagnostic run still gets a bank.
 TEST(TerminalBanks, R63CapacitySurvivesProvedStoppedFailures) {
+  testing::Watchdog dog;
   Chip chip;
   // Nothing consumes the snapshots: the producer-stop proof alone must bring each bank back.
   chip.banks().set_retain_artifacts(false);
@@ -513,6 +527,7 @@ TEST(TerminalBanks, R63CapacitySurvivesProvedStoppedFailures) {
 // R64: a retaining close of a failed, proved-stopped run returns the bank,
 // and the artifact says processing_complete: false with the cut-unknown verdict.
 TEST(TerminalBanks, R64RetainedCloseReturnsTheBankWithoutClaimingCompleteness) {
+  testing::Watchdog dog;
   Chip chip;
   RunHandle r = chip.worker->submit(kFails, Chip::gate(0), true);
   EXPECT_EQ(r.wait_for(30s).code(), StatusCode::kKernelFailed);
@@ -530,6 +545,7 @@ TEST(TerminalBanks, R64RetainedCloseReturnsTheBankWithoutClaimingCompleteness) {
 // R65: with every bank held, a diagnostic successor is not launched, not
 // failed, and named by id; after one bank is released it runs exactly once.
 TEST(TerminalBanks, R65ADiagnosticSuccessorWithNoBankStaysPreparedUntilOneIsReleased) {
+  testing::Watchdog dog;
   Chip chip(5, 5);
   std::vector<RunHandle> holders;
   for (int g = 0; g < 3; ++g) {
@@ -556,6 +572,7 @@ TEST(TerminalBanks, R65ADiagnosticSuccessorWithNoBankStaysPreparedUntilOneIsRele
 // R65: the front run that found no bank keeps its place and is the one the
 // next release serves; the run behind it waits for the release after.
 TEST(TerminalBanks, R65ARunThatFoundNoBankStillCollectsAndIsServedOnTheNextRelease) {
+  testing::Watchdog dog;
   Chip chip(6, 6);
   for (int g = 0; g < 3; ++g) {
     chip.worker->submit(kGated, Chip::gate(g), true);
@@ -581,6 +598,7 @@ TEST(TerminalBanks, R65ARunThatFoundNoBankStillCollectsAndIsServedOnTheNextRelea
 // R66: with diagnostics off the bank count limits nothing: G = 8, eight runs
 // held and launched at once, and no bank touched.
 TEST(TerminalBanks, R66BanksBoundSnapshotsNotRuns) {
+  testing::Watchdog dog;
   Chip chip(8, 8);
   std::vector<RunHandle> runs;
   // Each submit launches at once while launch_depth has room (the small chip
