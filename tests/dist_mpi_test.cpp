@@ -42,7 +42,18 @@ NodeCallable inplace_callable() {
   });
 }
 
-std::vector<NodeCallable> callables() { return {scale_callable(), inplace_callable()}; }
+// scale, after a build that takes longer than the network's 1.5 s
+// heartbeat_timeout in ASlowOrchestrationIsNotADeadRank: user code that is
+// slow, not a hand-off the test orders (the duration is what is under test).
+NodeCallable slow_callable() {
+  return NodeCallable("slow", [](Orchestrator& o, const TaskArgs& a) -> Status {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    const CallableHandle axpb{0, axpb_callable().digest()};
+    return o.submit_next_level(axpb, axpb_args(a[0].tensor, a[1].tensor, a[2].scalar, a[3].scalar, -1), 0).status();
+  });
+}
+
+std::vector<NodeCallable> callables() { return {scale_callable(), inplace_callable(), slow_callable()}; }
 
 NodeSpec node_spec(uint32_t depth) {
   NodeSpec s;
@@ -71,6 +82,17 @@ int serve_rank(int rank) {
   if (g_case == "UnattributableReplyStopsOnlyThatNode" && rank == 2) {
     hooks.before_terminal = [](uint64_t n, const dist::WireHeader& t, const dist::RawSend& send) {
       if (n == 1) send(dist::encode_simple(dist::MsgKind::kAccepted, t.session, 999, 1, 1, 0), dist::kTagControl);
+    };
+  }
+  if (g_case == "AnOutputOfTheWrongSizeStopsOnlyThatNode" && rank == 2) {
+    // Its first TERMINAL, ahead of the real one: the occupant's identity,
+    // its one output 64 bytes short.
+    hooks.before_terminal = [](uint64_t n, const dist::WireHeader& t, const dist::RawSend& send) {
+      if (n != 1) return;
+      const uint64_t short_bytes = 256 * sizeof(float) - 64;
+      send(dist::encode_terminal(t.session, t.entry, t.generation, t.run_epoch, t.dispatch_id, Status(),
+                                 std::span(&short_bytes, 1)),
+           dist::kTagControl);
     };
   }
   if (g_case == "MalformedReplyStopsOnlyThatNode" && rank == 2) {
@@ -132,7 +154,7 @@ void expect_scaled(const DeviceBuffer& in, const DeviceBuffer& out, size_t n, in
 
 struct Network {
   std::unique_ptr<Worker> w;
-  CallableHandle scale, inplace;
+  CallableHandle scale, inplace, slow;
   uint32_t local = 0, rank1 = 0, rank2 = 0;
 };
 
@@ -157,9 +179,11 @@ Network make_network(uint32_t depth, std::chrono::milliseconds heartbeat = std::
   n.rank2 = *r2;
   auto s = n.w->register_callable(scale_callable());
   auto i = n.w->register_callable(inplace_callable());
-  EXPECT_TRUE(s.ok() && i.ok());
+  auto sl = n.w->register_callable(slow_callable());
+  EXPECT_TRUE(s.ok() && i.ok() && sl.ok());
   n.scale = *s;
   n.inplace = *i;
+  n.slow = *sl;
   const Status st = n.w->init();
   EXPECT_TRUE(st.ok()) << st.to_string();
   return n;
@@ -355,6 +379,22 @@ TEST(DistMpi, MalformedReplyStopsOnlyThatNode) {
   EXPECT_TRUE(n.w->close().ok());
 }
 
+// A TERMINAL whose output size is not the one the request gave stops that
+// node's endpoint, naming the output and both sizes; the others serve on.
+TEST(DistMpi, AnOutputOfTheWrongSizeStopsOnlyThatNode) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network(2);
+  const size_t len = 256;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  const DeviceBuffer out = shared_floats(*n.w, len, 0);
+  const Status st = wait_run(submit_scale(n, n.rank2, x, out, len, 2, 0));
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "MPI rank 2")) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "returns 960 bytes for output 0, the request expects 1024")) << st.to_string();
+  expect_serving(n, x, len, {n.rank1, n.local});
+  EXPECT_TRUE(n.w->close().ok());
+}
+
 // R9 at the node: a REQUEST that names no possible occupant (another
 // session, entry 999) reaches rank 1 from rank 0 outside the network's
 // endpoint. The node runs nothing, sends STOPPED with its reason, and the
@@ -439,6 +479,26 @@ TEST(DistMpi, ARunPastRunTimeoutEndsNamingTheRank) {
   const auto m = n.w->memory_info_on(n.rank1);
   ASSERT_FALSE(m.ok()) << "memory_info_on answered for a node presumed hung";
   EXPECT_TRUE(contains(m.status().message(), "MPI rank 1")) << m.status().to_string();
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// A node server whose serve loop is busy longer than the network's
+// heartbeat_timeout (building a slow orchestration) still heartbeats: its
+// run succeeds, bit-exact, as on a forked node, and the rank keeps serving.
+TEST(DistMpi, ASlowOrchestrationIsNotADeadRank) {
+  Watchdog dog(std::chrono::seconds(60));
+  Network n = make_network(2, std::chrono::milliseconds(1500));
+  const size_t len = 256;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  for (uint32_t w : {n.local, n.rank1}) {
+    const DeviceBuffer out = shared_floats(*n.w, len, 0);
+    RunHandle h = n.w->submit(
+        [&](Orchestrator& o) { return o.submit_next_level(n.slow, scale_args(x, out, len, 2, 3), w).status(); });
+    const Status st = wait_run(h);
+    ASSERT_TRUE(st.ok()) << "worker " << w << ": " << st.to_string();
+    expect_scaled(x, out, len, 2, 3, "worker " + std::to_string(w) + " after a slow build");
+  }
+  expect_serving(n, x, len, {n.rank1});
   EXPECT_TRUE(n.w->close().ok());
 }
 

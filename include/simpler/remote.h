@@ -28,6 +28,7 @@ struct ServeOptions {
   // The node server's own shared heap, where the tensors of the requests in
   // flight are received and the node's children read and write them.
   uint64_t tensor_heap_bytes = 1ull << 30;
+  // Sent from a thread of its own, however long the serve loop is busy.
   std::chrono::milliseconds heartbeat_period{std::chrono::milliseconds(100)};
   // The network sending nothing this long (it heartbeats too) ends serve_node.
   std::chrono::milliseconds network_timeout{std::chrono::seconds(30)};

@@ -3,13 +3,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "base/errors.h"
+#include "base/leak.h"
 #include "diag/call_config.h"
 #include "dist/mpi_io.h"
 #include "dist/mpi_session.h"
@@ -52,6 +55,74 @@ struct Outgoing {
   std::vector<uint8_t> header;
   std::vector<MPI_Request> reqs;
   std::vector<uint64_t> allocs;
+};
+
+// Sends HEARTBEAT every period from a thread of its own, so that a serve
+// loop busy for longer (building a run's orchestration, receiving a large
+// input, waiting for heap) never reads as a dead node. At most a few in
+// flight: a network that stopped receiving never completes them. Every
+// beat sends the same bytes, which outlive any send still in flight.
+class Heartbeat {
+ public:
+  Heartbeat(uint64_t session, uint64_t period_ns)
+      : beat_(new std::vector<uint8_t>(encode_simple(MsgKind::kHeartbeat, session, 0, 0, 0, 0))),
+        period_ns_(period_ns),
+        thread_([this] { loop(); }) {}
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+    bool pending = false;
+    for (MPI_Request& r : sent_) {
+      int done = 0;
+      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+      if (!done) {
+        MPI_Request_free(&r);
+        pending = true;
+      }
+    }
+    // A send MPI still holds may read the bytes after this: they stay.
+    if (pending) {
+      simpler::abandon(beat_.release());
+    }
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      for (size_t i = 0; i < sent_.size();) {
+        int done = 0;
+        MPI_Test(&sent_[i], &done, MPI_STATUS_IGNORE);
+        if (done) {
+          sent_.erase(sent_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+      if (sent_.size() < 8) {
+        MPI_Request req = MPI_REQUEST_NULL;
+        if (MPI_Isend(beat_->data(), static_cast<int>(beat_->size()), MPI_BYTE, kNetworkRank, kTagControl,
+                      MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
+          sent_.push_back(req);
+        }
+      }
+      cv_.wait_for(lock, std::chrono::nanoseconds(period_ns_), [this] { return stop_; });
+    }
+  }
+
+  std::unique_ptr<std::vector<uint8_t>> beat_;
+  const uint64_t period_ns_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<MPI_Request> sent_;  // the beating thread's, then the destructor's
+  std::thread thread_;             // last: it starts once the rest exists
 };
 
 class NodeServer {
@@ -194,18 +265,11 @@ void NodeServer::stop(const Status& why) {
 
 Status NodeServer::run() {
   SIMPLER_RETURN_IF_ERROR(hello());
-  const uint64_t period = ms_to_ns(options_.heartbeat_period);
   const uint64_t network_timeout = ms_to_ns(options_.network_timeout);
-  uint64_t next_beat = 0;
   std::vector<uint8_t> buf;
   Status result;
+  auto beat = std::make_unique<Heartbeat>(session_, ms_to_ns(options_.heartbeat_period));
   for (;;) {
-    const uint64_t now = now_ns();
-    if (now >= next_beat) {
-      // At most a few in flight: a dead network never completes them.
-      if (control_.size() < 8) post(encode_simple(MsgKind::kHeartbeat, session_, 0, 0, 0, 0));
-      next_beat = now + period;
-    }
     drain_completions();
     reap();
     Result<bool> got = try_recv_control(kNetworkRank, buf);
@@ -227,6 +291,7 @@ Status NodeServer::run() {
     backoff_.set_max_sleep(in_flight_ != 0 ? kBusySleepNs : kIdleSleepNs);
     backoff_.pause();
   }
+  beat.reset();
   // Every run still held ends with the node; its terminal is not sent.
   (void)node_->close(std::chrono::milliseconds(10'000));
   drain_completions();

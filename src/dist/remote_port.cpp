@@ -528,14 +528,21 @@ void RemotePort::handle_reply(const Message& m) {
   for (size_t k = 0; k < en.plan.rows.size(); ++k) {
     if ((en.plan.rows[k].flags & kFromNode) != 0) outs.push_back(k);
   }
-  bool sizes_agree = outs.size() == m.sizes.size();
-  for (size_t i = 0; sizes_agree && i < outs.size(); ++i) sizes_agree = en.plan.rows[outs[i]].bytes == m.sizes[i];
-  if (!sizes_agree) {
-    poison_locked(make_error(StatusCode::kAborted,
-                             "{}: TERMINAL for entry {} returns {} buffers, the request expects {} of its sizes; the "
-                             "endpoint stopped",
-                             who(), e, m.sizes.size(), outs.size()));
+  if (outs.size() != m.sizes.size()) {
+    poison_locked(
+        make_error(StatusCode::kAborted,
+                   "{}: TERMINAL for entry {} returns {} buffers, the request expects {}; the endpoint stopped", who(),
+                   e, m.sizes.size(), outs.size()));
     return;
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (en.plan.rows[outs[i]].bytes != m.sizes[i]) {
+      poison_locked(make_error(StatusCode::kAborted,
+                               "{}: TERMINAL for entry {} returns {} bytes for output {}, the request expects {}; the "
+                               "endpoint stopped",
+                               who(), e, m.sizes[i], i, en.plan.rows[outs[i]].bytes));
+      return;
+    }
   }
   for (size_t k : outs) {
     if (Status st = receive_outputs(en.plan.rows[k], en.plan.writes[k], kTagDataBase + static_cast<int>(e),
