@@ -69,6 +69,12 @@ int serve_rank(int rank) {
       if (n == 1 && !files.empty()) files.back().name = "../../escaped.bin";
     };
   }
+  // Rank 1 finds its first dump beyond the shipment limit and sends none of it.
+  if (g_case == "AnUnsentDumpFailsItsRun" && rank == 1) {
+    hooks.on_shipment = [](uint64_t n, std::vector<dist::ShippedFile>& files) {
+      if (n == 1 && !files.empty()) files.back().bytes = dist::kWireMaxShipmentBytes + 1;
+    };
+  }
   // Rank 2 answers clock pings 5 s ahead of the shared clock its trace uses.
   if (g_case == "ARemoteNodesTraceNestsInsideItsServeSlice" && rank == 2) hooks.pong_skew_ns = kSkewNs;
   ServeOptions o;
@@ -356,6 +362,27 @@ TEST(DistMpiTrace, ARefusedDumpFailsItsRun) {
   const auto dumps = find_args_dumps(call.trace_dir);
   ASSERT_EQ(dumps.size(), 1u);
   EXPECT_EQ(dumps[0].first, "run2/node1/task0/chip0/task0");
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// A dump the node could not send at all (beyond the shipment limit) fails
+// its run like a refused one: the dump the user asked for is lost, which
+// is never a success. The next run's dump arrives whole.
+TEST(DistMpiTrace, AnUnsentDumpFailsItsRun) {
+  Watchdog dog(std::chrono::seconds(50));
+  Network n = make_network();
+  CallConfig call;
+  call.dump_args = DumpArgs::Full;
+  call.trace_dir = fresh_dir("unsent_dump");
+  const Status first = run_both(n, call, /*remote_only=*/true);
+  EXPECT_EQ(first.code(), StatusCode::kInternal) << first.to_string();
+  EXPECT_NE(first.message().find("argument dump from next-level worker 1 did not arrive"), std::string::npos)
+      << first.to_string();
+  EXPECT_NE(first.message().find("none arrived before the TERMINAL"), std::string::npos) << first.to_string();
+  expect_outputs({&n.y1});
+  EXPECT_TRUE(find_args_dumps(call.trace_dir).empty());
+  ASSERT_TRUE(run_both(n, call, /*remote_only=*/true).ok());
+  EXPECT_EQ(find_args_dumps(call.trace_dir).size(), 1u);
   EXPECT_TRUE(n.w->close().ok());
 }
 

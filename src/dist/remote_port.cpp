@@ -655,6 +655,12 @@ void RemotePort::settle_shipment(Entry& en, bool endpoint_failure, const Status&
     if (endpoint_failure && !s.by_index.empty()) {
       discard(en, fmt::format("{}: task {}'s files refused: the endpoint stopped mid-shipment: {}", who(),
                               en.dispatch_id, status.message()));
+    } else if (s.by_index.empty() && status.ok() && !endpoint_failure) {
+      // A recording run that succeeded wrote files; the node sends none
+      // only when it found them unsendable (beyond the limits, unreadable).
+      discard(en, fmt::format("{}: task {}'s files refused: FILES: none arrived before the TERMINAL of a run that "
+                              "recorded (the node could not send them)",
+                              who(), en.dispatch_id));
     } else if (whole != s.files || received != s.bytes) {
       discard(en, fmt::format("{}: task {}'s files refused: FILES: truncated, {} of {} files and {} of {} bytes "
                               "arrived before the TERMINAL",
