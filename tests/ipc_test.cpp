@@ -1016,6 +1016,55 @@ TEST(MailboxStoreOrder, R6TerminalIsTheLastStoreToAnEntry) {
   for (const auto& [r, t] : after_terminal) EXPECT_TRUE(t) << "entry " << r - kEntryBase << " ends on its terminal";
 }
 
+// The control frame holds one command. A copy_from times out while the
+// child is still inside it; the next command must not be written over it
+// (its input would meet that one's reply bytes): within a short deadline it
+// is refused with nothing sent, and once the first is answered it goes out
+// and arrives with its own bytes.
+TEST(MailboxControl, ACommandAfterOneThatTimedOutWaitsForItsReplyOrSendsNothing) {
+  Watchdog dog;
+  struct HeldCopyFrom final : RunHandler {
+    std::atomic<bool> entered{false};
+    std::atomic<bool> release{false};
+    std::vector<uint8_t> written;
+    void start(RunRequest, RunTicket t) override { t.complete(Status()); }
+    Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t) override {
+      ControlReply r;
+      if (cmd.op == kCtrlCopyFrom) {
+        entered = true;
+        if (!eventually([&] { return release.load(); })) return internal_error("never released");
+        std::memset(data, 'A', cmd.args[2]);
+        r.data_bytes = static_cast<uint32_t>(cmd.args[2]);
+      } else if (cmd.op == kCtrlCopyTo) {
+        written.assign(data, data + in_bytes);
+      }
+      return r;
+    }
+  } h;
+  auto m = SharedMapping::create_anonymous(*mailbox_size(2));
+  ASSERT_TRUE(m.ok());
+  auto ep = MailboxEndpoint::create(m->data(), m->size(), 2);
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  MailboxChild child((*ep)->view(), h);
+  std::thread loop([&] { (void)child.serve(); });
+  ASSERT_TRUE((*ep)->wait_ready(now_ns() + kTestWaitNs).ok());
+  std::vector<uint8_t> out(4);
+  Status st = (*ep)->control_copy_from(1, 0, out, now_ns() + 50'000'000ull);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  ASSERT_TRUE(eventually([&] { return h.entered.load(); }));
+  const std::vector<uint8_t> in = {'B', 'B', 'B', 'B'};
+  st = (*ep)->control_copy_to(1, 0, in, now_ns() + 50'000'000ull);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  EXPECT_TRUE(contains(st.message(), "was not sent")) << st.to_string();
+  EXPECT_EQ(load_acquire((*ep)->view().control().cmd_seq), 1u) << "a command was written over one still served";
+  h.release = true;
+  st = (*ep)->control_copy_to(1, 0, in, now_ns() + kTestWaitNs);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(h.written, in) << "copy_to carried the timed-out copy_from's reply bytes";
+  (*ep)->request_shutdown();
+  loop.join();
+}
+
 // A sub worker runs a function already seen to be short on the serve-loop
 // thread, and any other on its own thread, beside which the loop keeps
 // handing frames back (R4); a run queued behind it is never taken inline

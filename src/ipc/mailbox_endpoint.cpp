@@ -289,7 +289,7 @@ void MailboxEndpoint::release(uint32_t entry) {
   free_entries_.push_back(entry);
 }
 
-std::string MailboxEndpoint::entry_violation(uint32_t i, uint32_t state) const {
+std::string MailboxEndpoint::entry_violation(uint32_t i, uint32_t state, TerminalWords& terminal) const {
   const EntryRecord& r = entries_[i];
   const MailboxRunEntry& e = view_.entry(i);
   // Every word below is read after `state` (acquired): what the child stored
@@ -318,9 +318,11 @@ std::string MailboxEndpoint::entry_violation(uint32_t i, uint32_t state) const {
   if ((rc == 0) != (state == kMailboxTaskDone)) {
     return fmt::format("run {}'s terminal state {} in entry {} carries rc {}", r.run_id, state, i, rc);
   }
-  if (const uint32_t d = load_relaxed(e.disposition); d > kDispositionNativePrepared) {
+  const uint32_t d = load_relaxed(e.disposition);
+  if (d > kDispositionNativePrepared) {
     return fmt::format("run {}'s terminal in entry {} carries disposition {}", r.run_id, i, d);
   }
+  terminal = TerminalWords{rc, d};
   return "";
 }
 
@@ -331,7 +333,8 @@ void MailboxEndpoint::scan_entries() {
     EntryRecord& r = entries_[i];
     MailboxRunEntry& e = view_.entry(i);
     const uint32_t state = load_acquire(e.state);  // model: scan_terminal
-    violation = entry_violation(i, state);
+    TerminalWords terminal;
+    violation = entry_violation(i, state, terminal);
     if (!violation.empty()) break;  // nothing more this child wrote is believed
     const bool accepted = load_acquire(e.accepted) != 0;
     EndpointEvent ev;
@@ -347,8 +350,8 @@ void MailboxEndpoint::scan_entries() {
     if (!mailbox_state_is_terminal(state)) continue;
     ev.kind = EndpointEvent::Kind::kTerminal;
     ev.accepted = accepted;
-    ev.disposition = static_cast<MailboxDisposition>(load_relaxed(e.disposition));
-    ev.status = status_from_wire(load_relaxed(e.rc), read_text(e.error_text, sizeof e.error_text));
+    ev.disposition = static_cast<MailboxDisposition>(terminal.disposition);
+    ev.status = status_from_wire(terminal.rc, read_text(e.error_text, sizeof e.error_text));
     ev.endpoint_failure = state == kMailboxEndpointFailed;
     pending_.push_back(ev);
     release(i);
@@ -474,6 +477,34 @@ Result<ControlReply> MailboxEndpoint::command(MailboxControlOp op, std::initiali
   ControlFrame& c = view_.control();
   if (in.size() > kControlDataCapacity)
     return invalid_argument("control payload of {} B exceeds {} B", in.size(), kControlDataCapacity);
+  // Waits for the child's reply to command `seq`; the child stopping, its
+  // death (the liveness check) or the deadline end the wait.
+  const auto await_reply = [&](uint64_t seq, const char* unanswered) -> Status {
+    const auto replied = [&] { return load_acquire(c.reply_seq) == seq; };
+    const auto stopped = [&] { return load_acquire(c.endpoint_state) >= kEndpointStopped; };
+    for (;;) {
+      spin_then_park(
+          c.parent_bell, [&] { return replied() || stopped(); }, options_.spin,
+          bounded(deadline_ns, options_.liveness_period_ns));
+      if (replied()) return Status();
+      if (stopped()) {
+        return make_error(StatusCode::kAborted, "the child stopped serving: {}",
+                          read_text(c.stop_reason, sizeof c.stop_reason));
+      }
+      if (liveness_ != nullptr) {
+        SIMPLER_RETURN_IF_ERROR(liveness_->check());
+      }
+      if (deadline_ns != 0 && now_ns() >= deadline_ns) {
+        return make_error(StatusCode::kDeadlineExceeded, "control command {} {}", static_cast<uint32_t>(op),
+                          unanswered);
+      }
+    }
+  };
+  // The frame holds one command: while the child may still serve one that
+  // timed out here, writing the next would mix its input with that one's
+  // reply. Its reply comes first, within this deadline, or nothing is sent.
+  SIMPLER_RETURN_IF_ERROR(
+      await_reply(cmd_seq_, "was not sent: the child still serves the command before it, which timed out"));
   if (!in.empty()) std::memcpy(c.data, in.data(), in.size());
   store_relaxed(c.cmd_op, static_cast<uint32_t>(op));
   size_t k = 0;
@@ -482,21 +513,7 @@ Result<ControlReply> MailboxEndpoint::command(MailboxControlOp op, std::initiali
   const uint64_t seq = ++cmd_seq_;
   store_release(c.cmd_seq, seq);
   c.child_bell.ring();
-  for (;;) {
-    auto replied = [&] { return load_acquire(c.reply_seq) == seq; };
-    spin_then_park(
-        c.parent_bell, [&] { return replied() || load_acquire(c.endpoint_state) >= kEndpointStopped; }, options_.spin,
-        bounded(deadline_ns, options_.liveness_period_ns));
-    if (replied()) break;
-    if (load_acquire(c.endpoint_state) >= kEndpointStopped)
-      return make_error(StatusCode::kAborted, "the child stopped serving");
-    if (liveness_ != nullptr) {
-      SIMPLER_RETURN_IF_ERROR(liveness_->check());
-    }
-    if (deadline_ns != 0 && now_ns() >= deadline_ns) {
-      return make_error(StatusCode::kDeadlineExceeded, "control command {} got no reply", static_cast<uint32_t>(op));
-    }
-  }
+  SIMPLER_RETURN_IF_ERROR(await_reply(seq, "got no reply"));
   const int32_t code = load_relaxed(c.reply_code);
   if (code != 0) return status_from_wire(code, read_text(c.reply_text, sizeof c.reply_text));
   ControlReply reply;

@@ -187,9 +187,17 @@ class MailboxEndpoint {
   void register_region();
   void reclaim_frames();
   void scan_entries();
+  // A terminal's words as entry_violation read and checked them: the event
+  // is built from these, never from a second read of memory the child can
+  // still write.
+  struct TerminalWords {
+    int32_t rc = 0;
+    uint32_t disposition = 0;
+  };
   // Why held entry `i`, whose state word read `state`, breaks the protocol;
-  // "" when every word the child wrote there is one it may write.
-  std::string entry_violation(uint32_t i, uint32_t state) const;
+  // "" when every word the child wrote there is one it may write (then, for
+  // a terminal state, `terminal` holds the words checked).
+  std::string entry_violation(uint32_t i, uint32_t state, TerminalWords& terminal) const;
   void release(uint32_t entry);
   void deliver_poison();
   // `registration`: as for the control commands; *served, when set, gets the
