@@ -387,7 +387,20 @@ def test_wait_timeout_raises_timeout_error_and_the_run_goes_on():
         np.testing.assert_array_equal(w.copy_from(dc, [N], F32), a + a)
 
 
-def test_keyboard_interrupt_during_wait_reaches_python_and_the_run_goes_on():
+@pytest.fixture
+def python_sigint():
+    """Python's Ctrl-C handler for one test. Python installs it only where
+    SIGINT was not ignored at startup (a job a shell without job control
+    starts in the background inherits SIG_IGN), and without it
+    _thread.interrupt_main() does nothing."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_keyboard_interrupt_during_wait_reaches_python_and_the_run_goes_on(python_sigint):
     import _thread
     import sys
 
