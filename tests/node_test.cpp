@@ -75,6 +75,23 @@ std::vector<Observer::Target> targets_of(NodeWorker& w) {
   return t;
 }
 
+// A null host pointer is refused naming it, on a chip's memory and on the
+// shared heap alike, as Level::Chip does; nothing is copied.
+TEST(NodeWorker, CopiesWithANullHostPointerAreRefused) {
+  Watchdog dog;
+  Worker w(Level::Node, node_config(1, 0, 2));
+  ASSERT_TRUE(w.register_callable(axpb_callable()).ok());
+  ASSERT_TRUE(w.init().ok());
+  auto device = w.malloc_on(0, 64);
+  auto shared = w.malloc_shared(64);
+  ASSERT_TRUE(device.ok() && shared.ok());
+  for (const DeviceBuffer& b : {*device, *shared}) {
+    EXPECT_REFUSED(w.copy_to(b, nullptr, 4), StatusCode::kInvalidArgument, "src is null");
+    EXPECT_REFUSED(w.copy_from(nullptr, b, 4), StatusCode::kInvalidArgument, "dst is null");
+  }
+  EXPECT_TRUE(w.close().ok());
+}
+
 // The example through the public API: two chips and a sub worker;
 // each run's sub task waits on both chip outputs through their tensor tags.
 TEST(NodeWorker, TwoChipsAndASubWorkerThroughThePublicApi) {

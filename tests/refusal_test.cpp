@@ -2,7 +2,9 @@
 // at its steady state and a later valid run works); the kernel-failure path, capacity limits and close.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "conformance.h"
@@ -581,6 +583,39 @@ TEST(Refusal, AChildlessNodeOrNetworkIsRefused) {
     EXPECT_EQ(settled_thread_count(threads), threads);
     EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");
   }
+}
+
+// close_timeout = milliseconds::max() waits as long as the run takes: the
+// deadline saturates instead of wrapping to a few milliseconds (close gave
+// up after ~57 ms, failed the run and abandoned the device).
+TEST(Refusal, TheLongestCloseTimeoutWaitsForTheRunInsteadOfWrapping) {
+  Watchdog dog;
+  g_gate_open = false;
+  g_gate_entered = 0;
+  WorkerConfig c = small_config();
+  c.close_timeout = std::chrono::milliseconds::max();
+  c.run_timeout = std::chrono::milliseconds::max();
+  Worker w(Level::Chip, c);
+  auto gated = w.register_callable(
+      ChipCallable("gated", [](ChipOrchestrator& o, const TaskArgs&) { return o.submit_aiv(kGate, {}).status(); },
+                   all_kernels(), {}));
+  ASSERT_TRUE(gated.ok());
+  ASSERT_TRUE(w.init().ok());
+  RunHandle r = w.submit(*gated, {});
+  ASSERT_TRUE(eventually([] { return g_gate_entered.load() == 1; }));
+  std::atomic<bool> closed{false};
+  Status close_status;
+  std::thread closer([&] {
+    close_status = w.close();
+    closed = true;
+  });
+  // What must not happen, given a bound: close giving up while the run is held.
+  EXPECT_FALSE(eventually([&] { return closed.load(); }, std::chrono::milliseconds(300)))
+      << "close returned while its run was held: " << close_status.to_string();
+  g_gate_open = true;
+  closer.join();
+  EXPECT_TRUE(close_status.ok()) << close_status.to_string();
+  EXPECT_TRUE(r.result().ok()) << r.result().to_string();
 }
 
 // ---- Orchestration failures --------------------------------------------------------------------

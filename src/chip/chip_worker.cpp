@@ -566,8 +566,10 @@ void ChipWorker::do_launch(NativeRunContext* ctx) {
     watch.lease = ctx->desc_.lease;
     watch.epoch = ctx->epoch_;
     watch.diagnostic = ctx->config_.diagnostic;
-    const uint64_t timeout_ns = static_cast<uint64_t>(config_.run_timeout.count()) * 1'000'000ull;
-    watch.deadline.store(timeout_ns == 0 ? WatchedRun::kNoDeadline : now_ns() + timeout_ns, std::memory_order_release);
+    const uint64_t timeout = timeout_ns(config_.run_timeout);
+    watch.deadline.store(
+        timeout == 0 ? WatchedRun::kNoDeadline : std::min(deadline_after(timeout), WatchedRun::kNoDeadline),
+        std::memory_order_release);
     // Nobody waits for this launch, and the run may finalize itself as soon as
     // it is on the device: touch nothing of it after runtime_->launch.
     ctx->phase_.store(static_cast<uint32_t>(RunPhase::Launched), std::memory_order_release);
@@ -1015,11 +1017,11 @@ ChipWorker::Claim ChipWorker::claim_terminal(uint32_t slot, uint64_t expected) {
 }
 
 void ChipWorker::watchdog_main() {
-  const uint64_t timeout_ns = static_cast<uint64_t>(config_.run_timeout.count()) * 1'000'000ull;
+  const uint64_t timeout = timeout_ns(config_.run_timeout);
   // A launch does not ring this thread (that would put a futex wake on every
   // run's path); it looks again at least this often, so a run ends at most
   // an eighth of run_timeout after its deadline.
-  const uint64_t period_ns = std::max<uint64_t>(timeout_ns / 8, 1'000'000);
+  const uint64_t period_ns = std::max<uint64_t>(timeout / 8, 1'000'000);
   for (;;) {
     const uint32_t armed = watchdog_bell_.arm();
     if (watchdog_stop_.load(std::memory_order_acquire)) return;
@@ -1092,7 +1094,7 @@ Status ChipWorker::close(std::chrono::milliseconds drain_timeout) {
   if (device_ == nullptr) return Status();
   closing_.store(true, std::memory_order_release);
   admission_bell_.ring();
-  const uint64_t deadline = now_ns() + static_cast<uint64_t>(drain_timeout.count()) * 1'000'000ull;
+  const uint64_t deadline = deadline_after(timeout_ns(drain_timeout));
   // A wedged chip has a kernel that does not return: waiting for it is futile.
   const bool drained =
       !wedged() &&

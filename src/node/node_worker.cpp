@@ -909,6 +909,7 @@ Status NodeWorker::free(DeviceBuffer buffer) {
 }
 
 Status NodeWorker::copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, uint64_t dst_offset) {
+  if (src == nullptr && bytes != 0) return invalid_argument("copy_to: src is null");
   if (is_node_device_addr(dst.addr)) {
     SIMPLER_ASSIGN_OR_RETURN(const DeviceAlloc a, device_alloc(dst.addr, "copy_to"));
     if (dst_offset > a.bytes || bytes > a.bytes - dst_offset) {
@@ -927,6 +928,7 @@ Status NodeWorker::copy_to(DeviceBuffer dst, const void* src, uint64_t bytes, ui
 }
 
 Status NodeWorker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t src_offset) {
+  if (dst == nullptr && bytes != 0) return invalid_argument("copy_from: dst is null");
   if (is_node_device_addr(src.addr)) {
     SIMPLER_ASSIGN_OR_RETURN(const DeviceAlloc a, device_alloc(src.addr, "copy_from"));
     if (src_offset > a.bytes || bytes > a.bytes - src_offset) {
@@ -994,7 +996,7 @@ Status NodeWorker::close(std::chrono::milliseconds drain) {
     closing_ = true;
   }
   admit_bell_.ring();
-  const uint64_t deadline = now_ns() + static_cast<uint64_t>(drain.count()) * 1'000'000ull;
+  const uint64_t deadline = deadline_after(timeout_ns(drain));
   if (scheduler_ != nullptr) scheduler_->stop(deadline);
   Status first;
   auto close_all = [&](std::vector<std::unique_ptr<ForkedChild>>& children) {
