@@ -31,15 +31,17 @@ constexpr int kWindows = 5;
 // is the cost of the node level alone.
 WorkerConfig bench_config(uint32_t chips, uint32_t subs, uint32_t depth) {
   WorkerConfig c;
-  c.geometry = Geometry::small();
   c.chips = chips;
   c.sub_workers = subs;
   c.pipeline_depth = depth;
   c.launch_depth = depth;
-  c.device_memory_bytes = 64ull << 20;
-  c.max_tasks_per_run = 16;
   // A chip Worker (the L2 peer) refuses a shared heap size of its own.
   if (chips != 0 || subs != 0) c.shared_heap_bytes = 16ull << 20;
+  // A node without a chip refuses a chip's fields.
+  if (chips == 0 && subs != 0) return c;
+  c.geometry = Geometry::small();
+  c.device_memory_bytes = 64ull << 20;
+  c.max_tasks_per_run = 16;
   return c;
 }
 

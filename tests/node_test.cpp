@@ -92,6 +92,57 @@ TEST(NodeWorker, CopiesWithANullHostPointerAreRefused) {
   EXPECT_TRUE(w.close().ok());
 }
 
+// A node's orchestration calling back into its own worker is refused, each
+// call naming itself, and the run and the worker go on: a nested submit at
+// pipeline_depth 1 waited forever for its own admission, and close() took
+// the scheduler from under the run building on it.
+TEST(NodeWorker, CallsFromTheWorkersOwnOrchestrationAreRefused) {
+  Watchdog dog;
+  Worker w(Level::Node, node_config(1, 0, 1));
+  auto chip = w.register_callable(axpb_callable());
+  ASSERT_TRUE(chip.ok());
+  ASSERT_TRUE(w.init().ok());
+  const int n = 16;
+  const DeviceBuffer x = shared_iota(w, n, 0);
+  auto y = w.malloc_shared(n * 4);
+  ASSERT_TRUE(y.ok());
+  std::vector<Status> inside;
+  auto orchestration = [&](Orchestrator& o) -> Status {
+    float host = 0;
+    inside = {w.malloc_shared(64).status(),
+              w.malloc_on(0, 64).status(),
+              w.free(*y),
+              w.copy_to(*y, &host, 4),
+              w.copy_from(&host, *y, 4),
+              w.submit([](Orchestrator&) { return Status(); }).result(),
+              w.close(),
+              w.memory_info().status(),
+              w.memory_info_on(0).status()};
+    return o.submit_next_level(*chip, axpb_args(x.view({n}, DType::F32), y->view({n}, DType::F32), 2, 1, -1), 0)
+        .status();
+  };
+  ASSERT_TRUE(wait_run(w.submit(orchestration)).ok());
+  // The last two only read, and are served.
+  const char* const names[] = {"malloc_shared", "malloc_on", "free", "copy_to", "copy_from", "submit", "close"};
+  ASSERT_EQ(inside.size(), std::size(names) + 2);
+  EXPECT_TRUE(inside[std::size(names)].ok()) << inside[std::size(names)].to_string();
+  EXPECT_TRUE(inside[std::size(names) + 1].ok()) << inside[std::size(names) + 1].to_string();
+  for (size_t i = 0; i < std::size(names); ++i) {
+    EXPECT_REFUSED(inside[i], StatusCode::kFailedPrecondition,
+                   std::string(names[i]) + ": called from inside this worker's own orchestration or kernel");
+  }
+  const auto* out = reinterpret_cast<const float*>(y->addr);
+  for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], 2.0f * i + 1) << i;
+  ASSERT_TRUE(
+      wait_run(w.submit([&](Orchestrator& o) {
+        return o.submit_next_level(*chip, axpb_args(y->view({n}, DType::F32), y->view({n}, DType::F32), 1, 1, -1), 0)
+            .status();
+      })).ok());
+  EXPECT_EQ(out[0], 2.0f) << "a run after the refusals did not run";
+  EXPECT_TRUE(w.free(*y).ok());
+  EXPECT_TRUE(w.close().ok());
+}
+
 // The example through the public API: two chips and a sub worker;
 // each run's sub task waits on both chip outputs through their tensor tags.
 TEST(NodeWorker, TwoChipsAndASubWorkerThroughThePublicApi) {

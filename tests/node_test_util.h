@@ -98,9 +98,10 @@ inline WorkerConfig node_config(uint32_t chips, uint32_t subs, uint32_t depth, u
   c.sub_workers = subs;
   c.pipeline_depth = depth;
   c.launch_depth = launch;
+  c.shared_heap_bytes = 16ull << 20;
+  if (chips == 0 && subs != 0) return c;  // a chip's fields are refused on a node without one
   c.device_memory_bytes = 64ull << 20;
   c.max_tasks_per_run = 16;
-  c.shared_heap_bytes = 16ull << 20;
   return c;
 }
 

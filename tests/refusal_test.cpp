@@ -1,8 +1,14 @@
 // Every refusal of issue 2 via the public Worker (code, message naming the field, nothing changed: memory
 // at its steady state and a later valid run works); the kernel-failure path, capacity limits and close.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -17,9 +23,39 @@ namespace {
 
 using namespace testing;
 
-enum : uint32_t { kFill = 1, kCopy, kCheck, kCount, kAicCount, kFail, kGate };
+enum : uint32_t { kFill = 1, kCopy, kCheck, kCount, kAicCount, kFail, kGate, kCallBack };
 
 void fail_kernel(int64_t*) { simpler_kernel_fail("fail_kernel: failed on purpose"); }
+
+// The worker whose own orchestration and kernel call back into it, and what
+// every call returned there (written by the run's thread, read after the run
+// is done).
+struct CallBack {
+  Worker* w = nullptr;
+  CallableHandle fill;
+  DeviceBuffer x;
+  std::vector<Status> from_orchestration, from_kernel;
+};
+CallBack g_call_back;
+
+std::vector<Status> call_back_into_the_worker() {
+  Worker& w = *g_call_back.w;
+  const DeviceBuffer x = g_call_back.x;
+  int64_t host = 0;
+  TaskArgs fill;
+  fill.add_tensor(x.view({64}, DType::I64), Tag::OutputExisting).add_scalar(5);
+  // memory_info only reads, and is served.
+  return {w.malloc(64).status(),
+          w.free(x),
+          w.copy_to(x, &host, 8),
+          w.copy_from(&host, x, 8),
+          w.submit(g_call_back.fill, fill).result(),
+          w.run(g_call_back.fill, fill),
+          w.close(),
+          w.memory_info().status()};
+}
+
+void call_back_kernel(int64_t*) { g_call_back.from_kernel = call_back_into_the_worker(); }
 
 KernelLibrary all_kernels() {
   return make_kernels({{kFill, CoreType::AIV, "fill", fill_kernel},
@@ -28,7 +64,8 @@ KernelLibrary all_kernels() {
                        {kCount, CoreType::AIV, "count", count_kernel},
                        {kAicCount, CoreType::AIC, "aic_count", count_kernel},
                        {kFail, CoreType::AIV, "fail", fail_kernel},
-                       {kGate, CoreType::AIV, "gate", gate_kernel}});
+                       {kGate, CoreType::AIV, "gate", gate_kernel},
+                       {kCallBack, CoreType::AIV, "call_back", call_back_kernel}});
 }
 
 // A worker whose callable "fill" (x: output, v: scalar) fills x with v, used
@@ -384,6 +421,43 @@ TEST(Refusal, EveryMethodAfterCloseIsRefused) {
   EXPECT_EQ(f.w.level(), Level::Chip);
 }
 
+// A fork() child holding a copy of an initialised worker is refused every
+// call, naming the process that owns the worker, and destroying the copy
+// leaves it alone (it joined device threads the child does not have); the
+// parent's worker serves on.
+TEST(Refusal, AForkedCopyOfAWorkerIsRefusedAndItsDestructionTouchesNothing) {
+  Watchdog dog;
+  auto f = std::make_unique<Fixture>();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Exit codes: 0 each call refused naming the parent, 1 one was not.
+    const std::string want = fmt::format("forked from process {}", getppid());
+    TaskArgs a = f->x_args();
+    a.add_scalar(3);
+    const Status calls[] = {f->w.malloc(64).status(), f->w.submit(f->fill, a).result(), f->w.close()};
+    bool refused = true;
+    for (const Status& st : calls) {
+      refused = refused && st.code() == StatusCode::kFailedPrecondition && st.message().find(want) != std::string::npos;
+    }
+    f.reset();
+    _exit(refused ? 0 : 1);
+  }
+  int wstatus = 0;
+  const uint64_t until = now_ns() + 30'000'000'000ull;
+  pid_t reaped = 0;
+  while ((reaped = waitpid(child, &wstatus, WNOHANG)) == 0 && now_ns() < until) usleep(1000);
+  if (reaped == 0) {
+    ::kill(child, SIGKILL);
+    (void)waitpid(child, nullptr, 0);
+    FAIL() << "the forked child did not exit by the deadline: destroying its copy of the worker hung";
+  }
+  ASSERT_TRUE(WIFEXITED(wstatus)) << "the forked child died of signal " << WTERMSIG(wstatus);
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "a call on the forked copy was not refused naming the parent";
+  f->expect_unchanged();
+  EXPECT_TRUE(f->w.close().ok());
+}
+
 TEST(Refusal, EveryDeviceMethodBeforeInitIsRefused) {
   Watchdog dog;
   Worker w(Level::Chip, small_config());
@@ -542,11 +616,17 @@ TEST(Refusal, FieldsOfAnotherLevelAreRefusedNamingTheFieldAndTheLevel) {
       {Level::Network, [](WorkerConfig& c) { c.runtime = "reference"; }, "runtime", "Level::Node"},
       {Level::Network, [](WorkerConfig& c) { c.device_memory_bytes = 1 << 26; }, "device_memory_bytes", "Level::Node"},
       {Level::Network, [](WorkerConfig& c) { c.max_tasks_per_run = 64; }, "max_tasks_per_run", "Level::Node"},
+      {Level::Network, [](WorkerConfig& c) { c.guard_device_memory = true; }, "guard_device_memory", "Level::Node"},
+      // A node of sub workers only has no chip either: these were ignored.
+      {Level::Node, [](WorkerConfig& c) { c.runtime = "reference"; }, "runtime", "chips = 0"},
+      {Level::Node, [](WorkerConfig& c) { c.geometry = Geometry::a5(); }, "geometry", "chips = 0"},
+      {Level::Node, [](WorkerConfig& c) { c.guard_device_memory = false; }, "guard_device_memory", "chips = 0"},
+      {Level::Node, [](WorkerConfig& c) { c.runtime_env.task_window = 64; }, "runtime_env", "chips = 0"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);
     WorkerConfig config = c.level == Level::Chip ? small_config(2, 64) : WorkerConfig{};
-    if (c.level == Level::Network) config.sub_workers = 1;
+    if (c.level != Level::Chip) config.sub_workers = 1;
     c.mutate(config);
     const int threads = thread_count();
     Worker w(c.level, config);
@@ -555,6 +635,20 @@ TEST(Refusal, FieldsOfAnotherLevelAreRefusedNamingTheFieldAndTheLevel) {
     EXPECT_TRUE(contains(st.message(), c.level_named)) << st.message();
     EXPECT_EQ(thread_count(), threads) << "a refused init started threads";
     EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");
+  }
+}
+
+// Every chip child and sub worker is a forked process with its own mailbox:
+// more than 255 of either is refused naming the field, before any fork.
+TEST(Refusal, MoreChildrenThanANodeTakesAreRefusedNamingTheField) {
+  Watchdog dog;
+  for (bool subs : {true, false}) {
+    WorkerConfig c;
+    (subs ? c.sub_workers : c.chips) = 256;
+    const int threads = thread_count();
+    Worker w(Level::Node, c);
+    EXPECT_REFUSED(w.init(), StatusCode::kInvalidArgument, subs ? "sub_workers = 256 exceeds 255" : "chips = 256");
+    EXPECT_EQ(thread_count(), threads) << "a refused init started threads";
   }
 }
 
@@ -616,6 +710,36 @@ TEST(Refusal, TheLongestCloseTimeoutWaitsForTheRunInsteadOfWrapping) {
   closer.join();
   EXPECT_TRUE(close_status.ok()) << close_status.to_string();
   EXPECT_TRUE(r.result().ok()) << r.result().to_string();
+}
+
+// An orchestration or a kernel calling back into its own worker is refused,
+// each call naming itself, and the worker goes on: close() there waited for
+// the run calling it (a crash on a host-side runtime), and a free pulled the
+// run's argument from under it. memory_info, which only reads, is served.
+TEST_P(RuntimeRefusal, CallsFromAWorkersOwnOrchestrationAndKernelsAreRefused) {
+  Watchdog dog;
+  g_call_back = {};
+  Fixture f(
+      [](ChipOrchestrator& o, const TaskArgs&) {
+        g_call_back.from_orchestration = call_back_into_the_worker();
+        return o.submit_aiv(kCallBack, {}).status();
+      },
+      {}, config(2, 64));
+  g_call_back.w = &f.w;
+  g_call_back.fill = f.fill;
+  g_call_back.x = f.x;
+  EXPECT_TRUE(f.run({}).ok());
+  const char* const names[] = {"malloc", "free", "copy_to", "copy_from", "submit", "submit", "close"};
+  for (const auto* calls : {&g_call_back.from_orchestration, &g_call_back.from_kernel}) {
+    ASSERT_EQ(calls->size(), std::size(names) + 1) << "the orchestration or the kernel did not run";
+    EXPECT_TRUE(calls->back().ok()) << "memory_info: " << calls->back().to_string();
+    for (size_t i = 0; i < std::size(names); ++i) {
+      EXPECT_REFUSED((*calls)[i], StatusCode::kFailedPrecondition,
+                     std::string(names[i]) + ": called from inside this worker's own orchestration or kernel");
+    }
+  }
+  f.expect_unchanged();
+  EXPECT_TRUE(f.w.close().ok());
 }
 
 // ---- Orchestration failures --------------------------------------------------------------------

@@ -1,8 +1,8 @@
-// Worker: the user's entry point at every level (the level is a label). A
-// Worker is used from one controlling thread (register, init, malloc/copy,
-// submit, close); the RunHandles it returns may be waited on from any thread.
-// It owns its device (Level::Chip) or its child processes and shared heap
-// (Level::Node, Level::Network), its threads and every allocation it made.
+// Worker: the user's entry point at every level (the level is a label). One
+// controlling thread of the process that initialised it drives it, never its
+// own orchestrations or kernels (refused); RunHandles may be waited on from
+// any thread. It owns its device (Level::Chip) or its children and shared
+// heap (Level::Node, Level::Network), its threads and its allocations.
 #pragma once
 
 #include <chrono>
@@ -104,7 +104,10 @@ class Worker {
   Status run(CallableHandle callable, const TaskArgs& args);
 
   // Drains in-flight runs, stops every device thread and frees device memory.
-  // Idempotent; afterwards every call returns FAILED_PRECONDITION.
+  // Idempotent; afterwards every call returns FAILED_PRECONDITION. Refused,
+  // changing nothing, from the worker's own orchestrations and kernels (which
+  // it would wait for) and in a fork() child's copy of the worker; the
+  // destructor of such a copy leaves the worker alone.
   Status close();
 
   struct Impl;

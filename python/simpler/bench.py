@@ -83,8 +83,7 @@ def noop_sub(args):
 
 
 def py_l3_sub_latency():
-    with simpler.Worker(level=3, sub_workers=1, pipeline_depth=2, launch_depth=2, device_memory_bytes=64 << 20,
-                        max_tasks_per_run=16, shared_heap_bytes=16 << 20) as w:
+    with simpler.Worker(level=3, sub_workers=1, pipeline_depth=2, launch_depth=2, shared_heap_bytes=16 << 20) as w:
         fn = w.register(noop_sub)
         w.init()
         return summarize(timed_runs(w, lambda o: o.submit_sub(fn), 200, 3000))

@@ -4,6 +4,7 @@
 
 #include "base/errors.h"
 #include "base/leak.h"
+#include "base/process_id.h"
 #include "chip/chip_worker.h"
 #include "diag/call_config.h"
 #include "dist/mpi_session.h"
@@ -20,8 +21,47 @@ struct Worker::Impl {
   Impl(Level l, WorkerConfig c) : level(l), config(std::move(c)) {}
 
   Status require_ready(const char* what) const {
+    SIMPLER_RETURN_IF_ERROR(require_initialised(what));
+    return require_outside_its_code(what);
+  }
+
+  // memory_info and memory_info_on only read: the worker's own code may
+  // call them (a test of a run's memory does), a forked copy may not.
+  Status require_ready_to_observe(const char* what) const {
+    SIMPLER_RETURN_IF_ERROR(require_initialised(what));
+    return require_owning_process(what);
+  }
+
+  Status require_initialised(const char* what) const {
     if (phase == Phase::Created) return failed_precondition("{}: call init() first", what);
     if (phase == Phase::Closed) return failed_precondition("{}: the worker is closed", what);
+    return Status();
+  }
+
+  // A worker serves the process that initialised it: a forked copy's threads
+  // and children are not that process's.
+  Status require_owning_process(const char* what) const {
+    if (phase == Phase::Ready && process_id() != owner_pid) {
+      return failed_precondition(
+          "{}: this process was forked from process {}, which initialised the worker; a worker serves only "
+          "that process",
+          what, owner_pid);
+    }
+    return Status();
+  }
+
+  // An orchestration or kernel calling back into its own worker would wait
+  // for itself (close, or a submit past pipeline_depth) or pull memory from
+  // under its run.
+  Status require_outside_its_code(const char* what) const {
+    SIMPLER_RETURN_IF_ERROR(require_owning_process(what));
+    if (phase != Phase::Ready) return Status();
+    if ((chip != nullptr && chip->running_its_user_code()) || (node != nullptr && node->running_its_user_code())) {
+      return failed_precondition(
+          "{}: called from inside this worker's own orchestration or kernel, which cannot wait for or change "
+          "the worker running it; an orchestration builds its run through its Orchestrator",
+          what);
+    }
     return Status();
   }
 
@@ -42,6 +82,7 @@ struct Worker::Impl {
   const Level level;
   const WorkerConfig config;
   Phase phase = Phase::Created;
+  pid_t owner_pid = 0;  // the process that initialised it
   std::vector<ChipCallable> callables;
   std::vector<NodeCallable> node_callables;
   std::vector<NodeSpec> nodes;
@@ -52,7 +93,16 @@ struct Worker::Impl {
 
 Worker::Worker(Level level, WorkerConfig config) : impl_(std::make_unique<Impl>(level, std::move(config))) {}
 
-Worker::~Worker() { (void)close(); }
+Worker::~Worker() {
+  // Where close() is refused (a forked copy, or the worker's own code) the
+  // worker cannot be taken apart either: its threads are another process's,
+  // or one of them is this caller.
+  if (!impl_->require_outside_its_code("~Worker").ok()) {
+    (void)abandon(impl_.release());
+    return;
+  }
+  (void)close();
+}
 
 Level Worker::level() const { return impl_->level; }
 const WorkerConfig& Worker::config() const { return impl_->config; }
@@ -204,6 +254,26 @@ Result<FunctionHandle> Worker::register_function(SubFunction fn) {
 
 namespace {
 
+// The first field of a chip (its device, runtime and graph) set away from
+// its default, or null.
+const char* chip_field_set(const WorkerConfig& c) {
+  const WorkerConfig defaults;
+  if (c.geometry.name != defaults.geometry.name || c.geometry.clusters != defaults.geometry.clusters ||
+      c.geometry.aicpu_threads != defaults.geometry.aicpu_threads) {
+    return "geometry";
+  }
+  if (c.runtime != defaults.runtime) return "runtime";
+  if (c.backend != defaults.backend) return "backend";
+  if (c.device_memory_bytes != defaults.device_memory_bytes) return "device_memory_bytes";
+  if (c.max_tasks_per_run != defaults.max_tasks_per_run) return "max_tasks_per_run";
+  if (c.guard_device_memory.has_value()) return "guard_device_memory";
+  const RuntimeEnv& env = c.runtime_env;
+  if (env.task_window != 0 || env.heap_ring_bytes != 0 || env.dep_pool_entries != 0 || env.stall_timeout.count() != 0) {
+    return "runtime_env";
+  }
+  return nullptr;
+}
+
 // Fields that mean something only at another level are refused rather than
 // ignored: a user who sets them expects an effect (issue 9 item 9). A field
 // whose default is not zero counts as set when it differs from its default.
@@ -228,26 +298,17 @@ Status check_fields_of_level(Level level, const WorkerConfig& c) {
           c.shared_heap_bytes);
     }
   }
-  if (level == Level::Network) {
-    const auto refuse = [](const char* field) {
+  if (level == Level::Network || (level == Level::Node && c.chips == 0)) {
+    const char* const field = chip_field_set(c);
+    if (field == nullptr) return Status();
+    if (level == Level::Network) {
       return invalid_argument(
           "{} is set on a Level::Network worker, which has no chip of its own: set it on the "
           "Level::Node workers it adds",
           field);
-    };
-    if (c.geometry.name != defaults.geometry.name || c.geometry.clusters != defaults.geometry.clusters ||
-        c.geometry.aicpu_threads != defaults.geometry.aicpu_threads) {
-      return refuse("geometry");
     }
-    if (c.runtime != defaults.runtime) return refuse("runtime");
-    if (c.backend != defaults.backend) return refuse("backend");
-    if (c.device_memory_bytes != defaults.device_memory_bytes) return refuse("device_memory_bytes");
-    if (c.max_tasks_per_run != defaults.max_tasks_per_run) return refuse("max_tasks_per_run");
-    const RuntimeEnv& env = c.runtime_env;
-    if (env.task_window != 0 || env.heap_ring_bytes != 0 || env.dep_pool_entries != 0 ||
-        env.stall_timeout.count() != 0) {
-      return refuse("runtime_env");
-    }
+    return invalid_argument("{} is set on a Level::Node worker with chips = 0, which has no chip to apply it to",
+                            field);
   }
   return Status();
 }
@@ -279,10 +340,10 @@ Status Worker::Impl::start() {
     spec.nodes = nodes;
     spec.functions = functions;
     SIMPLER_ASSIGN_OR_RETURN(node, NodeWorker::create(std::move(spec)));
-    phase = Phase::Ready;
-    return Status();
+  } else {
+    SIMPLER_ASSIGN_OR_RETURN(chip, ChipWorker::create(config, callables));
   }
-  SIMPLER_ASSIGN_OR_RETURN(chip, ChipWorker::create(config, callables));
+  owner_pid = process_id();
   phase = Phase::Ready;
   return Status();
 }
@@ -324,13 +385,16 @@ Status Worker::copy_from(void* dst, DeviceBuffer src, uint64_t bytes, uint64_t s
 }
 
 Result<MemoryInfo> Worker::memory_info() const {
-  SIMPLER_RETURN_IF_ERROR(impl_->require_ready("memory_info"));
+  SIMPLER_RETURN_IF_ERROR(impl_->require_ready_to_observe("memory_info"));
   if (impl_->node != nullptr) return impl_->node->memory_info();
   return impl_->chip->memory_info();
 }
 
 Result<MemoryInfo> Worker::memory_info_on(uint32_t worker) const {
-  SIMPLER_RETURN_IF_ERROR(impl_->require_node("memory_info_on"));
+  if (impl_->level == Level::Chip) {
+    return failed_precondition("memory_info_on: Level::Node and Level::Network workers only");
+  }
+  SIMPLER_RETURN_IF_ERROR(impl_->require_ready_to_observe("memory_info_on"));
   return impl_->node->memory_info_on(worker);
 }
 
@@ -364,6 +428,7 @@ Status Worker::run(CallableHandle callable, const TaskArgs& args) { return submi
 
 Status Worker::close() {
   if (impl_->phase == Impl::Phase::Closed) return Status();
+  SIMPLER_RETURN_IF_ERROR(impl_->require_outside_its_code("close"));
   Status st;
   if (impl_->node != nullptr) {
     st = impl_->node->close(impl_->config.close_timeout);

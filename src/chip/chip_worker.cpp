@@ -11,6 +11,7 @@
 
 #include "base/errors.h"
 #include "base/leak.h"
+#include "base/user_code.h"
 #include "chip/pipeline_contract.h"
 #include "device/backend_registry.h"
 #include "diag/call_config.h"
@@ -76,6 +77,11 @@ Status ChipWorker::check_buffer(const DeviceBuffer& b, uint64_t offset, uint64_t
     return out_of_range("{}: range [{}, {}) is outside the buffer's {} bytes", what, offset, offset + bytes, b.bytes);
   }
   return Status();
+}
+
+bool ChipWorker::running_its_user_code() const {
+  const Device* const device = device_.get();
+  return UserCodeMark::running_for(this) || UserCodeMark::running_for(device);
 }
 
 Status ChipWorker::health() const {
@@ -379,6 +385,8 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   try {
     if (ctx->config_.call.dump_args != DumpArgs::Off) st = start_dump(*ctx);
     if (st.ok()) {
+      // A host-side runtime runs the orchestration in build, on this thread.
+      const UserCodeMark orchestration(this);
       st = runtime_->build(ctx->api_, c, ctx->args_,
                            ctx->config_.runtime_env ? *ctx->config_.runtime_env : config_.runtime_env,
                            diag::RunTrace{level, epoch, ctx->trace_lane_.get(), ctx->capture_.get()});

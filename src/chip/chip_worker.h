@@ -120,6 +120,11 @@ class ChipWorker {
   // the Worker is closed and created again), or the wedge. Any thread.
   Status health() const;
 
+  // Whether the calling thread runs this chip's user code: its host-side
+  // orchestration (inside prepare) or any device thread (kernels, a
+  // device-side orchestration). Any thread.
+  bool running_its_user_code() const;
+
   ExecutionContext& execution_context() { return context_; }
   DeviceRunner& runner() { return *runner_; }
   const ChipRuntime& runtime() const { return *runtime_; }

@@ -346,6 +346,9 @@ Status NodeWorker::validate(const NodeSpec& spec) {
     return invalid_argument("chips = 0 and sub_workers = 0: a node needs at least one child");
   }
   if (c.chips > kNodeMaxChips) return invalid_argument("chips = {} exceeds {}", c.chips, kNodeMaxChips);
+  if (c.sub_workers > kNodeMaxSubWorkers) {
+    return invalid_argument("sub_workers = {} exceeds {}", c.sub_workers, kNodeMaxSubWorkers);
+  }
   if (c.chips != 0) {
     // Checked here, before anything forks, rather than in each chip child's init.
     SIMPLER_RETURN_IF_ERROR(runtime_named(c.runtime).status());
@@ -744,6 +747,7 @@ void NodeWorker::build_and_schedule(std::unique_ptr<NodeRun> run,
   // A throw is the user's code failing (USER_CODE_FAILED, as at the chip
   // level), not a defect inside simpler (INTERNAL).
   try {
+    const UserCodeMark user_code(this);
     st = orchestration(o);
   } catch (const std::bad_alloc&) {
     // Host memory ran out under the orchestration (in simpler's calls or the

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/host_range.h"
+#include "base/user_code.h"
 #include "ipc/forked_child.h"
 #include "node/external_worker.h"
 #include "node/scheduler.h"
@@ -48,6 +49,8 @@ inline constexpr uint64_t kNodeMaxIncarnations = 64;
 inline constexpr uint64_t kNodeChipShift = 48;
 inline constexpr uint64_t kNodeChildAddrMask = (1ull << kNodeChipShift) - 1;
 inline constexpr uint32_t kNodeMaxChips = 255;
+// Each is a forked process with a mailbox of its own.
+inline constexpr uint32_t kNodeMaxSubWorkers = 255;
 inline bool is_node_device_addr(uint64_t a) { return (a & kNodeDeviceTag) != 0; }
 
 // What a NodeWorker is built from. Level::Node: its next level is
@@ -124,6 +127,9 @@ class NodeWorker {
   std::optional<RunHandle> try_submit(const std::function<Status(Orchestrator&)>& orchestration,
                                       std::function<void(const Status&)> on_terminal = {},
                                       const RunDiagnostics& diagnostics = {});
+  // Whether the calling thread is inside one of this worker's orchestrations
+  // (they run in submit, on the submitting thread). Any thread.
+  bool running_its_user_code() const { return UserCodeMark::running_for(this); }
   // Drains every admitted run (past `drain` each held run is failed), stops
   // the scheduler and closes every child. After it, no run is live.
   Status close(std::chrono::milliseconds drain);

@@ -6,6 +6,7 @@
 
 #include "base/clock.h"
 #include "base/thread_name.h"
+#include "base/user_code.h"
 
 namespace simpler {
 
@@ -14,11 +15,17 @@ Core::Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, S
 
 Core::~Core() { stop(); }
 
-void Core::start(const SpinPolicy& policy, CoreProgram* program) {
+void Core::start(const SpinPolicy& policy, CoreProgram* program, const void* device) {
   if (program != nullptr) {
-    thread_ = std::thread([this, policy, program] { program_loop(policy, program); });
+    thread_ = std::thread([this, policy, program, device] {
+      const UserCodeMark kernels(device);
+      program_loop(policy, program);
+    });
   } else {
-    thread_ = std::thread([this, policy] { loop(policy); });
+    thread_ = std::thread([this, policy, device] {
+      const UserCodeMark kernels(device);
+      loop(policy);
+    });
   }
 }
 

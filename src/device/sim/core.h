@@ -32,7 +32,8 @@ class Core final : public CoreExecutor {
   Core& operator=(const Core&) = delete;
 
   // `program`: run it on this thread instead of the handshake loop (null: don't).
-  void start(const SpinPolicy& policy, CoreProgram* program = nullptr);
+  // `device`: the owner the thread's kernels run for (UserCodeMark).
+  void start(const SpinPolicy& policy, CoreProgram* program = nullptr, const void* device = nullptr);
   // Asks the thread to exit once idle, and joins it.
   void stop();
 

@@ -4,6 +4,7 @@
 
 #include "base/errors.h"
 #include "base/thread_name.h"
+#include "base/user_code.h"
 #include "device/backend_registry.h"
 #include "device/sim/sim_runner.h"
 
@@ -34,11 +35,18 @@ void SimDevice::start(AicpuProgram* program) {
   program_ = program;
   stop_.store(false);
   CoreProgram* const on_cores = program->core_program();
-  for (auto& c : cores_) c->start(policy_, on_cores);
+  // Every thread of this device runs user code for it (kernels, a
+  // device-side orchestration): marked as this Device, the owner a
+  // ChipWorker knows, so a call back into the chip's Worker is refused.
+  const Device* const self = this;
+  for (auto& c : cores_) c->start(policy_, on_cores, self);
   const uint32_t threads =
       geometry_.aicpu_threads + std::min(program->orchestrator_threads(), AicpuProgram::kMaxOrchestratorThreads);
   for (uint32_t a = 0; a < threads; ++a) {
-    aicpu_.emplace_back([this, a] { aicpu_loop(a); });
+    aicpu_.emplace_back([this, a, self] {
+      const UserCodeMark orchestration(self);
+      aicpu_loop(a);
+    });
   }
 }
 
