@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -502,6 +503,30 @@ TEST(Refusal, BadRegistrations) {
                       ChipCallable("wide", noop, all_kernels(), std::vector<Param>(kMaxTaskArgs + 1, Param::scalar())))
                      .status(),
                  StatusCode::kInvalidArgument, "signature");
+  // A parameter no argument could satisfy, or whose requirement would be
+  // ignored, is refused naming it (each was accepted before).
+  Param scalar_with_dtype = Param::scalar().with_dtype(DType::F32);
+  Param scalar_with_tag = Param::scalar();
+  scalar_with_tag.tag = Tag::Input;
+  Param unbound_output = Param::input();
+  unbound_output.tag = Tag::Output;
+  Param bad_tag = Param::input();
+  bad_tag.tag = Tag::kCount;
+  Param bad_dtype = Param::input().with_dtype(DType::kCount);
+  const std::pair<Param, const char*> bad_params[] = {
+      {scalar_with_dtype, "signature[1]: a scalar takes no dtype or shape"},
+      {scalar_with_tag, "signature[1]: a scalar has no direction"},
+      {unbound_output, "signature[1]: a run's output argument is a buffer the caller owns"},
+      {bad_tag, "signature[1]: tag 5 is not a Tag"},
+      {bad_dtype, "signature[1]: dtype 11 is not a DType"},
+      {Param::input().with_rank(kMaxDims + 1), "signature[1]: shape has 6 dimensions, the limit is 5"},
+      {Param::input().with_shape({4, -2}), "signature[1]: shape[1] = -2"},
+  };
+  for (const auto& [param, names] : bad_params) {
+    EXPECT_REFUSED(
+        w.register_callable(ChipCallable("bad_param", noop, all_kernels(), {Param::input(), param})).status(),
+        StatusCode::kInvalidArgument, std::string("register_callable('bad_param'): ") + names);
+  }
   // None of the refused registrations took an id.
   auto second = w.register_callable(ChipCallable("other", noop, all_kernels(), {}));
   ASSERT_TRUE(second.ok());
@@ -594,6 +619,33 @@ TEST(Refusal, UnknownRuntimeOrBackendIsRefusedAtInitNamingWhatIsBuilt) {
       EXPECT_REFUSED(w.malloc(64).status(), StatusCode::kFailedPrecondition, "init() first");
       EXPECT_TRUE(w.close().ok());
     }
+  }
+}
+
+// R91: a default argument dump (WorkerConfig::call) on a runtime that cannot
+// capture is refused at init, not at each submit, naming the field and every
+// runtime that captures, before its trace directory is created; a node
+// refuses it before it forks a chip.
+TEST(Refusal, R91ADefaultDumpOnARuntimeThatCannotCaptureIsRefusedAtInit) {
+  Watchdog dog;
+  const std::string dir = ::testing::TempDir() + "simpler_r91_init_never_written";
+  std::filesystem::remove_all(dir);
+  for (Level level : {Level::Chip, Level::Node}) {
+    SCOPED_TRACE(level == Level::Chip ? "chip" : "node");
+    WorkerConfig c = small_config(2, 64);
+    c.chips = level == Level::Node ? 1 : 0;
+    c.runtime = "reference";
+    c.call.dump_args = DumpArgs::Full;
+    c.call.trace_dir = dir;
+    const int threads = thread_count();
+    Worker w(level, c);
+    const Status st = w.init();
+    EXPECT_REFUSED(st, StatusCode::kUnimplemented, "call.dump_args: runtime 'reference'");
+    for (const char* r : {"host_build_graph", "tensormap_and_ringbuffer", "resident"}) {
+      EXPECT_TRUE(contains(st.message(), r)) << st.message();
+    }
+    EXPECT_FALSE(std::filesystem::exists(dir)) << "the refused init created the trace directory";
+    EXPECT_EQ(settled_thread_count(threads), threads) << "a refused init left threads behind";
   }
 }
 

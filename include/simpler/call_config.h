@@ -11,8 +11,8 @@ namespace simpler {
 
 inline constexpr uint32_t kMaxSwimlaneLevel = 4;
 
-// Argument dumps of a chip run's tasks, on the runtimes whose AICPU threads
-// see task boundaries (host_build_graph, tensormap_and_ringbuffer): Partial
+// Argument dumps of a chip run's tasks, on the runtimes that see task
+// boundaries (host_build_graph, tensormap_and_ringbuffer, resident): Partial
 // captures the arguments marked with TaskArgs::dump(), Hybrid every tensor
 // argument's metadata and the marked ones' bytes, Full everything. Inputs
 // are captured before a task runs, outputs after, inouts both; the dump is

@@ -91,6 +91,39 @@ struct Worker::Impl {
   std::unique_ptr<NodeWorker> node;
 };
 
+namespace {
+
+// A parameter no run argument could satisfy, or whose requirement would be
+// ignored, is refused when it is registered rather than at every submit.
+Status check_param(const Param& p) {
+  if (p.kind == TaskArg::Kind::Scalar) {
+    if (p.tag != Tag::NoDep) return invalid_argument("a scalar has no direction (tag {})", static_cast<int>(p.tag));
+    if (p.dtype || p.shape) return invalid_argument("a scalar takes no dtype or shape; they are for tensors");
+    return Status();
+  }
+  if (p.kind != TaskArg::Kind::Tensor)
+    return invalid_argument("kind {} is neither tensor nor scalar", static_cast<int>(p.kind));
+  if (p.tag >= Tag::kCount) return invalid_argument("tag {} is not a Tag", static_cast<int>(p.tag));
+  if (p.tag == Tag::Output) {
+    return invalid_argument(
+        "a run's output argument is a buffer the caller owns: Tag::OutputExisting (Param::output()), not Tag::Output");
+  }
+  if (p.dtype && *p.dtype >= DType::kCount)
+    return invalid_argument("dtype {} is not a DType", static_cast<int>(*p.dtype));
+  if (p.shape) {
+    if (p.shape->size() > static_cast<size_t>(kMaxDims)) {
+      return invalid_argument("shape has {} dimensions, the limit is {}", p.shape->size(), kMaxDims);
+    }
+    for (size_t d = 0; d < p.shape->size(); ++d) {
+      if ((*p.shape)[d] < -1)
+        return invalid_argument("shape[{}] = {}: an extent is >= 0, or -1 for any", d, (*p.shape)[d]);
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
 Worker::Worker(Level level, WorkerConfig config) : impl_(std::make_unique<Impl>(level, std::move(config))) {}
 
 Worker::~Worker() {
@@ -123,6 +156,10 @@ Result<CallableHandle> Worker::register_callable(ChipCallable callable) {
   if (callable.signature().size() > kMaxTaskArgs) {
     return invalid_argument("register_callable('{}'): signature has {} parameters, the limit is {}", callable.name(),
                             callable.signature().size(), kMaxTaskArgs);
+  }
+  for (size_t i = 0; i < callable.signature().size(); ++i) {
+    SIMPLER_RETURN_IF_ERROR(check_param(callable.signature()[i]), "register_callable('{}'): signature[{}]",
+                            callable.name(), i);
   }
   for (const ChipCallable& c : impl_->callables) {
     if (c.name() == callable.name()) {
@@ -330,6 +367,10 @@ Status Worker::Impl::start() {
   if (phase == Phase::Ready) return failed_precondition("init: already initialised");
   if (phase == Phase::Closed) return failed_precondition("init: the worker is closed");
   SIMPLER_RETURN_IF_ERROR(check_fields_of_level(level, config));
+  // Before the call config's check, which creates its trace directory.
+  if (level == Level::Chip || config.chips != 0) {
+    SIMPLER_RETURN_IF_ERROR(ChipWorker::check_dump_supported(config.call.dump_args, config.runtime));
+  }
   SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(config.call, "call."));
   if (level != Level::Chip) {
     NodeSpec spec;

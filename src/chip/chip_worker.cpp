@@ -27,11 +27,27 @@ constexpr bool kGuardDeviceMemoryByDefault = true;
 #else
 constexpr bool kGuardDeviceMemoryByDefault = false;
 #endif
+
 }  // namespace
+
+Status ChipWorker::check_dump_supported(DumpArgs dump, const std::string& runtime) {
+  if (dump != DumpArgs::Partial && dump != DumpArgs::Hybrid && dump != DumpArgs::Full) return Status();
+  SIMPLER_ASSIGN_OR_RETURN(const RuntimeInfo* info, runtime_named(runtime));
+  if (info->captures_args) return Status();
+  std::vector<std::string> capturing;
+  for (const RuntimeInfo* r : registered_runtimes()) {
+    if (r->captures_args) capturing.emplace_back(r->name);
+  }
+  return make_error(StatusCode::kUnimplemented,
+                    "call.dump_args: runtime '{}' does not see task boundaries on its AICPU threads; argument dumps "
+                    "run on {}",
+                    runtime, fmt::join(capturing, ", "));
+}
 
 Result<std::unique_ptr<ChipWorker>> ChipWorker::create(const WorkerConfig& config,
                                                        std::vector<ChipCallable> callables) {
   SIMPLER_RETURN_IF_ERROR(is_valid_pipeline_contract(program_contract(config)));
+  SIMPLER_RETURN_IF_ERROR(check_dump_supported(config.call.dump_args, config.runtime));
   if (config.run_timeout.count() < 0) {
     return invalid_argument("run_timeout = {} ms: must be >= 0 (0: no deadline)", config.run_timeout.count());
   }
@@ -329,13 +345,7 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   const ChipCallable& c = callables_[callable];
   // R91: a dump on a runtime that cannot capture is refused before anything
   // is touched, the trace directory (which the check below creates) included.
-  const DumpArgs dump = config.call.dump_args;
-  if ((dump == DumpArgs::Partial || dump == DumpArgs::Hybrid || dump == DumpArgs::Full) && !runtime_captures_args_) {
-    return make_error(StatusCode::kUnimplemented,
-                      "call.dump_args: runtime '{}' does not see task boundaries on its AICPU threads; argument dumps "
-                      "run on host_build_graph and tensormap_and_ringbuffer",
-                      config_.runtime);
-  }
+  if (!runtime_captures_args_) SIMPLER_RETURN_IF_ERROR(check_dump_supported(config.call.dump_args, config_.runtime));
   SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(config.call, "call."));
   const uint32_t level = config.call.swimlane_level;
   if (level > 0 && device_->recorder() == nullptr) {

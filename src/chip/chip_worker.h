@@ -42,6 +42,10 @@ namespace simpler {
 class ChipWorker {
  public:
   static Result<std::unique_ptr<ChipWorker>> create(const WorkerConfig& config, std::vector<ChipCallable> callables);
+  // R91: UNIMPLEMENTED, naming call.dump_args and the runtimes that capture,
+  // when `dump` asks for an argument dump that `runtime` cannot capture.
+  // Checked before anything is created (a trace directory included).
+  static Status check_dump_supported(DumpArgs dump, const std::string& runtime);
   ~ChipWorker();
 
   Result<DeviceBuffer> malloc(uint64_t bytes);
