@@ -16,7 +16,9 @@
 #include "base/leak.h"
 #include "base/shared_memory.h"
 #include "chip/chip_worker.h"
+#include "health_scan.h"
 #include "ipc/chip_child_handler.h"
+#include "ipc/fork_server.h"
 #include "ipc/forked_child.h"
 #include "ipc/mailbox_child.h"
 #include "ipc/mailbox_endpoint.h"
@@ -1488,6 +1490,44 @@ struct Gates {
   SharedMapping map;
   TestGates* g;
 };
+
+// A spawn that timed out still forks its child, later. No one claimed that
+// child, and it would serve its recipe's mailbox beside the child spawned in
+// its place: the server's next answer has it killed, so only the claimed
+// child lives (before: both served).
+TEST(MailboxProcess, AChildForkedForASpawnThatTimedOutIsKilled) {
+  Watchdog dog;
+  Gates gates;
+  auto mailbox = ForkedChild::map_mailbox(1);
+  ASSERT_TRUE(mailbox.ok()) << mailbox.status().to_string();
+  auto view = MailboxView::attach((*mailbox)->data(), (*mailbox)->size(), 1);
+  ASSERT_TRUE(view.ok()) << view.status().to_string();
+  // The parent's side, written first: each child forked serves it (parked)
+  // instead of failing its init and exiting.
+  auto endpoint = MailboxEndpoint::create((*mailbox)->data(), (*mailbox)->size(), 1);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status().to_string();
+  std::vector<ChildRecipe> recipes;
+  TestGates* g = gates.g;
+  recipes.push_back(ChildRecipe{"simpler-late", [g] { return std::make_unique<TestHandler>(g); }, *view, {}});
+  auto server = ForkServer::start(std::move(recipes));
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  // A deadline already past: the request is sent, its answer not awaited.
+  const Result<pid_t> late = (*server)->spawn(0, now_ns());
+  EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded) << late.status().to_string();
+  const Result<pid_t> claimed = (*server)->spawn(0, now_ns() + kTestWaitNs);
+  ASSERT_TRUE(claimed.ok()) << claimed.status().to_string();
+  ASSERT_TRUE((*endpoint)->wait_ready(now_ns() + kTestWaitNs).ok());
+  const pid_t server_pid = (*server)->pid();
+  auto live_children = [server_pid] {
+    std::set<pid_t> live;
+    for (const ProcInfo& p : list_processes()) {
+      if (p.ppid == server_pid && p.state != 'Z') live.insert(p.pid);
+    }
+    return live;
+  };
+  EXPECT_TRUE(eventually([&] { return live_children() == std::set<pid_t>{*claimed}; }))
+      << "the server's live children are not just the claimed one: " << live_children().size() << " live";
+}
 
 // A child killed with SIGKILL: every run it held gets a terminal error while
 // another child keeps serving.

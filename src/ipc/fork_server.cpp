@@ -213,6 +213,11 @@ Result<ForkServer::Reply> ForkServer::receive(uint64_t seq, uint64_t deadline_ns
       return internal_error("the fork server sent a reply of {} bytes, not {}", n, sizeof reply);
     }
     if (reply.seq == seq) return reply;
+    const auto late = std::find(timed_out_spawns_.begin(), timed_out_spawns_.end(), reply.seq);
+    if (late == timed_out_spawns_.end()) continue;
+    timed_out_spawns_.erase(late);
+    // Unreaped by the server until it exits, so the pid is still that child.
+    if (reply.error == 0 && reply.pid > 0) ::kill(reply.pid, SIGKILL);
   }
 }
 
@@ -226,7 +231,9 @@ Result<ForkServer::Reply> ForkServer::call(uint32_t op, uint32_t recipe, pid_t p
 
 Result<pid_t> ForkServer::spawn(uint32_t recipe, uint64_t deadline_ns) {
   std::lock_guard<std::mutex> lock(mu_);
-  SIMPLER_ASSIGN_OR_RETURN(const Reply r, call(kOpSpawn, recipe, 0, deadline_ns));
+  Result<Reply> answered = call(kOpSpawn, recipe, 0, deadline_ns);
+  if (answered.status().code() == StatusCode::kDeadlineExceeded) timed_out_spawns_.push_back(seq_);
+  SIMPLER_ASSIGN_OR_RETURN(const Reply r, std::move(answered));
   if (r.error == EINVAL) return internal_error("the fork server has no recipe {}", recipe);
   if (r.error != 0) return resource_exhausted("the fork server could not fork a child: {}", std::strerror(r.error));
   if (r.pid <= 0) return internal_error("the fork server reported child pid {}", r.pid);

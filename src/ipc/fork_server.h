@@ -66,13 +66,17 @@ class ForkServer {
   [[noreturn]] static void serve(int sock, pid_t parent, const std::vector<ChildRecipe>& recipes);
   // One request and its reply (requires mu_).
   Result<Reply> call(uint32_t op, uint32_t recipe, pid_t pid, uint64_t deadline_ns);
-  // The reply numbered `seq`; any other (one whose request timed out) is dropped.
+  // The reply numbered `seq`; any other (one whose request timed out) is
+  // dropped, and a child forked for a spawn that timed out is killed: no
+  // one claimed it, and it would serve the mailbox of its recipe beside the
+  // child spawned in its place.
   Result<Reply> receive(uint64_t seq, uint64_t deadline_ns);
 
   std::mutex mu_;
   int fd_;
   pid_t pid_;
   uint64_t seq_ = 0;
+  std::vector<uint64_t> timed_out_spawns_;  // their seqs (requires mu_)
 };
 
 }  // namespace simpler
