@@ -27,7 +27,6 @@ constexpr bool kGuardDeviceMemoryByDefault = true;
 #else
 constexpr bool kGuardDeviceMemoryByDefault = false;
 #endif
-
 }  // namespace
 
 Status ChipWorker::check_dump_supported(DumpArgs dump, const std::string& runtime) {
