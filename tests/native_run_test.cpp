@@ -562,17 +562,10 @@ TEST(NativeRun, R52AForkedChildIsRefusedTheParentsDevice) {
     const std::string want = fmt::format("belongs to pid {}, caller is pid {}", getppid(), getpid());
     _exit(st.ok() ? 1 : st.message().find(want) != std::string::npos ? 0 : 2);
   }
-  int wstatus = 0;
-  const uint64_t until = now_ns() + 30'000'000'000ull;
-  pid_t reaped = 0;
-  while ((reaped = waitpid(child, &wstatus, WNOHANG)) == 0 && now_ns() < until) usleep(1000);
-  if (reaped == 0) {
-    ::kill(child, SIGKILL);
-    (void)waitpid(child, nullptr, 0);
-    FAIL() << "the forked child did not exit by the deadline";
-  }
-  ASSERT_TRUE(WIFEXITED(wstatus)) << "the forked child died of a signal";
-  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "1: the child launched the parent's run; 2: refused without naming both pids";
+  const std::optional<int> wstatus = testing::reap_within(child);
+  ASSERT_TRUE(wstatus.has_value()) << "the forked child did not exit by the deadline";
+  ASSERT_TRUE(WIFEXITED(*wstatus)) << "the forked child died of a signal";
+  EXPECT_EQ(WEXITSTATUS(*wstatus), 0) << "1: the child launched the parent's run; 2: refused without naming both pids";
   EXPECT_EQ(NativeRunContext::from_storage(s.get())->phase(), RunPhase::Prepared);
   ASSERT_TRUE(f.worker->launch(s.get(), *epoch).ok());
   EXPECT_TRUE(f.worker->wait(s.get(), *epoch, deadline()).ok());

@@ -444,17 +444,10 @@ TEST(Refusal, AForkedCopyOfAWorkerIsRefusedAndItsDestructionTouchesNothing) {
     f.reset();
     _exit(refused ? 0 : 1);
   }
-  int wstatus = 0;
-  const uint64_t until = now_ns() + 30'000'000'000ull;
-  pid_t reaped = 0;
-  while ((reaped = waitpid(child, &wstatus, WNOHANG)) == 0 && now_ns() < until) usleep(1000);
-  if (reaped == 0) {
-    ::kill(child, SIGKILL);
-    (void)waitpid(child, nullptr, 0);
-    FAIL() << "the forked child did not exit by the deadline: destroying its copy of the worker hung";
-  }
-  ASSERT_TRUE(WIFEXITED(wstatus)) << "the forked child died of signal " << WTERMSIG(wstatus);
-  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "a call on the forked copy was not refused naming the parent";
+  const std::optional<int> wstatus = reap_within(child);
+  ASSERT_TRUE(wstatus.has_value()) << "the forked child did not exit by the deadline: destroying its copy hung";
+  ASSERT_TRUE(WIFEXITED(*wstatus)) << "the forked child died of signal " << WTERMSIG(*wstatus);
+  EXPECT_EQ(WEXITSTATUS(*wstatus), 0) << "a call on the forked copy was not refused naming the parent";
   f->expect_unchanged();
   EXPECT_TRUE(f->w.close().ok());
 }

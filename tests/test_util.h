@@ -138,6 +138,19 @@ class Watchdog {
   struct sigaction previous_ {};
 };
 
+// The wait status of forked child `pid` once it exits within `limit`; past
+// it the child is killed, reaped and nullopt returned, so no test hangs on it.
+inline std::optional<int> reap_within(pid_t pid, std::chrono::nanoseconds limit = std::chrono::seconds(30)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  int wstatus = 0;
+  pid_t reaped = 0;
+  while ((reaped = waitpid(pid, &wstatus, WNOHANG)) == 0 && std::chrono::steady_clock::now() < until) usleep(1000);
+  if (reaped == pid) return wstatus;
+  ::kill(pid, SIGKILL);
+  (void)waitpid(pid, nullptr, 0);
+  return std::nullopt;
+}
+
 // Polls `cond` (yielding) until it holds or `limit` passes; true when it held.
 inline bool eventually(const std::function<bool()>& cond, std::chrono::nanoseconds limit = kWait) {
   const auto end = std::chrono::steady_clock::now() + limit;
