@@ -66,8 +66,18 @@ struct Worker::Impl {
   }
 
   Status require_node(const char* what) const {
-    if (level == Level::Chip) return failed_precondition("{}: Level::Node and Level::Network workers only", what);
+    SIMPLER_RETURN_IF_ERROR(require_above_chip(what));
     return require_ready(what);
+  }
+
+  Status require_node_to_observe(const char* what) const {
+    SIMPLER_RETURN_IF_ERROR(require_above_chip(what));
+    return require_ready_to_observe(what);
+  }
+
+  Status require_above_chip(const char* what) const {
+    if (level == Level::Chip) return failed_precondition("{}: Level::Node and Level::Network workers only", what);
+    return Status();
   }
 
   Status require_created(const char* what) const {
@@ -432,10 +442,7 @@ Result<MemoryInfo> Worker::memory_info() const {
 }
 
 Result<MemoryInfo> Worker::memory_info_on(uint32_t worker) const {
-  if (impl_->level == Level::Chip) {
-    return failed_precondition("memory_info_on: Level::Node and Level::Network workers only");
-  }
-  SIMPLER_RETURN_IF_ERROR(impl_->require_ready_to_observe("memory_info_on"));
+  SIMPLER_RETURN_IF_ERROR(impl_->require_node_to_observe("memory_info_on"));
   return impl_->node->memory_info_on(worker);
 }
 
