@@ -313,5 +313,54 @@ TEST(FirstFitAllocatorUsers, SharedHeapRangeChecksSeeOnlyLiveBlocks) {
   EXPECT_EQ((*heap)->live_blocks(), 1u);
 }
 
+// A held block (a transfer MPI could not cancel may still touch it, issue
+// 15) outlives its free: it is not handed out again and not live to range
+// checks until its last hold ends; a write hold is visible until it ends.
+TEST(FirstFitAllocatorUsers, AHeldSharedHeapBlockIsReusedOnlyAfterItsLastHold) {
+  auto heap = SharedHeap::create(4096);
+  ASSERT_TRUE(heap.ok());
+  SharedHeap& h = **heap;
+  auto a = h.alloc(64);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(h.hold(*a + 4096, SharedHeap::HoldKind::kRead), nullptr) << "a hold on no live block";
+  std::shared_ptr<void> writing = h.hold(*a + 8, SharedHeap::HoldKind::kWrite);
+  std::shared_ptr<void> reading = h.hold(*a, SharedHeap::HoldKind::kRead);
+  ASSERT_NE(writing, nullptr);
+  ASSERT_NE(reading, nullptr);
+  EXPECT_TRUE(h.write_held(*a + 63));
+  EXPECT_EQ(h.held_blocks(), 1u);
+  ASSERT_TRUE(h.free(*a).ok());
+  EXPECT_FALSE(h.within_live_block(*a, 8)) << "a freed block is live to range checks while held";
+  EXPECT_EQ(h.free(*a).code(), StatusCode::kInvalidArgument) << "a second free of a held block";
+  auto b = h.alloc(64);
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE(*b, *a) << "a held block was handed out again";
+  writing.reset();
+  EXPECT_FALSE(h.write_held(*a));
+  auto c = h.alloc(64);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(*c, *a) << "a block still read was handed out again";
+  reading.reset();
+  EXPECT_EQ(h.held_blocks(), 0u);
+  auto d = h.alloc(64);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*d, *a) << "the block did not come back when its last hold ended";
+}
+
+// A hold that outlives its heap keeps the memory mapped: the late transfer
+// it stands for still has somewhere to land.
+TEST(FirstFitAllocatorUsers, AHoldOutlivesItsSharedHeap) {
+  auto heap = SharedHeap::create(4096);
+  ASSERT_TRUE(heap.ok());
+  auto a = (*heap)->alloc(64);
+  ASSERT_TRUE(a.ok());
+  std::shared_ptr<void> writing = (*heap)->hold(*a, SharedHeap::HoldKind::kWrite);
+  ASSERT_TRUE((*heap)->free(*a).ok());
+  heap->reset();
+  std::memset(reinterpret_cast<void*>(*a), 0x5a, 64);  // a SIGSEGV if the heap unmapped it
+  EXPECT_EQ(reinterpret_cast<const unsigned char*>(*a)[63], 0x5a);
+  writing.reset();
+}
+
 }  // namespace
 }  // namespace simpler

@@ -7,6 +7,8 @@
 #include <memory>
 
 #include "base/errors.h"
+#include "base/leak.h"
+#include "dist/mpi_session.h"
 #include "dist/wire.h"
 
 namespace simpler::dist {
@@ -85,9 +87,67 @@ Status post_chunks(int rank, int tag, const uint8_t* data, uint64_t bytes, std::
   return Status();
 }
 
-Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t deadline_ns) {
-  std::unique_ptr<uint8_t[]> scratch;
+Graveyard& Graveyard::instance() {
+  static Graveyard* g = abandon(new Graveyard);  // its holds may be needed until the process ends
+  return *g;
+}
+
+void Graveyard::bury(std::vector<MPI_Request>& reqs, std::shared_ptr<void> hold) {
+  Grave grave{{}, std::move(hold)};
+  for (MPI_Request& r : reqs) {
+    if (r == MPI_REQUEST_NULL) continue;
+    if (mpi_finalizing()) {  // MPI may be gone: its memory is kept for good
+      grave.reqs.push_back(r);
+      continue;
+    }
+    MPI_Cancel(&r);
+    int done = 0;
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (!done) grave.reqs.push_back(r);
+  }
+  reqs.clear();
+  if (grave.reqs.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  count_.fetch_add(grave.reqs.size(), std::memory_order_acq_rel);
+  graves_.push_back(std::move(grave));
+}
+
+void Graveyard::sweep() {
+  if (count_.load(std::memory_order_acquire) == 0 || mpi_finalizing()) return;
+  std::vector<std::shared_ptr<void>> released;  // dropped outside the lock: a hold's release takes the heap's
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < graves_.size();) {
+      const size_t before = graves_[i].reqs.size();
+      if (!test_all(graves_[i].reqs)) {
+        ++i;
+        continue;
+      }
+      count_.fetch_sub(before, std::memory_order_acq_rel);
+      released.push_back(std::move(graves_[i].hold));
+      graves_.erase(graves_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+}
+
+void bury_posted(std::vector<Posted>& posted) {
+  for (Posted& p : posted) {
+    std::vector<MPI_Request> one{p.req};
+    Graveyard::instance().bury(one, std::make_shared<std::vector<uint8_t>>(std::move(p.bytes)));
+  }
+  posted.clear();
+}
+
+std::shared_ptr<void> hold_all(std::vector<std::shared_ptr<void>> holds) {
+  return std::make_shared<std::vector<std::shared_ptr<void>>>(std::move(holds));
+}
+
+Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t deadline_ns, const HoldFn& hold_data) {
+  std::shared_ptr<uint8_t[]> scratch;
   if (data == nullptr) scratch.reset(new uint8_t[std::min(bytes, kChunkBytes)]);
+  const auto bury = [&](std::vector<MPI_Request>& reqs) {
+    Graveyard::instance().bury(reqs, scratch != nullptr ? std::shared_ptr<void>(scratch) : hold_data());
+  };
   // OpenMPI moves a large message only inside MPI calls on either side, so
   // this waits by testing often (yielding) rather than by sleeping long.
   Backoff backoff(kChunkWaitSleepNs);
@@ -102,7 +162,7 @@ Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t de
       MPI_Request r;
       uint8_t* dst = data != nullptr ? data + off : scratch.get();
       if (MPI_Irecv(dst, len, MPI_BYTE, rank, tag, MPI_COMM_WORLD, &r) != MPI_SUCCESS) {
-        abandon(reqs);
+        bury(reqs);
         return internal_error("MPI_Irecv of a {}-byte chunk from rank {} failed", len, rank);
       }
       reqs.push_back(r);
@@ -113,12 +173,13 @@ Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t de
     for (;;) {
       int done = 0;
       if (MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, sts.data()) != MPI_SUCCESS) {
+        bury(reqs);
         return invalid_argument("a tensor chunk from rank {} (bytes {}..{}) is longer than announced", rank, begin,
                                 off);
       }
       if (done) break;
       if (now_ns() >= deadline_ns) {
-        abandon(reqs);
+        bury(reqs);
         return make_error(StatusCode::kDeadlineExceeded,
                           "rank {} sent {} of the {} announced tensor bytes before the deadline", rank, begin, bytes);
       }
@@ -141,15 +202,6 @@ bool test_all(std::vector<MPI_Request>& reqs) {
   MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
   if (done) reqs.clear();
   return done != 0;
-}
-
-void abandon(std::vector<MPI_Request>& reqs) {
-  for (MPI_Request& r : reqs) {
-    if (r == MPI_REQUEST_NULL) continue;
-    MPI_Cancel(&r);
-    MPI_Request_free(&r);
-  }
-  reqs.clear();
 }
 
 }  // namespace simpler::dist

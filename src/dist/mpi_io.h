@@ -10,6 +10,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -65,16 +67,58 @@ Result<bool> try_recv_control(int rank, std::vector<uint8_t>& out);
 // Blocking send of a small control message (eager, so it returns at once
 // whether or not the peer lives).
 Status send_control(int rank, const std::vector<uint8_t>& bytes);
+// Requests given up on (a deadline passed, a peer fell silent) whose memory
+// MPI may still use: a receive already matched when it was cancelled goes on
+// writing once its peer resumes (ob1 cannot cancel it), a send may still
+// read. Each lies here with a hold on its memory until MPI completes it, so
+// that memory is neither freed nor reused before. One per process; any
+// thread. Holds still here when MPI finalizes are never released.
+class Graveyard {
+ public:
+  static Graveyard& instance();
+  // Cancels what MPI can cancel; every request of `reqs` not complete after
+  // that stays here with `hold`. Clears `reqs`.
+  void bury(std::vector<MPI_Request>& reqs, std::shared_ptr<void> hold);
+  // Completes what MPI has finished and drops those holds; cheap when empty.
+  void sweep();
+  // Requests still here.
+  size_t size() const { return count_.load(std::memory_order_acquire); }
+
+ private:
+  struct Grave {
+    std::vector<MPI_Request> reqs;
+    std::shared_ptr<void> hold;
+  };
+  Graveyard() = default;
+
+  std::mutex mu_;
+  std::vector<Grave> graves_;
+  std::atomic<size_t> count_{0};
+};
+
+// A control message sent without waiting; its bytes live as long as the send.
+struct Posted {
+  std::vector<uint8_t> bytes;
+  MPI_Request req = MPI_REQUEST_NULL;
+};
+// Gives up on the sends of `posted`: each not complete is buried with its bytes.
+void bury_posted(std::vector<Posted>& posted);
+
+// Makes a hold for memory that a failed transfer may still touch, asked
+// for only when one is abandoned.
+using HoldFn = std::function<std::shared_ptr<void>()>;
+// One hold standing for all of `holds`.
+std::shared_ptr<void> hold_all(std::vector<std::shared_ptr<void>> holds);
+
 // Posts the chunk sends of `bytes` at `data` on `tag`; the memory must stay
 // untouched until every request in `out` completes.
 Status post_chunks(int rank, int tag, const uint8_t* data, uint64_t bytes, std::vector<MPI_Request>& out);
 // Receives `bytes` in chunks straight into `data`, each chunk's length
 // checked; `data` null drains them through a chunk-sized scratch buffer.
-// Past deadline_ns: DEADLINE_EXCEEDED (the posted receives are cancelled).
-Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t deadline_ns);
+// Past deadline_ns: DEADLINE_EXCEEDED, and the receives MPI could not
+// cancel are buried with `hold_data()` (the scratch buffer for a drain).
+Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t deadline_ns, const HoldFn& hold_data);
 // Completes what it can of `reqs` without waiting; true when all are done.
 bool test_all(std::vector<MPI_Request>& reqs);
-// Gives up on requests whose peer is gone.
-void abandon(std::vector<MPI_Request>& reqs);
 
 }  // namespace simpler::dist

@@ -12,7 +12,6 @@
 #include <thread>
 
 #include "base/errors.h"
-#include "base/leak.h"
 #include "diag/call_config.h"
 #include "dist/mpi_io.h"
 #include "dist/mpi_session.h"
@@ -31,11 +30,6 @@ uint64_t ms_to_ns(std::chrono::milliseconds ms) { return static_cast<uint64_t>(m
 // A shipment's chunks in flight at most: beyond it the server waits for the
 // network to take some, so a large dump never sits in memory whole.
 constexpr uint64_t kShipmentInFlightBytes = 32ull << 20;
-
-struct Posted {
-  std::vector<uint8_t> bytes;
-  MPI_Request req = MPI_REQUEST_NULL;
-};
 
 // One run the node holds for the network.
 struct Held {
@@ -77,19 +71,8 @@ class Heartbeat {
     }
     cv_.notify_one();
     thread_.join();
-    bool pending = false;
-    for (MPI_Request& r : sent_) {
-      int done = 0;
-      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-      if (!done) {
-        MPI_Request_free(&r);
-        pending = true;
-      }
-    }
-    // A send MPI still holds may read the bytes after this: they stay.
-    if (pending) {
-      simpler::abandon(beat_.release());
-    }
+    // A send MPI still holds may read the bytes after this: they stay with it.
+    Graveyard::instance().bury(sent_, std::shared_ptr<void>(std::move(beat_)));
   }
 
  private:
@@ -193,6 +176,7 @@ void NodeServer::post(std::vector<uint8_t> bytes) {
 }
 
 void NodeServer::reap() {
+  Graveyard::instance().sweep();
   for (size_t i = 0; i < control_.size();) {
     int done = 0;
     MPI_Test(&control_[i].req, &done, MPI_STATUS_IGNORE);
@@ -301,10 +285,15 @@ Status NodeServer::run() {
     reap();
     tail.pause();
   }
-  for (Posted& p : control_) MPI_Request_free(&p.req);
+  bury_posted(control_);
   for (Outgoing& o : outgoing_) {
-    for (MPI_Request& r : o.reqs) MPI_Request_free(&r);
+    std::vector<std::shared_ptr<void>> holds{std::make_shared<std::vector<uint8_t>>(std::move(o.header))};
+    for (uint64_t a : o.allocs) {
+      if (a != 0) holds.push_back(heap_->hold(a, SharedHeap::HoldKind::kRead));
+    }
+    Graveyard::instance().bury(o.reqs, hold_all(std::move(holds)));
   }
+  outgoing_.clear();
   std::error_code ec;
   if (!scratch_.empty()) std::filesystem::remove_all(scratch_, ec);
   return result;
@@ -351,7 +340,8 @@ void NodeServer::handle_request(const Message& m) {
     // their own tag so the occupant's are not taken for them.
     for (const TensorRow& r : m.rows) {
       if ((r.flags & kToNode) == 0) continue;
-      if (Status st = recv_chunks(kNetworkRank, tag, nullptr, r.bytes, now_ns() + timeout + r.bytes * 10); !st.ok()) {
+      if (Status st = recv_chunks(kNetworkRank, tag, nullptr, r.bytes, now_ns() + timeout + r.bytes * 10, {});
+          !st.ok()) {
         stop(st);
         return;
       }
@@ -380,7 +370,8 @@ void NodeServer::handle_request(const Message& m) {
     const TensorRow& r = m.rows[k];
     if ((r.flags & kToNode) == 0) continue;
     auto* dst = h->allocs[k] != 0 ? reinterpret_cast<uint8_t*>(h->allocs[k]) : nullptr;
-    if (Status st = recv_chunks(kNetworkRank, tag, dst, r.bytes, now_ns() + timeout + r.bytes * 10); !st.ok()) {
+    const auto hold = [&] { return heap_->hold(h->allocs[k], SharedHeap::HoldKind::kWrite); };
+    if (Status st = recv_chunks(kNetworkRank, tag, dst, r.bytes, now_ns() + timeout + r.bytes * 10, hold); !st.ok()) {
       free_allocs(h->allocs);
       stop(st);
       return;
@@ -585,6 +576,7 @@ void NodeServer::send_terminal(std::unique_ptr<Held> h) {
     (void)post_chunks(kNetworkRank, tag, reinterpret_cast<const uint8_t*>(out.allocs[k]), h->rows[k].bytes, out.reqs);
   }
   outgoing_.push_back(std::move(out));
+  if (hooks_.after_terminal) hooks_.after_terminal(h->n);
 }
 
 }  // namespace

@@ -39,6 +39,8 @@ struct ServeHooks {
   std::function<void(uint64_t n)> on_request;
   // Before the n-th request's TERMINAL (`terminal`, already encoded) is sent.
   std::function<void(uint64_t n, const WireHeader& terminal, const RawSend& send)> before_terminal;
+  // After the n-th request's TERMINAL and its output chunks were posted.
+  std::function<void(uint64_t n)> after_terminal;
   // Before the n-th request's files are sent.
   std::function<void(uint64_t n, std::vector<ShippedFile>& files)> on_shipment;
   // Added to the clock this server reports in CLOCK_PONG: a node whose clock

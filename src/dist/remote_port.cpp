@@ -11,13 +11,6 @@
 
 namespace simpler::dist {
 
-// A control message sent without blocking (a dead peer never completes
-// it), kept with its bytes until it does.
-struct Posted {
-  std::vector<uint8_t> bytes;
-  MPI_Request req = MPI_REQUEST_NULL;
-};
-
 namespace {
 
 uint64_t ms_to_ns(std::chrono::milliseconds ms) { return static_cast<uint64_t>(ms.count()) * 1'000'000ull; }
@@ -58,8 +51,9 @@ void reap(std::vector<Posted>& posted) {
 // Sends in flight that outlive the call that posted them; under mu_.
 struct RemotePortSends {
   std::vector<Posted> control;
-  // Input chunks of entries that ended before their sends completed.
-  std::vector<std::pair<std::vector<MPI_Request>, std::vector<uint8_t>>> retired;
+  // Input chunks of entries that ended before their sends completed, with
+  // a hold on what they read.
+  std::vector<std::pair<std::vector<MPI_Request>, std::shared_ptr<void>>> retired;
 };
 
 Result<std::unique_ptr<ExternalWorker>> RemotePort::start(int rank, RemoteNodeOptions options,
@@ -85,7 +79,7 @@ Result<std::unique_ptr<ExternalWorker>> RemotePort::start(int rank, RemoteNodeOp
     (void)post_control(rank, encode_simple(MsgKind::kShutdown, session, 0, 0, 0, 0), posted);
     const uint64_t until = now_ns() + 1'000'000'000ull;
     while (!posted.empty() && now_ns() < until) reap(posted);
-    for (Posted& p : posted) MPI_Request_free(&p.req);
+    bury_posted(posted);
     return why;
   };
   for (;;) {
@@ -307,12 +301,16 @@ void RemotePort::finish(uint32_t e, const Status& status, bool endpoint_failure)
   pending_.push_back(std::move(ev));
   settle_shipment(en, endpoint_failure, status);
   if (!en.sends.empty()) {
-    // The request's bytes must outlive its sends; a dead peer never completes them.
+    // What the sends read outlives them: the request's bytes and the input
+    // rows' blocks. A silent peer may never complete them.
+    std::vector<std::shared_ptr<void>> holds{std::make_shared<std::vector<uint8_t>>(std::move(en.request))};
+    for (const TensorRow& row : en.plan.rows) {
+      if ((row.flags & kToNode) != 0) holds.push_back(ctx_.hold_shared(row.addr, false));
+    }
     if (endpoint_failure) {
-      for (MPI_Request& r : en.sends) MPI_Request_free(&r);
-      en.sends.clear();
+      Graveyard::instance().bury(en.sends, hold_all(std::move(holds)));
     } else {
-      sends_->retired.emplace_back(std::move(en.sends), std::move(en.request));
+      sends_->retired.emplace_back(std::move(en.sends), hold_all(std::move(holds)));
       en.sends.clear();
     }
   }
@@ -382,6 +380,7 @@ void RemotePort::receive_loop() {
   uint64_t next_beat = 0;
   std::vector<uint8_t> buf;
   while (!stop_.load() && !mpi_finalizing()) {
+    Graveyard::instance().sweep();
     const uint64_t now = now_ns();
     if (now >= next_beat) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -483,7 +482,7 @@ void RemotePort::handle_reply(const Message& m) {
     if (m.kind == MsgKind::kFiles) return;  // its bytes rode in the message
     for (uint64_t bytes : m.sizes) {
       if (Status st = recv_chunks(rank_, kTagDataBase + static_cast<int>(e), nullptr, bytes,
-                                  transfer_deadline(timeout_ns, bytes));
+                                  transfer_deadline(timeout_ns, bytes), {});
           !st.ok()) {
         poison_locked(
             make_error(StatusCode::kAborted, "{}: draining a stale TERMINAL's tensor bytes: {}", who(), st.message()));
@@ -559,13 +558,21 @@ void RemotePort::handle_reply(const Message& m) {
 Status RemotePort::receive_outputs(const TensorRow& row, const std::vector<TensorView>& writes, int tag,
                                    uint64_t deadline_ns) {
   uint8_t* const base = reinterpret_cast<uint8_t*>(row.addr);
-  if (row_lands_in_place(row, writes)) return recv_chunks(rank_, tag, base + row.offset, row.bytes, deadline_ns);
+  // A receive MPI cannot cancel keeps its block from reuse (and from new
+  // runs) until it completes.
+  if (row_lands_in_place(row, writes)) {
+    return recv_chunks(rank_, tag, base + row.offset, row.bytes, deadline_ns,
+                       [&] { return ctx_.hold_shared(row.addr, true); });
+  }
   // The row holds bytes this run did not write (an input view's, or between
   // strided elements) that a task beside it may be writing now: only the
   // written elements leave the staging buffer.
-  staging_.resize(row.bytes);
-  SIMPLER_RETURN_IF_ERROR(recv_chunks(rank_, tag, staging_.data(), row.bytes, deadline_ns));
-  scatter_writes(row, writes, staging_.data(), base);
+  staging_->resize(row.bytes);
+  SIMPLER_RETURN_IF_ERROR(recv_chunks(rank_, tag, staging_->data(), row.bytes, deadline_ns, [this] {
+    // Given up to the receive; this port never reuses it.
+    return std::shared_ptr<void>(std::exchange(staging_, std::make_shared<std::vector<uint8_t>>()));
+  }));
+  scatter_writes(row, writes, staging_->data(), base);
   return Status();
 }
 
@@ -739,11 +746,8 @@ Status RemotePort::close(uint64_t deadline_ns) {
     reap(sends_->control);
     backoff.pause();
   }
-  for (Posted& p : sends_->control) MPI_Request_free(&p.req);
-  sends_->control.clear();
-  for (auto& r : sends_->retired) {
-    for (MPI_Request& q : r.first) MPI_Request_free(&q);
-  }
+  bury_posted(sends_->control);
+  for (auto& [reqs, hold] : sends_->retired) Graveyard::instance().bury(reqs, std::move(hold));
   sends_->retired.clear();
   return Status();
 }

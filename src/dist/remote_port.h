@@ -138,8 +138,9 @@ class RemotePort final : public ExternalWorker {
   std::vector<uint32_t> free_;           // a stack of free entries
   std::atomic<uint32_t> free_count_{0};  // free_.size(), 0 once poisoned
   std::vector<EndpointEvent> pending_;   // for the next poll
-  std::vector<uint8_t> staging_;         // receive_outputs' bytes for a row it cannot receive in place
-  std::optional<Status> poisoned_;       // written once, under mu_, before stopped_
+  // receive_outputs' bytes for a row it cannot receive in place
+  std::shared_ptr<std::vector<uint8_t>> staging_ = std::make_shared<std::vector<uint8_t>>();
+  std::optional<Status> poisoned_;  // written once, under mu_, before stopped_
   std::atomic<bool> stopped_{false};
   uint64_t next_publication_ = 0;
   std::atomic<uint64_t> last_heard_ns_{0};

@@ -30,6 +30,10 @@ struct ExternalContext {
   HostRanges shared;              // where the network's tensors live
   Doorbell* bell = nullptr;       // the scheduler's: rung whenever a poll would find news
   uint64_t run_deadline_ns = 0;   // config.run_timeout; 0 = none
+  // Keeps the shared-heap block holding addr from reuse, and with `write`
+  // from new work, until the returned hold is dropped (null: addr is in no
+  // live block): for a transfer this process no longer controls. Any thread.
+  std::function<std::shared_ptr<void>(uint64_t addr, bool write)> hold_shared;
 };
 
 // The external node's clock as this process sees it: this clock minus the

@@ -136,6 +136,12 @@ class NodeOrchestrator final : public Orchestrator {
       return invalid_argument("argument {}: buffer {:#x}+{} is neither a live device allocation nor in the shared heap",
                               i, b.addr, b.bytes);
     }
+    if (w_.heap_->write_held(b.addr)) {
+      return failed_precondition(
+          "argument {}: buffer {:#x} is held: a transfer into it was abandoned when its peer fell silent, and its "
+          "bytes may still land until MPI completes it",
+          i, b.addr);
+    }
     bool run_owned = false;
     for (uint32_t k = 0; k < run_.allocs.size(); ++k) {
       if (run_.allocs[k].addr != b.addr) continue;
@@ -505,6 +511,10 @@ Status NodeWorker::start_external() {
   ctx.callables = next_digests_;
   ctx.shared = shared_ranges();
   ctx.bell = &heap_->bell();
+  // External workers are closed before the heap goes (members' order).
+  ctx.hold_shared = [heap = heap_.get()](uint64_t addr, bool write) {
+    return heap->hold(addr, write ? SharedHeap::HoldKind::kWrite : SharedHeap::HoldKind::kRead);
+  };
   const uint64_t timeout_ms = static_cast<uint64_t>(config_.run_timeout.count());
   ctx.run_deadline_ns = timeout_ms > UINT64_MAX / 1'000'000ull ? UINT64_MAX : timeout_ms * 1'000'000ull;
   for (uint32_t i = 0; i < spec_.nodes.size(); ++i) {
