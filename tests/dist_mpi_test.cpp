@@ -20,6 +20,7 @@
 
 #include "dist/mpi_io.h"
 #include "dist/node_server.h"
+#include "dist/remote_port.h"
 #include "dist/wire.h"
 #include "node_test_util.h"
 #include "task/args_blob.h"
@@ -112,10 +113,12 @@ int serve_rank(int rank) {
     };
   }
   if (g_case == "ARunPastRunTimeoutEndsNamingTheRank" && rank == 1) {
-    // Hangs in its first request ten times the network's run_timeout (and
-    // under its heartbeat_timeout), then serves on.
+    // Hangs in its first request (SIGSTOP) until rank 0 has seen that run
+    // end and continues it; then serves on.
     hooks.on_request = [](uint64_t n) {
-      if (n == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+      if (n != 1) return;
+      std::ofstream(stopped_rank_pid_file()) << getpid() << "\n";
+      raise(SIGSTOP);
     };
   }
   if (g_case == "AnOutputAbandonedMidTransferLandsOnlyInItsHeldBlock" && rank == 1) {
@@ -363,6 +366,8 @@ TEST(DistMpi, StaleRepliesAreRefused) {
     ASSERT_TRUE(wait_run(h).ok()) << "run " << r << ": " << h.result().to_string();
     expect_scaled(x, out, len, 3 + r, 1, "run " + std::to_string(r));
   }
+  // Counted as it was read, before run 2's own terminal: one ACK, one TERMINAL.
+  EXPECT_EQ(dist::RemotePort::stale_replies(), 2u) << "rank 1's forged replies were not taken for stale";
   EXPECT_TRUE(n.w->close().ok());
 }
 
@@ -476,19 +481,34 @@ TEST(DistMpi, KilledRankEndsEveryRunItHeld) {
   EXPECT_TRUE(n.w->close().ok());
 }
 
-// Sends SIGCONT to the rank that stopped itself, at the latest when it goes
-// out of scope, so a failing case never leaves a rank stopped.
+// The state letter of process `pid` ('T' when stopped), or '?' when it is gone.
+char process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const size_t p = line.rfind(')');
+  return p != std::string::npos && p + 2 < line.size() ? line[p + 2] : '?';
+}
+
+// The rank that stops itself (SIGSTOP) in a case's hook. resume() waits,
+// bounded, until it has stopped (a SIGCONT sent before that would be lost)
+// and continues it; the destructor does too, so a failing case never leaves
+// a rank stopped.
 class StoppedRank {
  public:
   ~StoppedRank() { resume(); }
   pid_t pid() {
-    if (pid_ == 0) std::ifstream(stopped_rank_pid_file()) >> pid_;
+    if (pid_ <= 0) std::ifstream(stopped_rank_pid_file()) >> pid_;
     return pid_;
   }
   void resume() {
-    if (pid() > 0 && !resumed_) kill(pid_, SIGCONT);
+    if (resumed_) return;
     resumed_ = true;
+    const bool stopped = eventually([&] { return pid() > 0 && process_state(pid_) == 'T'; }, std::chrono::seconds(20));
+    if (pid_ > 0) kill(pid_, SIGCONT);
     std::remove(stopped_rank_pid_file().c_str());
+    EXPECT_TRUE(stopped) << "the rank never stopped itself (pid file " << stopped_rank_pid_file() << ", pid " << pid_
+                         << ")";
   }
 
  private:
@@ -545,12 +565,14 @@ TEST(DistMpi, AnOutputAbandonedMidTransferLandsOnlyInItsHeldBlock) {
 // more work (memory_info_on it fails too), and the other nodes keep serving.
 TEST(DistMpi, ARunPastRunTimeoutEndsNamingTheRank) {
   Watchdog dog(std::chrono::seconds(50));
+  StoppedRank stopped;
   Network n = make_network(2, std::chrono::seconds(10), std::chrono::milliseconds(300));
   const size_t len = 256;
   const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
   const DeviceBuffer hung = shared_floats(*n.w, len, 0);
   RunHandle h = submit_scale(n, n.rank1, x, hung, len, 2, 0);
   ASSERT_TRUE(eventually([&] { return h.done(); })) << "the run on the hung rank never ended";
+  stopped.resume();  // its late terminal must change nothing
   const Status st = h.result();
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
   EXPECT_TRUE(contains(st.message(), "MPI rank 1")) << st.to_string();

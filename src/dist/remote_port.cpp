@@ -13,6 +13,8 @@ namespace simpler::dist {
 
 namespace {
 
+std::atomic<uint64_t> g_stale_replies{0};
+
 uint64_t ms_to_ns(std::chrono::milliseconds ms) { return static_cast<uint64_t>(ms.count()) * 1'000'000ull; }
 
 constexpr int kClockPings = 4;  // at start; the one with the shortest round trip counts
@@ -169,6 +171,8 @@ RemotePort::RemotePort(int rank, RemoteNodeOptions options, const ExternalContex
 }
 
 RemotePort::~RemotePort() { (void)close(now_ns() + 5'000'000'000ull); }
+
+uint64_t RemotePort::stale_replies() { return g_stale_replies.load(std::memory_order_relaxed); }
 
 std::string RemotePort::who() const { return fmt::format("remote node on MPI rank {}", rank_); }
 
@@ -478,7 +482,7 @@ void RemotePort::handle_reply(const Message& m) {
   if (c.verdict == Verdict::kStale) {
     // R8: a past occupant's reply changes nothing; its chunks are drained by
     // their own tag so they are never taken for the occupant's.
-    stale_.fetch_add(1);
+    g_stale_replies.fetch_add(1, std::memory_order_relaxed);
     if (m.kind == MsgKind::kFiles) return;  // its bytes rode in the message
     for (uint64_t bytes : m.sizes) {
       if (Status st = recv_chunks(rank_, kTagDataBase + static_cast<int>(e), nullptr, bytes,

@@ -67,8 +67,8 @@ class RemotePort final : public ExternalWorker {
   ClockEstimate clock() const override;
   std::optional<ShipmentNote> take_shipment_note(uint64_t run_id, uint32_t task) override;
 
-  // Replies refused as stale (R8) so far; any thread.
-  uint64_t stale_replies() const { return stale_.load(); }
+  // Replies refused as stale (R8) so far by every port of this process; any thread.
+  static uint64_t stale_replies();
 
  private:
   // The files of one run as they arrive (FILES), written as `<name>.part`
@@ -144,7 +144,6 @@ class RemotePort final : public ExternalWorker {
   std::atomic<bool> stopped_{false};
   uint64_t next_publication_ = 0;
   std::atomic<uint64_t> last_heard_ns_{0};
-  std::atomic<uint64_t> stale_{0};
   std::optional<std::pair<uint64_t, uint64_t>> memory_reply_;  // total, free
   std::condition_variable memory_cv_;
   bool memory_query_ = false;
