@@ -1,5 +1,5 @@
 // The chip's native-run lifecycle, run-resource grant and HostApi (issue 3):
-// R20-R25, R48, R50, R51, R52, R72, R73, R78, R79, R81-R86, plus launch_depth.
+// R20-R25, R48, R50, R51, R52, R53, R72, R73, R78, R79, R81-R86, plus launch_depth.
 // Drives ChipWorker directly on the small simulated chip.
 #include <gtest/gtest.h>
 
@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -736,6 +737,80 @@ TEST(LaunchDepth, EightHeldFourLaunched) {
     EXPECT_EQ(f.worker->launched_peak(), launch);
     EXPECT_EQ(f.worker->set_counts().free, depth);
   }
+}
+
+// R53: caller-stream ordering is grant-sized. With G = 6, run A of caller
+// stream 7 holds set 5 on the device (its kernel gated); run B of stream 7,
+// launched after it, stays queued until A has left the device, while run C
+// of stream 9 and run D of no stream, launched after B, pass it by and
+// complete. Every per-set owner, the caller orders included, is 6 wide.
+TEST(CallerStream, R53OrderIsKeptPerStreamAndSizedByTheGrant) {
+  testing::Watchdog dog;  // joins the thread parked in B's launch
+  Fixture f(6, 6);
+  for (const auto& [name, width] : f.worker->owner_widths()) EXPECT_EQ(width, 6u) << name;
+  std::unique_ptr<Gate> gate(new Gate);
+  g_gate = gate.get();
+  std::vector<std::optional<Lease>> by_slot(6);
+  for (int i = 0; i < 6; ++i) {
+    auto l = f.worker->try_acquire_lease();
+    ASSERT_TRUE(l.has_value());
+    by_slot.at(l->slot) = *l;
+  }
+  const auto on = [&](uint32_t slot, uint64_t stream) {
+    NativeRunDescriptor d = desc_for(*by_slot[slot]);
+    d.caller_stream = stream;
+    return d;
+  };
+  const auto zeroed = [&] {
+    auto b = f.worker->malloc(64 * 4);
+    EXPECT_TRUE(b.ok());
+    std::vector<float> zeros(64, 0.f);
+    EXPECT_TRUE(f.worker->copy_to(*b, zeros.data(), 64 * 4, 0).ok());
+    return *b;
+  };
+  const auto add_one_on = [](const DeviceBuffer& b) {
+    TaskArgs a;
+    a.add_tensor(b.view({64}, DType::F32), Tag::InOut);
+    return a;
+  };
+  const auto first = [&](const DeviceBuffer& b) {
+    float x = -1.f;
+    EXPECT_TRUE(f.worker->copy_from(&x, b, 4, 0).ok());
+    return x;
+  };
+  const DeviceBuffer b_buf = zeroed(), c_buf = zeroed(), d_buf = zeroed();
+  Storage sa, sb, sc, sd;
+  const size_t bytes = native_run_storage_size();
+  auto a = f.worker->prepare(sa.get(), bytes, on(5, 7), 1, TaskArgs{});
+  auto b = f.worker->prepare(sb.get(), bytes, on(0, 7), 0, add_one_on(b_buf));
+  auto c = f.worker->prepare(sc.get(), bytes, on(1, 9), 0, add_one_on(c_buf));
+  auto d = f.worker->prepare(sd.get(), bytes, on(2, 0), 0, add_one_on(d_buf));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
+  ASSERT_TRUE(f.worker->launch(sa.get(), *a).ok());
+  ASSERT_TRUE(gate->wait_entered(1));
+  Status b_launch = internal_error("B's launch never returned");
+  std::thread launcher([&] { b_launch = f.worker->launch(sb.get(), *b); });
+  ASSERT_TRUE(eventually([&] { return f.worker->queued_launches() == std::vector<uint64_t>{*b}; }))
+      << "B, behind A on stream 7, was not held in the launch queue";
+  for (auto [s, e] : {std::pair{&sc, *c}, std::pair{&sd, *d}}) {
+    ASSERT_TRUE(f.worker->launch(s->get(), e).ok());
+    EXPECT_TRUE(f.worker->wait(s->get(), e, deadline()).ok());
+  }
+  EXPECT_EQ(first(c_buf), 1.f);
+  EXPECT_EQ(first(d_buf), 1.f);
+  EXPECT_EQ(f.worker->queued_launches(), std::vector<uint64_t>{*b})
+      << "B left the queue while A, before it on stream 7, was still on the device";
+  EXPECT_EQ(first(b_buf), 0.f) << "B ran before A left the device";
+  gate->release();
+  launcher.join();
+  EXPECT_TRUE(b_launch.ok()) << b_launch.to_string();
+  EXPECT_TRUE(f.worker->wait(sb.get(), *b, deadline()).ok());
+  EXPECT_EQ(first(b_buf), 1.f);
+  for (auto [s, e] : {std::pair{&sa, *a}, std::pair{&sb, *b}, std::pair{&sc, *c}, std::pair{&sd, *d}}) {
+    EXPECT_TRUE(f.worker->finalize(s->get(), e).ok());
+  }
+  for (uint32_t unused : {3u, 4u}) EXPECT_TRUE(f.worker->release_lease(*by_slot[unused]));
+  EXPECT_EQ(f.worker->set_counts().free, 6u);
 }
 
 TEST(LaunchDepth, AboveGrantIsRefused) {

@@ -184,6 +184,7 @@ std::vector<std::pair<std::string, uint32_t>> ChipWorker::owner_widths() const {
           {"native_run_storage", static_cast<uint32_t>(storage_.size())},
           {"launched_run_table", static_cast<uint32_t>(running_.size())},
           {"watched_run_table", static_cast<uint32_t>(running_.size())},
+          {"caller_orders", static_cast<uint32_t>(caller_orders_.size())},
           {"runner_retained_temps_and_arenas", runner_->width()},
           {"runtime_graph_sets", runtime_->width()}};
 }
@@ -221,6 +222,7 @@ Status ChipWorker::set_run_resource_grant(uint32_t g) {
     std::vector<NativeRunContext*> running(g, nullptr);
     std::unique_ptr<PaddedBell[]> bells(new PaddedBell[g]);
     std::unique_ptr<WatchedRun[]> watched(new WatchedRun[g]);
+    std::vector<CallerOrder> caller_orders(g);
     // The grant hooks: a backend or runtime that cannot serve g refuses it here.
     SIMPLER_ASSIGN_OR_RETURN(std::unique_ptr<GrantOwner::Pending> runner_sets, runner_->build_grant(g),
                              "regrant to {}: the backend refused; the grant of {} is unchanged", g, old);
@@ -236,6 +238,10 @@ Status ChipWorker::set_run_resource_grant(uint32_t g) {
     {
       std::lock_guard<std::mutex> lock(watch_mu_);
       watched_.swap(watched);
+    }
+    {
+      std::lock_guard<std::mutex> lock(launch_mu_);
+      caller_orders_.swap(caller_orders);
     }
     runner_->commit_grant(*runner_sets);
     runtime_->commit_grant(*runtime_sets);
@@ -488,22 +494,29 @@ Result<ChipWorker::RunRef> ChipWorker::lookup(void* storage, uint64_t epoch, con
 void ChipWorker::enqueue_launch(NativeRunContext* ctx) {
   ctx->phase_.store(static_cast<uint32_t>(RunPhase::Launching), std::memory_order_release);
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  bool now = false;
   {
     std::lock_guard<std::mutex> lock(launch_mu_);
-    if (launched_ < launch_depth_ && launch_queue_.empty() && take_bank(ctx)) {
-      ++launched_;
-      launched_peak_ = std::max(launched_peak_, launched_);
-      now = true;
-    } else {
-      launch_queue_.push_back(ctx);
+    if (ctx->desc_.caller_stream != 0) {
+      caller_orders_[ctx->desc_.lease.slot] = CallerOrder{ctx->desc_.caller_stream, ++launch_seq_};
     }
+    launch_queue_.push_back(ctx);
   }
-  if (now) do_launch(ctx);
+  // It may go at once, or the queue holds only runs waiting for their streams.
+  launch_queued();
 }
 
 bool ChipWorker::take_bank(NativeRunContext* ctx) {
   return !ctx->config_.diagnostic || banks_.try_acquire(ctx->epoch_).has_value();
+}
+
+bool ChipWorker::stream_clear(const NativeRunContext* ctx) const {
+  const uint64_t stream = ctx->desc_.caller_stream;
+  if (stream == 0) return true;
+  const uint64_t seq = caller_orders_[ctx->desc_.lease.slot].seq;
+  for (const CallerOrder& o : caller_orders_) {
+    if (o.stream == stream && o.seq < seq) return false;
+  }
+  return true;
 }
 
 void ChipWorker::launch_queued() {
@@ -511,16 +524,28 @@ void ChipWorker::launch_queued() {
     NativeRunContext* next = nullptr;
     {
       std::lock_guard<std::mutex> lock(launch_mu_);
-      // The front goes first or nothing does: a diagnostic run that finds no
-      // bank keeps its place and is served by the next release (R65).
-      if (launch_queue_.empty() || launched_ >= launch_depth_ || !take_bank(launch_queue_.front())) return;
-      next = launch_queue_.front();
-      launch_queue_.pop_front();
+      if (launched_ >= launch_depth_) return;
+      // Runs waiting for an earlier run of their caller stream are passed by
+      // (R53). Of the rest the first goes or nothing does: a diagnostic run
+      // that finds no bank keeps its place and is served by the next release
+      // (R65).
+      auto it = std::find_if(launch_queue_.begin(), launch_queue_.end(),
+                             [this](const NativeRunContext* c) { return stream_clear(c); });
+      if (it == launch_queue_.end() || !take_bank(*it)) return;
+      next = *it;
+      launch_queue_.erase(it);
       ++launched_;
       launched_peak_ = std::max(launched_peak_, launched_);
     }
     do_launch(next);
   }
+}
+
+std::vector<uint64_t> ChipWorker::queued_launches() const {
+  std::vector<uint64_t> epochs;
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  for (const NativeRunContext* ctx : launch_queue_) epochs.push_back(ctx->epoch_);
+  return epochs;
 }
 
 std::vector<uint64_t> ChipWorker::waiting_for_bank() const {
@@ -539,6 +564,7 @@ void ChipWorker::not_started(NativeRunContext* ctx, Status why) {
   {
     std::lock_guard<std::mutex> lock(launch_mu_);
     --launched_;
+    caller_orders_[slot] = CallerOrder{};
   }
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   if (ctx->auto_finalize_) {
@@ -847,6 +873,7 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
   {
     std::lock_guard<std::mutex> lock(launch_mu_);
     --launched_;
+    caller_orders_[slot] = CallerOrder{};  // the next run of its stream may go
   }
   // Counted out before anyone can see the run done, so a caller returning
   // from wait() finds it no longer in flight. close() joins this thread before

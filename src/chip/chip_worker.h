@@ -104,6 +104,8 @@ class ChipWorker {
   Result<TerminalSnapshot> terminal_snapshot(uint64_t epoch) const { return banks_.artifact(epoch); }
   // Diagnostic runs queued for launch, in launch order, none on the device yet.
   std::vector<uint64_t> waiting_for_bank() const;
+  // Every run queued for launch (launch_depth, a bank, its caller stream), in launch order.
+  std::vector<uint64_t> queued_launches() const;
   // A recorder adding its terminal data to every diagnostic run's snapshot;
   // controlling thread, before the first run; `c` outlives the worker.
   void add_terminal_contributor(TerminalContributor* c) { contributors_.push_back(c); }
@@ -230,7 +232,11 @@ class ChipWorker {
   // Under launch_mu_: whether `ctx` may go on the device now as far as
   // terminal banks go (a diagnostic run takes its bank here).
   bool take_bank(NativeRunContext* ctx);
-  // Launches queued runs, in order, while launch_depth and the banks allow.
+  // Under launch_mu_: no run launched before `ctx` on its caller stream is
+  // still queued or on the device (R53).
+  bool stream_clear(const NativeRunContext* ctx) const;
+  // Launches queued runs, in order, while launch_depth and the banks allow;
+  // a run held back by its caller stream is passed by.
   void launch_queued();
   void do_launch(NativeRunContext* ctx);
   // The launch was unwound before the device took the run (a refused arm,
@@ -305,6 +311,15 @@ class ChipWorker {
   std::deque<NativeRunContext*> launch_queue_;
   uint32_t launched_ = 0;
   uint32_t launched_peak_ = 0;
+  // R53, a per-set owner grant() wide under launch_mu_: the caller stream of
+  // the run launched from each set and its launch order, from launch() until
+  // it leaves the device; stream 0 while none.
+  struct CallerOrder {
+    uint64_t stream = 0;
+    uint64_t seq = 0;
+  };
+  std::vector<CallerOrder> caller_orders_;
+  uint64_t launch_seq_ = 0;
 
   // Phase calls (~RunRef) and completions (on_run_done) that let go of a run
   // and then ring its set's bell: once they let go, finalize may retire the

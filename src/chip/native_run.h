@@ -35,6 +35,10 @@ struct NativeRunDescriptor {
   uint32_t arena_bank = 0;                         // < grant
   std::atomic<uint32_t>* accepted_sink = nullptr;  // written once, at the launch marker
   uint32_t accepted_value = 1;
+  // R53: runs on one caller stream (non-zero) reach the device in the order
+  // they were launched, each only once the one before it on the stream has
+  // left the device; runs on other streams (and 0: none) pass them by.
+  uint64_t caller_stream = 0;
 };
 
 // A device-to-host copy performed by finalize after a successful run.
