@@ -494,14 +494,25 @@ Result<ChipWorker::RunRef> ChipWorker::lookup(void* storage, uint64_t epoch, con
 void ChipWorker::enqueue_launch(NativeRunContext* ctx) {
   ctx->phase_.store(static_cast<uint32_t>(RunPhase::Launching), std::memory_order_release);
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  bool now = false;
   {
     std::lock_guard<std::mutex> lock(launch_mu_);
     if (ctx->desc_.caller_stream != 0) {
       caller_orders_[ctx->desc_.lease.slot] = CallerOrder{ctx->desc_.caller_stream, ++launch_seq_};
     }
-    launch_queue_.push_back(ctx);
+    if (launched_ < launch_depth_ && launch_queue_.empty() && stream_clear(ctx) && take_bank(ctx)) {
+      ++launched_;
+      launched_peak_ = std::max(launched_peak_, launched_);
+      now = true;
+    } else {
+      launch_queue_.push_back(ctx);
+    }
   }
-  // It may go at once, or the queue holds only runs waiting for their streams.
+  if (now) {
+    do_launch(ctx);
+    return;
+  }
+  // The queue may hold only runs waiting for their caller streams.
   launch_queued();
 }
 
