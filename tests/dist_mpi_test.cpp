@@ -481,15 +481,6 @@ TEST(DistMpi, KilledRankEndsEveryRunItHeld) {
   EXPECT_TRUE(n.w->close().ok());
 }
 
-// The state letter of process `pid` ('T' when stopped), or '?' when it is gone.
-char process_state(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(in, line);
-  const size_t p = line.rfind(')');
-  return p != std::string::npos && p + 2 < line.size() ? line[p + 2] : '?';
-}
-
 // The rank that stops itself (SIGSTOP) in a case's hook. resume() waits,
 // bounded, until it has stopped (a SIGCONT sent before that would be lost)
 // and continues it; the destructor does too, so a failing case never leaves

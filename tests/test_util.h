@@ -196,19 +196,26 @@ inline int settled_thread_count(int expected) {
   return n;
 }
 
-// The scheduler state letter ('R', 'S', ...) of every thread of this process
-// but the calling one.
+// The scheduler state letter ('R', 'S', 'T' when stopped, ...) in a /proc
+// stat file, or '?' when it is gone.
+inline char stat_state(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  const size_t p = line.rfind(')');  // the command name may hold anything, ')' included
+  return p != std::string::npos && p + 2 < line.size() ? line[p + 2] : '?';
+}
+
+// The state letter of every thread of this process but the calling one.
 inline std::vector<char> other_thread_states() {
   std::vector<char> states;
   const std::string self = std::to_string(gettid());
   if (DIR* d = opendir("/proc/self/task")) {
     while (dirent* e = readdir(d)) {
       if (e->d_name[0] == '.' || self == e->d_name) continue;
-      std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/stat");
-      std::string line;
-      std::getline(in, line);
-      const size_t p = line.rfind(')');
-      if (p != std::string::npos && p + 2 < line.size()) states.push_back(line[p + 2]);
+      if (const char s = stat_state(std::string("/proc/self/task/") + e->d_name + "/stat"); s != '?') {
+        states.push_back(s);
+      }
     }
     closedir(d);
   }
@@ -216,13 +223,10 @@ inline std::vector<char> other_thread_states() {
 }
 
 // The state letter of one thread of this process, or '?' when it is gone.
-inline char thread_state(pid_t tid) {
-  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
-  std::string line;
-  std::getline(in, line);
-  const size_t p = line.rfind(')');
-  return p != std::string::npos && p + 2 < line.size() ? line[p + 2] : '?';
-}
+inline char thread_state(pid_t tid) { return stat_state("/proc/self/task/" + std::to_string(tid) + "/stat"); }
+
+// The state letter of process `pid`, or '?' when it is gone.
+inline char process_state(pid_t pid) { return stat_state("/proc/" + std::to_string(pid) + "/stat"); }
 
 // The state letter of the thread of this process named `name` (its comm,
 // at most 15 characters), or '?' when there is none.

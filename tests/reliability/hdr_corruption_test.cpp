@@ -102,14 +102,6 @@ std::vector<std::string> case_names() {
   return names;
 }
 
-char process_state(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(in, line);
-  const size_t p = line.rfind(')');
-  return p != std::string::npos && p + 2 < line.size() ? line[p + 2] : '?';
-}
-
 // A run's terminal status; INTERNAL "no terminal" when it has none.
 Status terminal_status(const std::vector<EndpointEvent>& events, uint64_t run) {
   const EndpointEvent* t = find_event(events, run, EndpointEvent::Kind::kTerminal);
