@@ -240,12 +240,13 @@ Status ChipWorker::set_run_resource_grant(uint32_t g) {
       watched_.swap(watched);
     }
     {
+      // A completion that counted itself out may still be serving the launch queue.
       std::lock_guard<std::mutex> lock(launch_mu_);
       caller_orders_.swap(caller_orders);
+      launch_depth_ = config_.launch_depth == 0 ? g : config_.launch_depth;
     }
     runner_->commit_grant(*runner_sets);
     runtime_->commit_grant(*runtime_sets);
-    launch_depth_ = config_.launch_depth == 0 ? g : config_.launch_depth;
     grant_.store(g, std::memory_order_release);
   } catch (const std::bad_alloc&) {
     return resource_exhausted("regrant to {}: host allocation failed while building; the grant of {} is unchanged", g,
@@ -535,7 +536,7 @@ void ChipWorker::launch_queued() {
     NativeRunContext* next = nullptr;
     {
       std::lock_guard<std::mutex> lock(launch_mu_);
-      if (launched_ >= launch_depth_) return;
+      if (launch_queue_.empty() || launched_ >= launch_depth_) return;
       // Runs waiting for an earlier run of their caller stream are passed by
       // (R53). Of the rest the first goes or nothing does: a diagnostic run
       // that finds no bank keeps its place and is served by the next release

@@ -284,7 +284,7 @@ class ChipWorker {
 
   const WorkerConfig config_;
   const std::vector<ChipCallable> callables_;
-  uint32_t launch_depth_;
+  uint32_t launch_depth_;  // written under launch_mu_ (a regrant), read under it by the launch path
   ExecutionContext context_;
   std::unique_ptr<CompletionGate> gate_;  // outlives the runtime that calls it
   std::unique_ptr<Device> device_;
