@@ -72,27 +72,22 @@ Status SharedHeap::free(uint64_t addr) noexcept {
   return blocks_.free(addr);
 }
 
-const SharedHeap::Holds::Held* SharedHeap::held_locked(uint64_t addr, uint64_t bytes) const {
-  if (holds_->by_block.empty()) return nullptr;
-  auto block = blocks_.containing(addr, bytes);
-  if (!block.ok()) return nullptr;
-  auto it = holds_->by_block.find(block->addr);
-  return it == holds_->by_block.end() ? nullptr : &it->second;
-}
-
 bool SharedHeap::within_live_block(uint64_t addr, uint64_t bytes) const {
   if (holds_->blocks_held.load(std::memory_order_acquire) == 0) return blocks_.containing(addr, bytes).ok();
   std::lock_guard<std::mutex> lock(holds_->mu);
-  if (!blocks_.containing(addr, bytes).ok()) return false;
-  const Holds::Held* h = held_locked(addr, bytes);
-  return h == nullptr || !h->freed;
+  auto block = blocks_.containing(addr, bytes);
+  if (!block.ok()) return false;
+  auto it = holds_->by_block.find(block->addr);
+  return it == holds_->by_block.end() || !it->second.freed;
 }
 
 bool SharedHeap::write_held(uint64_t addr) const {
   if (holds_->blocks_held.load(std::memory_order_acquire) == 0) return false;
   std::lock_guard<std::mutex> lock(holds_->mu);
-  const Holds::Held* h = held_locked(addr, 1);
-  return h != nullptr && h->writes != 0;
+  auto block = blocks_.containing(addr, 1);
+  if (!block.ok()) return false;
+  auto it = holds_->by_block.find(block->addr);
+  return it != holds_->by_block.end() && it->second.writes != 0;
 }
 
 uint64_t SharedHeap::held_blocks() const {

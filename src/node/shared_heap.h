@@ -82,8 +82,6 @@ class SharedHeap {
   };
 
   explicit SharedHeap(SharedMapping m);
-  // The hold record of the live block holding [addr, addr + bytes), or null; requires holds_->mu.
-  const Holds::Held* held_locked(uint64_t addr, uint64_t bytes) const;
 
   SharedMapping mapping_;
   HostRange range_;
