@@ -103,12 +103,12 @@ bool Core::execute(simpler_kernel_fn fn, int64_t* args, const KernelLabel& label
 bool Core::run_kernel(simpler_kernel_fn fn, int64_t* args, KernelFailure& failure, const KernelLabel& label) {
   if (fault_ == nullptr) return call_kernel(fn, args, failure, label);
 #ifdef SIMPLER_TEST_HOOKS
-  if (device_fault_hook_hits(label.func_id)) {
-    fault_->raise(Status(StatusCode::kDeviceFault,
-                         fmt::format("sticky device fault (H3 test hook) when task {} (kernel '{}', func_id {}) "
-                                     "started on core {}",
-                                     label.task, label.name != nullptr ? label.name : "?", label.func_id, id_)));
-  }
+  device_fault_hook_fire(label.func_id, *fault_, [&] {
+    return Status(StatusCode::kDeviceFault,
+                  fmt::format("sticky device fault (H3 test hook) when task {} (kernel '{}', func_id {}) "
+                              "started on core {}",
+                              label.task, label.name != nullptr ? label.name : "?", label.func_id, id_));
+  });
 #endif
   if (!fault_->raised()) return call_kernel(fn, args, failure, label);
   // Not started: the task fails with the fault, which the chip reports as the run's cause.

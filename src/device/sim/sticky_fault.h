@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 
 #include "simpler/status.h"
@@ -40,8 +41,11 @@ void arm_device_fault_hook(uint32_t func_id, uint64_t nth = 1, std::atomic<uint6
 void disarm_device_fault_hook();
 // How many faults the hook raised in this process.
 uint64_t device_fault_hook_fired();
-// Core threads, before each kernel: whether this start is the armed one.
-bool device_fault_hook_hits(uint32_t func_id);
+// Core threads, before each kernel: whether this start is the armed one; if
+// so, raises the fault `cause()` builds on `fault` and only then counts the
+// firing, so whoever sees the count sees a faulted device (a test that
+// submits once it saw the count is refused, never accepted mid-raise).
+bool device_fault_hook_fire(uint32_t func_id, StickyFault& fault, const std::function<Status()>& cause);
 #endif
 
 }  // namespace simpler
