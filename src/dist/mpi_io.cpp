@@ -45,9 +45,15 @@ void Backoff::wake() {
   cv_.notify_one();
 }
 
+std::shared_mutex& MpiCall::calls() {
+  static std::shared_mutex* m = abandon(new std::shared_mutex);  // threads may call MPI until the process ends
+  return *m;
+}
+
 Result<bool> try_recv_control(int rank, std::vector<uint8_t>& out) {
   int flag = 0;
   MPI_Status st;
+  const MpiCall in_mpi;
   if (MPI_Iprobe(rank, kTagControl, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS) {
     return internal_error("MPI_Iprobe for rank {} failed", rank);
   }
@@ -68,6 +74,7 @@ Result<bool> try_recv_control(int rank, std::vector<uint8_t>& out) {
 }
 
 Status send_control(int rank, const std::vector<uint8_t>& bytes) {
+  const MpiCall in_mpi;
   if (MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, rank, kTagControl, MPI_COMM_WORLD) !=
       MPI_SUCCESS) {
     return internal_error("MPI_Send of a {}-byte control message to rank {} failed", bytes.size(), rank);
@@ -79,6 +86,7 @@ Status post_chunks(int rank, int tag, const uint8_t* data, uint64_t bytes, std::
   for (uint64_t off = 0; off < bytes; off += kChunkBytes) {
     const int len = static_cast<int>(std::min(kChunkBytes, bytes - off));
     MPI_Request r;
+    const MpiCall in_mpi;
     if (MPI_Isend(data + off, len, MPI_BYTE, rank, tag, MPI_COMM_WORLD, &r) != MPI_SUCCESS) {
       return internal_error("MPI_Isend of a {}-byte chunk to rank {} failed", len, rank);
     }
@@ -100,33 +108,41 @@ void Graveyard::bury(std::vector<MPI_Request>& reqs, std::shared_ptr<void> hold)
       grave.reqs.push_back(r);
       continue;
     }
-    MPI_Cancel(&r);
     int done = 0;
-    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    {
+      const MpiCall in_mpi;
+      MPI_Cancel(&r);
+      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    }
     if (!done) grave.reqs.push_back(r);
   }
   reqs.clear();
   if (grave.reqs.empty()) return;
+  grave.buried = grave.reqs.size();
   std::lock_guard<std::mutex> lock(mu_);
-  count_.fetch_add(grave.reqs.size(), std::memory_order_acq_rel);
+  count_.fetch_add(grave.buried, std::memory_order_acq_rel);
   graves_.push_back(std::move(grave));
 }
 
 void Graveyard::sweep() {
   if (count_.load(std::memory_order_acquire) == 0 || mpi_finalizing()) return;
-  std::vector<std::shared_ptr<void>> released;  // dropped outside the lock: a hold's release takes the heap's
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < graves_.size();) {
-      const size_t before = graves_[i].reqs.size();
-      if (!test_all(graves_[i].reqs)) {
-        ++i;
-        continue;
-      }
-      count_.fetch_sub(before, std::memory_order_acq_rel);
-      released.push_back(std::move(graves_[i].hold));
-      graves_.erase(graves_.begin() + static_cast<std::ptrdiff_t>(i));
+  std::vector<std::shared_ptr<void>> released;  // dropped outside the locks: a hold's release takes the heap's
+  std::lock_guard<std::mutex> lock(mu_);
+  bool complete = false;
+  for (Grave& g : graves_) complete = test_all(g.reqs) || complete;
+  if (!complete) return;
+  // A completion another thread's progress wrote the bytes for is ordered
+  // only once that thread left MPI (MpiCall); one still inside: next sweep.
+  std::unique_lock<std::shared_mutex> quiet(MpiCall::calls(), std::try_to_lock);
+  if (!quiet.owns_lock()) return;
+  for (size_t i = 0; i < graves_.size();) {
+    if (!graves_[i].reqs.empty()) {
+      ++i;
+      continue;
     }
+    count_.fetch_sub(graves_[i].buried, std::memory_order_acq_rel);
+    released.push_back(std::move(graves_[i].hold));
+    graves_.erase(graves_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
 
@@ -161,7 +177,12 @@ Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t de
       const int len = static_cast<int>(std::min(kChunkBytes, bytes - off));
       MPI_Request r;
       uint8_t* dst = data != nullptr ? data + off : scratch.get();
-      if (MPI_Irecv(dst, len, MPI_BYTE, rank, tag, MPI_COMM_WORLD, &r) != MPI_SUCCESS) {
+      int rc = MPI_SUCCESS;
+      {
+        const MpiCall in_mpi;
+        rc = MPI_Irecv(dst, len, MPI_BYTE, rank, tag, MPI_COMM_WORLD, &r);
+      }
+      if (rc != MPI_SUCCESS) {
         bury(reqs);
         return internal_error("MPI_Irecv of a {}-byte chunk from rank {} failed", len, rank);
       }
@@ -172,7 +193,12 @@ Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t de
     std::vector<MPI_Status> sts(reqs.size());
     for (;;) {
       int done = 0;
-      if (MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, sts.data()) != MPI_SUCCESS) {
+      int rc = MPI_SUCCESS;
+      {
+        const MpiCall in_mpi;
+        rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, sts.data());
+      }
+      if (rc != MPI_SUCCESS) {
         bury(reqs);
         return invalid_argument("a tensor chunk from rank {} (bytes {}..{}) is longer than announced", rank, begin,
                                 off);
@@ -199,9 +225,43 @@ Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t de
 bool test_all(std::vector<MPI_Request>& reqs) {
   if (reqs.empty()) return true;
   int done = 0;
-  MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+  {
+    const MpiCall in_mpi;
+    MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+  }
   if (done) reqs.clear();
   return done != 0;
+}
+
+Status post_control(int rank, std::vector<uint8_t> bytes, std::vector<Posted>& out) {
+  out.push_back(Posted{std::move(bytes), MPI_REQUEST_NULL});
+  Posted& p = out.back();
+  int rc = MPI_SUCCESS;
+  {
+    const MpiCall in_mpi;
+    rc = MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, rank, kTagControl, MPI_COMM_WORLD,
+                   &p.req);
+  }
+  if (rc != MPI_SUCCESS) {
+    out.pop_back();
+    return internal_error("MPI_Isend of a control message to rank {} failed", rank);
+  }
+  return Status();
+}
+
+void reap_posted(std::vector<Posted>& posted) {
+  for (size_t i = 0; i < posted.size();) {
+    int done = 0;
+    {
+      const MpiCall in_mpi;
+      MPI_Test(&posted[i].req, &done, MPI_STATUS_IGNORE);
+    }
+    if (done) {
+      posted.erase(posted.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
 }
 
 }  // namespace simpler::dist

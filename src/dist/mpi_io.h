@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <vector>
 
 #include "base/clock.h"
@@ -67,6 +68,24 @@ Result<bool> try_recv_control(int rank, std::vector<uint8_t>& out);
 // Blocking send of a small control message (eager, so it returns at once
 // whether or not the peer lives).
 Status send_control(int rank, const std::vector<uint8_t>& bytes);
+// Every MPI call simpler makes is made inside an MpiCall: a shared hold on
+// one process-wide lock for the call's length. The completion of a request
+// orders the bytes MPI wrote for it only through OpenMPI's own atomics, and
+// those bytes may have been written by another thread's call (progress is
+// process-wide): neither the C++ memory model nor ThreadSanitizer sees that
+// order. The graveyard gives memory back only under the lock held
+// exclusively, when no thread is inside MPI, which orders every write an
+// earlier call made. MPI calls made by the program itself are outside it.
+class MpiCall {
+ public:
+  MpiCall() : lock_(calls()) {}
+  // try_lock it exclusively to find a moment no MpiCall is under way.
+  static std::shared_mutex& calls();
+
+ private:
+  std::shared_lock<std::shared_mutex> lock_;
+};
+
 // Requests given up on (a deadline passed, a peer fell silent) whose memory
 // MPI may still use: a receive already matched when it was cancelled goes on
 // writing once its peer resumes (ob1 cannot cancel it), a send may still
@@ -79,15 +98,17 @@ class Graveyard {
   // Cancels what MPI can cancel; every request of `reqs` not complete after
   // that stays here with `hold`. Clears `reqs`.
   void bury(std::vector<MPI_Request>& reqs, std::shared_ptr<void> hold);
-  // Completes what MPI has finished and drops those holds; cheap when empty.
+  // Completes what MPI has finished and drops those holds once no thread is
+  // inside an MPI call (MpiCall); cheap when empty.
   void sweep();
-  // Requests still here.
+  // Requests whose holds are still here, complete or not.
   size_t size() const { return count_.load(std::memory_order_acquire); }
 
  private:
   struct Grave {
     std::vector<MPI_Request> reqs;
     std::shared_ptr<void> hold;
+    size_t buried = 0;  // requests it was buried with
   };
   Graveyard() = default;
 
@@ -101,6 +122,10 @@ struct Posted {
   std::vector<uint8_t> bytes;
   MPI_Request req = MPI_REQUEST_NULL;
 };
+// Sends `bytes` to `rank` without waiting, kept in `out` until reaped.
+Status post_control(int rank, std::vector<uint8_t> bytes, std::vector<Posted>& out);
+// Drops the sends of `posted` that completed.
+void reap_posted(std::vector<Posted>& posted);
 // Gives up on the sends of `posted`: each not complete is buried with its bytes.
 void bury_posted(std::vector<Posted>& posted);
 

@@ -79,17 +79,15 @@ class Heartbeat {
   void loop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
-      for (size_t i = 0; i < sent_.size();) {
+      std::erase_if(sent_, [](MPI_Request& r) {
         int done = 0;
-        MPI_Test(&sent_[i], &done, MPI_STATUS_IGNORE);
-        if (done) {
-          sent_.erase(sent_.begin() + static_cast<std::ptrdiff_t>(i));
-        } else {
-          ++i;
-        }
-      }
+        const MpiCall in_mpi;
+        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+        return done != 0;
+      });
       if (sent_.size() < 8) {
         MPI_Request req = MPI_REQUEST_NULL;
+        const MpiCall in_mpi;
         if (MPI_Isend(beat_->data(), static_cast<int>(beat_->size()), MPI_BYTE, kNetworkRank, kTagControl,
                       MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
           sent_.push_back(req);
@@ -166,26 +164,11 @@ class NodeServer {
   Backoff backoff_{kIdleSleepNs};
 };
 
-void NodeServer::post(std::vector<uint8_t> bytes) {
-  control_.push_back(Posted{std::move(bytes), MPI_REQUEST_NULL});
-  Posted& p = control_.back();
-  if (MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, kNetworkRank, kTagControl, MPI_COMM_WORLD,
-                &p.req) != MPI_SUCCESS) {
-    control_.pop_back();
-  }
-}
+void NodeServer::post(std::vector<uint8_t> bytes) { (void)post_control(kNetworkRank, std::move(bytes), control_); }
 
 void NodeServer::reap() {
   Graveyard::instance().sweep();
-  for (size_t i = 0; i < control_.size();) {
-    int done = 0;
-    MPI_Test(&control_[i].req, &done, MPI_STATUS_IGNORE);
-    if (done) {
-      control_.erase(control_.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      ++i;
-    }
-  }
+  reap_posted(control_);
   for (size_t i = 0; i < outgoing_.size();) {
     if (test_all(outgoing_[i].reqs)) {
       free_allocs(outgoing_[i].allocs);
@@ -564,8 +547,13 @@ void NodeServer::send_terminal(std::unique_ptr<Held> h) {
     });
   }
   MPI_Request r;
-  if (MPI_Isend(out.header.data(), static_cast<int>(out.header.size()), MPI_BYTE, kNetworkRank, kTagControl,
-                MPI_COMM_WORLD, &r) != MPI_SUCCESS) {
+  int rc = MPI_SUCCESS;
+  {
+    const MpiCall in_mpi;
+    rc = MPI_Isend(out.header.data(), static_cast<int>(out.header.size()), MPI_BYTE, kNetworkRank, kTagControl,
+                   MPI_COMM_WORLD, &r);
+  }
+  if (rc != MPI_SUCCESS) {
     free_allocs(out.allocs);
     stop(internal_error("MPI_Isend of a TERMINAL failed"));
     return;

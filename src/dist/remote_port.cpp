@@ -25,29 +25,6 @@ constexpr size_t kNotesKept = 1024;  // shipment notes no traced run took (dump-
 // heartbeat bound plus a floor rate of 100 MB/s.
 uint64_t transfer_deadline(uint64_t timeout_ns, uint64_t bytes) { return now_ns() + timeout_ns + bytes * 10; }
 
-Status post_control(int rank, std::vector<uint8_t> bytes, std::vector<Posted>& out) {
-  out.push_back(Posted{std::move(bytes), MPI_REQUEST_NULL});
-  Posted& p = out.back();
-  if (MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, rank, kTagControl, MPI_COMM_WORLD,
-                &p.req) != MPI_SUCCESS) {
-    out.pop_back();
-    return internal_error("MPI_Isend of a control message to rank {} failed", rank);
-  }
-  return Status();
-}
-
-void reap(std::vector<Posted>& posted) {
-  for (size_t i = 0; i < posted.size();) {
-    int done = 0;
-    MPI_Test(&posted[i].req, &done, MPI_STATUS_IGNORE);
-    if (done) {
-      posted.erase(posted.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      ++i;
-    }
-  }
-}
-
 }  // namespace
 
 // Sends in flight that outlive the call that posted them; under mu_.
@@ -80,12 +57,12 @@ Result<std::unique_ptr<ExternalWorker>> RemotePort::start(int rank, RemoteNodeOp
   auto give_up = [&](Status why) {
     (void)post_control(rank, encode_simple(MsgKind::kShutdown, session, 0, 0, 0, 0), posted);
     const uint64_t until = now_ns() + 1'000'000'000ull;
-    while (!posted.empty() && now_ns() < until) reap(posted);
+    while (!posted.empty() && now_ns() < until) reap_posted(posted);
     bury_posted(posted);
     return why;
   };
   for (;;) {
-    reap(posted);
+    reap_posted(posted);
     SIMPLER_ASSIGN_OR_RETURN(const bool got, try_recv_control(rank, buf), "MPI rank {}", rank);
     if (got) break;
     if (now_ns() >= deadline) {
@@ -128,7 +105,7 @@ Result<std::unique_ptr<ExternalWorker>> RemotePort::start(int rank, RemoteNodeOp
     const uint64_t sent = now_ns();
     SIMPLER_RETURN_IF_ERROR(post_control(rank, encode_simple(MsgKind::kClockPing, session, 0, 0, 0, 0, sent), posted));
     for (;;) {
-      reap(posted);
+      reap_posted(posted);
       SIMPLER_ASSIGN_OR_RETURN(const bool got_pong, try_recv_control(rank, buf), "MPI rank {}", rank);
       if (got_pong) {
         const uint64_t back = now_ns();
@@ -154,7 +131,7 @@ Result<std::unique_ptr<ExternalWorker>> RemotePort::start(int rank, RemoteNodeOp
       backoff.pause();
     }
   }
-  while (!posted.empty() && now_ns() < deadline) reap(posted);
+  while (!posted.empty() && now_ns() < deadline) reap_posted(posted);
   std::unique_ptr<RemotePort> port(new RemotePort(rank, options, ctx, session, granted));
   port->clock_ = clock;
   port->best_rtt_ns_ = clock.rtt_ns;
@@ -247,10 +224,13 @@ Result<Publication> RemotePort::publish(const PublishSpec& spec) {
 Status RemotePort::send_request(uint32_t e) {
   Entry& en = entries_[e];
   MPI_Request r;
-  if (MPI_Isend(en.request.data(), static_cast<int>(en.request.size()), MPI_BYTE, rank_, kTagControl, MPI_COMM_WORLD,
-                &r) != MPI_SUCCESS) {
-    return internal_error("{}: MPI_Isend of a request failed", who());
+  int rc = MPI_SUCCESS;
+  {
+    const MpiCall in_mpi;
+    rc = MPI_Isend(en.request.data(), static_cast<int>(en.request.size()), MPI_BYTE, rank_, kTagControl, MPI_COMM_WORLD,
+                   &r);
   }
+  if (rc != MPI_SUCCESS) return internal_error("{}: MPI_Isend of a request failed", who());
   en.sends.push_back(r);
   for (const TensorRow& row : en.plan.rows) {
     if ((row.flags & kToNode) == 0) continue;
@@ -388,7 +368,7 @@ void RemotePort::receive_loop() {
     const uint64_t now = now_ns();
     if (now >= next_beat) {
       std::lock_guard<std::mutex> lock(mu_);
-      reap(sends_->control);
+      reap_posted(sends_->control);
       // One heartbeat in flight at most: a dead peer never completes one.
       if (!poisoned_ && sends_->control.size() < 4) {
         (void)post_control(rank_, encode_simple(MsgKind::kHeartbeat, session_, 0, 0, 0, 0), sends_->control);
@@ -747,7 +727,7 @@ Status RemotePort::close(uint64_t deadline_ns) {
   std::lock_guard<std::mutex> lock(mu_);
   Backoff backoff(1'000'000);
   while (!sends_->control.empty() && now_ns() < deadline_ns && !mpi_finalizing()) {
-    reap(sends_->control);
+    reap_posted(sends_->control);
     backoff.pause();
   }
   bury_posted(sends_->control);
