@@ -53,7 +53,7 @@ std::shared_mutex& MpiCall::calls() {
 Result<bool> try_recv_control(int rank, std::vector<uint8_t>& out) {
   int flag = 0;
   MPI_Status st;
-  const MpiCall in_mpi;
+  const MpiCall held;
   if (MPI_Iprobe(rank, kTagControl, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS) {
     return internal_error("MPI_Iprobe for rank {} failed", rank);
   }
@@ -74,7 +74,7 @@ Result<bool> try_recv_control(int rank, std::vector<uint8_t>& out) {
 }
 
 Status send_control(int rank, const std::vector<uint8_t>& bytes) {
-  const MpiCall in_mpi;
+  const MpiCall held;
   if (MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, rank, kTagControl, MPI_COMM_WORLD) !=
       MPI_SUCCESS) {
     return internal_error("MPI_Send of a {}-byte control message to rank {} failed", bytes.size(), rank);
@@ -86,8 +86,7 @@ Status post_chunks(int rank, int tag, const uint8_t* data, uint64_t bytes, std::
   for (uint64_t off = 0; off < bytes; off += kChunkBytes) {
     const int len = static_cast<int>(std::min(kChunkBytes, bytes - off));
     MPI_Request r;
-    const MpiCall in_mpi;
-    if (MPI_Isend(data + off, len, MPI_BYTE, rank, tag, MPI_COMM_WORLD, &r) != MPI_SUCCESS) {
+    if (in_mpi([&] { return MPI_Isend(data + off, len, MPI_BYTE, rank, tag, MPI_COMM_WORLD, &r); }) != MPI_SUCCESS) {
       return internal_error("MPI_Isend of a {}-byte chunk to rank {} failed", len, rank);
     }
     out.push_back(r);
@@ -108,13 +107,8 @@ void Graveyard::bury(std::vector<MPI_Request>& reqs, std::shared_ptr<void> hold)
       grave.reqs.push_back(r);
       continue;
     }
-    int done = 0;
-    {
-      const MpiCall in_mpi;
-      MPI_Cancel(&r);
-      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-    }
-    if (!done) grave.reqs.push_back(r);
+    in_mpi([&] { return MPI_Cancel(&r); });
+    if (!test_one(r)) grave.reqs.push_back(r);
   }
   reqs.clear();
   if (grave.reqs.empty()) return;
@@ -177,12 +171,7 @@ Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t de
       const int len = static_cast<int>(std::min(kChunkBytes, bytes - off));
       MPI_Request r;
       uint8_t* dst = data != nullptr ? data + off : scratch.get();
-      int rc = MPI_SUCCESS;
-      {
-        const MpiCall in_mpi;
-        rc = MPI_Irecv(dst, len, MPI_BYTE, rank, tag, MPI_COMM_WORLD, &r);
-      }
-      if (rc != MPI_SUCCESS) {
+      if (in_mpi([&] { return MPI_Irecv(dst, len, MPI_BYTE, rank, tag, MPI_COMM_WORLD, &r); }) != MPI_SUCCESS) {
         bury(reqs);
         return internal_error("MPI_Irecv of a {}-byte chunk from rank {} failed", len, rank);
       }
@@ -193,12 +182,8 @@ Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t de
     std::vector<MPI_Status> sts(reqs.size());
     for (;;) {
       int done = 0;
-      int rc = MPI_SUCCESS;
-      {
-        const MpiCall in_mpi;
-        rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, sts.data());
-      }
-      if (rc != MPI_SUCCESS) {
+      if (in_mpi([&] { return MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, sts.data()); }) !=
+          MPI_SUCCESS) {
         bury(reqs);
         return invalid_argument("a tensor chunk from rank {} (bytes {}..{}) is longer than announced", rank, begin,
                                 off);
@@ -225,24 +210,24 @@ Status recv_chunks(int rank, int tag, uint8_t* data, uint64_t bytes, uint64_t de
 bool test_all(std::vector<MPI_Request>& reqs) {
   if (reqs.empty()) return true;
   int done = 0;
-  {
-    const MpiCall in_mpi;
-    MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
-  }
+  in_mpi([&] { return MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE); });
   if (done) reqs.clear();
+  return done != 0;
+}
+
+bool test_one(MPI_Request& r) {
+  int done = 0;
+  in_mpi([&] { return MPI_Test(&r, &done, MPI_STATUS_IGNORE); });
   return done != 0;
 }
 
 Status post_control(int rank, std::vector<uint8_t> bytes, std::vector<Posted>& out) {
   out.push_back(Posted{std::move(bytes), MPI_REQUEST_NULL});
   Posted& p = out.back();
-  int rc = MPI_SUCCESS;
-  {
-    const MpiCall in_mpi;
-    rc = MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, rank, kTagControl, MPI_COMM_WORLD,
-                   &p.req);
-  }
-  if (rc != MPI_SUCCESS) {
+  if (in_mpi([&] {
+        return MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, rank, kTagControl, MPI_COMM_WORLD,
+                         &p.req);
+      }) != MPI_SUCCESS) {
     out.pop_back();
     return internal_error("MPI_Isend of a control message to rank {} failed", rank);
   }
@@ -250,18 +235,7 @@ Status post_control(int rank, std::vector<uint8_t> bytes, std::vector<Posted>& o
 }
 
 void reap_posted(std::vector<Posted>& posted) {
-  for (size_t i = 0; i < posted.size();) {
-    int done = 0;
-    {
-      const MpiCall in_mpi;
-      MPI_Test(&posted[i].req, &done, MPI_STATUS_IGNORE);
-    }
-    if (done) {
-      posted.erase(posted.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      ++i;
-    }
-  }
+  std::erase_if(posted, [](Posted& p) { return test_one(p.req); });
 }
 
 }  // namespace simpler::dist

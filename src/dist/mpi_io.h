@@ -85,6 +85,14 @@ class MpiCall {
  private:
   std::shared_lock<std::shared_mutex> lock_;
 };
+// Makes `call` (MPI calls only) inside an MpiCall; returns what it returns.
+template <class Call>
+auto in_mpi(Call&& call) {
+  const MpiCall held;
+  return call();
+}
+// Tests one request (inside an MpiCall): true once it completed.
+bool test_one(MPI_Request& r);
 
 // Requests given up on (a deadline passed, a peer fell silent) whose memory
 // MPI may still use: a receive already matched when it was cancelled goes on

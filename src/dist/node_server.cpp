@@ -79,17 +79,13 @@ class Heartbeat {
   void loop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
-      std::erase_if(sent_, [](MPI_Request& r) {
-        int done = 0;
-        const MpiCall in_mpi;
-        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-        return done != 0;
-      });
+      std::erase_if(sent_, [](MPI_Request& r) { return test_one(r); });
       if (sent_.size() < 8) {
         MPI_Request req = MPI_REQUEST_NULL;
-        const MpiCall in_mpi;
-        if (MPI_Isend(beat_->data(), static_cast<int>(beat_->size()), MPI_BYTE, kNetworkRank, kTagControl,
-                      MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
+        if (in_mpi([&] {
+              return MPI_Isend(beat_->data(), static_cast<int>(beat_->size()), MPI_BYTE, kNetworkRank, kTagControl,
+                               MPI_COMM_WORLD, &req);
+            }) == MPI_SUCCESS) {
           sent_.push_back(req);
         }
       }
@@ -547,13 +543,10 @@ void NodeServer::send_terminal(std::unique_ptr<Held> h) {
     });
   }
   MPI_Request r;
-  int rc = MPI_SUCCESS;
-  {
-    const MpiCall in_mpi;
-    rc = MPI_Isend(out.header.data(), static_cast<int>(out.header.size()), MPI_BYTE, kNetworkRank, kTagControl,
-                   MPI_COMM_WORLD, &r);
-  }
-  if (rc != MPI_SUCCESS) {
+  if (in_mpi([&] {
+        return MPI_Isend(out.header.data(), static_cast<int>(out.header.size()), MPI_BYTE, kNetworkRank, kTagControl,
+                         MPI_COMM_WORLD, &r);
+      }) != MPI_SUCCESS) {
     free_allocs(out.allocs);
     stop(internal_error("MPI_Isend of a TERMINAL failed"));
     return;

@@ -224,13 +224,12 @@ Result<Publication> RemotePort::publish(const PublishSpec& spec) {
 Status RemotePort::send_request(uint32_t e) {
   Entry& en = entries_[e];
   MPI_Request r;
-  int rc = MPI_SUCCESS;
-  {
-    const MpiCall in_mpi;
-    rc = MPI_Isend(en.request.data(), static_cast<int>(en.request.size()), MPI_BYTE, rank_, kTagControl, MPI_COMM_WORLD,
-                   &r);
+  if (in_mpi([&] {
+        return MPI_Isend(en.request.data(), static_cast<int>(en.request.size()), MPI_BYTE, rank_, kTagControl,
+                         MPI_COMM_WORLD, &r);
+      }) != MPI_SUCCESS) {
+    return internal_error("{}: MPI_Isend of a request failed", who());
   }
-  if (rc != MPI_SUCCESS) return internal_error("{}: MPI_Isend of a request failed", who());
   en.sends.push_back(r);
   for (const TensorRow& row : en.plan.rows) {
     if ((row.flags & kToNode) == 0) continue;
