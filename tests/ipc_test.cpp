@@ -1001,21 +1001,7 @@ TEST(MailboxStoreOrder, R6TerminalIsTheLastStoreToAnEntry) {
   fx.stop();
   // Per entry: after a terminal store, the next store to that entry opens a
   // new occupant (its run_epoch at staging), never a late rc/text/ACK.
-  const auto log = rec.snapshot();
-  std::map<int, bool> after_terminal;
-  size_t terminal_stores = 0;
-  for (const auto& s : log) {
-    const int r = region_of(fx.view(), s.addr);
-    if (r < kEntryBase) continue;
-    const uintptr_t off = s.addr - reinterpret_cast<uintptr_t>(&fx.view().entry(r - kEntryBase));
-    if (after_terminal[r]) {
-      ASSERT_EQ(off, kEntryOffRunEpoch) << "store after the terminal to entry " << r - kEntryBase;
-    }
-    after_terminal[r] = off == kEntryOffState && mailbox_state_is_terminal(static_cast<uint32_t>(s.value));
-    terminal_stores += after_terminal[r];
-  }
-  EXPECT_EQ(terminal_stores, static_cast<size_t>(kRuns));
-  for (const auto& [r, t] : after_terminal) EXPECT_TRUE(t) << "entry " << r - kEntryBase << " ends on its terminal";
+  EXPECT_EQ(expect_terminal_last_per_entry(rec.snapshot(), fx.view()), static_cast<size_t>(kRuns));
 }
 
 // The control frame holds one command. A copy_from times out while the
@@ -1161,18 +1147,7 @@ TEST(MailboxStoreOrder, SubWorkerRunsShortFunctionsOnTheLoop) {
   }
   (*ep)->request_shutdown();
   loop.join();
-
-  std::map<int, bool> after_terminal;
-  for (const auto& s : rec.snapshot()) {
-    const int r = region_of((*ep)->view(), s.addr);
-    if (r < kEntryBase) continue;
-    const uintptr_t off = s.addr - reinterpret_cast<uintptr_t>(&(*ep)->view().entry(r - kEntryBase));
-    if (after_terminal[r]) {
-      ASSERT_EQ(off, kEntryOffRunEpoch) << "store after the terminal to entry " << r - kEntryBase;
-    }
-    after_terminal[r] = off == kEntryOffState && mailbox_state_is_terminal(static_cast<uint32_t>(s.value));
-  }
-  for (const auto& [r, t] : after_terminal) EXPECT_TRUE(t) << "entry " << r - kEntryBase << " ends on its terminal";
+  EXPECT_EQ(expect_terminal_last_per_entry(rec.snapshot(), (*ep)->view()), kShortRuns + 3);
 }
 
 // ---------------------------------------------------------------------------
@@ -1767,6 +1742,168 @@ TEST(MailboxProcess, ChipChildRunsThroughTheMailbox) {
   EXPECT_TRUE(ep.control_free(*addr, deadline).ok());
   std::vector<EndpointEvent> rest;
   EXPECT_TRUE((*child)->close(now_ns() + kTestWaitNs, rest).ok());
+}
+
+// The chip child's short path. Each run's kernel records its marker (the
+// run id, a scalar); the gated kernel then holds its core until the test
+// opens the gate.
+std::mutex chip_order_mu;
+std::vector<int64_t> chip_order;
+std::atomic<bool> chip_gate_reached{false};
+std::atomic<bool> chip_gate_open{false};
+Doorbell chip_gate_bell;
+
+extern "C" void ipc_record_marker_kernel(int64_t* args) {
+  std::lock_guard<std::mutex> lock(chip_order_mu);
+  chip_order.push_back(args[0]);
+}
+
+extern "C" void ipc_gated_marker_kernel(int64_t* args) {
+  ipc_record_marker_kernel(args);
+  chip_gate_reached.store(true);
+  (void)spin_then_park(
+      chip_gate_bell, [] { return chip_gate_open.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs);
+}
+
+// A run whose callable prepared quickly last time is prepared on the serve
+// loop, and a preparer that finds the launcher idle and a launch slot free
+// launches its run itself. With the device full (launch_depth 1, a gated run
+// on it), runs prepared behind it wait for their turn without holding the
+// loop: both frames come back and neither run is accepted early (R4); they
+// launch in order once the gate opens; the terminal stays the last store to
+// each entry (R6).
+TEST(ChipChildInline, R4ShortRunsArePreparedOnTheLoopAndWaitTheirTurnWithoutHoldingIt) {
+  Watchdog dog;
+  chip_order.clear();
+  chip_gate_reached.store(false);
+  chip_gate_open.store(false);
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_record_marker_kernel", ipc_record_marker_kernel).ok());
+  ASSERT_TRUE(k.add_function(1, CoreType::AIV, "ipc_gated_marker_kernel", ipc_gated_marker_kernel).ok());
+  std::mutex mu;
+  std::vector<std::thread::id> prepared_on;  // where each short run's orchestration ran
+  std::vector<ChipCallable> callables;
+  callables.emplace_back(
+      "short",
+      [&](ChipOrchestrator& o, const TaskArgs& a) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          prepared_on.push_back(std::this_thread::get_id());
+        }
+        return o.submit_aiv(0, a).status();
+      },
+      k, std::vector<Param>{Param::scalar()});
+  callables.emplace_back(
+      "gated", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(1, a).status(); }, k,
+      std::vector<Param>{Param::scalar()});
+  WorkerConfig cfg;
+  cfg.pipeline_depth = 3;
+  cfg.launch_depth = 1;
+  cfg.max_tasks_per_run = 16;
+  cfg.device_memory_bytes = 64ull << 20;
+  constexpr uint64_t kEntries = 3;
+  auto m = SharedMapping::create_anonymous(*mailbox_size(kEntries));
+  ASSERT_TRUE(m.ok());
+  auto ep = MailboxEndpoint::create(m->data(), m->size(), kEntries);
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  // A budget no sanitizer build can miss: the paths, not the budget, are under test.
+  ChipChildHandler handler(cfg, callables, HostRanges{}, /*inline_budget_ns=*/10'000'000'000ull);
+  RecordingStores rec;
+  ChildOptions options;
+  options.stores = &rec;
+  MailboxChild child((*ep)->view(), handler, options);
+  std::thread loop([&] { (void)child.serve(); });
+  struct Stop {
+    MailboxEndpoint& ep;
+    std::thread& loop;
+    ~Stop() {
+      if (!loop.joinable()) return;
+      chip_gate_open.store(true);
+      chip_gate_bell.ring();
+      ep.request_shutdown();
+      loop.join();
+    }
+  } stop{**ep, loop};
+  ASSERT_TRUE((*ep)->wait_ready(now_ns() + kTestWaitNs).ok());
+  std::vector<EndpointEvent> events;
+  auto publish = [&](uint64_t run, size_t callable) {
+    TaskArgs args;
+    args.add_scalar(static_cast<int64_t>(run));
+    std::vector<uint8_t> blob;
+    ASSERT_TRUE(encode_args_blob(args, blob).ok());
+    PublishSpec s;
+    s.run_id = run;
+    s.dispatch_id = run;
+    s.callable = callables[callable].digest();
+    s.args_blob = blob;
+    ASSERT_TRUE((*ep)->publish(s).ok());
+  };
+  auto terminal = [&](uint64_t run) {
+    return poll_until(
+        **ep, events, [&] { return find_event(events, run, EndpointEvent::Kind::kTerminal) != nullptr; },
+        "terminal of run " + std::to_string(run));
+  };
+  auto order = [] {
+    std::lock_guard<std::mutex> lock(chip_order_mu);
+    return chip_order;
+  };
+
+  constexpr int64_t kShortRuns = 50;
+  std::vector<int64_t> expected;
+  for (int64_t run = 1; run <= kShortRuns; ++run) {
+    publish(run, 0);
+    ASSERT_TRUE(terminal(run));
+    expected.push_back(run);
+  }
+  EXPECT_EQ(order(), expected);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(prepared_on.size(), static_cast<size_t>(kShortRuns));
+    EXPECT_NE(prepared_on.front(), loop.get_id()) << "a callable not yet seen to be short is prepared on the loop";
+    // Not every later one: the queue's thread may still be leaving run 1's
+    // call when run 2 arrives, and a set or slot is freed just after a terminal.
+    const auto on_loop = std::count(prepared_on.begin(), prepared_on.end(), loop.get_id());
+    EXPECT_GT(on_loop, 0) << "no short run was prepared on the loop";
+    EXPECT_EQ(handler.prepared_inline(), static_cast<uint64_t>(on_loop));
+  }
+  EXPECT_GT(handler.launched_by_preparer(), 0u) << "no run was launched by its preparer";
+
+  // The gated run holds the only launch slot; the two short runs behind it
+  // are prepared, hand their frames back and wait, unaccepted.
+  publish(101, 1);
+  ASSERT_TRUE(eventually([] { return chip_gate_reached.load(); })) << "the gated kernel never started";
+  auto prepared = [&](size_t n) {
+    return eventually([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return prepared_on.size() == n;
+    });
+  };
+  // One at a time, so each finds the loop alone (the path a loop that held
+  // on to a run waiting for the device would block).
+  publish(102, 0);
+  ASSERT_TRUE(prepared(kShortRuns + 1)) << "run 102 was never prepared";
+  publish(103, 0);
+  ASSERT_TRUE(prepared(kShortRuns + 2)) << "run 103 was never prepared";
+  ASSERT_TRUE(poll_until(
+      **ep, events, [&] { return (*ep)->available_request_transport() == kMailboxRequestFrames; },
+      "both frames handed back while the device is full"));
+  for (uint64_t run : {102u, 103u}) {
+    EXPECT_EQ(find_event(events, run, EndpointEvent::Kind::kAccepted), nullptr) << "run " << run << " launched early";
+    EXPECT_EQ(find_event(events, run, EndpointEvent::Kind::kTerminal), nullptr) << "run " << run;
+  }
+  chip_gate_open.store(true);
+  chip_gate_bell.ring();
+  for (uint64_t run : {101u, 102u, 103u}) ASSERT_TRUE(terminal(run));
+  for (const EndpointEvent& e : events) {
+    if (e.kind == EndpointEvent::Kind::kTerminal) {
+      EXPECT_TRUE(e.status.ok()) << e.status.to_string();
+    }
+  }
+  for (int64_t run : {101, 102, 103}) expected.push_back(run);
+  EXPECT_EQ(order(), expected) << "the runs prepared behind the full device launched out of order";
+  (*ep)->request_shutdown();
+  loop.join();
+  EXPECT_EQ(expect_terminal_last_per_entry(rec.snapshot(), (*ep)->view()), static_cast<size_t>(kShortRuns + 3));
 }
 
 }  // namespace

@@ -76,6 +76,28 @@ inline int region_of(const MailboxView& v, uintptr_t addr) {
   return kEntryBase + static_cast<int>((off - kMailboxEntriesOffset) / kMailboxEntryStride);
 }
 
+// R6 over a recorded store log: per entry, the store after a terminal opens
+// a new occupant (its run_epoch at staging), never a late rc, text or ACK,
+// and every entry stored into ends on its terminal. Returns the number of
+// terminal stores in the log.
+inline size_t expect_terminal_last_per_entry(const std::vector<RecordedStore>& log, const MailboxView& view) {
+  std::map<int, bool> after_terminal;
+  size_t terminal_stores = 0;
+  for (const auto& s : log) {
+    const int r = region_of(view, s.addr);
+    if (r < kEntryBase) continue;
+    const uintptr_t off = s.addr - reinterpret_cast<uintptr_t>(&view.entry(r - kEntryBase));
+    if (after_terminal[r] && off != kEntryOffRunEpoch) {
+      ADD_FAILURE() << "store at offset " << off << " after the terminal to entry " << r - kEntryBase;
+      return terminal_stores;
+    }
+    after_terminal[r] = off == kEntryOffState && mailbox_state_is_terminal(static_cast<uint32_t>(s.value));
+    terminal_stores += after_terminal[r];
+  }
+  for (const auto& [r, t] : after_terminal) EXPECT_TRUE(t) << "entry " << r - kEntryBase << " ends on its terminal";
+  return terminal_stores;
+}
+
 // Gates a test opens to let scripted runs advance. Lives in shared memory so
 // forked children see it.
 struct TestGates {

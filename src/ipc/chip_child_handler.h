@@ -5,11 +5,16 @@
 // device, prepares), a launcher (launches in order within launch_depth,
 // acceptance at the launch marker) and a completer (finalize, copy-back,
 // terminal). A staged run waits, prepared, between the preparer and the
-// launcher for activate(). The serve loop calls start/activate/control/drain;
-// the threads own the device calls. A sticky device fault ends every run on
-// the device DEVICE_FAULT and refuses later ones (ChipWorker::health); once
-// every started run has its terminal the child exits (kChildExitDeviceFault),
-// as only a new process resets the device, and the parent replaces it.
+// launcher for activate(). A run whose callable prepared quickly last time
+// is prepared on the serve loop instead, and a preparer that finds the
+// launcher idle and a launch slot free launches its run itself: each spares
+// a hand-off to a parked thread. The serve loop calls
+// start/try_run_inline/activate/control/drain; the device calls are made by
+// the three threads and by the serve loop for a run it prepares. A sticky
+// device fault ends every run on the device DEVICE_FAULT and refuses later
+// ones (ChipWorker::health); once every started run has its terminal the
+// child exits (kChildExitDeviceFault), as only a new process resets the
+// device, and the parent replaces it.
 #pragma once
 
 #include <atomic>
@@ -31,12 +36,19 @@ namespace simpler {
 
 class ChipChildHandler final : public RunHandler {
  public:
-  ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRanges shared = {});
+  // A callable's runs are prepared on the serve loop once one took at most
+  // `inline_budget_ns` (a test widens it to make the path certain).
+  ChipChildHandler(WorkerConfig config, std::vector<ChipCallable> callables, HostRanges shared = {},
+                   uint64_t inline_budget_ns = kInlineRunBudgetNs);
   ~ChipChildHandler() override;
 
   Status init() override;
   uint64_t granted_sets() const override { return worker_ != nullptr ? worker_->grant() : 0; }
   void start(RunRequest request, RunTicket ticket) override;
+  // Prepares (and launches) on the serve loop when nothing is queued or being
+  // prepared, the callable's last preparation took at most the inline
+  // budget, the run is not diagnostic and a set is free now.
+  bool try_run_inline(const RunRequest& request, const RunTicket& ticket) override;
   // A staged request is prepared natively (set, device buffers, graph) and
   // held; its shared-heap inputs are copied in only at activation, after
   // its predecessors wrote them.
@@ -44,6 +56,11 @@ class ChipChildHandler final : public RunHandler {
   void activate(uint32_t entry_index, uint64_t generation, bool launch) override;
   Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity) override;
   void drain(uint64_t deadline_ns) override;
+
+  // Runs prepared on the serve loop, and runs their preparer launched
+  // itself: what a test of those paths counts. Any thread.
+  uint64_t prepared_inline() const { return prepared_inline_.load(std::memory_order_relaxed); }
+  uint64_t launched_by_preparer() const { return launched_by_preparer_.load(std::memory_order_relaxed); }
 
  private:
   // A shared-heap tensor's stand-in on the device for one run.
@@ -77,8 +94,13 @@ class ChipChildHandler final : public RunHandler {
   // validating: they crossed the mailbox), its directory the chip's part of
   // the node run's.
   static Result<RunConfig> diagnostics_of(const RunRequest& req);
-  // The preparer's runner: one request, from the queue's thread.
-  void prepare(RunRequest& req, const RunTicket& ticket);
+  // One request, from the queue's thread (`wait`) or inline on the serve
+  // loop. False only without `wait`, when the run is diagnostic or no set is
+  // free now: nothing was done and the ticket is untouched.
+  bool prepare(const RunRequest& req, const RunTicket& ticket, bool wait);
+  // Launches a run taken off to_launch_ (or by its preparer) with launching_
+  // set and a launch slot counted, then clears launching_.
+  void launch(Prepared run);
   void launcher_main();
   void completer_main();
   // Fails the run and reports its terminal to the preparer's queue; every set
@@ -100,6 +122,7 @@ class ChipChildHandler final : public RunHandler {
   const WorkerConfig config_;
   std::vector<ChipCallable> callables_;
   const HostRanges heap_;
+  const uint64_t inline_budget_ns_;
   std::unique_ptr<ChipWorker> worker_;
   std::vector<std::unique_ptr<unsigned char, StorageDeleter>> storage_;  // by set slot
   std::map<uint64_t, DeviceBuffer> buffers_;                             // control-frame allocations
@@ -118,7 +141,15 @@ class ChipChildHandler final : public RunHandler {
   // until its terminal, so this (not the device's own count) bounds what an
   // observer of the entries can see launched at once.
   uint32_t launched_ = 0;
-  bool stopping_ = false;   // the launcher and completer end once nothing is left for them
+  uint32_t launch_depth_ = 0;
+  // A run is being launched: nothing else launches meanwhile, so runs reach
+  // the device in the order they were prepared.
+  bool launching_ = false;
+  bool stopping_ = false;  // the launcher and completer end once nothing is left for them
+  // Per callable: its last preparation took at most inline_budget_ns_.
+  std::unique_ptr<std::atomic<bool>[]> short_;
+  std::atomic<uint64_t> prepared_inline_{0};
+  std::atomic<uint64_t> launched_by_preparer_{0};
   Doorbell set_bell_;       // a set was freed
   Doorbell launch_bell_;    // work for the launcher, a launch slot freed, or stopping
   Doorbell finalize_bell_;  // work for the completer, or stopping
