@@ -35,13 +35,10 @@ ChipChildHandler::ChipChildHandler(WorkerConfig config, std::vector<ChipCallable
     : config_(child_chip_config(std::move(config))),
       callables_(std::move(callables)),
       heap_(std::move(shared)),
-      inline_budget_ns_(inline_budget_ns),
-      short_(new std::atomic<bool>[callables_.size()]),
+      budget_(callables_.size(), inline_budget_ns),
       preparer_("chip child", SpinPolicy{}, [this](RunRequest& request, const RunTicket& ticket) {
         (void)prepare(request, ticket, /*wait=*/true);
-      }) {
-  for (size_t i = 0; i < callables_.size(); ++i) short_[i].store(false, std::memory_order_relaxed);
-}
+      }) {}
 
 ChipChildHandler::~ChipChildHandler() { drain(now_ns() + 5'000'000'000ull); }
 
@@ -83,7 +80,7 @@ void ChipChildHandler::start(RunRequest request, RunTicket ticket) {
 
 bool ChipChildHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket) {
   const Result<uint32_t> k = callable_for(request.callable);
-  if (!k.ok() || !short_[*k].load(std::memory_order_relaxed)) return false;
+  if (!k.ok() || !budget_.is_short(*k)) return false;
   return preparer_.try_run_inline([&] { return prepare(request, ticket, /*wait=*/false); });
 }
 
@@ -312,7 +309,7 @@ bool ChipChildHandler::prepare(const RunRequest& req, const RunTicket& ticket, b
   } else if (!held) {
     launch_bell_.ring();
   }
-  short_[*callable].store(now_ns() - t0 <= inline_budget_ns_, std::memory_order_relaxed);
+  budget_.record(*callable, t0);
   return true;
 }
 

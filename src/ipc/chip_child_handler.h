@@ -122,7 +122,6 @@ class ChipChildHandler final : public RunHandler {
   const WorkerConfig config_;
   std::vector<ChipCallable> callables_;
   const HostRanges heap_;
-  const uint64_t inline_budget_ns_;
   std::unique_ptr<ChipWorker> worker_;
   std::vector<std::unique_ptr<unsigned char, StorageDeleter>> storage_;  // by set slot
   std::map<uint64_t, DeviceBuffer> buffers_;                             // control-frame allocations
@@ -146,8 +145,7 @@ class ChipChildHandler final : public RunHandler {
   // the device in the order they were prepared.
   bool launching_ = false;
   bool stopping_ = false;  // the launcher and completer end once nothing is left for them
-  // Per callable: its last preparation took at most inline_budget_ns_.
-  std::unique_ptr<std::atomic<bool>[]> short_;
+  InlineBudget budget_;    // per callable: its last preparation
   std::atomic<uint64_t> prepared_inline_{0};
   std::atomic<uint64_t> launched_by_preparer_{0};
   Doorbell set_bell_;       // a set was freed

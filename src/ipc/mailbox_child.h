@@ -6,6 +6,7 @@
 // must outlive every ticket its handler still holds.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,6 +71,28 @@ class RunTicket {
 // frame the parent publishes meanwhile, a command or shutdown then waits no
 // longer than a few futex wakes of a parked thread would take anyway.
 inline constexpr uint64_t kInlineRunBudgetNs = 50'000;
+
+// Per kind of run a handler serves (a callable, a sub function): whether its
+// last run took at most the budget, which makes the next one a candidate for
+// try_run_inline. Starts false, so a kind runs inline only once it has been
+// seen to be short. Any thread; a kind out of range is never short.
+class InlineBudget {
+ public:
+  explicit InlineBudget(size_t kinds, uint64_t budget_ns = kInlineRunBudgetNs)
+      : kinds_(kinds), budget_ns_(budget_ns), short_(new std::atomic<bool>[kinds]) {
+    for (size_t i = 0; i < kinds_; ++i) short_[i].store(false, std::memory_order_relaxed);
+  }
+  bool is_short(size_t kind) const { return kind < kinds_ && short_[kind].load(std::memory_order_relaxed); }
+  // A run of `kind` that began at `began_ns` (now_ns()) has just ended.
+  void record(size_t kind, uint64_t began_ns) {
+    if (kind < kinds_) short_[kind].store(now_ns() - began_ns <= budget_ns_, std::memory_order_relaxed);
+  }
+
+ private:
+  const size_t kinds_;
+  const uint64_t budget_ns_;
+  std::unique_ptr<std::atomic<bool>[]> short_;
+};
 
 // kCtrlMemoryInfo's reply, as every handler that serves it writes it: the
 // total in the reply value, the free bytes as one uint64 in `data`.

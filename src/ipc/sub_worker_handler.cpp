@@ -16,14 +16,13 @@ Digest sub_function_digest(uint32_t index) {
 
 SubWorkerHandler::SubWorkerHandler(std::vector<SubFunction> functions, HostRanges shared)
     : functions_(std::move(functions)),
-      short_(new std::atomic<bool>[functions_.size()]),
+      budget_(functions_.size()),
       heap_(std::move(shared)),
       queue_("sub worker", SpinPolicy{},
              [this](RunRequest& request, const RunTicket& ticket) { run(find(request.callable), request, ticket); }) {
   digests_.reserve(functions_.size());
   for (size_t i = 0; i < functions_.size(); ++i) {
     digests_.push_back(sub_function_digest(static_cast<uint32_t>(i)));
-    short_[i].store(false, std::memory_order_relaxed);
   }
 }
 
@@ -38,7 +37,7 @@ void SubWorkerHandler::start(RunRequest request, RunTicket ticket) { (void)queue
 
 bool SubWorkerHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket) {
   const size_t index = find(request.callable);
-  if (index == functions_.size() || !short_[index].load(std::memory_order_relaxed)) return false;
+  if (!budget_.is_short(index)) return false;
   return queue_.try_run_inline([&] {
     run(index, request, ticket);
     return true;
@@ -55,7 +54,7 @@ void SubWorkerHandler::run(size_t index, const RunRequest& request, const RunTic
   ticket.accepted();  // a host function has no later launch marker than its call
   const uint64_t t0 = now_ns();
   const Status st = call(index, request);
-  if (index < functions_.size()) short_[index].store(now_ns() - t0 <= kInlineRunBudgetNs, std::memory_order_relaxed);
+  budget_.record(index, t0);
   ticket.complete(st, kDispositionNativePrepared);
   queue_.finished();
 }

@@ -44,9 +44,7 @@ class SubWorkerHandler final : public RunHandler {
 
   std::vector<SubFunction> functions_;
   std::vector<Digest> digests_;  // sub_function_digest(i), hashed once
-  // Per function: its last run returned within the inline budget. Starts
-  // false, so a function runs inline only once it has been seen to be short.
-  std::unique_ptr<std::atomic<bool>[]> short_;
+  InlineBudget budget_;          // per function
   const HostRanges heap_;
   SerialRunQueue queue_;
 };

@@ -14,11 +14,9 @@ namespace simpler {
 NodeChildHandler::NodeChildHandler(NodeSpec spec, std::vector<NodeCallable> callables)
     : spec_(std::move(spec)),
       callables_(std::move(callables)),
-      short_(new std::atomic<bool>[callables_.size()]),
+      budget_(callables_.size()),
       queue_("node worker", kNodeSpin,
-             [this](RunRequest& request, const RunTicket& ticket) { (void)submit(request, ticket, /*wait=*/true); }) {
-  for (size_t i = 0; i < callables_.size(); ++i) short_[i].store(false, std::memory_order_relaxed);
-}
+             [this](RunRequest& request, const RunTicket& ticket) { (void)submit(request, ticket, /*wait=*/true); }) {}
 
 NodeChildHandler::~NodeChildHandler() { drain(now_ns() + 5'000'000'000ull); }
 
@@ -67,7 +65,7 @@ size_t NodeChildHandler::callable_index(const Digest& digest) const {
 
 bool NodeChildHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket) {
   const size_t k = callable_index(request.callable);
-  if (k == callables_.size() || !short_[k].load(std::memory_order_relaxed)) return false;
+  if (!budget_.is_short(k)) return false;
   // Not admitted: untouched, so start() takes it next.
   return queue_.try_run_inline([&] { return submit(request, ticket, /*wait=*/false); });
 }
@@ -108,7 +106,7 @@ bool NodeChildHandler::submit(const RunRequest& request, const RunTicket& ticket
   } else if (!node_->try_submit(orchestration, std::move(on_terminal), *diagnostics).has_value()) {
     return false;
   }
-  short_[k].store(now_ns() - t0 <= kInlineRunBudgetNs, std::memory_order_relaxed);
+  budget_.record(k, t0);
   return true;
 }
 

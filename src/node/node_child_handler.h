@@ -53,8 +53,7 @@ class NodeChildHandler final : public RunHandler {
 
   const NodeSpec spec_;
   const std::vector<NodeCallable> callables_;
-  // Per callable: its last submission returned within the inline budget.
-  std::unique_ptr<std::atomic<bool>[]> short_;
+  InlineBudget budget_;  // per callable: its last submission
   std::unique_ptr<NodeWorker> node_;
   SerialRunQueue queue_;
 };
