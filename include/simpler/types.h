@@ -16,7 +16,29 @@ enum class Level : uint8_t { Chip = 2, Node = 3, Network = 4 };
 // Element types. Their numbers travel in args blobs and in DeviceTensor::dtype,
 // so they never change: a new type goes last, before kCount.
 enum class DType : uint8_t { F32 = 0, F16, BF16, I8, I16, I32, I64, U8, U32, U64, F64, kCount };
-size_t dtype_size(DType t);
+// 0 for a value outside the enum. Inline: every byte range of every view asks.
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32:
+    case DType::I32:
+    case DType::U32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+    case DType::I16:
+      return 2;
+    case DType::I8:
+    case DType::U8:
+      return 1;
+    case DType::I64:
+    case DType::U64:
+    case DType::F64:
+      return 8;
+    case DType::kCount:
+      break;
+  }
+  return 0;
+}
 const char* dtype_name(DType t);
 
 // How a task uses a tensor argument; dependencies are derived from these tags

