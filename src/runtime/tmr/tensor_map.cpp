@@ -53,10 +53,11 @@ uint32_t TensorMap::alloc_index(uint64_t addr, uint64_t span) {
 }
 
 size_t TensorMap::bucket(uint32_t alloc, uint64_t granule) const {
-  uint64_t h =
-      (uint64_t{alloc} + 1) * 0x9e3779b97f4a7c15ull ^ (granule + 0x632be59bd9b4e019ull) * 0xbf58476d1ce4e5b9ull;
+  // Neighbouring granules of one allocation land in neighbouring buckets, as
+  // in AccessIndex::bucket: a run that walks a buffer touches the table in order.
+  uint64_t h = (uint64_t{alloc} + 1) * 0x9e3779b97f4a7c15ull;
   h ^= h >> 31;
-  return static_cast<size_t>(h & mask_);
+  return static_cast<size_t>((h + granule) & mask_);
 }
 
 uint32_t TensorMap::new_record() {
