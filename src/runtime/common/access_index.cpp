@@ -25,15 +25,7 @@ size_t AccessIndex::live_records() const {
   return static_cast<size_t>(std::count_if(recs_.begin(), recs_.end(), [](const Rec& r) { return !r.dead; }));
 }
 
-size_t AccessIndex::bucket(uint64_t alloc, uint64_t granule) const {
-  // Neighbouring granules of one allocation land in neighbouring buckets: a
-  // graph that walks a buffer row by row touches the table in order, so a
-  // million-task run's lookups stay in cache as a ten-thousand-task run's do
-  // (a hash of the granule scattered them over the whole table).
-  uint64_t h = alloc * 0x9e3779b97f4a7c15ull;
-  h ^= h >> 31;
-  return static_cast<size_t>((h + granule) & mask_);
-}
+size_t AccessIndex::bucket(uint64_t alloc, uint64_t granule) const { return granule_bucket(alloc, granule, mask_); }
 
 uint32_t AccessIndex::head(size_t b) const {
   const uint64_t h = heads_[b];

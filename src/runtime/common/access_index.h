@@ -14,6 +14,18 @@
 
 namespace simpler {
 
+// The bucket of granule `granule` of the allocation keyed `alloc_key` in a
+// table of mask + 1 buckets. Neighbouring granules of one allocation land in
+// neighbouring buckets: a graph that walks a buffer row by row touches the
+// table in order, so a million-task run's lookups stay in cache as a
+// ten-thousand-task run's do (a hash of the granule scattered them over the
+// whole table). Shared by every runtime's dependency index.
+inline size_t granule_bucket(uint64_t alloc_key, uint64_t granule, uint64_t mask) {
+  uint64_t h = alloc_key * 0x9e3779b97f4a7c15ull;
+  h ^= h >> 31;
+  return static_cast<size_t>((h + granule) & mask);
+}
+
 class AccessIndex {
  public:
   // `expected_accesses` sizes the bucket table (the set's descriptor capacity).

@@ -1,5 +1,7 @@
 #include "runtime/tmr/tensor_map.h"
 
+#include "runtime/common/access_index.h"
+
 namespace simpler::tmr {
 
 void TensorMap::reset(uint32_t window) {
@@ -53,11 +55,7 @@ uint32_t TensorMap::alloc_index(uint64_t addr, uint64_t span) {
 }
 
 size_t TensorMap::bucket(uint32_t alloc, uint64_t granule) const {
-  // Neighbouring granules of one allocation land in neighbouring buckets, as
-  // in AccessIndex::bucket: a run that walks a buffer touches the table in order.
-  uint64_t h = (uint64_t{alloc} + 1) * 0x9e3779b97f4a7c15ull;
-  h ^= h >> 31;
-  return static_cast<size_t>((h + granule) & mask_);
+  return granule_bucket(uint64_t{alloc} + 1, granule, mask_);
 }
 
 uint32_t TensorMap::new_record() {
