@@ -181,6 +181,12 @@ void counting_kernel(int64_t* args) {
 void blocking_kernel(int64_t*) {
   testing::eventually([] { return g_release_kernel.load(); });
 }
+std::atomic<int> g_calls_when_released{-1};
+// Blocks like blocking_kernel, then notes how many counting kernels had run.
+void blocking_then_count(int64_t*) {
+  testing::eventually([] { return g_release_kernel.load(); });
+  g_calls_when_released = g_kernel_calls.load();
+}
 void failing_kernel(int64_t*) {
   simpler_kernel_fail("first report");
   simpler_kernel_fail("second report is ignored");
@@ -193,31 +199,33 @@ class CoreHandoff : public ::testing::Test {
   void SetUp() override { core_.start(SpinPolicy{}); }
   void TearDown() override { core_.stop(); }
 
-  // Publishes a task the way an AICPU does; returns the token.
-  uint64_t dispatch(simpler_kernel_fn fn, int64_t* args) {
+  // Posts the next token the way an AICPU does; returns it.
+  uint32_t dispatch(simpler_kernel_fn fn, int64_t* args) {
     CoreRegisters& r = core_.regs();
-    r.fn = fn;
-    r.args = args;
-    const uint64_t token = ++token_;
-    r.task.store(token, std::memory_order_release);
+    const uint32_t token = ++token_;
+    CoreRegisters::Descriptor& d = r.descriptor[CoreRegisters::slot_of(token)];
+    d.fn = fn;
+    d.args = args;
+    d.token.store(token, std::memory_order_release);
     r.bell.ring();
     return token;
   }
-  // Waits (bounded) for FIN with `token`; returns the status word.
-  uint64_t wait_fin(uint64_t token) {
-    uint64_t st = 0;
-    const bool fin = eventually([&] {
-      st = core_.regs().status.load(std::memory_order_acquire);
-      return st >> CoreRegisters::kStateShift == 2 && (st & CoreRegisters::kTokenMask) == token;
+  // Waits (bounded) until the status says `token` ended; returns how it ended.
+  CoreRegisters::Ended wait_end(uint32_t token) {
+    const bool ended = eventually([&] {
+      const uint64_t st = core_.regs().status.load(std::memory_order_acquire);
+      return static_cast<int32_t>(CoreRegisters::ended_token(st) - token) >= 0;
     });
-    EXPECT_TRUE(fin) << "no FIN for token " << token;
-    return st;
+    EXPECT_TRUE(ended) << "token " << token << " never ended";
+    return core_.regs().ended[CoreRegisters::slot_of(token)];
   }
+  const char* message(uint32_t token) { return core_.regs().failure[CoreRegisters::slot_of(token)].message; }
+  uint64_t status() { return core_.regs().status.load(std::memory_order_acquire); }
 
   Watchdog dog_;
   Doorbell owner_;
   Core core_{5, CoreType::AIV, 1, &owner_};
-  uint64_t token_ = 0;
+  uint32_t token_ = 0;
 };
 
 TEST_F(CoreHandoff, RunsTheKernelAndAnswersFinWithTheToken) {
@@ -228,56 +236,99 @@ TEST_F(CoreHandoff, RunsTheKernelAndAnswersFinWithTheToken) {
   int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 7};
   const uint32_t armed = owner_.arm();
   g_kernel_calls = 0;
-  const uint64_t t = dispatch(counting_kernel, args);
-  const uint64_t st = wait_fin(t);
-  EXPECT_EQ(st & CoreRegisters::kFailedBit, 0u);
+  const uint32_t t = dispatch(counting_kernel, args);
+  EXPECT_EQ(wait_end(t).failed, 0u);
+  EXPECT_EQ(status(), CoreRegisters::kFin | t);
   EXPECT_EQ(value, 17);
   EXPECT_EQ(g_kernel_calls.load(), 1);
   EXPECT_EQ(core_.executed(), 1u);
   // The core rings after its FIN store, so the ring may still be on its way.
   EXPECT_TRUE(eventually([&] { return owner_.arm() != armed; })) << "the core did not ring its owner's doorbell on FIN";
   // The next task runs too (a new token), and exactly once each.
-  const uint64_t t2 = dispatch(counting_kernel, args);
-  wait_fin(t2);
+  const uint32_t t2 = dispatch(counting_kernel, args);
+  wait_end(t2);
   EXPECT_EQ(value, 24);
   EXPECT_EQ(g_kernel_calls.load(), 2);
 }
 
 TEST_F(CoreHandoff, AcksBeforeTheKernelFinishes) {
   g_release_kernel = false;
-  const uint64_t t = dispatch(blocking_kernel, nullptr);
+  const uint32_t t = dispatch(blocking_kernel, nullptr);
   uint64_t st = 0;
   ASSERT_TRUE(eventually([&] {
-    st = core_.regs().status.load(std::memory_order_acquire);
+    st = status();
     return (st & CoreRegisters::kTokenMask) == t;
   }));
   EXPECT_EQ(st, CoreRegisters::kAck | t) << "expected ACK while the kernel runs";
+  EXPECT_EQ(CoreRegisters::ended_token(st), t - 1) << "an ACK says only the tokens before it ended";
   g_release_kernel = true;
-  wait_fin(t);
+  wait_end(t);
 }
 
-TEST_F(CoreHandoff, KernelFailureSetsTheFailedBitAndTheFirstMessage) {
-  const uint64_t t = dispatch(failing_kernel, nullptr);
-  const uint64_t st = wait_fin(t);
-  EXPECT_NE(st & CoreRegisters::kFailedBit, 0u);
-  EXPECT_STREQ(core_.regs().failure.message, "first report");
+// Tokens posted behind a running one wait for it, then run in order without
+// another post; each ends with its own record, and the status after an ACK
+// already says the token before it ended.
+TEST_F(CoreHandoff, QueuedTokensRunInOrderOnceTheRunningOneEnds) {
+  static_assert(CoreRegisters::kDepth >= 2, "a core holds a queued token");
+  g_release_kernel = false;
+  g_kernel_calls = 0;
+  int64_t value = 0;
+  int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 1};
+  g_calls_when_released = -1;
+  const uint32_t blocked = dispatch(blocking_then_count, nullptr);
+  ASSERT_TRUE(eventually([&] { return status() == (CoreRegisters::kAck | blocked); }));
+  std::vector<uint32_t> queued;
+  for (uint32_t i = 1; i < CoreRegisters::kDepth; ++i) queued.push_back(dispatch(counting_kernel, args));
+  EXPECT_EQ(status(), CoreRegisters::kAck | blocked);
+  g_release_kernel = true;
+  EXPECT_EQ(wait_end(queued.back()).failed, 0u);
+  EXPECT_EQ(g_calls_when_released.load(), 0) << "a queued token ran beside the one before it";
+  EXPECT_EQ(g_kernel_calls.load(), static_cast<int>(queued.size()));
+  EXPECT_EQ(value, static_cast<int64_t>(queued.size()));
+  EXPECT_EQ(core_.executed(), 1u + queued.size());
+}
+
+TEST_F(CoreHandoff, KernelFailureIsRecordedWithTheFirstMessage) {
+  const uint32_t t = dispatch(failing_kernel, nullptr);
+  EXPECT_NE(wait_end(t).failed, 0u);
+  EXPECT_STREQ(message(t), "first report");
   // The next task starts clean.
   int64_t value = 0;
   int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 1};
-  const uint64_t st2 = wait_fin(dispatch(counting_kernel, args));
-  EXPECT_EQ(st2 & CoreRegisters::kFailedBit, 0u);
+  EXPECT_EQ(wait_end(dispatch(counting_kernel, args)).failed, 0u);
+}
+
+// A failure among queued tokens is the failing token's own: the records of
+// the tokens around it, in other slots, say they succeeded.
+TEST_F(CoreHandoff, EachQueuedTokenKeepsItsOwnFailure) {
+  static_assert(CoreRegisters::kDepth >= 3, "three tokens are held at once");
+  g_release_kernel = false;
+  int64_t value = 0;
+  int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 1};
+  const uint32_t blocked = dispatch(blocking_kernel, nullptr);
+  const uint32_t failing = dispatch(failing_kernel, nullptr);
+  const uint32_t fine = dispatch(counting_kernel, args);
+  g_release_kernel = true;
+  EXPECT_EQ(wait_end(fine).failed, 0u);
+  EXPECT_EQ(wait_end(blocked).failed, 0u);
+  EXPECT_NE(wait_end(failing).failed, 0u);
+  EXPECT_STREQ(message(failing), "first report");
+  const uint32_t throwing = dispatch(throwing_kernel, nullptr);
+  EXPECT_NE(wait_end(throwing).failed, 0u);
+  EXPECT_STREQ(message(throwing), "kernel threw this");
+  EXPECT_STREQ(message(failing), "first report") << "a later failure overwrote another slot's message";
 }
 
 TEST_F(CoreHandoff, AThrowingKernelFailsItsTaskWithTheExceptionText) {
-  const uint64_t st = wait_fin(dispatch(throwing_kernel, nullptr));
-  EXPECT_NE(st & CoreRegisters::kFailedBit, 0u);
-  EXPECT_STREQ(core_.regs().failure.message, "kernel threw this");
+  const uint32_t t = dispatch(throwing_kernel, nullptr);
+  EXPECT_NE(wait_end(t).failed, 0u);
+  EXPECT_STREQ(message(t), "kernel threw this");
 }
 
 TEST_F(CoreHandoff, ALongFailureMessageIsTruncated) {
-  const uint64_t st = wait_fin(dispatch(long_message_kernel, nullptr));
-  EXPECT_NE(st & CoreRegisters::kFailedBit, 0u);
-  EXPECT_EQ(std::strlen(core_.regs().failure.message), kKernelErrorBytes - 1);
+  const uint32_t t = dispatch(long_message_kernel, nullptr);
+  EXPECT_NE(wait_end(t).failed, 0u);
+  EXPECT_EQ(std::strlen(message(t)), kKernelErrorBytes - 1);
 }
 
 // A stray call, on a thread running no kernel, is dropped: it neither
@@ -286,8 +337,7 @@ TEST_F(CoreHandoff, AKernelFailOutsideAnyKernelFailsNothing) {
   simpler_kernel_fail("not on a core");
   int64_t value = 1;
   int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 2};
-  const uint64_t st = wait_fin(dispatch(counting_kernel, args));
-  EXPECT_EQ(st & CoreRegisters::kFailedBit, 0u);
+  EXPECT_EQ(wait_end(dispatch(counting_kernel, args)).failed, 0u);
   EXPECT_EQ(value, 3);
 }
 

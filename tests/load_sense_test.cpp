@@ -47,6 +47,24 @@ TEST(LoadSense, AnOlderLostBatchDoesNotShortenTheHold) {
   EXPECT_TRUE(sense.oversubscribed(t + 10 + LoadSense::kHoldNs - 1));
 }
 
+// A run's host build holds a CPU for up to milliseconds without yielding: a
+// spinner that lost its CPU to it parks (the batch reads as lost) but the
+// process is not held oversubscribed, during the build or for a batch that
+// began before the build ended. A batch lost wholly after it still is.
+TEST(LoadSense, ABatchLostToTheProcesssOwnBuildParksButDoesNotPress) {
+  LoadSense sense;
+  const uint64_t t = 1'000'000'000;
+  sense.own_work_begin();
+  EXPECT_TRUE(sense.note_batch(LoadSense::kLostCpuNs * 5, t));
+  EXPECT_FALSE(sense.oversubscribed(t));
+  sense.own_work_end(t + 100);
+  EXPECT_TRUE(sense.note_batch(LoadSense::kLostCpuNs, t + 100 + LoadSense::kLostCpuNs));
+  EXPECT_FALSE(sense.oversubscribed(t + 100 + LoadSense::kLostCpuNs));
+  EXPECT_TRUE(sense.note_batch(LoadSense::kLostCpuNs, t + 101 + LoadSense::kLostCpuNs));
+  EXPECT_TRUE(sense.oversubscribed(t + 101 + LoadSense::kLostCpuNs));
+  EXPECT_EQ(sense.lost_batches(), 3u);
+}
+
 TEST(LoadSense, OffEveryBatchReadsAsQuiet) {
   LoadSense sense;
   sense.set_enabled(false);

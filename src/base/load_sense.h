@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "base/clock.h"
+
 namespace simpler {
 
 class LoadSense {
@@ -33,6 +35,17 @@ class LoadSense {
   uint64_t spin_window(uint64_t spin_ns, uint64_t now) const {
     return oversubscribed(now) ? (spin_ns < kPressedSpinNs ? spin_ns : kPressedSpinNs) : spin_ns;
   }
+  // This process's own bounded work that holds a CPU for up to milliseconds
+  // without yielding (a run's host build) begins and ends (OwnWorkScope): a
+  // batch lost while it ran, or begun before it ended, reads as lost (the
+  // spinner parks) but does not hold the process oversubscribed: the next
+  // run's waits would park after 2 µs for 50 ms, each hand-off then a
+  // futex wake, when all that took the CPU was that bounded work.
+  void own_work_begin() { own_work_.fetch_add(1, std::memory_order_relaxed); }
+  void own_work_end(uint64_t now) {
+    own_work_end_.store(now, std::memory_order_relaxed);
+    own_work_.fetch_sub(1, std::memory_order_release);
+  }
   uint64_t lost_batches() const { return lost_.load(std::memory_order_relaxed); }
   // Off: every batch reads as quiet, the waits spin as before issue 16 (the
   // process's LoadSense is off when SIMPLER_LOAD_SENSE=0, for A/B runs).
@@ -42,11 +55,22 @@ class LoadSense {
   std::atomic<bool> enabled_{true};
   std::atomic<uint64_t> pressed_until_{0};
   std::atomic<uint64_t> lost_{0};
+  std::atomic<uint32_t> own_work_{0};
+  std::atomic<uint64_t> own_work_end_{0};
 };
 
 // The process's LoadSense, shared by every spin-then-park wait and every
 // simulated AICPU and core thread.
 LoadSense& load_sense();
+
+// Marks the process's own work (LoadSense::own_work_begin) for its scope.
+class OwnWorkScope {
+ public:
+  OwnWorkScope() { load_sense().own_work_begin(); }
+  ~OwnWorkScope() { load_sense().own_work_end(now_ns()); }
+  OwnWorkScope(const OwnWorkScope&) = delete;
+  OwnWorkScope& operator=(const OwnWorkScope&) = delete;
+};
 
 namespace hooks {
 #ifdef SIMPLER_TEST_HOOKS
@@ -66,6 +90,10 @@ inline constexpr uint64_t spin_batch_gap() noexcept { return 0; }
 inline bool LoadSense::note_batch(uint64_t elapsed_ns, uint64_t now) {
   if (elapsed_ns + hooks::spin_batch_gap() < kLostCpuNs || !enabled_.load(std::memory_order_relaxed)) return false;
   lost_.fetch_add(1, std::memory_order_relaxed);
+  if (own_work_.load(std::memory_order_acquire) != 0 ||
+      own_work_end_.load(std::memory_order_relaxed) + elapsed_ns + hooks::spin_batch_gap() >= now) {
+    return true;
+  }
   const uint64_t until = now + kHoldNs;
   uint64_t seen = pressed_until_.load(std::memory_order_relaxed);
   while (seen < until && !pressed_until_.compare_exchange_weak(seen, until, std::memory_order_relaxed)) {

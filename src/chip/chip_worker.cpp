@@ -11,6 +11,7 @@
 
 #include "base/errors.h"
 #include "base/leak.h"
+#include "base/load_sense.h"
 #include "base/user_code.h"
 #include "chip/pipeline_contract.h"
 #include "device/backend_registry.h"
@@ -403,6 +404,7 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
     if (st.ok()) {
       // A host-side runtime runs the orchestration in build, on this thread.
       const UserCodeMark orchestration(this);
+      const OwnWorkScope build_holds_a_cpu;
       st = runtime_->build(ctx->api_, c, ctx->args_,
                            ctx->config_.runtime_env ? *ctx->config_.runtime_env : config_.runtime_env,
                            diag::RunTrace{level, epoch, ctx->trace_lane_.get(), ctx->capture_.get()});

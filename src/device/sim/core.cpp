@@ -1,5 +1,6 @@
 #include "device/sim/core.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -38,33 +39,31 @@ void Core::stop() {
 
 void Core::loop(SpinPolicy policy) {
   name_this_thread("{}{}", type_ == CoreType::AIC ? "aic" : "aiv", id_);
-  uint64_t last = 0;
-  for (;;) {
-    uint64_t token = 0;
+  for (uint32_t tok = 1;; ++tok) {
+    const uint32_t slot = CoreRegisters::slot_of(tok);
+    const CoreRegisters::Descriptor& d = regs_.descriptor[slot];
+    bool posted = false;
     spin_then_park(
         regs_.bell,
         [&] {
-          token = regs_.task.load(std::memory_order_acquire);
-          return token != last || stop_.load(std::memory_order_acquire);
+          posted = static_cast<uint32_t>(d.token.load(std::memory_order_acquire)) == tok;
+          return posted || stop_.load(std::memory_order_acquire);
         },
         policy);
-    if (token == last) return;  // stop requested with no task pending
-    last = token;
-    const uint64_t tok = token & CoreRegisters::kTokenMask;
+    if (!posted) return;  // stop requested with no task pending
     regs_.status.store(CoreRegisters::kAck | tok, std::memory_order_release);
     // Recorded before FIN: once the owner reaps it, the run may end and be exported.
-    const bool traced = regs_.trace_level != 0 && lane_ != nullptr;
+    const bool traced = d.trace_level != 0 && lane_ != nullptr;
     const uint64_t begin = now_ns();
-    const bool ok = run_kernel(regs_.fn, regs_.args, regs_.failure, regs_.label);
+    const bool ok = run_kernel(d.fn, d.args, regs_.failure[slot], d.label);
     const uint64_t end = now_ns();
-    regs_.kernel_ns = end - begin;
+    regs_.ended[slot] = CoreRegisters::Ended{static_cast<uint32_t>(std::min<uint64_t>(end - begin, UINT32_MAX)), !ok};
     if (traced) {
-      lane_->record(diag::Event{regs_.trace_run, begin, end, regs_.label.name, regs_.label.task, regs_.label.func_id,
-                                diag::EventKind::kTask});
+      lane_->record(
+          diag::Event{d.trace_run, begin, end, d.label.name, d.label.task, d.label.func_id, diag::EventKind::kTask});
     }
     executed_.fetch_add(1, std::memory_order_relaxed);
-    const uint64_t fin = CoreRegisters::kFin | (ok ? 0 : CoreRegisters::kFailedBit) | tok;
-    regs_.status.store(fin, std::memory_order_release);
+    regs_.status.store(CoreRegisters::kFin | tok, std::memory_order_release);
     owner_bell_->ring();
   }
 }

@@ -1,9 +1,9 @@
 // The simulated AICore: one host thread per core, fed through its handshake
-// registers (device/core_registers.h). The owning AICPU thread writes the
-// task register; the core answers ACK, then FIN with the dispatch token, and
-// rings its owner. Under a CoreProgram (a runtime whose cores schedule
-// themselves) the thread runs that program instead and never reads the task
-// register. A core of a device with a sticky fault raised starts no kernel:
+// registers (device/core_registers.h). The owning AICPU thread posts tokens
+// into the task descriptors; the core runs them in order, answers ACK, then
+// FIN with each token, and rings its owner. Under a CoreProgram (a runtime
+// whose cores schedule themselves) the thread runs that program instead and
+// never reads the descriptors. A core of a device with a sticky fault raised starts no kernel:
 // it answers FIN with the fault as the task's failure (or returns it from
 // execute()). start/stop are for the device's owning thread.
 #pragma once

@@ -22,7 +22,7 @@ CoreDispatcher::CoreDispatcher(Device& device)
       aic_queue_(0),
       aiv_queue_(0),
       mix_queue_(0),
-      inflight_(device.core_count()),
+      cores_(device.core_count()),
       next_token_(device.core_count(), 0),
       aicpu_(new AicpuState[device.geometry().aicpu_threads]),
       inline_allowed_([] {
@@ -52,26 +52,33 @@ uint32_t CoreDispatcher::last_done(uint32_t slot, uint32_t* out, uint32_t capaci
 void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub) {
   const diag::RunTrace& tr = traces_[item.slot];
   const uint64_t begin = tr.level >= 2 ? now_ns() : 0;
-  Inflight& f = inflight_[core];
   const uint32_t k = kernel_of(task.kind, sub);
+  CoreQueue& q = cores_[core];
+  Inflight& f = q.push();
   f.slot = item.slot;
   f.task = item.task;
-  f.token = ++next_token_[core];
-  f.busy = true;
+  f.sub = sub;
   f.task_id = task.id;
   f.aicpu = aicpu;
   f.name = task.name[k];
+  f.fn = task.fn[k];
+  f.alone = task.blocks == 1 && task.kind != TaskKind::Mix;
   CoreRegisters& r = *regs_[core];
-  r.trace_level = tr.level;
-  r.trace_run = tr.run;
-  r.fn = task.fn[k];
-  r.args = task.args;
-  r.label = KernelLabel{task.name[k], task.id, task.func_id[k], task.kind == TaskKind::Mix ? 0 : sub, task.blocks};
-  CoreExecutor* const here = inline_executor(aicpu, core, task, r.fn);
+  // Not consumed by an inline run: that borrows the next token's slot, which
+  // no queued token can reach, since nothing is queued behind an inline run.
+  f.token = next_token_[core] + 1;
+  CoreRegisters::Descriptor& d = r.descriptor[CoreRegisters::slot_of(f.token)];
+  d.trace_level = tr.level;
+  d.trace_run = tr.run;
+  d.fn = f.fn;
+  d.args = task.args;
+  d.label = KernelLabel{task.name[k], task.id, task.func_id[k], task.kind == TaskKind::Mix ? 0 : sub, task.blocks};
+  CoreExecutor* const here = q.count == 1 ? inline_executor(aicpu, core, task, f.fn) : nullptr;
   f.ran_inline = here != nullptr;
   if (here == nullptr) {
     ++aicpu_[aicpu].on_cores;
-    r.task.store((uint64_t{sub} << 32) | f.token, std::memory_order_release);
+    next_token_[core] = f.token;
+    d.token.store(f.token, std::memory_order_release);
     r.bell.ring();
   }
   if (tr.level >= 2) {
@@ -82,8 +89,9 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
   if (here != nullptr) {
     // Completed by this thread's next poll round, like a FIN it read.
     const uint64_t start = now_ns();
-    f.inline_failed = !here->execute(r.fn, r.args, r.label, r.failure, tr.level, tr.run);
-    costs_.note(r.fn, now_ns() - start);
+    f.inline_failed =
+        !here->execute(d.fn, d.args, d.label, r.failure[CoreRegisters::slot_of(f.token)], tr.level, tr.run);
+    costs_.note(f.fn, now_ns() - start);
     inlining_.fetch_sub(1, std::memory_order_relaxed);
   }
 }

@@ -1,6 +1,7 @@
 // CoreDispatcher: the AICPU side every graph-scheduling runtime shares: the
-// ready queues (AIC, AIV, mix), what each core runs, the handshake with the
-// cores and one round of polling per AICPU thread. The runtime says which
+// ready queues (AIC, AIV, mix), what each core holds posted (the task it runs
+// and up to CoreRegisters::kDepth - 1 short lone ones queued behind it), the
+// handshake with the cores and one round of polling per AICPU thread. The runtime says which
 // task a ReadyItem names and what a finished subtask does. poll() for an
 // AICPU thread runs only on it; push and publish on any thread; the queues'
 // storage is swapped only at a regrant, while every queue is empty.
@@ -25,16 +26,18 @@ namespace simpler {
 
 class CoreDispatcher {
  public:
-  // The task a core runs: only the core's owning AICPU thread touches it.
+  // A subtask posted to a core: only the core's owning AICPU thread touches it.
   struct Inflight {
     uint32_t slot = 0;
     uint32_t task = 0;
     uint32_t token = 0;
-    bool busy = false;
+    uint32_t sub = 0;            // which of the task's kernels (mix) or blocks (SPMD)
     uint32_t task_id = 0;        // the task's id in its run (task is a window slot on some runtimes)
     uint32_t aicpu = 0;          // the AICPU thread that owns the core: it dispatches and completes
     const char* name = nullptr;  // the subtask's kernel
-    bool ran_inline = false;     // the owning AICPU thread ran it (done when dispatch() returned)
+    simpler_kernel_fn fn = nullptr;
+    bool alone = false;       // a single-block, single-core task: it waits for no other subtask
+    bool ran_inline = false;  // the owning AICPU thread ran it (done when dispatch() returned)
     bool inline_failed = false;
   };
   // A kernel whose recent runs took longer than this is not run inline: it
@@ -69,13 +72,26 @@ class CoreDispatcher {
   void publish(std::vector<ReadyItem>& ready, TaskOf&& task_of);
 
   // One round for AICPU thread `aicpu`: completes the subtasks its cores
-  // finished (complete(core_registers, inflight, ready) pushes successors
-  // into `ready` and publishes them), then starts ready tasks on its idle
-  // cores. task_of(item) is the GraphTask to start. True on any progress.
+  // finished (complete(inflight, failure, ready), where failure is the
+  // kernel's message or null, pushes successors into `ready` and publishes
+  // them), then starts ready tasks on its idle cores and queues more behind
+  // short ones. task_of(item) is the GraphTask to start. True on any progress.
   template <typename TaskOf, typename Complete>
   bool poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete);
 
  private:
+  // What one core holds posted, oldest first.
+  struct CoreQueue {
+    Inflight entry[CoreRegisters::kDepth];
+    uint32_t head = 0;
+    uint32_t count = 0;
+    Inflight& front() { return entry[head]; }
+    Inflight& push() { return entry[(head + count++) % CoreRegisters::kDepth]; }
+    void pop() {
+      head = (head + 1) % CoreRegisters::kDepth;
+      --count;
+    }
+  };
   struct alignas(64) AicpuState {
     std::vector<uint32_t> clusters;
     std::vector<ReadyItem> scratch;  // newly ready tasks, pushed in one batch
@@ -102,6 +118,19 @@ class CoreDispatcher {
   };
 
   ReadyQueue& queue(TaskKind kind) { return *queues_[static_cast<int>(kind)]; }
+  // Whether `q`'s core may take a lone subtask behind what it holds: only
+  // lone kernels (no gang subtask holds a core a peer waits on while behind
+  // it), run on the core and seen to be short, so what waits behind them
+  // starts soon. A kernel seen short that then blocks holds what was queued
+  // behind it until it returns: kernels wait for nothing but their gang peers.
+  bool can_queue_behind(const CoreQueue& q) const {
+    if (q.count == 0 || q.count == CoreRegisters::kDepth) return false;
+    for (uint32_t i = 0; i < q.count; ++i) {
+      const Inflight& f = q.entry[(q.head + i) % CoreRegisters::kDepth];
+      if (!f.alone || f.ran_inline || !costs_.short_kernel(f.fn)) return false;
+    }
+    return true;
+  }
   void dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub);
   // Where AICPU thread `aicpu` runs kernel `fn` of `task` inline for `core`,
   // or null to hand it to the core. Only when SIMPLER_INLINE_DISPATCH=1 was
@@ -145,7 +174,7 @@ class CoreDispatcher {
   ReadyQueue aiv_queue_;
   ReadyQueue mix_queue_;
   ReadyQueue* queues_[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
-  std::vector<Inflight> inflight_;
+  std::vector<CoreQueue> cores_;
   std::vector<uint32_t> last_done_;  // [slot * cores + core]; a set's row is written only while its run is live
   std::vector<uint32_t> next_token_;
   std::vector<diag::RunTrace> traces_;  // per set
@@ -183,29 +212,42 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
   const uint64_t poll_begin = sched ? now_ns() : 0;
   for (uint32_t c : st.clusters) {
     for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
-      Inflight& f = inflight_[core];
-      if (!f.busy) continue;
+      CoreQueue& q = cores_[core];
+      if (q.count == 0) continue;
       const CoreRegisters& r = *regs_[core];
-      bool failed = f.inline_failed;
-      if (!f.ran_inline) {
-        const uint64_t status = r.status.load(std::memory_order_acquire);
-        if ((status >> CoreRegisters::kStateShift) != 2 || (status & CoreRegisters::kTokenMask) != f.token) continue;
-        failed = (status & CoreRegisters::kFailedBit) != 0;
-        --st.on_cores;
-        costs_.note(r.fn, r.kernel_ns);
+      bool read_status = false;
+      uint32_t ended = 0;
+      while (q.count != 0) {
+        const Inflight f = q.front();
+        const char* failure = nullptr;
+        const uint32_t slot = CoreRegisters::slot_of(f.token);
+        if (f.ran_inline) {
+          if (f.inline_failed) failure = r.failure[slot].message;
+        } else {
+          if (!read_status) {
+            ended = CoreRegisters::ended_token(r.status.load(std::memory_order_acquire));
+            read_status = true;
+          }
+          if (static_cast<int32_t>(ended - f.token) < 0) break;
+          const CoreRegisters::Ended how = r.ended[slot];
+          if (how.failed != 0) failure = r.failure[slot].message;
+          --st.on_cores;
+          costs_.note(f.fn, how.kernel_ns);
+        }
+        q.pop();
+        const diag::RunTrace& tr = traces_[f.slot];
+        if (tr.level >= 2) {
+          // Recorded before complete(): finishing a run's last task exports its
+          // trace from inside it. The release that follows is level 3's `resolve`.
+          const uint64_t seen = now_ns();
+          rec_->aicpu_lane(aicpu).record(
+              diag::Event{tr.run, seen, seen, f.name, f.task_id, 0, diag::EventKind::kFinish});
+        }
+        // Before complete(), whose release of the task publishes this to the run's finisher.
+        last_done_[size_t{f.slot} * regs_.size() + core] = f.task_id;
+        complete(f, failure, ready);
+        progress = true;
       }
-      f.busy = false;
-      const diag::RunTrace& tr = traces_[f.slot];
-      if (tr.level >= 2) {
-        // Recorded before complete(): finishing a run's last task exports its
-        // trace from inside it. The release that follows is level 3's `resolve`.
-        const uint64_t seen = now_ns();
-        rec_->aicpu_lane(aicpu).record(diag::Event{tr.run, seen, seen, f.name, f.task_id, 0, diag::EventKind::kFinish});
-      }
-      // Before complete(), whose release of the task publishes this to the run's finisher.
-      last_done_[size_t{f.slot} * regs_.size() + core] = f.task_id;
-      complete(r, f, failed, ready);
-      progress = true;
     }
   }
   // Completions published their successors already, and an SPMD task hands
@@ -220,9 +262,17 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
   // While mix tasks wait, one busy cluster per AICPU thread takes no single
   // tasks, so it drains and a mix task cannot starve behind a stream of singles.
   bool reserve_for_mix = !mix_queue_.empty_hint();
+  uint32_t reserved = UINT32_MAX;
+  const auto place_single = [&](uint32_t core) {
+    ReadyQueue& from = core % 3 == 0 ? aic_queue_ : aiv_queue_;
+    ReadyItem item;
+    if (from.empty_hint() || !from.pop(item)) return;
+    handed_back |= dispatch_single(aicpu, core, item, task_of(item), from);
+    progress = true;
+  };
   for (uint32_t c : st.clusters) {
     const uint32_t aic = 3 * c;
-    const bool cluster_idle = !inflight_[aic].busy && !inflight_[aic + 1].busy && !inflight_[aic + 2].busy;
+    const bool cluster_idle = cores_[aic].count == 0 && cores_[aic + 1].count == 0 && cores_[aic + 2].count == 0;
     ReadyItem item;
     if (cluster_idle && !mix_queue_.empty_hint() && mix_queue_.pop(item)) {
       GraphTask& task = task_of(item);
@@ -233,15 +283,30 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
     }
     if (reserve_for_mix && !cluster_idle) {
       reserve_for_mix = false;
+      reserved = c;
       continue;
     }
-    if (!inflight_[aic].busy && aic_queue_.pop(item)) {
-      handed_back |= dispatch_single(aicpu, aic, item, task_of(item), aic_queue_);
-      progress = true;
+    for (uint32_t core = aic; core < aic + 3; ++core) {
+      if (cores_[core].count == 0) place_single(core);
     }
-    for (uint32_t core = aic + 1; core < aic + 3; ++core) {
-      if (!inflight_[core].busy && aiv_queue_.pop(item)) {
-        handed_back |= dispatch_single(aicpu, core, item, task_of(item), aiv_queue_);
+  }
+  // What the idle cores left, one level deeper at a time: a core holding
+  // only short lone kernels takes another lone one, which it starts as soon
+  // as the one before ends instead of after this thread saw that and posted
+  // it. Only lone tasks are queued: a gang subtask (mix, SPMD block) waits
+  // for its peers, so it starts only on an idle core.
+  for (uint32_t depth = 1; depth < CoreRegisters::kDepth; ++depth) {
+    if (aic_queue_.empty_hint() && aiv_queue_.empty_hint()) break;
+    for (uint32_t c : st.clusters) {
+      if (c == reserved) continue;
+      for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
+        if (cores_[core].count != depth || !can_queue_behind(cores_[core])) continue;
+        ReadyQueue& from = core % 3 == 0 ? aic_queue_ : aiv_queue_;
+        ReadyItem item;
+        if (!from.pop_if(item, [&](ReadyItem it) { return task_of(it).blocks == 1; })) continue;
+        GraphTask& task = task_of(item);
+        capture_before(aicpu, item, task);
+        dispatch(aicpu, core, item, task, 0);
         progress = true;
       }
     }

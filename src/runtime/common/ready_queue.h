@@ -24,6 +24,18 @@ class ReadyQueue {
   void push(ReadyItem item);
   void push_many(const ReadyItem* items, size_t n);
   bool pop(ReadyItem& out);
+  // Pops the oldest item only when take(item) says so (under the queue's lock).
+  template <typename Take>
+  bool pop_if(ReadyItem& out, Take&& take) {
+    if (empty_hint()) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t size = size_.load(std::memory_order_relaxed);
+    if (size == 0 || !take(ring_[head_])) return false;
+    out = ring_[head_];
+    head_ = (head_ + 1) % ring_.size();
+    size_.store(size - 1, std::memory_order_release);
+    return true;
+  }
   // Replaces the ring (for a regrant, while the queue is empty); hands the old
   // one back in `ring`.
   void swap_storage(std::vector<ReadyItem>& ring) noexcept;

@@ -121,16 +121,6 @@ bool end_subtask(GraphTask& task, uint32_t id, uint32_t sub, const char* failure
   return true;
 }
 
-// As above, for a subtask that ended on the core whose registers are `r`
-// (`kernel_failed`: its kernel reported a failure there).
-template <typename Damage>
-bool end_subtask(GraphTask& task, uint32_t id, const CoreRegisters& r, bool kernel_failed, FirstError& error,
-                 Damage&& damage, const GuardCheck* guards, const ChipCallable& callable) {
-  const auto sub = static_cast<uint32_t>(r.task.load(std::memory_order_relaxed) >> 32);
-  return end_subtask(task, id, sub, kernel_failed ? r.failure.message : nullptr, error, std::forward<Damage>(damage),
-                     guards, callable);
-}
-
 // The descriptor a kernel receives for `v`; on every task's path, so inline.
 inline void write_descriptor(DeviceTensor& d, const TensorView& v) {
   d.data = v.buffer().addr + static_cast<uint64_t>(v.offset()) * dtype_size(v.dtype());

@@ -87,13 +87,13 @@ void HbgRuntime::launch(uint32_t slot) {
   device_.ring_all_aicpu();
 }
 
-void HbgRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool kernel_failed,
+void HbgRuntime::complete_subtask(const CoreDispatcher::Inflight& f, const char* failure,
                                   std::vector<ReadyItem>& ready) {
   Slot& s = *slots_[f.slot];
   GraphTask& task = s.tasks[f.task];
   s.executed.fetch_add(1, std::memory_order_relaxed);
   const auto damage = [this](uint64_t addr, uint64_t bytes) { return memory_.check_guards(addr, bytes); };
-  if (!end_subtask(task, f.task, r, kernel_failed, s.error, damage, s.guards.data(), *s.callable)) return;
+  if (!end_subtask(task, f.task, f.sub, failure, s.error, damage, s.guards.data(), *s.callable)) return;
   // Its outputs as the kernels left them, before a successor may overwrite them.
   if (s.trace.capture != nullptr) s.trace.capture->after(f.aicpu, task.id);
   finish_task(s, f.task, task.poisoned.load(std::memory_order_acquire) != 0, ready);
@@ -123,8 +123,8 @@ void HbgRuntime::finish_run(Slot& s) {
 bool HbgRuntime::poll(uint32_t aicpu) {
   return dispatcher_.poll(
       aicpu, [this](ReadyItem it) -> GraphTask& { return task_of(it); },
-      [this](const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool failed, std::vector<ReadyItem>& ready) {
-        complete_subtask(r, f, failed, ready);
+      [this](const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready) {
+        complete_subtask(f, failure, ready);
       });
 }
 

@@ -43,8 +43,7 @@ class HbgRuntime final : public ChipRuntime {
 
   HbgRuntime(Device& device, GraphCapacity capacity, RunDoneFn on_done);
   GraphTask& task_of(ReadyItem item) const { return slots_[item.slot]->tasks[item.task]; }
-  void complete_subtask(const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool kernel_failed,
-                        std::vector<ReadyItem>& ready);
+  void complete_subtask(const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready);
   void finish_task(Slot& s, uint32_t task, bool failed, std::vector<ReadyItem>& ready);
   void finish_run(Slot& s);
 

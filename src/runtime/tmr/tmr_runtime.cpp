@@ -625,8 +625,8 @@ bool TmrRuntime::poll(uint32_t aicpu) {
   if (aicpu < device_.geometry().aicpu_threads) {
     return dispatcher_.poll(
         aicpu, [this](ReadyItem it) -> GraphTask& { return task_of(it); },
-        [this](const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool failed, std::vector<ReadyItem>& ready) {
-          complete_subtask(r, f, failed, ready);
+        [this](const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready) {
+          complete_subtask(f, failure, ready);
         });
   }
   uint32_t slot = 0;
@@ -657,7 +657,7 @@ void TmrRuntime::stream(Set& s) {
   drop_remaining(s, 1);
 }
 
-void TmrRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool kernel_failed,
+void TmrRuntime::complete_subtask(const CoreDispatcher::Inflight& f, const char* failure,
                                   std::vector<ReadyItem>& ready) {
   Set& s = *sets_[f.slot];
   GraphTask& task = s.tasks_[f.task].task;
@@ -671,7 +671,7 @@ void TmrRuntime::complete_subtask(const CoreRegisters& r, const CoreDispatcher::
     }
     return memory_.check_guards(addr, bytes);
   };
-  if (!end_subtask(task, task.id, r, kernel_failed, s.error_, damage, s.guards_.data(), *s.callable_)) return;
+  if (!end_subtask(task, task.id, f.sub, failure, s.error_, damage, s.guards_.data(), *s.callable_)) return;
   // Its outputs as the kernels left them, before a successor may overwrite them.
   if (s.trace_.capture != nullptr) s.trace_.capture->after(f.aicpu, task.id);
   finish_task(s, f.task, task.poisoned.load(std::memory_order_acquire) != 0, ready);

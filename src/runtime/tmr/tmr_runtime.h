@@ -207,8 +207,7 @@ class TmrRuntime final : public ChipRuntime {
   uint64_t descriptor_capacity() const;
   void stream(Set& s);
   GraphTask& task_of(ReadyItem item) const { return sets_[item.slot]->tasks_[item.task].task; }
-  void complete_subtask(const CoreRegisters& r, const CoreDispatcher::Inflight& f, bool kernel_failed,
-                        std::vector<ReadyItem>& ready);
+  void complete_subtask(const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready);
   // Ends the task in window slot `slot` (`failed`: it or a predecessor
   // failed) and, iteratively, each poisoned successor that it leaves with no
   // fanin; queues the successors that became ready into `ready`.
