@@ -1,10 +1,10 @@
 // CoreDispatcher: the AICPU side every graph-scheduling runtime shares: the
 // ready queues (AIC, AIV, mix), what each core holds posted (the task it runs
 // and up to CoreRegisters::kDepth - 1 short lone ones queued behind it), the
-// handshake with the cores and one round of polling per AICPU thread. The runtime says which
-// task a ReadyItem names and what a finished subtask does. poll() for an
-// AICPU thread runs only on it; push and publish on any thread; the queues'
-// storage is swapped only at a regrant, while every queue is empty.
+// handshake with the cores and one round of polling per AICPU thread. The
+// runtime says which task a ReadyItem names and what a finished subtask does.
+// poll() for an AICPU thread runs only on it; push and publish on any thread;
+// the queues' storage is swapped only at a regrant, while every queue is empty.
 // With SIMPLER_INLINE_DISPATCH=1, while the process is oversubscribed, an
 // AICPU thread runs a short kernel itself, for the core it placed it on,
 // instead of handing it over (see inline_executor()).
