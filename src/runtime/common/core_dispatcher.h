@@ -85,6 +85,7 @@ class CoreDispatcher {
     Inflight entry[CoreRegisters::kDepth];
     uint32_t head = 0;
     uint32_t count = 0;
+    uint64_t moved_ns = 0;  // when its owner last saw it start from idle or end a token
     Inflight& front() { return entry[head]; }
     Inflight& push() { return entry[(head + count++) % CoreRegisters::kDepth]; }
     void pop() {
@@ -118,13 +119,17 @@ class CoreDispatcher {
   };
 
   ReadyQueue& queue(TaskKind kind) { return *queues_[static_cast<int>(kind)]; }
-  // Whether `q`'s core may take a lone subtask behind what it holds: only
-  // lone kernels (no gang subtask holds a core a peer waits on while behind
-  // it), run on the core and seen to be short, so what waits behind them
-  // starts soon. A kernel seen short that then blocks holds what was queued
-  // behind it until it returns: kernels wait for nothing but their gang peers.
-  bool can_queue_behind(const CoreQueue& q) const {
-    if (q.count == 0 || q.count == CoreRegisters::kDepth) return false;
+  // How long a core may have ended nothing and still take a subtask behind
+  // what it holds.
+  static constexpr uint64_t kQueueBehindNs = 50'000;
+  // Whether `q`'s core may take a lone subtask behind what it holds at `now`:
+  // only lone kernels (no gang subtask holds a core a peer waits on while
+  // behind it), run on the core and seen to be short, on a core seen moving
+  // within kQueueBehindNs, so what waits behind them starts soon. A kernel
+  // seen short that blocks after all (on a gate, on the host) takes nothing
+  // more once it held its core that long; what it took before waits for it.
+  bool can_queue_behind(const CoreQueue& q, uint64_t now) const {
+    if (q.count == 0 || q.count == CoreRegisters::kDepth || now - q.moved_ns > kQueueBehindNs) return false;
     for (uint32_t i = 0; i < q.count; ++i) {
       const Inflight& f = q.entry[(q.head + i) % CoreRegisters::kDepth];
       if (!f.alone || f.ran_inline || !costs_.short_kernel(f.fn)) return false;
@@ -210,6 +215,12 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
   bool progress = false;
   const bool sched = rec_ != nullptr && rec_->live_level() >= 3;
   const uint64_t poll_begin = sched ? now_ns() : 0;
+  // The time of this round, read once and only when needed.
+  uint64_t round_ns = 0;
+  const auto round_now = [&] {
+    if (round_ns == 0) round_ns = now_ns();
+    return round_ns;
+  };
   for (uint32_t c : st.clusters) {
     for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
       CoreQueue& q = cores_[core];
@@ -235,6 +246,7 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
           costs_.note(f.fn, how.kernel_ns);
         }
         q.pop();
+        q.moved_ns = round_now();
         const diag::RunTrace& tr = traces_[f.slot];
         if (tr.level >= 2) {
           // Recorded before complete(): finishing a run's last task exports its
@@ -267,6 +279,7 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
     ReadyQueue& from = core % 3 == 0 ? aic_queue_ : aiv_queue_;
     ReadyItem item;
     if (from.empty_hint() || !from.pop(item)) return;
+    cores_[core].moved_ns = round_now();
     handed_back |= dispatch_single(aicpu, core, item, task_of(item), from);
     progress = true;
   };
@@ -295,12 +308,13 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
   // as the one before ends instead of after this thread saw that and posted
   // it. Only lone tasks are queued: a gang subtask (mix, SPMD block) waits
   // for its peers, so it starts only on an idle core.
+  const uint64_t now = aic_queue_.empty_hint() && aiv_queue_.empty_hint() ? 0 : round_now();
   for (uint32_t depth = 1; depth < CoreRegisters::kDepth; ++depth) {
     if (aic_queue_.empty_hint() && aiv_queue_.empty_hint()) break;
     for (uint32_t c : st.clusters) {
       if (c == reserved) continue;
       for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
-        if (cores_[core].count != depth || !can_queue_behind(cores_[core])) continue;
+        if (cores_[core].count != depth || !can_queue_behind(cores_[core], now)) continue;
         ReadyQueue& from = core % 3 == 0 ? aic_queue_ : aiv_queue_;
         ReadyItem item;
         if (!from.pop_if(item, [&](ReadyItem it) { return task_of(it).blocks == 1; })) continue;
