@@ -137,6 +137,13 @@ struct Queue {
   void warm() {
     for (int r = 0; r < 3; ++r) ASSERT_TRUE(wait_run(submit(0)).ok());
   }
+  // Warms, then submits a run whose task 0 (as `first` says) passes g_gate,
+  // and waits (bounded) until it is there; true when it got there.
+  bool submit_held(int64_t first, RunHandle& run) {
+    warm();
+    run = submit(first);
+    return g_gate->wait_entered(1);
+  }
 
   Harness hw;
   DeviceBuffer rows;
@@ -159,17 +166,15 @@ constexpr const char* kRuntimes[] = {"host_build_graph", "tensormap_and_ringbuff
 // held core within kQueueBehindNs is a matter of timing there.
 TEST(QueuedDispatch, TasksQueuedBehindAShortKernelWaitForItOnItsCore) {
   {
-    const char* runtime = "host_build_graph";
-    Queue q(runtime);
+    Queue q("host_build_graph");
     // The case shows something only when the kernel read as short when its
     // core was filled; a warm-up preempted on a loaded machine makes it look
     // long for a few runs, so the attempt is repeated (bounded).
     bool queued = false;
     for (int attempt = 0; attempt < 10 && !queued; ++attempt) {
-      q.warm();
       Opener opener{new_gate()};
-      RunHandle run = q.submit(1);
-      ASSERT_TRUE(g_gate->wait_entered(1));
+      RunHandle run;
+      ASSERT_TRUE(q.submit_held(1, run)) << "the held kernel never reached its gate";
       ASSERT_TRUE(eventually([] { return g_started.load() >= kTasks - static_cast<int>(CoreRegisters::kDepth) + 1; }))
           << "the tasks not behind the held one did not all start";
       std::vector<int> waiting;
@@ -194,10 +199,9 @@ TEST(QueuedDispatch, NothingWaitsBehindAKernelNeverSeenShort) {
   for (const char* runtime : kRuntimes) {
     SCOPED_TRACE(runtime);
     Queue q(runtime);
-    q.warm();
     Opener opener{new_gate()};
-    RunHandle run = q.submit(2);
-    ASSERT_TRUE(g_gate->wait_entered(1));
+    RunHandle run;
+    ASSERT_TRUE(q.submit_held(2, run)) << "the held kernel never reached its gate";
     EXPECT_TRUE(eventually([] { return g_started.load() == kTasks - 1; }))
         << g_started.load() << " of " << kTasks - 1 << " tasks started while a fresh kernel was held";
     g_gate->release();
@@ -212,10 +216,9 @@ TEST(QueuedDispatch, AShortKernelHeldPastTheBoundTakesNothingBehindIt) {
   for (const char* runtime : kRuntimes) {
     SCOPED_TRACE(runtime);
     Queue q(runtime);
-    q.warm();
     Opener opener{new_gate()};
-    RunHandle held = q.submit(3);
-    ASSERT_TRUE(g_gate->wait_entered(1));
+    RunHandle held;
+    ASSERT_TRUE(q.submit_held(3, held)) << "the held kernel never reached its gate";
     // The dispatcher saw the core move when it posted the kernel, before it
     // reached the gate: past this the core has ended nothing for longer.
     const uint64_t entered = now_ns();
