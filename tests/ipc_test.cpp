@@ -1161,8 +1161,22 @@ using QueueJob = std::pair<RunRequest, RunTicket>;
 class TicketHarvester final : public RunHandler {
  public:
   void start(RunRequest request, RunTicket ticket) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.emplace_back(std::move(request), ticket);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.emplace_back(std::move(request), ticket);
+    }
+    if (hold_.exchange(false)) {
+      // The serve loop stays inside this take until the test lets it go.
+      EXPECT_TRUE(spin_then_park(
+          gate_, [&] { return opened_.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs))
+          << "the held start was never let go";
+    }
+  }
+  // The next start() keeps the serve loop until let_go().
+  void hold_next() { hold_.store(true); }
+  void let_go() {
+    opened_.store(true);
+    gate_.ring();
   }
   size_t size() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1176,6 +1190,8 @@ class TicketHarvester final : public RunHandler {
  private:
   std::mutex mu_;
   std::vector<QueueJob> jobs_;
+  std::atomic<bool> hold_{false}, opened_{false};
+  Doorbell gate_;
 };
 
 class HarvestFixture {
@@ -1197,17 +1213,25 @@ class HarvestFixture {
   }
   // Publishes runs 1..n and returns their requests and tickets in that order.
   std::vector<QueueJob> harvest(uint64_t n) {
-    for (uint64_t run = 1; run <= n; ++run) {
-      poll_until(
-          *ep_, events_, [&] { return ep_->available_request_transport() > 0; }, "a free request frame");
-      PublishSpec s;
-      s.run_id = run;
-      s.dispatch_id = run;
-      EXPECT_TRUE(ep_->publish(s).ok());
-    }
+    for (uint64_t run = 1; run <= n; ++run) (void)publish(run);
+    return take(n);
+  }
+  // The request frame run `run` went into.
+  uint32_t publish(uint64_t run) {
+    poll_until(
+        *ep_, events_, [&] { return ep_->available_request_transport() > 0; }, "a free request frame");
+    PublishSpec s;
+    s.run_id = run;
+    s.dispatch_id = run;
+    auto p = ep_->publish(s);
+    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    return p.ok() ? p->frame : kMailboxRequestFrames;
+  }
+  std::vector<QueueJob> take(uint64_t n) {
     EXPECT_TRUE(eventually([&] { return harvester_.size() == n; })) << "the serve loop did not start every run";
     return harvester_.take();
   }
+  TicketHarvester& harvester() { return harvester_; }
   const EndpointEvent* wait_event(uint64_t run, EndpointEvent::Kind kind) {
     poll_until(
         *ep_, events_, [&] { return find_event(events_, run, kind) != nullptr; },
@@ -1228,6 +1252,27 @@ class HarvestFixture {
   std::thread loop_;
   std::vector<EndpointEvent> events_;
 };
+
+// The parent fills whichever request frame is free, so a later run can sit
+// in a lower frame than an earlier one; the child still hands runs to its
+// handler in publication order (a serial handler runs them in that order).
+// Run 1 is held inside the handler, so runs 2 (frame 0, freed by run 1's ACK)
+// and 3 (frame 1) are both ready when the serve loop goes on.
+TEST(MailboxChildOrder, RunsReachTheHandlerInPublicationOrderWhicheverFrameTheyFill) {
+  Watchdog dog;
+  HarvestFixture fx;
+  fx.harvester().hold_next();
+  ASSERT_EQ(fx.publish(1), 0u);
+  ASSERT_TRUE(eventually([&] { return fx.harvester().size() == 1; })) << "run 1 never reached the handler";
+  ASSERT_EQ(fx.publish(2), 0u) << "run 1's ACK frees frame 0 before the handler returns";
+  ASSERT_EQ(fx.publish(3), 1u);
+  fx.harvester().let_go();
+  std::vector<QueueJob> jobs = fx.take(3);
+  std::vector<uint64_t> order;
+  for (const QueueJob& job : jobs) order.push_back(job.first.run_id);
+  EXPECT_EQ(order, (std::vector<uint64_t>{1, 2, 3}));
+  for (QueueJob& job : jobs) job.second.complete(Status());
+}
 
 // Runs go in arrival order on the queue's thread; the caller may run one
 // itself only while no run is queued or inside its call; a run still

@@ -96,10 +96,11 @@ int MailboxChild::serve() {
         c.child_bell, [&] { return work_pending(); }, options_.spin);
     if (load_acquire(c.shutdown) != 0) break;  // model: see_shutdown
     if (const uint64_t seq = load_acquire(c.cmd_seq); seq != handled_cmd_) handled_cmd_ = serve_command(seq);
-    for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
-      const uint32_t ready = load_acquire(view_.frame(f).header.ready);  // model: take_ready
-      if (ready != kMailboxTaskReady && ready != kMailboxPrepareReady) continue;
-      if (!take(f, ready == kMailboxPrepareReady, stop_reason)) return stop(stop_reason);
+    // At most one take per frame between two looks at shutdown and commands.
+    for (size_t n = 0; n < kMailboxRequestFrames; ++n) {
+      const std::optional<ReadyFrame> r = oldest_ready_frame();
+      if (!r) break;
+      if (!take(r->frame, r->staged, stop_reason)) return stop(stop_reason);
     }
     serve_activations();
   }
@@ -123,6 +124,32 @@ bool MailboxChild::work_pending() const {
     if (load_acquire(e.activation) != 0 || load_acquire(e.entry_generation) != a.generation) return true;
   }
   return false;
+}
+
+// The parent fills whichever frame is free, so frame order is not
+// publication order, and runs must reach the handler in the order they were
+// published (a serial handler runs them in that order). The first scan only
+// learns that some frame is ready; the second runs after that acquire, so it
+// sees every frame published before the one seen (the parent published them
+// earlier, one release after another): nothing older than its oldest is hidden.
+std::optional<MailboxChild::ReadyFrame> MailboxChild::oldest_ready_frame() const {
+  const auto is_ready = [](uint32_t word) { return word == kMailboxTaskReady || word == kMailboxPrepareReady; };
+  bool any = false;
+  for (size_t f = 0; f < kMailboxRequestFrames && !any; ++f) any = is_ready(load_acquire(view_.frame(f).header.ready));
+  if (!any) return std::nullopt;
+  std::optional<ReadyFrame> oldest;
+  uint64_t oldest_publication = 0;
+  for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
+    const RequestHeader& h = view_.frame(f).header;
+    const uint32_t ready = load_acquire(h.ready);  // model: take_ready
+    if (!is_ready(ready)) continue;
+    const uint64_t publication = load_relaxed(h.publication);
+    if (!oldest || publication < oldest_publication) {
+      oldest = ReadyFrame{f, ready == kMailboxPrepareReady};
+      oldest_publication = publication;
+    }
+  }
+  return oldest;
 }
 
 bool MailboxChild::quiet() const {

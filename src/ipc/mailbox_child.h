@@ -166,6 +166,12 @@ class MailboxChild {
 
   int fail_init(const Status& why);
   bool work_pending() const;
+  // The ready request frame with the oldest publication, if any (see the .cpp).
+  struct ReadyFrame {
+    size_t frame;
+    bool staged;
+  };
+  std::optional<ReadyFrame> oldest_ready_frame() const;
   // Nothing waits on the loop: no frame ready (the one just taken reads IDLE
   // unless the parent refilled it), no command, no shutdown, no staged run.
   bool quiet() const;
