@@ -33,6 +33,8 @@
    - no stale or corrupt (index, generation) is accepted (R7, R8);
    - a run executes at most once, with its own payload, and a staged run
      only after its ACTIVATE;
+   - the child takes frames in publication order, whichever frame each
+     publication filled (a serial handler runs them in that order);
    - with no fault, every run ends with the child's own terminal;
    - under weak fairness the parent always finishes (ltl every_run_ends).
 
@@ -98,6 +100,7 @@ bool dead[NI]; byte inc;
 bool f_bad[K];         /* the header holds a value the parent did not write */
 bool reading[K];       /* the current child still needs this frame's contents */
 bool c_holds[NI * M];  /* the child may still store into this entry */
+byte c_taken[NI];      /* bit p: this incarnation took the frame of publication p */
 byte executed[R + 1]; byte term[R + 1]; byte want[R + 1];
 bool own[R + 1]; bool activated[R + 1]; bool staged_run[R + 1];
 byte chaos; bool done;
@@ -152,10 +155,22 @@ end_serve:
   do
   :: DIE
   :: shutdown -> break                                                  /* model: see_shutdown */
+  /* oldest_ready_frame's two scans are one step: the second sees every
+     frame published before one the first saw (the argument is in the .cpp) */
   :: atomic { READY(0) || READY(1) ->                                   /* model: take_ready */
+#ifdef MUTANT_FRAME_ORDER
        if :: READY(0) -> f = 0 :: READY(1) -> f = 1 fi;
+#else
+       if :: READY(0) && (!READY(1) || f_pub[0] < f_pub[1]) -> f = 0 :: else -> f = 1 fi;
+#endif
        stg = (f_ready[f] == PREPARE_READY);
-       p = f_pub[f]; reading[f] = (p != 0) }                            /* model: take_publication */
+       p = f_pub[f]; reading[f] = (p != 0);                             /* model: take_publication */
+       if
+       :: p != 0 ->
+          assert((c_taken[me] & ((1 << p) - 2)) == (1 << p) - 2);      /* every earlier publication taken first */
+          c_taken[me] = c_taken[me] | (1 << p)
+       :: else
+       fi }
      atomic { idx = f_idx[f]; g = f_gen[f]; bad = f_bad[f] }            /* model: take_header */
      if :: idx >= M || g % 2 == 0 -> goto stop :: else fi;              /* unattributable */
 #ifndef MUTANT_NO_GENERATION_CHECK
