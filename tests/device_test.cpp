@@ -200,15 +200,23 @@ class CoreHandoff : public ::testing::Test {
   void TearDown() override { core_.stop(); }
 
   // Posts the next token the way an AICPU does; returns it.
-  uint32_t dispatch(simpler_kernel_fn fn, int64_t* args) {
+  uint32_t dispatch(simpler_kernel_fn fn, int64_t* args) { return post(++token_, fn, args, 0); }
+  // Posts the next token as one queued behind another (revocable).
+  uint32_t queue(simpler_kernel_fn fn, int64_t* args) { return post(++token_, fn, args, CoreRegisters::kRevocable); }
+  uint32_t post(uint32_t token, simpler_kernel_fn fn, int64_t* args, uint64_t flags) {
     CoreRegisters& r = core_.regs();
-    const uint32_t token = ++token_;
     CoreRegisters::Descriptor& d = r.descriptor[CoreRegisters::slot_of(token)];
     d.fn = fn;
     d.args = args;
-    d.token.store(token, std::memory_order_release);
+    d.token.store(token | flags, std::memory_order_release);
     r.bell.ring();
     return token;
+  }
+  // The AICPU's take-back of a queued token: true when the core had not claimed it.
+  bool take_back(uint32_t token) {
+    uint64_t posted = token | CoreRegisters::kRevocable;
+    return core_.regs().descriptor[CoreRegisters::slot_of(token)].token.compare_exchange_strong(
+        posted, posted | CoreRegisters::kRevoked);
   }
   // Waits (bounded) until the status says `token` ended; returns how it ended.
   CoreRegisters::Ended wait_end(uint32_t token) {
@@ -286,6 +294,40 @@ TEST_F(CoreHandoff, QueuedTokensRunInOrderOnceTheRunningOneEnds) {
   EXPECT_EQ(g_kernel_calls.load(), static_cast<int>(queued.size()));
   EXPECT_EQ(value, static_cast<int64_t>(queued.size()));
   EXPECT_EQ(core_.executed(), 1u + queued.size());
+}
+
+// A queued token taken back before the core claimed it never runs as
+// posted: the core waits for that token number's repost, and runs that.
+TEST_F(CoreHandoff, AQueuedTokenTakenBackRunsOnlyAsReposted) {
+  g_release_kernel = false;
+  g_kernel_calls = 0;
+  int64_t value = 0;
+  int64_t first[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 1};
+  int64_t reposted[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 100};
+  const uint32_t blocked = dispatch(blocking_kernel, nullptr);
+  ASSERT_TRUE(eventually([&] { return status() == (CoreRegisters::kAck | blocked); }));
+  const uint32_t queued = queue(counting_kernel, first);
+  ASSERT_TRUE(take_back(queued)) << "the core claimed a token queued behind a blocked kernel";
+  g_release_kernel = true;
+  wait_end(blocked);
+  (void)post(queued, counting_kernel, reposted, 0);
+  EXPECT_EQ(wait_end(queued).failed, 0u);
+  EXPECT_EQ(value, 100) << "the core ran the token as first posted";
+  EXPECT_EQ(g_kernel_calls.load(), 1);
+}
+
+// Once the core claimed a queued token it runs it, and taking it back fails.
+TEST_F(CoreHandoff, AClaimedQueuedTokenCannotBeTakenBack) {
+  g_release_kernel = false;
+  int64_t value = 0;
+  int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 1};
+  const uint32_t blocked = dispatch(blocking_kernel, nullptr);
+  const uint32_t queued = queue(counting_kernel, args);
+  g_release_kernel = true;
+  wait_end(blocked);
+  wait_end(queued);
+  EXPECT_FALSE(take_back(queued)) << "a token the core ran was taken back";
+  EXPECT_EQ(value, 1);
 }
 
 TEST_F(CoreHandoff, KernelFailureIsRecordedWithTheFirstMessage) {

@@ -6,8 +6,12 @@
 // may be posted and not yet seen ended, so a core with one queued starts it
 // without a round trip through the AICPU. The core answers ACK t in `status`
 // when it starts t and FIN t when t ended (either says every token before t
-// ended), each after writing t's `ended` record. One writer per word: the
-// AICPU owns the descriptors, the core owns status, ended[] and failure[].
+// ended), each after writing t's `ended` record. The AICPU owns the
+// descriptors, the core owns status, ended[] and failure[]. A token posted
+// behind another is revocable, the one word both sides change: the core
+// claims it (CAS to kClaimed) before it starts it, and until then the AICPU
+// may take it back (CAS to kRevoked), newest first, when the kernel ahead
+// blocks; it posts that token number again later, and the core waits for it.
 // Slot t % kDepth is the core's from t's post until the AICPU has seen t end;
 // an AICPU that runs a kernel inline for an idle core (CoreDispatcher, while
 // oversubscribed) uses the slot of the token it would post next, and posts
@@ -28,6 +32,10 @@ struct alignas(64) CoreRegisters {
   static constexpr uint64_t kAck = uint64_t{1} << kStateShift;
   static constexpr uint64_t kFin = uint64_t{2} << kStateShift;
   static constexpr uint64_t kTokenMask = 0xffffffffull;
+  // Descriptor token word flags, above the token.
+  static constexpr uint64_t kRevocable = uint64_t{1} << 32;
+  static constexpr uint64_t kClaimed = uint64_t{1} << 33;
+  static constexpr uint64_t kRevoked = uint64_t{1} << 34;
   // Tokens a core may hold posted and not seen ended: the one it runs and
   // the ones queued behind it.
   static constexpr uint32_t kDepth = 4;
@@ -36,7 +44,7 @@ struct alignas(64) CoreRegisters {
   // kernel are one transfer, and the AICPU fills the next slot while the
   // core reads this one.
   struct alignas(64) Descriptor {
-    std::atomic<uint64_t> token{0};  // published last: the slot holds this token
+    std::atomic<uint64_t> token{0};  // published last: the slot holds this token (and its flags)
     simpler_kernel_fn fn = nullptr;
     int64_t* args = nullptr;
     KernelLabel label;  // names the kernel if it crashes the process

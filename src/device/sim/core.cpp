@@ -41,12 +41,18 @@ void Core::loop(SpinPolicy policy) {
   name_this_thread("{}{}", type_ == CoreType::AIC ? "aic" : "aiv", id_);
   for (uint32_t tok = 1;; ++tok) {
     const uint32_t slot = CoreRegisters::slot_of(tok);
-    const CoreRegisters::Descriptor& d = regs_.descriptor[slot];
+    CoreRegisters::Descriptor& d = regs_.descriptor[slot];
     bool posted = false;
     spin_then_park(
         regs_.bell,
         [&] {
-          posted = static_cast<uint32_t>(d.token.load(std::memory_order_acquire)) == tok;
+          uint64_t w = d.token.load(std::memory_order_acquire);
+          if (static_cast<uint32_t>(w) == tok && (w & CoreRegisters::kRevoked) == 0) {
+            // A failed claim means the AICPU took the token back: wait for its repost.
+            posted = (w & CoreRegisters::kRevocable) == 0 ||
+                     d.token.compare_exchange_strong(w, w | CoreRegisters::kClaimed, std::memory_order_acq_rel,
+                                                     std::memory_order_acquire);
+          }
           return posted || stop_.load(std::memory_order_acquire);
         },
         policy);

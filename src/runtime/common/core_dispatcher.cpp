@@ -8,6 +8,14 @@
 
 namespace simpler {
 
+#ifdef SIMPLER_TEST_HOOKS
+namespace {
+std::atomic<uint64_t> g_taken_back{0};
+}  // namespace
+
+uint64_t core_dispatch_taken_back() { return g_taken_back.load(std::memory_order_relaxed); }
+#endif
+
 CoreDispatcher::Storage CoreDispatcher::make_storage(size_t capacity_per_queue, uint32_t grant) const {
   Storage s;
   for (auto& ring : s.rings) ring.resize(capacity_per_queue);
@@ -63,6 +71,7 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
   f.name = task.name[k];
   f.fn = task.fn[k];
   f.alone = task.blocks == 1 && task.kind != TaskKind::Mix;
+  f.revocable = q.count > 1;
   CoreRegisters& r = *regs_[core];
   // Not consumed by an inline run: that borrows the next token's slot, which
   // no queued token can reach, since nothing is queued behind an inline run.
@@ -78,7 +87,7 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
   if (here == nullptr) {
     ++aicpu_[aicpu].on_cores;
     next_token_[core] = f.token;
-    d.token.store(f.token, std::memory_order_release);
+    d.token.store(f.revocable ? f.token | CoreRegisters::kRevocable : f.token, std::memory_order_release);
     r.bell.ring();
   }
   if (tr.level >= 2) {
@@ -94,6 +103,31 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
     costs_.note(f.fn, now_ns() - start);
     inlining_.fetch_sub(1, std::memory_order_relaxed);
   }
+}
+
+uint32_t CoreDispatcher::take_back(uint32_t aicpu, uint32_t core) {
+  CoreQueue& q = cores_[core];
+  ReadyQueue& to = core % 3 == 0 ? aic_queue_ : aiv_queue_;
+  uint32_t n = 0;
+  while (q.count != 0 && q.back().revocable) {
+    const Inflight& f = q.back();
+    uint64_t posted = f.token | CoreRegisters::kRevocable;
+    std::atomic<uint64_t>& word = regs_[core]->descriptor[CoreRegisters::slot_of(f.token)].token;
+    // The core claims in token order: once it has claimed this one, it has every one before.
+    if (!word.compare_exchange_strong(posted, posted | CoreRegisters::kRevoked, std::memory_order_acq_rel,
+                                      std::memory_order_relaxed)) {
+      break;
+    }
+    next_token_[core] = f.token - 1;
+    --aicpu_[aicpu].on_cores;
+    to.push(ReadyItem{f.slot, f.task});
+    q.drop_back();
+    ++n;
+  }
+#ifdef SIMPLER_TEST_HOOKS
+  g_taken_back.fetch_add(n, std::memory_order_relaxed);
+#endif
+  return n;
 }
 
 CoreExecutor* CoreDispatcher::inline_executor(uint32_t aicpu, uint32_t core, const GraphTask& task,

@@ -1,8 +1,9 @@
 // CoreDispatcher: the AICPU side every graph-scheduling runtime shares: the
 // ready queues (AIC, AIV, mix), what each core holds posted (the task it runs
-// and up to CoreRegisters::kDepth - 1 short lone ones queued behind it), the
-// handshake with the cores and one round of polling per AICPU thread. The
-// runtime says which task a ReadyItem names and what a finished subtask does.
+// and up to CoreRegisters::kDepth - 1 short lone ones queued behind it, taken
+// back if the one ahead blocks), the handshake with the cores and one round
+// of polling per AICPU thread. The runtime says which task a ReadyItem names
+// and what a finished subtask does.
 // poll() for an AICPU thread runs only on it; push and publish on any thread;
 // the queues' storage is swapped only at a regrant, while every queue is empty.
 // With SIMPLER_INLINE_DISPATCH=1, while the process is oversubscribed, an
@@ -24,6 +25,11 @@
 
 namespace simpler {
 
+#ifdef SIMPLER_TEST_HOOKS
+// Test builds only: queued subtasks taken back from a blocked core so far, in this process.
+uint64_t core_dispatch_taken_back();
+#endif
+
 class CoreDispatcher {
  public:
   // A subtask posted to a core: only the core's owning AICPU thread touches it.
@@ -37,6 +43,7 @@ class CoreDispatcher {
     const char* name = nullptr;  // the subtask's kernel
     simpler_kernel_fn fn = nullptr;
     bool alone = false;       // a single-block, single-core task: it waits for no other subtask
+    bool revocable = false;   // posted behind another: taken back if the core has not claimed it
     bool ran_inline = false;  // the owning AICPU thread ran it (done when dispatch() returned)
     bool inline_failed = false;
   };
@@ -87,7 +94,9 @@ class CoreDispatcher {
     uint32_t count = 0;
     uint64_t moved_ns = 0;  // when its owner last saw it start from idle or end a token
     Inflight& front() { return entry[head]; }
+    Inflight& back() { return entry[(head + count - 1) % CoreRegisters::kDepth]; }
     Inflight& push() { return entry[(head + count++) % CoreRegisters::kDepth]; }
+    void drop_back() { --count; }
     void pop() {
       head = (head + 1) % CoreRegisters::kDepth;
       --count;
@@ -120,14 +129,15 @@ class CoreDispatcher {
 
   ReadyQueue& queue(TaskKind kind) { return *queues_[static_cast<int>(kind)]; }
   // How long a core may have ended nothing and still take a subtask behind
-  // what it holds.
+  // what it holds; past it, what it took and has not started is taken back.
   static constexpr uint64_t kQueueBehindNs = 50'000;
   // Whether `q`'s core may take a lone subtask behind what it holds at `now`:
   // only lone kernels (no gang subtask holds a core a peer waits on while
   // behind it), run on the core and seen to be short, on a core seen moving
   // within kQueueBehindNs, so what waits behind them starts soon. A kernel
   // seen short that blocks after all (on a gate, on the host) takes nothing
-  // more once it held its core that long; what it took before waits for it.
+  // more once it held its core that long, and take_back() returns what it
+  // took before to the ready queue.
   bool can_queue_behind(const CoreQueue& q, uint64_t now) const {
     if (q.count == 0 || q.count == CoreRegisters::kDepth || now - q.moved_ns > kQueueBehindNs) return false;
     for (uint32_t i = 0; i < q.count; ++i) {
@@ -137,6 +147,9 @@ class CoreDispatcher {
     return true;
   }
   void dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub);
+  // Takes back, newest first, the queued subtasks `core` has not claimed and
+  // pushes them to its ready queue for any core; the number taken back.
+  uint32_t take_back(uint32_t aicpu, uint32_t core);
   // Where AICPU thread `aicpu` runs kernel `fn` of `task` inline for `core`,
   // or null to hand it to the core. Only when SIMPLER_INLINE_DISPATCH=1 was
   // set when the dispatcher was made, and while the process is oversubscribed
@@ -215,6 +228,8 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
   bool progress = false;
   const bool sched = rec_ != nullptr && rec_->live_level() >= 3;
   const uint64_t poll_begin = sched ? now_ns() : 0;
+  // Whether this round put work back on a queue, for the other threads.
+  bool handed_back = false;
   // The time of this round, read once and only when needed.
   uint64_t round_ns = 0;
   const auto round_now = [&] {
@@ -260,13 +275,16 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
         complete(f, failure, ready);
         progress = true;
       }
+      // The kernel ahead has held the core past the bound: what waits behind it goes elsewhere.
+      if (q.count != 0 && q.back().revocable && round_now() - q.moved_ns > kQueueBehindNs) {
+        handed_back |= take_back(aicpu, core) != 0;
+      }
     }
   }
   // Completions published their successors already, and an SPMD task hands
   // its remaining blocks back: what this thread cannot place below is left
   // for the others, woken at the end.
   const bool published = progress;
-  bool handed_back = false;
   const uint64_t place_begin = sched ? now_ns() : 0;
   if (sched && published) {
     rec_->aicpu_lane(aicpu).record(diag::Event{0, poll_begin, place_begin, "resolve", 0, 0, diag::EventKind::kSched});
@@ -317,7 +335,10 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
         if (cores_[core].count != depth || !can_queue_behind(cores_[core], now)) continue;
         ReadyQueue& from = core % 3 == 0 ? aic_queue_ : aiv_queue_;
         ReadyItem item;
-        if (!from.pop_if(item, [&](ReadyItem it) { return task_of(it).blocks == 1; })) continue;
+        // Not a dumping run's task: one taken back would capture its inputs twice.
+        if (!from.pop_if(item,
+                         [&](ReadyItem it) { return task_of(it).blocks == 1 && traces_[it.slot].capture == nullptr; }))
+          continue;
         GraphTask& task = task_of(item);
         capture_before(aicpu, item, task);
         dispatch(aicpu, core, item, task, 0);
