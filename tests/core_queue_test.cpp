@@ -16,6 +16,7 @@
 #include "base/clock.h"
 #include "base/errors.h"
 #include "device/core_registers.h"
+#include "device/sim/sim_device.h"
 #include "gate.h"
 #include "kernels.h"
 #include "runtime/common/core_dispatcher.h"
@@ -196,6 +197,76 @@ TEST(QueuedDispatch, TasksQueuedBehindAShortKernelThatBlocksAreTakenBackAndRunEl
                               << " tasks behind the held kernel to take back";
     }
   }
+}
+
+// An AICPU thread with nothing else to do parks, and a kernel that blocks
+// rings nothing, so the take-back needs a wake-up: driven here by hand, the
+// test thread being AICPU thread 0 of a device whose own AICPU threads poll
+// nothing (SimDevice.AParkedAicpuThreadPollsAgainWhenItsProgramAsked shows
+// the parked thread's half). While a core holds a task queued behind a
+// kernel, the dispatcher asks to be polled again by the time the bound
+// passes; a poll after it takes the task back and starts it on the idle
+// core, and then nothing is asked for.
+std::atomic<bool> g_hand_gate{false};
+void hand_kernel(int64_t* args) {
+  if (args[0] != 0) EXPECT_TRUE(eventually([] { return g_hand_gate.load(); }));
+}
+
+class IdleProgram final : public AicpuProgram {
+ public:
+  bool poll(uint32_t) override { return false; }
+};
+
+TEST(QueuedDispatch, ADispatcherHoldingATaskBehindAKernelAsksToBePolledAgainByTheBound) {
+  Watchdog dog;
+  auto dev = SimDevice::create(Geometry::small(), 1 << 20);
+  ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+  IdleProgram idle;
+  (*dev)->start(&idle);
+  CoreDispatcher d(**dev);
+  CoreDispatcher::Storage storage = d.make_storage(16, 1);
+  d.swap_storage(storage);
+  std::array<GraphTask, 4> tasks{};
+  for (uint32_t i = 0; i < tasks.size(); ++i) {
+    tasks[i].kind = TaskKind::AIV;
+    tasks[i].blocks = 1;
+    tasks[i].id = i;
+    tasks[i].fn[0] = hand_kernel;
+    tasks[i].name[0] = "hand";
+  }
+  std::array<int, 4> done{};
+  const auto poll = [&] {
+    return d.poll(
+        0, [&](ReadyItem it) -> GraphTask& { return tasks[it.task]; },
+        [&](const CoreDispatcher::Inflight& f, const char*, std::vector<ReadyItem>&) { ++done[f.task]; });
+  };
+  const auto push = [&](uint32_t task) { d.push(TaskKind::AIV, ReadyItem{0, task}); };
+  const auto poll_until = [&](auto&& cond) {
+    const uint64_t deadline = now_ns() + static_cast<uint64_t>(std::chrono::nanoseconds(kWait).count());
+    while (!cond() && now_ns() < deadline) (void)poll();
+    return cond();
+  };
+  // Seen short: one run of the kernel on each AIV core of cluster 0.
+  push(1);
+  push(2);
+  ASSERT_TRUE(poll_until([&] { return done[1] == 1 && done[2] == 1; }));
+  EXPECT_EQ(d.poll_again_by(0), 0u) << "nothing is queued behind a kernel";
+  // One round: task 0 on core 1 and task 1 on core 2, then tasks 2 and 3
+  // queued behind them (the queue is FIFO, the cores are filled in order).
+  g_hand_gate = false;
+  tasks[0].args[0] = 1;
+  for (uint32_t t : {0u, 1u, 2u, 3u}) push(t);
+  ASSERT_TRUE(poll());
+  const uint64_t by = d.poll_again_by(0);
+  ASSERT_NE(by, 0u) << "tasks wait behind kernels, and the dispatcher asks for no poll";
+  EXPECT_TRUE(eventually([&] { return now_ns() >= by; }));
+  ASSERT_TRUE(poll_until([&] { return done[1] == 2 && done[2] == 2 && done[3] == 1; }))
+      << "what was queued behind the held kernel did not run while it was held";
+  EXPECT_EQ(done[0], 0) << "task 0 ended while held";
+  EXPECT_EQ(d.poll_again_by(0), 0u) << "nothing waits behind the held kernel any more";
+  g_hand_gate = true;
+  EXPECT_TRUE(poll_until([&] { return done[0] == 1; }));
+  (*dev)->stop();
 }
 
 // A kernel never seen before may run long (or wait on its gang, or on the

@@ -400,6 +400,34 @@ class CountingProgram final : public AicpuProgram {
   std::vector<std::atomic<uint64_t>> polls_;
 };
 
+// Parks only when its program asks to be polled again by a time: once, on thread 0.
+class PollAgainProgram final : public AicpuProgram {
+ public:
+  bool poll(uint32_t) override { return false; }
+  uint64_t poll_again_by(uint32_t aicpu) override {
+    if (aicpu != 0) return 0;
+    return asked_.fetch_add(1) == 0 ? now_ns() + 2'000'000 : 0;
+  }
+  uint32_t asked() const { return asked_.load(); }
+
+ private:
+  std::atomic<uint32_t> asked_{0};
+};
+
+// A parked AICPU thread polls again by the time its program asked for,
+// though nothing rings it (how a dispatcher takes back what waits behind a
+// kernel that blocked, which rings nothing): it asks again before its next park.
+TEST(SimDevice, AParkedAicpuThreadPollsAgainWhenItsProgramAsked) {
+  Watchdog dog;
+  auto dev = SimDevice::create(Geometry::small(), 1 << 20);
+  ASSERT_TRUE(dev.ok());
+  PollAgainProgram program;
+  (*dev)->start(&program);
+  EXPECT_TRUE(eventually([&] { return program.asked() >= 2; }))
+      << "AICPU 0 parked past the time its program asked to be polled again";
+  (*dev)->stop();
+}
+
 void start_stop(const Geometry& g) {
   Watchdog dog;
   const int threads_before = testing::thread_count();

@@ -98,6 +98,10 @@ class AicpuProgram {
  public:
   virtual ~AicpuProgram() = default;
   virtual bool poll(uint32_t aicpu) = 0;
+  // When AICPU thread `aicpu`, about to park after polls that found nothing,
+  // must poll again though nothing rings it: an absolute now_ns() time, or 0
+  // for never. Asked on that thread, before each park.
+  virtual uint64_t poll_again_by(uint32_t /*aicpu*/) { return 0; }
   // AICPU threads beyond the geometry's, owning no cluster, that a runtime
   // executing orchestrations on the device asks for: poll(aicpu) with aicpu
   // >= geometry().aicpu_threads runs on them. At most kMaxOrchestratorThreads.

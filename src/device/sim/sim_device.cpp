@@ -87,7 +87,7 @@ void SimDevice::aicpu_loop(uint32_t index) {
     // Level 3 shows a scheduler thread's parks; a spin is not worth an event.
     const bool traced = index < geometry_.aicpu_threads && recorder_.live_level() >= 3;
     const uint64_t parked = traced ? now_ns() : 0;
-    bell.park(armed);
+    bell.park(armed, program_->poll_again_by(index));
     if (traced) {
       recorder_.aicpu_lane(index).record(diag::Event{0, parked, now_ns(), "idle", 0, 0, diag::EventKind::kSched});
     }

@@ -113,9 +113,11 @@ uint32_t CoreDispatcher::take_back(uint32_t aicpu, uint32_t core) {
     const Inflight& f = q.back();
     uint64_t posted = f.token | CoreRegisters::kRevocable;
     std::atomic<uint64_t>& word = regs_[core]->descriptor[CoreRegisters::slot_of(f.token)].token;
-    // The core claims in token order: once it has claimed this one, it has every one before.
+    // The core claims in token order: once it has claimed this one, it has
+    // every one before, and none is tried again.
     if (!word.compare_exchange_strong(posted, posted | CoreRegisters::kRevoked, std::memory_order_acq_rel,
                                       std::memory_order_relaxed)) {
+      q.back().revocable = false;
       break;
     }
     next_token_[core] = f.token - 1;
@@ -128,6 +130,19 @@ uint32_t CoreDispatcher::take_back(uint32_t aicpu, uint32_t core) {
   g_taken_back.fetch_add(n, std::memory_order_relaxed);
 #endif
   return n;
+}
+
+uint64_t CoreDispatcher::poll_again_by(uint32_t aicpu) const {
+  uint64_t by = 0;
+  for (uint32_t c : aicpu_[aicpu].clusters) {
+    for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
+      const CoreQueue& q = cores_[core];
+      if (q.count == 0 || !q.back().revocable) continue;
+      const uint64_t due = q.moved_ns + kQueueBehindNs + 1;
+      if (by == 0 || due < by) by = due;
+    }
+  }
+  return by;
 }
 
 CoreExecutor* CoreDispatcher::inline_executor(uint32_t aicpu, uint32_t core, const GraphTask& task,

@@ -85,6 +85,10 @@ class CoreDispatcher {
   // short ones. task_of(item) is the GraphTask to start. True on any progress.
   template <typename TaskOf, typename Complete>
   bool poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete);
+  // When AICPU thread `aicpu` must poll again to take back what one of its
+  // cores holds queued behind a kernel that may block (0: never): a parked
+  // thread is rung only by a FIN or new work, and a blocked kernel sends neither.
+  uint64_t poll_again_by(uint32_t aicpu) const;
 
  private:
   // What one core holds posted, oldest first.
@@ -95,6 +99,7 @@ class CoreDispatcher {
     uint64_t moved_ns = 0;  // when its owner last saw it start from idle or end a token
     Inflight& front() { return entry[head]; }
     Inflight& back() { return entry[(head + count - 1) % CoreRegisters::kDepth]; }
+    const Inflight& back() const { return entry[(head + count - 1) % CoreRegisters::kDepth]; }
     Inflight& push() { return entry[(head + count++) % CoreRegisters::kDepth]; }
     void drop_back() { --count; }
     void pop() {

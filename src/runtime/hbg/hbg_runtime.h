@@ -37,6 +37,7 @@ class HbgRuntime final : public ChipRuntime {
     return dispatcher_.last_done(slot, out, capacity);
   }
   bool poll(uint32_t aicpu) override;
+  uint64_t poll_again_by(uint32_t aicpu) override { return dispatcher_.poll_again_by(aicpu); }
 
  private:
   struct GrantState;

@@ -195,6 +195,9 @@ class TmrRuntime final : public ChipRuntime {
     return dispatcher_.last_done(slot, out, capacity);
   }
   bool poll(uint32_t aicpu) override;
+  uint64_t poll_again_by(uint32_t aicpu) override {
+    return aicpu < device_.geometry().aicpu_threads ? dispatcher_.poll_again_by(aicpu) : 0;
+  }
   uint32_t orchestrator_threads() const override { return 1; }
 
  private:
