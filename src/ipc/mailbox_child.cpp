@@ -12,6 +12,11 @@
 
 namespace simpler {
 
+namespace {
+// A request frame's ready word says the parent published a run in it.
+bool request_ready(uint32_t word) { return word == kMailboxTaskReady || word == kMailboxPrepareReady; }
+}  // namespace
+
 void RunTicket::accepted() const { child_->accept(entry_, generation_); }
 
 void RunTicket::complete(const Status& result, MailboxDisposition disposition) const {
@@ -117,7 +122,7 @@ bool MailboxChild::work_pending() const {
   if (load_acquire(c.shutdown) != 0 || load_acquire(c.cmd_seq) != handled_cmd_) return true;
   for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
     const uint32_t ready = load_acquire(view_.frame(f).header.ready);
-    if (ready == kMailboxTaskReady || ready == kMailboxPrepareReady) return true;
+    if (request_ready(ready)) return true;
   }
   for (const Awaiting& a : awaiting_) {
     const MailboxRunEntry& e = view_.entry(a.entry);
@@ -133,16 +138,16 @@ bool MailboxChild::work_pending() const {
 // sees every frame published before the one seen (the parent published them
 // earlier, one release after another): nothing older than its oldest is hidden.
 std::optional<MailboxChild::ReadyFrame> MailboxChild::oldest_ready_frame() const {
-  const auto is_ready = [](uint32_t word) { return word == kMailboxTaskReady || word == kMailboxPrepareReady; };
   bool any = false;
-  for (size_t f = 0; f < kMailboxRequestFrames && !any; ++f) any = is_ready(load_acquire(view_.frame(f).header.ready));
+  for (size_t f = 0; f < kMailboxRequestFrames && !any; ++f)
+    any = request_ready(load_acquire(view_.frame(f).header.ready));
   if (!any) return std::nullopt;
   std::optional<ReadyFrame> oldest;
   uint64_t oldest_publication = 0;
   for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
     const RequestHeader& h = view_.frame(f).header;
     const uint32_t ready = load_acquire(h.ready);  // model: take_ready
-    if (!is_ready(ready)) continue;
+    if (!request_ready(ready)) continue;
     const uint64_t publication = load_relaxed(h.publication);
     if (!oldest || publication < oldest_publication) {
       oldest = ReadyFrame{f, ready == kMailboxPrepareReady};
@@ -157,7 +162,7 @@ bool MailboxChild::quiet() const {
   if (!awaiting_.empty() || load_acquire(c.shutdown) != 0 || load_acquire(c.cmd_seq) != handled_cmd_) return false;
   for (size_t f = 0; f < kMailboxRequestFrames; ++f) {
     const uint32_t ready = load_acquire(view_.frame(f).header.ready);
-    if (ready == kMailboxTaskReady || ready == kMailboxPrepareReady) return false;
+    if (request_ready(ready)) return false;
   }
   return true;
 }

@@ -107,7 +107,7 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
 
 uint32_t CoreDispatcher::take_back(uint32_t aicpu, uint32_t core) {
   CoreQueue& q = cores_[core];
-  ReadyQueue& to = core % 3 == 0 ? aic_queue_ : aiv_queue_;
+  ReadyQueue& to = single_queue(core);
   uint32_t n = 0;
   while (q.count != 0 && q.back().revocable) {
     const Inflight& f = q.back();
@@ -138,8 +138,7 @@ uint64_t CoreDispatcher::poll_again_by(uint32_t aicpu) const {
     for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
       const CoreQueue& q = cores_[core];
       if (q.count == 0 || !q.back().revocable) continue;
-      const uint64_t due = q.moved_ns + kQueueBehindNs + 1;
-      if (by == 0 || due < by) by = due;
+      if (by == 0 || q.stalled_at() < by) by = q.stalled_at();
     }
   }
   return by;

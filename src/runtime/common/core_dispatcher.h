@@ -91,12 +91,19 @@ class CoreDispatcher {
   uint64_t poll_again_by(uint32_t aicpu) const;
 
  private:
+  // How long a core may have ended nothing and still take a subtask behind
+  // what it holds; past it, what it took and has not started is taken back.
+  static constexpr uint64_t kQueueBehindNs = 50'000;
   // What one core holds posted, oldest first.
   struct CoreQueue {
     Inflight entry[CoreRegisters::kDepth];
     uint32_t head = 0;
     uint32_t count = 0;
     uint64_t moved_ns = 0;  // when its owner last saw it start from idle or end a token
+    // Whether at `now` it has ended nothing for longer than kQueueBehindNs (a
+    // `now` before moved_ns counts as stalled), and the first time it is.
+    bool stalled(uint64_t now) const { return now - moved_ns > kQueueBehindNs; }
+    uint64_t stalled_at() const { return moved_ns + kQueueBehindNs + 1; }
     Inflight& front() { return entry[head]; }
     Inflight& back() { return entry[(head + count - 1) % CoreRegisters::kDepth]; }
     const Inflight& back() const { return entry[(head + count - 1) % CoreRegisters::kDepth]; }
@@ -133,9 +140,8 @@ class CoreDispatcher {
   };
 
   ReadyQueue& queue(TaskKind kind) { return *queues_[static_cast<int>(kind)]; }
-  // How long a core may have ended nothing and still take a subtask behind
-  // what it holds; past it, what it took and has not started is taken back.
-  static constexpr uint64_t kQueueBehindNs = 50'000;
+  // The queue of the single-core tasks `core` runs.
+  ReadyQueue& single_queue(uint32_t core) { return core % 3 == 0 ? aic_queue_ : aiv_queue_; }
   // Whether `q`'s core may take a lone subtask behind what it holds at `now`:
   // only lone kernels (no gang subtask holds a core a peer waits on while
   // behind it), run on the core and seen to be short, on a core seen moving
@@ -144,7 +150,7 @@ class CoreDispatcher {
   // more once it held its core that long, and take_back() returns what it
   // took before to the ready queue.
   bool can_queue_behind(const CoreQueue& q, uint64_t now) const {
-    if (q.count == 0 || q.count == CoreRegisters::kDepth || now - q.moved_ns > kQueueBehindNs) return false;
+    if (q.count == 0 || q.count == CoreRegisters::kDepth || q.stalled(now)) return false;
     for (uint32_t i = 0; i < q.count; ++i) {
       const Inflight& f = q.entry[(q.head + i) % CoreRegisters::kDepth];
       if (!f.alone || f.ran_inline || !costs_.short_kernel(f.fn)) return false;
@@ -281,7 +287,7 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
         progress = true;
       }
       // The kernel ahead has held the core past the bound: what waits behind it goes elsewhere.
-      if (q.count != 0 && q.back().revocable && round_now() - q.moved_ns > kQueueBehindNs) {
+      if (q.count != 0 && q.back().revocable && q.stalled(round_now())) {
         handed_back |= take_back(aicpu, core) != 0;
       }
     }
@@ -299,7 +305,7 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
   bool reserve_for_mix = !mix_queue_.empty_hint();
   uint32_t reserved = UINT32_MAX;
   const auto place_single = [&](uint32_t core) {
-    ReadyQueue& from = core % 3 == 0 ? aic_queue_ : aiv_queue_;
+    ReadyQueue& from = single_queue(core);
     ReadyItem item;
     if (from.empty_hint() || !from.pop(item)) return;
     cores_[core].moved_ns = round_now();
@@ -338,7 +344,7 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
       if (c == reserved) continue;
       for (uint32_t core = 3 * c; core < 3 * c + 3; ++core) {
         if (cores_[core].count != depth || !can_queue_behind(cores_[core], now)) continue;
-        ReadyQueue& from = core % 3 == 0 ? aic_queue_ : aiv_queue_;
+        ReadyQueue& from = single_queue(core);
         ReadyItem item;
         // Not a dumping run's task: one taken back would capture its inputs twice.
         if (!from.pop_if(item,
