@@ -42,8 +42,12 @@ DecodedHeader decode_request_header(const RequestHeader& s, const MailboxView& v
     return d;
   }
   const MailboxRunEntry& e = view.entry(s.entry_index);
+  // The entry's run words are the parent's, stored before the generation
+  // this acquire reads: a header that names this generation but not this run
+  // is not the occupant's request, however well formed.
   if (load_acquire(e.entry_generation) != s.entry_generation || s.publication == 0 ||
-      load_acquire(e.state) != kMailboxIdle) {
+      load_acquire(e.state) != kMailboxIdle || load_relaxed(e.run_id) != s.run_id ||
+      load_relaxed(e.dispatch_id) != s.dispatch_id) {
     d.verdict = HeaderVerdict::kRefused;
     return d;
   }

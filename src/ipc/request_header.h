@@ -31,8 +31,10 @@ enum class HeaderVerdict : uint8_t {
   // Refused unserved, the frame word the only store, the run resolved by the
   // parent from its own record (R8): a past occupant's header (stale); no
   // publication (the parent stores it before the ready word, so a ready frame
-  // without one is corrupt); or an occupant that already left IDLE (the one
-  // hand-off per occupant happened: a replayed or torn header).
+  // without one is corrupt); an occupant that already left IDLE (the one
+  // hand-off per occupant happened: a replayed or torn header); or a header
+  // that names the occupant's generation but another run (a leftover header
+  // whose generation was corrupted into the current one).
   kRefused,
   kMalformed,  // this occupant's header, but its version or sizes are wrong: the run fails
   kAccepted,   // this occupant's header; its sizes fit the frame

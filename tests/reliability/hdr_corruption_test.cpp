@@ -13,6 +13,7 @@
 //   index        = M | M+1 | UINT32_MAX | occupant (the occupant's entry)
 //   generation   = even (R's + 1) | stale (R's - 2) | future (R's + 2)
 //                | occupant (the occupant's)
+//   run          = other (the occupant's run and dispatch ids)
 //   publication  = 0
 //   version      = bad
 //   config_bytes = over_capacity
@@ -223,6 +224,10 @@ bool HeaderCorruption::run_case(const std::string& name, int gate) {
     if (generation == "stale") h.entry_generation = rp.entry_generation - 2;
     if (generation == "future") h.entry_generation = rp.entry_generation + 2;
     if (generation == "occupant") h.entry_generation = op.entry_generation;
+    if (value_or(c, "run", "") == "other") {
+      h.run_id = o;
+      h.dispatch_id = o;
+    }
     if (value_or(c, "publication", "") == "0") h.publication = 0;
     if (value_or(c, "version", "") == "bad") h.protocol_version = kMailboxProtocolVersion + 1;
     if (value_or(c, "config_bytes", "") == "over_capacity") h.config_bytes = kRequestConfigCapacity + 1;
