@@ -209,7 +209,9 @@ TEST(QueuedDispatch, TasksQueuedBehindAShortKernelThatBlocksAreTakenBackAndRunEl
 // core, and then nothing is asked for.
 std::atomic<bool> g_hand_gate{false};
 void hand_kernel(int64_t* args) {
-  if (args[0] != 0) EXPECT_TRUE(eventually([] { return g_hand_gate.load(); }));
+  if (args[0] != 0) {
+    EXPECT_TRUE(eventually([] { return g_hand_gate.load(); }));
+  }
 }
 
 class IdleProgram final : public AicpuProgram {

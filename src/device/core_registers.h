@@ -12,6 +12,10 @@
 // claims it (CAS to kClaimed) before it starts it, and until then the AICPU
 // may take it back (CAS to kRevoked), newest first, when the kernel ahead
 // blocks; it posts that token number again later, and the core waits for it.
+// A token posted kAfterOk is the successor of the token right before it,
+// waiting on nothing else: the core runs it only if that one ran and
+// succeeded, and otherwise ends it unrun (Ended::skipped), so a chain runs
+// on one core without a round trip through the AICPU between its links.
 // Slot t % kDepth is the core's from t's post until the AICPU has seen t end;
 // an AICPU that runs a kernel inline for an idle core (CoreDispatcher, while
 // oversubscribed) uses the slot of the token it would post next, and posts
@@ -36,6 +40,7 @@ struct alignas(64) CoreRegisters {
   static constexpr uint64_t kRevocable = uint64_t{1} << 32;
   static constexpr uint64_t kClaimed = uint64_t{1} << 33;
   static constexpr uint64_t kRevoked = uint64_t{1} << 34;
+  static constexpr uint64_t kAfterOk = uint64_t{1} << 35;
   // Tokens a core may hold posted and not seen ended: the one it runs and
   // the ones queued behind it.
   static constexpr uint32_t kDepth = 4;
@@ -56,6 +61,7 @@ struct alignas(64) CoreRegisters {
   struct Ended {
     uint32_t kernel_ns = 0;  // how long its kernel ran, saturated
     uint32_t failed = 0;     // failure[slot] holds why
+    uint32_t skipped = 0;    // a kAfterOk token not run: the one before it failed or was skipped
   };
   static uint32_t slot_of(uint32_t token) { return token % kDepth; }
   // The newest token a status word says ended (0: none yet).

@@ -39,6 +39,7 @@ void Core::stop() {
 
 void Core::loop(SpinPolicy policy) {
   name_this_thread("{}{}", type_ == CoreType::AIC ? "aic" : "aiv", id_);
+  bool last_ok = true;  // the token before ran and succeeded: a kAfterOk token may run
   for (uint32_t tok = 1;; ++tok) {
     const uint32_t slot = CoreRegisters::slot_of(tok);
     CoreRegisters::Descriptor& d = regs_.descriptor[slot];
@@ -57,13 +58,21 @@ void Core::loop(SpinPolicy policy) {
         },
         policy);
     if (!posted) return;  // stop requested with no task pending
+    if ((d.token.load(std::memory_order_relaxed) & CoreRegisters::kAfterOk) != 0 && !last_ok) {
+      regs_.ended[slot] = CoreRegisters::Ended{0, 0, 1};
+      regs_.status.store(CoreRegisters::kFin | tok, std::memory_order_release);
+      owner_bell_->ring();
+      continue;
+    }
     regs_.status.store(CoreRegisters::kAck | tok, std::memory_order_release);
     // Recorded before FIN: once the owner reaps it, the run may end and be exported.
     const bool traced = d.trace_level != 0 && lane_ != nullptr;
     const uint64_t begin = now_ns();
     const bool ok = run_kernel(d.fn, d.args, regs_.failure[slot], d.label);
     const uint64_t end = now_ns();
-    regs_.ended[slot] = CoreRegisters::Ended{static_cast<uint32_t>(std::min<uint64_t>(end - begin, UINT32_MAX)), !ok};
+    regs_.ended[slot] =
+        CoreRegisters::Ended{static_cast<uint32_t>(std::min<uint64_t>(end - begin, UINT32_MAX)), !ok, 0};
+    last_ok = ok;
     if (traced) {
       lane_->record(
           diag::Event{d.trace_run, begin, end, d.label.name, d.label.task, d.label.func_id, diag::EventKind::kTask});

@@ -11,9 +11,12 @@ namespace simpler {
 #ifdef SIMPLER_TEST_HOOKS
 namespace {
 std::atomic<uint64_t> g_taken_back{0};
+std::atomic<uint64_t> g_chained{0};
 }  // namespace
 
 uint64_t core_dispatch_taken_back() { return g_taken_back.load(std::memory_order_relaxed); }
+uint64_t core_dispatch_chained() { return g_chained.load(std::memory_order_relaxed); }
+void note_chained() { g_chained.fetch_add(1, std::memory_order_relaxed); }
 #endif
 
 CoreDispatcher::Storage CoreDispatcher::make_storage(size_t capacity_per_queue, uint32_t grant) const {
@@ -57,7 +60,8 @@ uint32_t CoreDispatcher::last_done(uint32_t slot, uint32_t* out, uint32_t capaci
   return n;
 }
 
-void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub) {
+void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub,
+                              bool chained) {
   const diag::RunTrace& tr = traces_[item.slot];
   const uint64_t begin = tr.level >= 2 ? now_ns() : 0;
   const uint32_t k = kernel_of(task.kind, sub);
@@ -71,7 +75,7 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
   f.name = task.name[k];
   f.fn = task.fn[k];
   f.alone = task.blocks == 1 && task.kind != TaskKind::Mix;
-  f.revocable = q.count > 1;
+  f.revocable = q.count > 1 && !chained;
   CoreRegisters& r = *regs_[core];
   // Not consumed by an inline run: that borrows the next token's slot, which
   // no queued token can reach, since nothing is queued behind an inline run.
@@ -87,7 +91,8 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
   if (here == nullptr) {
     ++aicpu_[aicpu].on_cores;
     next_token_[core] = f.token;
-    d.token.store(f.revocable ? f.token | CoreRegisters::kRevocable : f.token, std::memory_order_release);
+    const uint64_t flags = f.revocable ? CoreRegisters::kRevocable : chained ? CoreRegisters::kAfterOk : 0;
+    d.token.store(f.token | flags, std::memory_order_release);
     r.bell.ring();
   }
   if (tr.level >= 2) {

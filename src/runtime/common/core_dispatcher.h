@@ -1,9 +1,10 @@
 // CoreDispatcher: the AICPU side every graph-scheduling runtime shares: the
 // ready queues (AIC, AIV, mix), what each core holds posted (the task it runs
-// and up to CoreRegisters::kDepth - 1 short lone ones queued behind it, taken
-// back if the one ahead blocks), the handshake with the cores and one round
-// of polling per AICPU thread. The runtime says which task a ReadyItem names
-// and what a finished subtask does.
+// and up to CoreRegisters::kDepth - 1 queued behind it: short lone ones,
+// taken back if the one ahead blocks, and chain links, the successor that
+// waits on the one ahead alone), the handshake with the cores and one round
+// of polling per AICPU thread. The runtime says which task a ReadyItem names,
+// what a finished subtask does and which successor may follow a task.
 // poll() for an AICPU thread runs only on it; push and publish on any thread;
 // the queues' storage is swapped only at a regrant, while every queue is empty.
 // With SIMPLER_INLINE_DISPATCH=1, while the process is oversubscribed, an
@@ -28,6 +29,9 @@ namespace simpler {
 #ifdef SIMPLER_TEST_HOOKS
 // Test builds only: queued subtasks taken back from a blocked core so far, in this process.
 uint64_t core_dispatch_taken_back();
+// Test builds only: chain links posted so far, in this process.
+uint64_t core_dispatch_chained();
+void note_chained();
 #endif
 
 class CoreDispatcher {
@@ -78,13 +82,27 @@ class CoreDispatcher {
   template <typename TaskOf>
   void publish(std::vector<ReadyItem>& ready, TaskOf&& task_of);
 
+  // A runtime whose tasks gain successors after they start: nothing is chained.
+  struct NoChains {
+    bool operator()(ReadyItem, TaskKind, ReadyItem&) const { return false; }
+  };
   // One round for AICPU thread `aicpu`: completes the subtasks its cores
   // finished (complete(inflight, failure, ready), where failure is the
   // kernel's message or null, pushes successors into `ready` and publishes
   // them), then starts ready tasks on its idle cores and queues more behind
-  // short ones. task_of(item) is the GraphTask to start. True on any progress.
-  template <typename TaskOf, typename Complete>
-  bool poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete);
+  // short ones. task_of(item) is the GraphTask to start.
+  // chain_after(item, kind, next) names in `next` a successor of `item` (a
+  // lone task posted to a core and not seen ended) that waits on it alone
+  // and runs on a `kind` core, and marks it chained, so the release that
+  // makes it ready does not queue it: it is posted right behind `item` and
+  // the core starts it as soon as `item` succeeds. A runtime answers only
+  // for what no later release can invalidate: a task whose end may still
+  // poison its successors after its kernel succeeded (a guard check) has
+  // none to chain. When the one ahead failed, the core ends the link unrun,
+  // and complete() is not called for it: the failure's release already
+  // ended it, poisoned. True on any progress.
+  template <typename TaskOf, typename Complete, typename ChainAfter = NoChains>
+  bool poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete, ChainAfter&& chain_after = ChainAfter{});
   // When AICPU thread `aicpu` must poll again to take back what one of its
   // cores holds queued behind a kernel that may block (0: never): a parked
   // thread is rung only by a FIN or new work, and a blocked kernel sends neither.
@@ -157,7 +175,16 @@ class CoreDispatcher {
     }
     return true;
   }
-  void dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub);
+  // A chain link (`chained`) is posted kAfterOk and is never revocable.
+  void dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub, bool chained = false);
+  // Posts behind `core`'s newest subtask the successor that waits on it
+  // alone, and behind that its own, while the core has room: only behind a
+  // lone kernel posted to the core (a gang subtask's successor waits for the
+  // whole gang; an inline run has ended already) that cannot be taken back
+  // (a link behind it would pin it), and never for a dumping run (a link's
+  // inputs are captured when it is posted, before the one ahead wrote them).
+  template <typename TaskOf, typename ChainAfter>
+  void extend_chain(uint32_t aicpu, uint32_t core, TaskOf& task_of, ChainAfter& chain_after);
   // Takes back, newest first, the queued subtasks `core` has not claimed and
   // pushes them to its ready queue for any core; the number taken back.
   uint32_t take_back(uint32_t aicpu, uint32_t core);
@@ -232,8 +259,24 @@ void CoreDispatcher::publish(std::vector<ReadyItem>& ready, TaskOf&& task_of) {
   ready.clear();
 }
 
-template <typename TaskOf, typename Complete>
-bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete) {
+template <typename TaskOf, typename ChainAfter>
+void CoreDispatcher::extend_chain(uint32_t aicpu, uint32_t core, TaskOf& task_of, ChainAfter& chain_after) {
+  CoreQueue& q = cores_[core];
+  const TaskKind kind = core % 3 == 0 ? TaskKind::AIC : TaskKind::AIV;
+  while (q.count != 0 && q.count < CoreRegisters::kDepth) {
+    const Inflight& ahead = q.back();
+    if (!ahead.alone || ahead.ran_inline || ahead.revocable || traces_[ahead.slot].capture != nullptr) return;
+    ReadyItem next;
+    if (!chain_after(ReadyItem{ahead.slot, ahead.task}, kind, next)) return;
+    dispatch(aicpu, core, next, task_of(next), 0, /*chained=*/true);
+#ifdef SIMPLER_TEST_HOOKS
+    note_chained();
+#endif
+  }
+}
+
+template <typename TaskOf, typename Complete, typename ChainAfter>
+bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete, ChainAfter&& chain_after) {
   AicpuState& st = aicpu_[aicpu];
   std::vector<ReadyItem>& ready = st.scratch;
   bool progress = false;
@@ -253,6 +296,7 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
       if (q.count == 0) continue;
       const CoreRegisters& r = *regs_[core];
       bool read_status = false;
+      bool ended_any = false;
       uint32_t ended = 0;
       while (q.count != 0) {
         const Inflight f = q.front();
@@ -267,8 +311,15 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
           }
           if (static_cast<int32_t>(ended - f.token) < 0) break;
           const CoreRegisters::Ended how = r.ended[slot];
-          if (how.failed != 0) failure = r.failure[slot].message;
           --st.on_cores;
+          if (how.skipped != 0) {
+            // A link whose predecessor failed: that failure's release ended it.
+            q.pop();
+            q.moved_ns = round_now();
+            progress = ended_any = true;
+            continue;
+          }
+          if (how.failed != 0) failure = r.failure[slot].message;
           costs_.note(f.fn, how.kernel_ns);
         }
         q.pop();
@@ -284,8 +335,10 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
         // Before complete(), whose release of the task publishes this to the run's finisher.
         last_done_[size_t{f.slot} * regs_.size() + core] = f.task_id;
         complete(f, failure, ready);
-        progress = true;
+        progress = ended_any = true;
       }
+      // What now waits on the newest subtask alone may follow it.
+      if (ended_any && q.count != 0) extend_chain(aicpu, core, task_of, chain_after);
       // The kernel ahead has held the core past the bound: what waits behind it goes elsewhere.
       if (q.count != 0 && q.back().revocable && q.stalled(round_now())) {
         handed_back |= take_back(aicpu, core) != 0;
@@ -310,6 +363,7 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete)
     if (from.empty_hint() || !from.pop(item)) return;
     cores_[core].moved_ns = round_now();
     handed_back |= dispatch_single(aicpu, core, item, task_of(item), from);
+    extend_chain(aicpu, core, task_of, chain_after);
     progress = true;
   };
   for (uint32_t c : st.clusters) {

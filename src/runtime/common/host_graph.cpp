@@ -118,6 +118,7 @@ void finalize_graph(HostGraph& g) {
     task.subtasks_left.store(subtask_count(task.kind, task.blocks), std::memory_order_relaxed);
     task.next_block.store(0, std::memory_order_relaxed);
     task.poisoned.store(0, std::memory_order_relaxed);
+    task.chained = 0;
   }
 }
 }  // namespace

@@ -35,6 +35,10 @@ struct alignas(64) GraphTask {
   std::atomic<uint32_t> next_block;  // SPMD: the next block a core takes
   TaskKind kind;
   uint8_t nargs;
+  // Posted behind its last pending predecessor on that one's core (a chain
+  // link): the release that makes it ready leaves it out of the ready queue.
+  // Only the AICPU thread that owns the core writes and reads it.
+  uint8_t chained;
   uint32_t func_id[3];
   simpler_kernel_fn fn[3];
   const char* name[3];  // the kernels' names, for a crash report

@@ -101,11 +101,30 @@ void HbgRuntime::complete_subtask(const CoreDispatcher::Inflight& f, const char*
 
 void HbgRuntime::finish_task(Slot& s, uint32_t task, bool failed, std::vector<ReadyItem>& ready) {
   const uint32_t finished = release_fanout(s.graph(), task, failed, s.released_early, [&](uint32_t succ) {
-    ready.push_back({s.index, succ});
+    if (s.tasks[succ].chained == 0) ready.push_back({s.index, succ});  // a chain link is on its core already
   });
   // Successors must be queued before `remaining` can reach zero and hand the slot back.
   dispatcher_.publish(ready, [this](ReadyItem it) -> GraphTask& { return task_of(it); });
   if (s.remaining.fetch_sub(finished, std::memory_order_acq_rel) == finished) finish_run(s);
+}
+
+bool HbgRuntime::chain_after(ReadyItem after, TaskKind kind, ReadyItem& next) const {
+  Slot& s = *slots_[after.slot];
+  const GraphTask& ahead = s.tasks[after.task];
+  if (ahead.guards_count != 0) return false;
+  for (uint32_t i = 0; i < ahead.fanout_count; ++i) {
+    const uint32_t succ = s.fanout[ahead.fanout_begin + i];
+    GraphTask& t = s.tasks[succ];
+    if (t.kind != kind || t.blocks != 1) continue;
+    // `ahead` has not ended, so its release is still owed: a count of one
+    // is that one. The acquire pairs with the other predecessors' releases,
+    // so the core sees what they wrote.
+    if (t.fanin_left.load(std::memory_order_acquire) != 1 || t.poisoned.load(std::memory_order_relaxed) != 0) continue;
+    t.chained = 1;
+    next = ReadyItem{after.slot, succ};
+    return true;
+  }
+  return false;
 }
 
 void HbgRuntime::finish_run(Slot& s) {
@@ -125,7 +144,8 @@ bool HbgRuntime::poll(uint32_t aicpu) {
       aicpu, [this](ReadyItem it) -> GraphTask& { return task_of(it); },
       [this](const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready) {
         complete_subtask(f, failure, ready);
-      });
+      },
+      [this](ReadyItem after, TaskKind kind, ReadyItem& next) { return chain_after(after, kind, next); });
 }
 
 SIMPLER_REGISTER_RUNTIME(host_build_graph,

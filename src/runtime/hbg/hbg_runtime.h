@@ -46,6 +46,11 @@ class HbgRuntime final : public ChipRuntime {
   GraphTask& task_of(ReadyItem item) const { return slots_[item.slot]->tasks[item.task]; }
   void complete_subtask(const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready);
   void finish_task(Slot& s, uint32_t task, bool failed, std::vector<ReadyItem>& ready);
+  // CoreDispatcher's chain_after: a successor of `after` that waits on it
+  // alone, of `kind`, not SPMD, marked chained. A whole graph is built before
+  // launch, so no successor appears later; a task with guards has none (its
+  // guard check may poison them after its kernel succeeded).
+  bool chain_after(ReadyItem after, TaskKind kind, ReadyItem& next) const;
   void finish_run(Slot& s);
 
   Device& device_;

@@ -137,6 +137,7 @@ void StreamBuilder::place(const CheckedTask& t) {
   task.next_block.store(0, std::memory_order_relaxed);
   task.subtasks_left.store(subtask_count(t.kind, t.blocks), std::memory_order_relaxed);
   task.poisoned.store(0, std::memory_order_relaxed);
+  task.chained = 0;
   ts.fanout.store(0, std::memory_order_relaxed);
   ts.done.store(0, std::memory_order_relaxed);
   ts.taken = 0;
@@ -627,7 +628,8 @@ bool TmrRuntime::poll(uint32_t aicpu) {
         aicpu, [this](ReadyItem it) -> GraphTask& { return task_of(it); },
         [this](const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready) {
           complete_subtask(f, failure, ready);
-        });
+        },
+        [this](ReadyItem after, TaskKind kind, ReadyItem& next) { return chain_after(after, kind, next); });
   }
   uint32_t slot = 0;
   {
@@ -694,7 +696,7 @@ void TmrRuntime::finish_task(Set& s, uint32_t slot, bool failed, std::vector<Rea
       if (succ.fanin_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         if (succ.poisoned.load(std::memory_order_acquire) != 0) {
           poisoned_done.push_back(d.succ);
-        } else {
+        } else if (succ.chained == 0) {  // a chain link is on its core already
           ready.push_back({s.index_, d.succ});
         }
       }
@@ -713,6 +715,24 @@ void TmrRuntime::finish_task(Set& s, uint32_t slot, bool failed, std::vector<Rea
   const uint32_t total = s.finished_.fetch_add(finished, std::memory_order_seq_cst) + finished;
   if (total >= s.wake_at_.load(std::memory_order_seq_cst)) s.progress_.ring();
   drop_remaining(s, finished);
+}
+
+bool TmrRuntime::chain_after(ReadyItem after, TaskKind kind, ReadyItem& next) const {
+  Set& s = *sets_[after.slot];
+  const TaskSlot& ahead = s.tasks_[after.task];
+  if (ahead.task.guards_count != 0) return false;
+  // `ahead` has not ended, so its list is open and its entries stay put; the
+  // acquire pairs with the orchestrator's release that added each.
+  for (uint32_t e = ahead.fanout.load(std::memory_order_acquire); e != 0 && e != kClosed; e = s.deps_[e - 1].next) {
+    const uint32_t succ = s.deps_[e - 1].succ;
+    GraphTask& t = s.tasks_[succ].task;
+    if (t.kind != kind || t.blocks != 1) continue;
+    if (t.fanin_left.load(std::memory_order_acquire) != 1 || t.poisoned.load(std::memory_order_relaxed) != 0) continue;
+    t.chained = 1;
+    next = ReadyItem{after.slot, succ};
+    return true;
+  }
+  return false;
 }
 
 void TmrRuntime::drop_remaining(Set& s, uint32_t n) {

@@ -215,6 +215,13 @@ class TmrRuntime final : public ChipRuntime {
   // failed) and, iteratively, each poisoned successor that it leaves with no
   // fanin; queues the successors that became ready into `ready`.
   void finish_task(Set& s, uint32_t slot, bool failed, std::vector<ReadyItem>& ready);
+  // CoreDispatcher's chain_after: a consumer of `after` that waits on it
+  // alone, of `kind`, not SPMD, marked chained. A consumer is counted in its
+  // fanin before it joins a producer's list, and its submission holds one
+  // more until it is placed, so a count of one seen from `after`'s list is
+  // `after` alone, with the consumer's arguments written. A task with guards
+  // has none (its guard check may poison them after its kernel succeeded).
+  bool chain_after(ReadyItem after, TaskKind kind, ReadyItem& next) const;
   // Drops `n` of the run's remaining count; the one reaching zero ends the run.
   void drop_remaining(Set& s, uint32_t n);
   void finish_run(Set& s);

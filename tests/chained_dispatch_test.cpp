@@ -1,0 +1,229 @@
+// Issue 16, chained dispatch: a lone task's successor that waits on it alone
+// is posted right behind it on its core (kAfterOk), so a chain runs link
+// after link without a round trip through the AICPU thread between them; a
+// link behind a failed kernel ends unrun. The first two cases drive a
+// CoreDispatcher by hand (the test thread is AICPU thread 0 of a device whose
+// own AICPU threads poll nothing), so what runs between two polls is exact;
+// the last runs chains through both AICPU-dispatch runtimes end to end (a
+// test build counts the links posted).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "base/clock.h"
+#include "device/core_registers.h"
+#include "device/sim/sim_device.h"
+#include "kernels.h"
+#include "runtime/common/core_dispatcher.h"
+#include "test_util.h"
+
+namespace simpler {
+namespace {
+
+using namespace testing;
+
+constexpr uint32_t kLinks = CoreRegisters::kDepth;  // the one a core runs and kDepth - 1 behind it
+
+// Each link notes when it ran; link 0 waits for g_open, the link named by
+// g_fail fails.
+std::atomic<bool> g_open{false};
+std::atomic<int> g_fail{-1};
+std::atomic<int> g_ran{0};
+std::array<std::atomic<int>, kLinks + 1> g_order{};  // which run, 1-based, each task was (0: never)
+std::array<std::thread::id, kLinks + 1> g_thread{};  // written before g_order, read after it
+void link_kernel(int64_t* args) {
+  const auto link = static_cast<int>(args[0]);
+  if (link == 0) {
+    EXPECT_TRUE(eventually([] { return g_open.load(); }));
+  }
+  g_thread[static_cast<size_t>(link)] = std::this_thread::get_id();
+  g_order[static_cast<size_t>(link)] = g_ran.fetch_add(1) + 1;
+  if (link == g_fail.load()) simpler_kernel_fail("link: told to fail");
+}
+
+class IdleProgram final : public AicpuProgram {
+ public:
+  bool poll(uint32_t) override { return false; }
+};
+
+// Tasks 0 -> 1 -> ... -> kLinks - 1 (AIV), and one more with no edge; the
+// runtime's half (what chain_after and a completion do) as host_build_graph
+// does it, on these few tasks.
+class ChainedDispatch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    g_open = false;
+    g_fail = -1;
+    g_ran = 0;
+    for (auto& o : g_order) o = 0;
+    auto dev = SimDevice::create(Geometry::small(), 1 << 20);
+    ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+    dev_ = std::move(dev).value();
+    dev_->start(&idle_);
+    d_ = std::make_unique<CoreDispatcher>(*dev_);
+    CoreDispatcher::Storage storage = d_->make_storage(16, 1);
+    d_->swap_storage(storage);
+    for (uint32_t i = 0; i < tasks_.size(); ++i) {
+      GraphTask& t = tasks_[i];
+      t.kind = TaskKind::AIV;
+      t.blocks = 1;
+      t.id = i;
+      t.fn[0] = link_kernel;
+      t.name[0] = "link";
+      t.args[0] = i;
+      t.fanin = i == 0 || i == kLinks ? 0 : 1;
+      t.fanin_left = t.fanin;
+      t.subtasks_left = 1;
+    }
+  }
+  void TearDown() override {
+    if (dev_) dev_->stop();
+  }
+
+  bool poll() {
+    return d_->poll(
+        0, [&](ReadyItem it) -> GraphTask& { return tasks_[it.task]; },
+        [&](const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready) {
+          completed_.push_back(f.task);
+          // The release: a failure poisons its successors and ends them unrun, down the chain.
+          bool failed = failure != nullptr;
+          for (uint32_t t = f.task; t + 1 < kLinks; ++t) {
+            GraphTask& s = tasks_[t + 1];
+            if (failed) s.poisoned = 1;
+            if (s.fanin_left.fetch_sub(1) != 1) break;
+            if (!failed) {
+              if (s.chained == 0) ready.push_back(ReadyItem{0, t + 1});
+              break;
+            }
+          }
+          d_->publish(ready, [&](ReadyItem it) -> GraphTask& { return tasks_[it.task]; });
+        },
+        [&](ReadyItem after, TaskKind kind, ReadyItem& next) {
+          const uint32_t s = after.task + 1;
+          if (after.task >= kLinks - 1 || tasks_[s].kind != kind || tasks_[s].fanin_left.load() != 1) return false;
+          tasks_[s].chained = 1;
+          next = ReadyItem{0, s};
+          return true;
+        });
+  }
+  // Whether some core's status says token `token` ended.
+  bool some_core_ended(uint32_t token) {
+    for (uint32_t c = 0; c < dev_->core_count(); ++c) {
+      if (CoreRegisters::ended_token(dev_->core_registers(c).status.load()) >= token) return true;
+    }
+    return false;
+  }
+  bool poll_until(const std::function<bool()>& cond) {
+    const uint64_t deadline = now_ns() + static_cast<uint64_t>(std::chrono::nanoseconds(kWait).count());
+    while (!cond() && now_ns() < deadline) (void)poll();
+    return cond();
+  }
+
+  IdleProgram idle_;
+  std::unique_ptr<SimDevice> dev_;
+  std::unique_ptr<CoreDispatcher> d_;
+  std::array<GraphTask, kLinks + 1> tasks_{};
+  std::vector<uint32_t> completed_;
+};
+
+// One poll posts the whole chain to one core: link 0 and the kDepth - 1
+// links behind it. Opened with no poll after that, the core runs every link,
+// in order; the polls that follow complete each once, in order.
+TEST_F(ChainedDispatch, ACoreRunsAChainsLinksOneAfterAnotherWithNoPollBetween) {
+  d_->push(TaskKind::AIV, ReadyItem{0, 0});
+  ASSERT_TRUE(poll());
+  g_open = true;
+  EXPECT_TRUE(eventually([] { return g_ran.load() == static_cast<int>(kLinks); }))
+      << g_ran.load() << " of " << kLinks << " links ran with no poll after the first";
+  for (uint32_t i = 0; i < kLinks; ++i) EXPECT_EQ(g_order[i].load(), static_cast<int>(i) + 1) << "link " << i;
+  ASSERT_TRUE(poll_until([&] { return completed_.size() == kLinks; }));
+  EXPECT_EQ(completed_, (std::vector<uint32_t>{0, 1, 2, 3}));
+}
+
+// Link 1 fails: the core ends links 2 and 3 unrun, and the dispatcher does
+// not complete them (the failure's release ended them) but frees the core:
+// the next task starts on it (the first idle core of its kind).
+TEST_F(ChainedDispatch, ALinkBehindAFailedKernelEndsUnrunAndIsNotCompletedAgain) {
+  g_fail = 1;
+  d_->push(TaskKind::AIV, ReadyItem{0, 0});
+  ASSERT_TRUE(poll());
+  g_open = true;
+  ASSERT_TRUE(poll_until([&] { return completed_.size() == 2 && some_core_ended(kLinks); }))
+      << completed_.size() << " tasks completed, expected links 0 and 1 only";
+  (void)poll();
+  d_->push(TaskKind::AIV, ReadyItem{0, kLinks});
+  ASSERT_TRUE(poll_until([&] { return g_ran.load() == 3 && completed_.size() == 3; }))
+      << "the task after the chain did not run: " << g_ran.load() << " kernels ran";
+  EXPECT_EQ(completed_, (std::vector<uint32_t>{0, 1, kLinks}));
+  EXPECT_EQ(g_thread[kLinks], g_thread[0]) << "the chain's core was not free for the next task";
+  EXPECT_EQ(g_order[2].load(), 0) << "a link behind the failed kernel ran";
+  EXPECT_EQ(g_order[3].load(), 0) << "a link behind the failed kernel ran";
+  EXPECT_EQ(tasks_[3].poisoned.load(), 1u);
+}
+
+// Through each AICPU-dispatch runtime: a chain of kChain tasks, each adding one to
+// the same value, ends at kChain with links posted behind their predecessor;
+// with link kFailAt failing, the run reports that link's error and no later
+// link ran (the value stops at kFailAt).
+constexpr int64_t kChain = 256;
+constexpr int64_t kFailAt = 100;
+enum : uint32_t { kAddOne = 1 };
+void add_one_kernel(int64_t* args) {
+  if (args[1] != 0) {
+    simpler_kernel_fail("add_one: told to fail");
+    return;
+  }
+  *tensor_data<int64_t>(tensor_arg(args, 0)) += 1;
+}
+
+ChipCallable chain_callable() {
+  return ChipCallable(
+      "chain",
+      [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+        for (int64_t i = 0; i < kChain; ++i) {
+          TaskArgs t;
+          t.add_tensor(a[0].tensor, Tag::InOut).add_scalar(i == static_cast<int64_t>(a[1].scalar) ? 1 : 0);
+          if (auto r = o.submit_aiv(kAddOne, t); !r.ok()) return r.status();
+        }
+        return Status();
+      },
+      make_kernels({{kAddOne, CoreType::AIV, "add_one", add_one_kernel}}), {Param::inout(), Param::scalar()});
+}
+
+void run_chains(const char* runtime) {
+  WorkerConfig c = small_config();
+  c.runtime = runtime;
+  Harness hw(chain_callable(), c);
+  for (int rep = 0; rep < 3; ++rep) {
+    DeviceBuffer value = upload(hw.w, std::vector<int64_t>{0});
+    const uint64_t chained = core_dispatch_chained();
+    TaskArgs a;
+    a.add_tensor(value.view({1}, DType::I64), Tag::InOut).add_scalar(-1);
+    ASSERT_TRUE(hw.run(a).ok());
+    EXPECT_EQ(download<int64_t>(hw.w, value, 1)[0], kChain);
+    EXPECT_GT(core_dispatch_chained(), chained) << "no link was posted behind its predecessor";
+
+    DeviceBuffer failing = upload(hw.w, std::vector<int64_t>{0});
+    TaskArgs f;
+    f.add_tensor(failing.view({1}, DType::I64), Tag::InOut).add_scalar(kFailAt);
+    const Status s = hw.run(f);
+    EXPECT_EQ(s.code(), StatusCode::kKernelFailed) << s.to_string();
+    EXPECT_NE(s.message().find("add_one: told to fail"), std::string::npos) << s.to_string();
+    EXPECT_EQ(download<int64_t>(hw.w, failing, 1)[0], kFailAt) << "links after the failed one ran";
+  }
+}
+
+TEST(ChainedRun, AChainRunsThroughLinksAndStopsAtAFailedOne) {
+  for (const char* runtime : {"host_build_graph", "tensormap_and_ringbuffer"}) {
+    SCOPED_TRACE(runtime);
+    run_chains(runtime);
+  }
+}
+
+}  // namespace
+}  // namespace simpler
