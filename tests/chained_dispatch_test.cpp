@@ -166,19 +166,21 @@ TEST_F(ChainedDispatch, ALinkBehindAFailedKernelEndsUnrunAndIsNotCompletedAgain)
   EXPECT_EQ(tasks_[3].poisoned.load(), 1u);
 }
 
-// Through each AICPU-dispatch runtime: a chain of kChain tasks, each adding one to
-// the same value, ends at kChain with links posted behind their predecessor;
-// with link kFailAt failing, the run reports that link's error and no later
-// link ran (the value stops at kFailAt).
+// Through each AICPU-dispatch runtime: a chain of kChain tasks, each adding
+// one to the same value. Link kFailAt does as the run's scalar says: nothing
+// else (kPlain), fail (kFail) or also write past its tensor (kOverrun).
 constexpr int64_t kChain = 256;
 constexpr int64_t kFailAt = 100;
 enum : uint32_t { kAddOne = 1 };
+enum : int64_t { kPlain = 0, kFail = 1, kOverrun = 2 };
 void add_one_kernel(int64_t* args) {
-  if (args[1] != 0) {
+  int64_t* value = tensor_data<int64_t>(tensor_arg(args, 0));
+  if (args[1] == kFail) {
     simpler_kernel_fail("add_one: told to fail");
     return;
   }
-  *tensor_data<int64_t>(tensor_arg(args, 0)) += 1;
+  value[0] += 1;
+  if (args[1] == kOverrun) value[1] = -1;
 }
 
 ChipCallable chain_callable() {
@@ -187,7 +189,7 @@ ChipCallable chain_callable() {
       [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
         for (int64_t i = 0; i < kChain; ++i) {
           TaskArgs t;
-          t.add_tensor(a[0].tensor, Tag::InOut).add_scalar(i == static_cast<int64_t>(a[1].scalar) ? 1 : 0);
+          t.add_tensor(a[0].tensor, Tag::InOut).add_scalar(i == kFailAt ? static_cast<int64_t>(a[1].scalar) : kPlain);
           if (auto r = o.submit_aiv(kAddOne, t); !r.ok()) return r.status();
         }
         return Status();
@@ -195,33 +197,61 @@ ChipCallable chain_callable() {
       make_kernels({{kAddOne, CoreType::AIV, "add_one", add_one_kernel}}), {Param::inout(), Param::scalar()});
 }
 
-void run_chains(const char* runtime) {
-  WorkerConfig c = small_config();
-  c.runtime = runtime;
-  Harness hw(chain_callable(), c);
-  for (int rep = 0; rep < 3; ++rep) {
-    DeviceBuffer value = upload(hw.w, std::vector<int64_t>{0});
-    const uint64_t chained = core_dispatch_chained();
-    TaskArgs a;
-    a.add_tensor(value.view({1}, DType::I64), Tag::InOut).add_scalar(-1);
-    ASSERT_TRUE(hw.run(a).ok());
-    EXPECT_EQ(download<int64_t>(hw.w, value, 1)[0], kChain);
-    EXPECT_GT(core_dispatch_chained(), chained) << "no link was posted behind its predecessor";
-
-    DeviceBuffer failing = upload(hw.w, std::vector<int64_t>{0});
-    TaskArgs f;
-    f.add_tensor(failing.view({1}, DType::I64), Tag::InOut).add_scalar(kFailAt);
-    const Status s = hw.run(f);
-    EXPECT_EQ(s.code(), StatusCode::kKernelFailed) << s.to_string();
-    EXPECT_NE(s.message().find("add_one: told to fail"), std::string::npos) << s.to_string();
-    EXPECT_EQ(download<int64_t>(hw.w, failing, 1)[0], kFailAt) << "links after the failed one ran";
-  }
+struct ChainRun {
+  Status status;
+  int64_t value = 0;
+  uint64_t links = 0;  // chain links posted meanwhile
+};
+ChainRun run_chain(Harness& hw, int64_t what) {
+  DeviceBuffer value = upload(hw.w, std::vector<int64_t>{0});
+  const uint64_t before = core_dispatch_chained();
+  TaskArgs a;
+  a.add_tensor(value.view({1}, DType::I64), Tag::InOut).add_scalar(static_cast<uint64_t>(what));
+  ChainRun r;
+  r.status = hw.run(a);
+  r.links = core_dispatch_chained() - before;
+  r.value = download<int64_t>(hw.w, value, 1)[0];
+  return r;
 }
 
+// With link kFailAt failing, the run reports that link's error and no later
+// link ran (the value stops at kFailAt). Guards off: a task with guards
+// gets no link, and guards are on by default in sanitizer builds.
 TEST(ChainedRun, AChainRunsThroughLinksAndStopsAtAFailedOne) {
   for (const char* runtime : {"host_build_graph", "tensormap_and_ringbuffer"}) {
     SCOPED_TRACE(runtime);
-    run_chains(runtime);
+    WorkerConfig c = small_config();
+    c.runtime = runtime;
+    c.guard_device_memory = false;
+    Harness hw(chain_callable(), c);
+    for (int rep = 0; rep < 3; ++rep) {
+      const ChainRun ok = run_chain(hw, kPlain);
+      EXPECT_TRUE(ok.status.ok()) << ok.status.to_string();
+      EXPECT_EQ(ok.value, kChain);
+      EXPECT_GT(ok.links, 0u) << "no link was posted behind its predecessor";
+      const ChainRun failed = run_chain(hw, kFail);
+      EXPECT_EQ(failed.status.code(), StatusCode::kKernelFailed) << failed.status.to_string();
+      EXPECT_NE(failed.status.message().find("add_one: told to fail"), std::string::npos) << failed.status.to_string();
+      EXPECT_EQ(failed.value, kFailAt) << "links after the failed one ran";
+    }
+  }
+}
+
+// With guards on, a kernel can succeed and its task still fail at the guard
+// check its AICPU thread runs after it: so no link follows a guarded task,
+// and nothing after the link that wrote past its tensor runs.
+TEST(ChainedRun, NoLinkFollowsATaskWhoseGuardCheckMayFailIt) {
+  for (const char* runtime : {"host_build_graph", "tensormap_and_ringbuffer"}) {
+    SCOPED_TRACE(runtime);
+    WorkerConfig c = small_config();
+    c.runtime = runtime;
+    c.guard_device_memory = true;
+    Harness hw(chain_callable(), c);
+    const ChainRun r = run_chain(hw, kOverrun);
+    EXPECT_EQ(r.status.code(), StatusCode::kKernelFailed) << r.status.to_string();
+    EXPECT_NE(r.status.message().find("past tensor argument 0"), std::string::npos) << r.status.to_string();
+    EXPECT_EQ(r.value, kFailAt + 1) << "links after the one that wrote past its tensor ran";
+    EXPECT_EQ(r.links, 0u);
   }
 }
 

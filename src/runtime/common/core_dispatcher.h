@@ -82,7 +82,7 @@ class CoreDispatcher {
   template <typename TaskOf>
   void publish(std::vector<ReadyItem>& ready, TaskOf&& task_of);
 
-  // A runtime whose tasks gain successors after they start: nothing is chained.
+  // For a runtime that chains nothing: every task starts from a ready queue.
   struct NoChains {
     bool operator()(ReadyItem, TaskKind, ReadyItem&) const { return false; }
   };
