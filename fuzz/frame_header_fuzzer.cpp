@@ -1,8 +1,9 @@
 // T7: decode_request_header, what the child makes of a request frame's header
 // before it stores anything. Input: byte 0 picks the grant G = 1 + byte % 8
 // (M = G + K entries); the next 64 bytes are the header words; the rest are
-// the entries, 12 bytes each: the generation (8) and the state (4) (an entry
-// past the input's end reads 0 and IDLE, free). Seeds:
+// the entries, 28 bytes each: the generation (8), the state (4), the run id
+// (8) and the dispatch id (8) (an entry past the input's end reads 0, IDLE,
+// 0, 0: free). Seeds:
 // fuzz/corpus/fuzz_frame_header/, from fuzz/make_seeds.py.
 #include <cstddef>
 #include <cstdint>
@@ -42,7 +43,8 @@ void check_verdict(const DecodedHeader& d, const MailboxView& view) {
   FUZZ_CHECK(f.entry_index <= UINT32_MAX);  // RunRequest keeps it in 32 bits
   FUZZ_CHECK(f.entry_generation % 2 == 1);
   const MailboxRunEntry& e = view.entry(f.entry_index);
-  const bool ours = e.entry_generation == f.entry_generation && d.publication != 0 && e.state == kMailboxIdle;
+  const bool ours = e.entry_generation == f.entry_generation && d.publication != 0 && e.state == kMailboxIdle &&
+                    e.run_id == f.run_id && e.dispatch_id == f.dispatch_id;
   if (d.verdict == HeaderVerdict::kRefused) {
     FUZZ_CHECK(!ours);
     return;
@@ -68,18 +70,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t grant = 1 + data[0] % kMaxGrant;
   const Result<MailboxView> view = MailboxView::attach(mailbox(), *mailbox_size(kMaxGrant), grant);
   FUZZ_CHECK(view.ok());
-  constexpr size_t kEntryBytes = sizeof(uint64_t) + sizeof(uint32_t);
+  constexpr size_t kEntryBytes = 3 * sizeof(uint64_t) + sizeof(uint32_t);
   const uint8_t* entries = data + 1 + sizeof(RequestHeader);
   const size_t given = (size - 1 - sizeof(RequestHeader)) / kEntryBytes;
   for (uint64_t i = 0; i < view->entry_count(); ++i) {
     uint64_t g = 0;
     uint32_t state = kMailboxIdle;
+    uint64_t run = 0;
+    uint64_t dispatch = 0;
     if (i < given) {
-      std::memcpy(&g, entries + i * kEntryBytes, sizeof g);
-      std::memcpy(&state, entries + i * kEntryBytes + sizeof g, sizeof state);
+      const uint8_t* at = entries + i * kEntryBytes;
+      std::memcpy(&g, at, sizeof g);
+      std::memcpy(&state, at + sizeof g, sizeof state);
+      std::memcpy(&run, at + sizeof g + sizeof state, sizeof run);
+      std::memcpy(&dispatch, at + 2 * sizeof g + sizeof state, sizeof dispatch);
     }
     view->entry(i).entry_generation = g;
     view->entry(i).state = state;
+    view->entry(i).run_id = run;
+    view->entry(i).dispatch_id = dispatch;
   }
   RequestHeader& shared = view->frame(0).header;
   std::memcpy(&shared, data + 1, sizeof shared);

@@ -94,12 +94,15 @@ IDLE, FRAME_STAGED = 0, 3
 
 
 def frame(grant, index, generation, generations, publication=1, version=PROTOCOL, config=16, args=136,
-          ready=TASK_READY, run_id=7, dispatch_id=3, task_slot=0, states=None):
+          ready=TASK_READY, run_id=7, dispatch_id=3, task_slot=0, states=None, entry_run=7):
     hdr = struct.pack("<IIQQQQQIIII", ready, version, publication, index, generation, run_id, dispatch_id, task_slot,
                       config, args, 0)
-    # Each entry: its generation, then its state (IDLE unless `states` says otherwise).
+    # Each entry: its generation, its state (IDLE unless `states` says
+    # otherwise), then the run and dispatch ids the parent wrote (7 and 3,
+    # the header's default, unless `entry_run` says otherwise).
     states = states or [IDLE] * len(generations)
-    return bytes([grant - 1]) + hdr + b"".join(struct.pack("<QI", g, s) for g, s in zip(generations, states))
+    return bytes([grant - 1]) + hdr + b"".join(
+        struct.pack("<QIQQ", g, s, entry_run, 3) for g, s in zip(generations, states))
 
 
 G = 2
@@ -115,6 +118,8 @@ HEADERS = {
     "stale_older": frame(G, 1, 1, LIVE),
     "stale_future": frame(G, 1, 5, LIVE),
     "stale_free_entry": frame(G, 2, 1, LIVE),
+    "another_run": frame(G, 1, 3, LIVE, entry_run=8),
+    "another_dispatch": frame(G, 1, 3, LIVE, dispatch_id=4),
     "index_m": frame(G, M, 1, LIVE),
     "index_m_plus_1": frame(G, M + 1, 1, LIVE),
     "index_uint32_max": frame(G, 0xFFFFFFFF, 1, LIVE),
