@@ -97,6 +97,21 @@ uint32_t release_fanout(const TaskGraphView& g, uint32_t task, bool failed, std:
   }
 }
 
+// Whether `succ`, a successor of a task whose release is still owed (it has
+// not ended), waits on that task alone and may follow it on a `kind` core as
+// a chain link (CoreDispatcher's chain_after); if so, marks it chained. A
+// fanin count of one is then that task's. The acquire pairs with the other
+// predecessors' releases, so the core that runs it sees what they wrote.
+// Only the AICPU thread that owns the task's core calls it.
+inline bool take_as_chain_link(GraphTask& succ, TaskKind kind) {
+  if (succ.kind != kind || succ.blocks != 1) return false;
+  if (succ.fanin_left.load(std::memory_order_acquire) != 1 || succ.poisoned.load(std::memory_order_relaxed) != 0) {
+    return false;
+  }
+  succ.chained = 1;
+  return true;
+}
+
 // Whether `w`, a write, makes the earlier access `a` redundant: every later
 // access that conflicts with `a` conflicts with `w`, which is ordered after it.
 bool write_covers(const TensorView& w, const TensorView& a);

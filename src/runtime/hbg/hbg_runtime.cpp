@@ -114,13 +114,7 @@ bool HbgRuntime::chain_after(ReadyItem after, TaskKind kind, ReadyItem& next) co
   if (ahead.guards_count != 0) return false;
   for (uint32_t i = 0; i < ahead.fanout_count; ++i) {
     const uint32_t succ = s.fanout[ahead.fanout_begin + i];
-    GraphTask& t = s.tasks[succ];
-    if (t.kind != kind || t.blocks != 1) continue;
-    // `ahead` has not ended, so its release is still owed: a count of one
-    // is that one. The acquire pairs with the other predecessors' releases,
-    // so the core sees what they wrote.
-    if (t.fanin_left.load(std::memory_order_acquire) != 1 || t.poisoned.load(std::memory_order_relaxed) != 0) continue;
-    t.chained = 1;
+    if (!take_as_chain_link(s.tasks[succ], kind)) continue;
     next = ReadyItem{after.slot, succ};
     return true;
   }

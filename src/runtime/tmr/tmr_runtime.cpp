@@ -725,10 +725,7 @@ bool TmrRuntime::chain_after(ReadyItem after, TaskKind kind, ReadyItem& next) co
   // acquire pairs with the orchestrator's release that added each.
   for (uint32_t e = ahead.fanout.load(std::memory_order_acquire); e != 0 && e != kClosed; e = s.deps_[e - 1].next) {
     const uint32_t succ = s.deps_[e - 1].succ;
-    GraphTask& t = s.tasks_[succ].task;
-    if (t.kind != kind || t.blocks != 1) continue;
-    if (t.fanin_left.load(std::memory_order_acquire) != 1 || t.poisoned.load(std::memory_order_relaxed) != 0) continue;
-    t.chained = 1;
+    if (!take_as_chain_link(s.tasks_[succ].task, kind)) continue;
     next = ReadyItem{after.slot, succ};
     return true;
   }
