@@ -17,6 +17,7 @@
 
 #include "base/clock.h"
 #include "device/core_registers.h"
+#include "device/sim/core.h"
 #include "device/sim/sim_device.h"
 #include "kernels.h"
 #include "runtime/common/core_dispatcher.h"
@@ -44,6 +45,12 @@ void link_kernel(int64_t* args) {
   g_thread[static_cast<size_t>(link)] = std::this_thread::get_id();
   g_order[static_cast<size_t>(link)] = g_ran.fetch_add(1) + 1;
   if (link == g_fail.load()) simpler_kernel_fail("link: told to fail");
+}
+
+// Holds a core before it skips a link until g_skip_open (set_core_skip_hook).
+std::atomic<bool> g_skip_open{true};
+void hold_skip() {
+  EXPECT_TRUE(eventually([] { return g_skip_open.load(); }));
 }
 
 class IdleProgram final : public AicpuProgram {
@@ -82,6 +89,8 @@ class ChainedDispatch : public ::testing::Test {
     }
   }
   void TearDown() override {
+    g_skip_open = true;
+    set_core_skip_hook(nullptr);
     if (dev_) dev_->stop();
   }
 
@@ -90,6 +99,7 @@ class ChainedDispatch : public ::testing::Test {
         0, [&](ReadyItem it) -> GraphTask& { return tasks_[it.task]; },
         [&](const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready) {
           completed_.push_back(f.task);
+          failure_completed_ |= failure != nullptr;
           // The release: a failure poisons its successors and ends them unrun, down the chain.
           bool failed = failure != nullptr;
           for (uint32_t t = f.task; t + 1 < kLinks; ++t) {
@@ -104,6 +114,7 @@ class ChainedDispatch : public ::testing::Test {
           d_->publish(ready, [&](ReadyItem it) -> GraphTask& { return tasks_[it.task]; });
         },
         [&](ReadyItem after, TaskKind kind, ReadyItem& next) {
+          if (failure_completed_) asked_after_failure_.push_back(after.task);
           const uint32_t s = after.task + 1;
           if (after.task >= kLinks - 1 || tasks_[s].kind != kind || tasks_[s].fanin_left.load() != 1) return false;
           tasks_[s].chained = 1;
@@ -129,6 +140,8 @@ class ChainedDispatch : public ::testing::Test {
   std::unique_ptr<CoreDispatcher> d_;
   std::array<GraphTask, kLinks + 1> tasks_{};
   std::vector<uint32_t> completed_;
+  bool failure_completed_ = false;
+  std::vector<uint32_t> asked_after_failure_;  // the tasks chain_after was asked to extend after that
 };
 
 // One poll posts the whole chain to one core: link 0 and the kDepth - 1
@@ -164,6 +177,28 @@ TEST_F(ChainedDispatch, ALinkBehindAFailedKernelEndsUnrunAndIsNotCompletedAgain)
   EXPECT_EQ(g_order[2].load(), 0) << "a link behind the failed kernel ran";
   EXPECT_EQ(g_order[3].load(), 0) << "a link behind the failed kernel ran";
   EXPECT_EQ(tasks_[3].poisoned.load(), 1u);
+}
+
+// Link 1 fails while its core is held before it skips links 2 and 3. The
+// failure's release ended them: on a runtime their run may be over and its
+// set already rebuilt for the next run, so the dispatcher never asks what
+// may follow them (CI's TSan run caught host_build_graph's chain_after
+// reading a set the next run was being built into).
+TEST_F(ChainedDispatch, NoSuccessorIsSoughtBehindALinkTheFailureEnded) {
+  g_fail = 1;
+  g_skip_open = false;
+  set_core_skip_hook(hold_skip);
+  d_->push(TaskKind::AIV, ReadyItem{0, 0});
+  ASSERT_TRUE(poll());
+  g_open = true;
+  ASSERT_TRUE(poll_until([&] { return completed_.size() == 2; })) << completed_.size() << " tasks completed";
+  EXPECT_FALSE(some_core_ended(3)) << "the core skipped link 2 while held";
+  EXPECT_EQ(asked_after_failure_, std::vector<uint32_t>{}) << "asked what follows a link the failure ended";
+  g_skip_open = true;
+  ASSERT_TRUE(poll_until([&] { return some_core_ended(kLinks); }));
+  (void)poll();
+  EXPECT_EQ(asked_after_failure_, std::vector<uint32_t>{}) << "asked what follows a link the failure ended";
+  EXPECT_EQ(completed_, (std::vector<uint32_t>{0, 1}));
 }
 
 // Through each AICPU-dispatch runtime: a chain of kChain tasks, each adding

@@ -11,6 +11,13 @@
 
 namespace simpler {
 
+#ifdef SIMPLER_TEST_HOOKS
+namespace {
+std::atomic<void (*)()> g_skip_hook{nullptr};
+}  // namespace
+void set_core_skip_hook(void (*hook)()) { g_skip_hook.store(hook, std::memory_order_release); }
+#endif
+
 Core::Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, StickyFault* fault, diag::Lane* lane)
     : id_(id), type_(type), cluster_(cluster), owner_bell_(owner_bell), fault_(fault), lane_(lane) {}
 
@@ -59,6 +66,9 @@ void Core::loop(SpinPolicy policy) {
         policy);
     if (!posted) return;  // stop requested with no task pending
     if ((d.token.load(std::memory_order_relaxed) & CoreRegisters::kAfterOk) != 0 && !last_ok) {
+#ifdef SIMPLER_TEST_HOOKS
+      if (void (*hook)() = g_skip_hook.load(std::memory_order_acquire)) hook();
+#endif
       regs_.ended[slot] = CoreRegisters::Ended{0, 0, 1};
       regs_.status.store(CoreRegisters::kFin | tok, std::memory_order_release);
       owner_bell_->ring();

@@ -21,6 +21,13 @@
 
 namespace simpler {
 
+#ifdef SIMPLER_TEST_HOOKS
+// Core threads, before a core ends a link unrun (behind a failed kernel): a
+// test holds the core there to see the failure's FIN while the link is still
+// queued. Null (the default): no hook. Set while no core is between tokens.
+void set_core_skip_hook(void (*hook)());
+#endif
+
 class Core final : public CoreExecutor {
  public:
   // `fault`: the device's sticky fault, or null for a core of no device.

@@ -76,6 +76,8 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
   f.fn = task.fn[k];
   f.alone = task.blocks == 1 && task.kind != TaskKind::Mix;
   f.revocable = q.count > 1 && !chained;
+  f.link = chained;
+  f.doomed = false;
   CoreRegisters& r = *regs_[core];
   // Not consumed by an inline run: that borrows the next token's slot, which
   // no queued token can reach, since nothing is queued behind an inline run.

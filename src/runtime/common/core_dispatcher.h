@@ -50,6 +50,11 @@ class CoreDispatcher {
     bool revocable = false;   // posted behind another: taken back if the core has not claimed it
     bool ran_inline = false;  // the owning AICPU thread ran it (done when dispatch() returned)
     bool inline_failed = false;
+    bool link = false;  // a chain link: posted kAfterOk, the core skips it behind a failure
+    // A link behind a failed kernel: the core ends it unrun, and the failure's
+    // release ended its task, so its run may be over and its set reused; only
+    // its FIN is read, never its task.
+    bool doomed = false;
   };
   // A kernel whose recent runs took longer than this is not run inline: it
   // would hold its AICPU thread's placements for longer than a hand-off costs.
@@ -123,6 +128,7 @@ class CoreDispatcher {
     bool stalled(uint64_t now) const { return now - moved_ns > kQueueBehindNs; }
     uint64_t stalled_at() const { return moved_ns + kQueueBehindNs + 1; }
     Inflight& front() { return entry[head]; }
+    Inflight& at(uint32_t i) { return entry[(head + i) % CoreRegisters::kDepth]; }
     Inflight& back() { return entry[(head + count - 1) % CoreRegisters::kDepth]; }
     const Inflight& back() const { return entry[(head + count - 1) % CoreRegisters::kDepth]; }
     Inflight& push() { return entry[(head + count++) % CoreRegisters::kDepth]; }
@@ -265,7 +271,9 @@ void CoreDispatcher::extend_chain(uint32_t aicpu, uint32_t core, TaskOf& task_of
   const TaskKind kind = core % 3 == 0 ? TaskKind::AIC : TaskKind::AIV;
   while (q.count != 0 && q.count < CoreRegisters::kDepth) {
     const Inflight& ahead = q.back();
-    if (!ahead.alone || ahead.ran_inline || ahead.revocable || traces_[ahead.slot].capture != nullptr) return;
+    if (!ahead.alone || ahead.ran_inline || ahead.revocable || ahead.doomed || traces_[ahead.slot].capture != nullptr) {
+      return;
+    }
     ReadyItem next;
     if (!chain_after(ReadyItem{ahead.slot, ahead.task}, kind, next)) return;
     dispatch(aicpu, core, next, task_of(next), 0, /*chained=*/true);
@@ -324,6 +332,8 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete,
         }
         q.pop();
         q.moved_ns = round_now();
+        // Before complete(): its release may end the run the links behind it belong to.
+        for (uint32_t i = 0; failure != nullptr && i < q.count && q.at(i).link; ++i) q.at(i).doomed = true;
         const diag::RunTrace& tr = traces_[f.slot];
         if (tr.level >= 2) {
           // Recorded before complete(): finishing a run's last task exports its
