@@ -4,8 +4,8 @@
 // link behind a failed kernel ends unrun. The first two cases drive a
 // CoreDispatcher by hand (the test thread is AICPU thread 0 of a device whose
 // own AICPU threads poll nothing), so what runs between two polls is exact;
-// the last runs chains through both AICPU-dispatch runtimes end to end (a
-// test build counts the links posted).
+// the last run chains through both AICPU-dispatch runtimes end to end (their
+// RunStats count the links posted).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -235,16 +235,16 @@ ChipCallable chain_callable() {
 struct ChainRun {
   Status status;
   int64_t value = 0;
-  uint64_t links = 0;  // chain links posted meanwhile
+  uint32_t links = 0;  // chain links posted (RunStats::chained)
 };
 ChainRun run_chain(Harness& hw, int64_t what) {
   DeviceBuffer value = upload(hw.w, std::vector<int64_t>{0});
-  const uint64_t before = core_dispatch_chained();
   TaskArgs a;
   a.add_tensor(value.view({1}, DType::I64), Tag::InOut).add_scalar(static_cast<uint64_t>(what));
   ChainRun r;
-  r.status = hw.run(a);
-  r.links = core_dispatch_chained() - before;
+  const RunHandle run = hw.submit(a);
+  r.status = wait_run(run);
+  r.links = run.stats().chained;
   r.value = download<int64_t>(hw.w, value, 1)[0];
   return r;
 }

@@ -181,16 +181,15 @@ TEST(QueuedDispatch, TasksQueuedBehindAShortKernelThatBlocksAreTakenBackAndRunEl
     for (int attempt = 0; attempt < (fills_at_launch ? 10 : 1) && !taken_back; ++attempt) {
       Opener opener{new_gate()};
       RunHandle run;
-      const uint64_t before = core_dispatch_taken_back();
       ASSERT_TRUE(q.submit_held(1, run)) << "the held kernel never reached its gate";
       EXPECT_TRUE(eventually([] { return g_started.load() == kTasks; }))
           << g_started.load() << " of " << kTasks << " tasks started while a quick kernel was held";
       for (int i = 1; i < kTasks; ++i) {
         EXPECT_NE(g_thread[i].load(), g_thread[0].load()) << "task " << i << " ran on the held kernel's core";
       }
-      taken_back = core_dispatch_taken_back() - before >= CoreRegisters::kDepth - 1;
       g_gate->release();
       ASSERT_TRUE(wait_run(run).ok());
+      taken_back = run.stats().taken_back >= CoreRegisters::kDepth - 1;
     }
     if (fills_at_launch) {
       EXPECT_TRUE(taken_back) << "no core ever held " << CoreRegisters::kDepth - 1

@@ -17,6 +17,8 @@ struct RunStats {
   uint32_t tasks = 0;           // tasks in the run's graph
   uint32_t executed = 0;        // subtasks that ran a kernel
   uint32_t released_early = 0;  // intermediates freed during the run because their scope had ended
+  uint32_t chained = 0;         // subtasks posted behind the one they wait on, on its core (chained dispatch)
+  uint32_t taken_back = 0;      // subtasks queued behind a kernel that then blocked, taken back and placed again
   double build_us = 0;          // orchestration (graph build) time on the host
   double device_us = 0;         // launch to last completion
 };

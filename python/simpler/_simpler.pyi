@@ -199,6 +199,8 @@ class RunStats:
     tasks: int
     executed: int
     released_early: int
+    chained: int
+    taken_back: int
     build_us: float
     device_us: float
 

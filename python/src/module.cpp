@@ -1200,6 +1200,8 @@ PYBIND11_MODULE(_simpler, m) {
       .def_readonly("tasks", &RunStats::tasks)
       .def_readonly("executed", &RunStats::executed)
       .def_readonly("released_early", &RunStats::released_early)
+      .def_readonly("chained", &RunStats::chained)
+      .def_readonly("taken_back", &RunStats::taken_back)
       .def_readonly("build_us", &RunStats::build_us)
       .def_readonly("device_us", &RunStats::device_us);
 

@@ -540,3 +540,32 @@ def test_submit_and_close_release_the_gil_while_they_block():
     closing()
     t.join(DEADLINE_S)
     assert third.done() and third.result().ok
+
+
+def test_run_stats_count_the_chain_links_posted_behind_their_predecessor():
+    # A chain a -> i0 -> ... -> c: each add waits on the one before alone, so
+    # each after the first is posted behind it on its core (RunStats.chained).
+    # Guards off: a task whose guard check may still fail it gets no link.
+    steps = 8
+
+    def orch(o, args):
+        a, c = args.tensor(0), args.tensor(1)
+        prev = a
+        for i in range(steps):
+            out = c if i == steps - 1 else o.alloc([N], F32)
+            o.submit_aiv(ADD, [(prev, simpler.Tag.Input), (a, simpler.Tag.Input), (out, simpler.Tag.OutputExisting)])
+            prev = out
+
+    with simpler.Worker(level=2, guard_device_memory=False) as w:
+        h = w.register(simpler.ChipCallable("chain", orch, kernels(), ["in", "out"]))
+        w.init()
+        a = rng_floats(N, 21)
+        da, dc = upload(w, a), w.malloc(N * 4)
+        run = w.run(h, [(vec(da), simpler.Tag.Input), (vec(dc), simpler.Tag.OutputExisting)])
+        expected = a.copy()
+        for _ in range(steps):
+            expected = expected + a
+        np.testing.assert_array_equal(w.copy_from(dc, [N], F32), expected)
+        assert run.stats.tasks == steps
+        assert 0 < run.stats.chained < steps
+        assert run.stats.taken_back == 0

@@ -870,6 +870,8 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
   ctx->stats_.tasks = out.tasks;
   ctx->stats_.executed = out.executed;
   ctx->stats_.released_early = out.released_early;
+  ctx->stats_.chained = out.chained;
+  ctx->stats_.taken_back = out.taken_back;
   ctx->stats_.device_us = static_cast<double>(out.end_ns - out.launch_ns) / 1e3;
   ctx->trace_launch_ns_ = out.launch_ns;
   ctx->trace_end_ns_ = out.end_ns;

@@ -8,22 +8,11 @@
 
 namespace simpler {
 
-#ifdef SIMPLER_TEST_HOOKS
-namespace {
-std::atomic<uint64_t> g_taken_back{0};
-std::atomic<uint64_t> g_chained{0};
-}  // namespace
-
-uint64_t core_dispatch_taken_back() { return g_taken_back.load(std::memory_order_relaxed); }
-uint64_t core_dispatch_chained() { return g_chained.load(std::memory_order_relaxed); }
-void note_chained() { g_chained.fetch_add(1, std::memory_order_relaxed); }
-#endif
-
 CoreDispatcher::Storage CoreDispatcher::make_storage(size_t capacity_per_queue, uint32_t grant) const {
   Storage s;
   for (auto& ring : s.rings) ring.resize(capacity_per_queue);
   s.traces.resize(grant);
-  s.last_done.assign(size_t{grant} * regs_.size(), kNoTask);
+  s.records.assign(size_t{grant} * regs_.size(), CoreRecord{});
   return s;
 }
 
@@ -47,16 +36,27 @@ CoreDispatcher::CoreDispatcher(Device& device)
 void CoreDispatcher::swap_storage(Storage& storage) noexcept {
   for (int k = 0; k < 3; ++k) queues_[k]->swap_storage(storage.rings[k]);
   traces_.swap(storage.traces);
-  last_done_.swap(storage.last_done);
+  records_.swap(storage.records);
 }
 
-void CoreDispatcher::reset_last_done(uint32_t slot) {
-  std::fill_n(last_done_.begin() + static_cast<ptrdiff_t>(size_t{slot} * regs_.size()), regs_.size(), kNoTask);
+void CoreDispatcher::begin_run(uint32_t slot) {
+  std::fill_n(records_.begin() + static_cast<ptrdiff_t>(size_t{slot} * regs_.size()), regs_.size(), CoreRecord{});
 }
 
 uint32_t CoreDispatcher::last_done(uint32_t slot, uint32_t* out, uint32_t capacity) const {
   const uint32_t n = std::min<uint32_t>(capacity, static_cast<uint32_t>(regs_.size()));
-  std::copy_n(last_done_.begin() + static_cast<ptrdiff_t>(size_t{slot} * regs_.size()), n, out);
+  const CoreRecord* row = records_.data() + size_t{slot} * regs_.size();
+  for (uint32_t c = 0; c < n; ++c) out[c] = row[c].last_done;
+  return n;
+}
+
+CoreDispatcher::Counts CoreDispatcher::counts(uint32_t slot) const {
+  Counts n;
+  const CoreRecord* row = records_.data() + size_t{slot} * regs_.size();
+  for (size_t c = 0; c < regs_.size(); ++c) {
+    n.chained += row[c].chained;
+    n.taken_back += row[c].taken_back;
+  }
   return n;
 }
 
@@ -78,6 +78,7 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
   f.revocable = q.count > 1 && !chained;
   f.link = chained;
   f.doomed = false;
+  if (chained) ++record(item.slot, core).chained;
   CoreRegisters& r = *regs_[core];
   // Not consumed by an inline run: that borrows the next token's slot, which
   // no queued token can reach, since nothing is queued behind an inline run.
@@ -129,13 +130,12 @@ uint32_t CoreDispatcher::take_back(uint32_t aicpu, uint32_t core) {
     }
     next_token_[core] = f.token - 1;
     --aicpu_[aicpu].on_cores;
+    // Counted before the push: once another thread takes the task, it may finish the run.
+    ++record(f.slot, core).taken_back;
     to.push(ReadyItem{f.slot, f.task});
     q.drop_back();
     ++n;
   }
-#ifdef SIMPLER_TEST_HOOKS
-  g_taken_back.fetch_add(n, std::memory_order_relaxed);
-#endif
   return n;
 }
 

@@ -26,16 +26,9 @@
 
 namespace simpler {
 
-#ifdef SIMPLER_TEST_HOOKS
-// Test builds only: queued subtasks taken back from a blocked core so far, in this process.
-uint64_t core_dispatch_taken_back();
-// Test builds only: chain links posted so far, in this process.
-uint64_t core_dispatch_chained();
-void note_chained();
-#endif
-
 class CoreDispatcher {
  public:
+  static constexpr uint32_t kNoTask = UINT32_MAX;
   // A subtask posted to a core: only the core's owning AICPU thread touches it.
   struct Inflight {
     uint32_t slot = 0;
@@ -61,26 +54,41 @@ class CoreDispatcher {
   static constexpr uint64_t kInlineMaxNs = 20'000;
   // Storage for the three queues, each set's trace and the per-set record
   // of each core's last finished task, built ahead of a regrant of `grant` sets.
+  // What a core did for one set's run: written only by the core's owning
+  // AICPU thread while the run is live (never once a failure ended it: a
+  // doomed link's FIN writes nothing), reset by its launch, read by the
+  // thread that finishes it, after every task's completion was published to it.
+  struct CoreRecord {
+    uint32_t last_done = kNoTask;  // the id of the last task of the run it finished
+    uint32_t chained = 0;          // subtasks posted to it as chain links
+    uint32_t taken_back = 0;       // subtasks queued on it, then taken back (and placed again)
+  };
   struct Storage {
     std::vector<ReadyItem> rings[3];
     std::vector<diag::RunTrace> traces;
-    std::vector<uint32_t> last_done;
+    std::vector<CoreRecord> records;
   };
   Storage make_storage(size_t capacity_per_queue, uint32_t grant) const;
-  static constexpr uint32_t kNoTask = UINT32_MAX;
-
   explicit CoreDispatcher(Device& device);
 
   void swap_storage(Storage& storage) noexcept;
   // The launching thread, before set `slot`'s run has a task queued: what
   // its tasks record (level 0: nothing).
   void set_trace(uint32_t slot, const diag::RunTrace& trace) { traces_[slot] = trace; }
-  // Forgets set `slot`'s last tasks: its launch, before any of its tasks is queued.
-  void reset_last_done(uint32_t slot);
+  // Forgets what the cores did for set `slot`'s last run: its launch, before
+  // any of its tasks is queued.
+  void begin_run(uint32_t slot);
   // Per core, the id of the last task of set `slot`'s run it finished
   // (kNoTask: none); the number of cores written. Read by the thread that
   // finishes the run, after every task's completion was published to it.
   uint32_t last_done(uint32_t slot, uint32_t* out, uint32_t capacity) const;
+  // Set `slot`'s run so far: subtasks posted as chain links, and subtasks
+  // taken back from a blocked core. Read as last_done() is.
+  struct Counts {
+    uint32_t chained = 0;
+    uint32_t taken_back = 0;
+  };
+  Counts counts(uint32_t slot) const;
   void push(TaskKind kind, ReadyItem item) { queue(kind).push(item); }
   void push_many(TaskKind kind, const ReadyItem* items, size_t n) { queue(kind).push_many(items, n); }
   // Queues every item of `ready` by its task's kind and empties it.
@@ -237,7 +245,8 @@ class CoreDispatcher {
   ReadyQueue mix_queue_;
   ReadyQueue* queues_[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
   std::vector<CoreQueue> cores_;
-  std::vector<uint32_t> last_done_;  // [slot * cores + core]; a set's row is written only while its run is live
+  std::vector<CoreRecord> records_;  // [slot * cores + core]
+  CoreRecord& record(uint32_t slot, uint32_t core) { return records_[size_t{slot} * regs_.size() + core]; }
   std::vector<uint32_t> next_token_;
   std::vector<diag::RunTrace> traces_;  // per set
   std::unique_ptr<AicpuState[]> aicpu_;
@@ -277,9 +286,6 @@ void CoreDispatcher::extend_chain(uint32_t aicpu, uint32_t core, TaskOf& task_of
     ReadyItem next;
     if (!chain_after(ReadyItem{ahead.slot, ahead.task}, kind, next)) return;
     dispatch(aicpu, core, next, task_of(next), 0, /*chained=*/true);
-#ifdef SIMPLER_TEST_HOOKS
-    note_chained();
-#endif
   }
 }
 
@@ -343,7 +349,7 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete,
               diag::Event{tr.run, seen, seen, f.name, f.task_id, 0, diag::EventKind::kFinish});
         }
         // Before complete(), whose release of the task publishes this to the run's finisher.
-        last_done_[size_t{f.slot} * regs_.size() + core] = f.task_id;
+        record(f.slot, core).last_done = f.task_id;
         complete(f, failure, ready);
         progress = ended_any = true;
       }

@@ -15,6 +15,8 @@ struct RunOutcome {
   uint32_t tasks = 0;
   uint32_t executed = 0;        // subtasks that ran a kernel
   uint32_t released_early = 0;  // intermediates freed during the run because their scope had ended
+  uint32_t chained = 0;         // subtasks posted behind their predecessor on its core
+  uint32_t taken_back = 0;      // subtasks queued behind a blocked kernel, then placed again
   uint64_t launch_ns = 0;
   uint64_t end_ns = 0;
   // The run's argument capture was aborted: a dump lane's terminal stays

@@ -60,7 +60,7 @@ void HbgRuntime::launch(uint32_t slot) {
   Slot& s = *slots_[slot];
   s.launch_ns = now_ns();
   dispatcher_.set_trace(slot, s.trace);
-  dispatcher_.reset_last_done(slot);
+  dispatcher_.begin_run(slot);
   if (s.task_count == 0) {
     finish_run(s);
     return;
@@ -126,6 +126,9 @@ void HbgRuntime::finish_run(Slot& s) {
   out.tasks = s.task_count;
   out.executed = s.executed.load(std::memory_order_relaxed);
   out.released_early = s.released_early.load(std::memory_order_relaxed);
+  const CoreDispatcher::Counts counts = dispatcher_.counts(s.index);
+  out.chained = counts.chained;
+  out.taken_back = counts.taken_back;
   out.launch_ns = s.launch_ns;
   out.status = s.error.get();
   s.allocations.release_all();

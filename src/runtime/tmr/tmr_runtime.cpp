@@ -614,7 +614,7 @@ Status TmrRuntime::build(const HostApi& api, const ChipCallable& callable, const
 void TmrRuntime::launch(uint32_t slot) {
   sets_[slot]->launch_ns_ = now_ns();
   dispatcher_.set_trace(slot, sets_[slot]->trace_);
-  dispatcher_.reset_last_done(slot);
+  dispatcher_.begin_run(slot);
   {
     std::lock_guard<std::mutex> lock(launched_mu_);
     launched_.push_back(slot);
@@ -746,6 +746,9 @@ void TmrRuntime::finish_run(Set& s) {
   out.status = s.orchestration_error_.ok() ? s.error_.get() : s.orchestration_error_;
   s.release_all();
   out.released_early = s.released_early_.load(std::memory_order_relaxed);
+  const CoreDispatcher::Counts counts = dispatcher_.counts(s.index_);
+  out.chained = counts.chained;
+  out.taken_back = counts.taken_back;
   out.end_ns = now_ns();
   on_done_(s.index_, std::move(out));
   // The next run usually follows at once (a waiting host submits again, or a
