@@ -52,8 +52,6 @@ class CoreDispatcher {
   // A kernel whose recent runs took longer than this is not run inline: it
   // would hold its AICPU thread's placements for longer than a hand-off costs.
   static constexpr uint64_t kInlineMaxNs = 20'000;
-  // Storage for the three queues, each set's trace and the per-set record
-  // of each core's last finished task, built ahead of a regrant of `grant` sets.
   // What a core did for one set's run: written only by the core's owning
   // AICPU thread while the run is live (never once a failure ended it: a
   // doomed link's FIN writes nothing), reset by its launch, read by the
@@ -63,6 +61,8 @@ class CoreDispatcher {
     uint32_t chained = 0;          // subtasks posted to it as chain links
     uint32_t taken_back = 0;       // subtasks queued on it, then taken back (and placed again)
   };
+  // Storage for the three queues, each set's trace and each set's record of
+  // each core, built ahead of a regrant of `grant` sets.
   struct Storage {
     std::vector<ReadyItem> rings[3];
     std::vector<diag::RunTrace> traces;
