@@ -1,11 +1,11 @@
 // Issue 16, chained dispatch: a lone task's successor that waits on it alone
 // is posted right behind it on its core (kAfterOk), so a chain runs link
 // after link without a round trip through the AICPU thread between them; a
-// link behind a failed kernel ends unrun. The first two cases drive a
+// link behind a failed kernel ends unrun. The ChainedDispatch cases drive a
 // CoreDispatcher by hand (the test thread is AICPU thread 0 of a device whose
 // own AICPU threads poll nothing), so what runs between two polls is exact;
-// the last run chains through both AICPU-dispatch runtimes end to end (their
-// RunStats count the links posted).
+// the ChainedRun cases run chains through both AICPU-dispatch runtimes end
+// to end (their RunStats count the links posted).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -99,9 +99,9 @@ class ChainedDispatch : public ::testing::Test {
         0, [&](ReadyItem it) -> GraphTask& { return tasks_[it.task]; },
         [&](const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready) {
           completed_.push_back(f.task);
-          failure_completed_ |= failure != nullptr;
           // The release: a failure poisons its successors and ends them unrun, down the chain.
-          bool failed = failure != nullptr;
+          const bool failed = failure != nullptr;
+          failure_completed_ |= failed;
           for (uint32_t t = f.task; t + 1 < kLinks; ++t) {
             GraphTask& s = tasks_[t + 1];
             if (failed) s.poisoned = 1;
