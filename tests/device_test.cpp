@@ -8,8 +8,10 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "device/sim/core.h"
@@ -425,6 +427,98 @@ TEST(SimDevice, AParkedAicpuThreadPollsAgainWhenItsProgramAsked) {
   (*dev)->start(&program);
   EXPECT_TRUE(eventually([&] { return program.asked() >= 2; }))
       << "AICPU 0 parked past the time its program asked to be polled again";
+  (*dev)->stop();
+}
+
+// Work that arrives, rung, while a thread's last empty poll runs: every
+// second empty poll sleeps past the spin window (so that the thread heads for
+// its park right after it), then publishes one item and rings the thread's
+// bell. A thread that armed its bell only after that poll would park on the
+// new value and never poll again.
+class LastPollDelivery {
+ public:
+  static constexpr uint32_t kItems = 3;
+  explicit LastPollDelivery(std::function<void()> ring) : ring_(std::move(ring)) {}
+  // On the polling thread only.
+  bool poll() {
+    if (pending_) {
+      pending_ = false;
+      handled_.fetch_add(1);
+      return true;
+    }
+    if (handled_.load() >= kItems) return false;
+    std::this_thread::sleep_for(std::chrono::nanoseconds(SpinPolicy{}.spin_ns + 10'000));
+    if (++empty_ % 2 == 0) {
+      pending_ = true;
+      ring_();
+    }
+    return false;
+  }
+  uint32_t handled() const { return handled_.load(); }
+
+ private:
+  std::function<void()> ring_;
+  bool pending_ = false;
+  uint32_t empty_ = 0;
+  std::atomic<uint32_t> handled_{0};
+};
+
+class LastPollAicpuProgram final : public AicpuProgram {
+ public:
+  explicit LastPollAicpuProgram(SimDevice& device) : delivery_([&device] { device.ring_aicpu(0); }) {}
+  bool poll(uint32_t aicpu) override { return aicpu == 0 && delivery_.poll(); }
+  uint32_t handled() const { return delivery_.handled(); }
+
+ private:
+  LastPollDelivery delivery_;
+};
+
+// An AICPU thread arms its bell before the poll it parks after, so a ring
+// that lands while that poll runs wakes it (red when the bell is armed after
+// that poll: the thread sleeps on the ring's value).
+TEST(SimDevice, ARingDuringAnAicpuThreadsLastPollIsNotLost) {
+  Watchdog dog;
+  auto dev = SimDevice::create(Geometry::small(), 1 << 20);
+  ASSERT_TRUE(dev.ok());
+  LastPollAicpuProgram program(**dev);
+  (*dev)->start(&program);
+  EXPECT_TRUE(eventually([&] { return program.handled() >= LastPollDelivery::kItems; }))
+      << "AICPU 0 handled " << program.handled() << " of " << LastPollDelivery::kItems
+      << " items: it parked through the ring of one published during its last poll";
+  (*dev)->stop();
+}
+
+// The same on a core that runs a core program (the resident route's loop).
+class LastPollCoreProgram final : public CoreProgram {
+ public:
+  explicit LastPollCoreProgram(SimDevice& device) : delivery_([&device] { device.core_registers(0).bell.ring(); }) {}
+  bool core_poll(uint32_t core, CoreExecutor&) override { return core == 0 && delivery_.poll(); }
+  uint32_t handled() const { return delivery_.handled(); }
+
+ private:
+  LastPollDelivery delivery_;
+};
+
+class WithCoreProgram final : public AicpuProgram {
+ public:
+  explicit WithCoreProgram(CoreProgram* on_cores) : on_cores_(on_cores) {}
+  bool poll(uint32_t) override { return false; }
+  CoreProgram* core_program() override { return on_cores_; }
+
+ private:
+  CoreProgram* on_cores_;
+};
+
+TEST(SimDevice, ARingDuringACoreProgramsLastPollIsNotLost) {
+  Watchdog dog;
+  auto dev = SimDevice::create(Geometry::small(), 1 << 20);
+  ASSERT_TRUE(dev.ok());
+  LastPollCoreProgram on_cores(**dev);
+  WithCoreProgram program(&on_cores);
+  (*dev)->start(&program);
+  EXPECT_TRUE(eventually([&] { return on_cores.handled() >= LastPollDelivery::kItems; }))
+      << "core 0 handled " << on_cores.handled() << " of " << LastPollDelivery::kItems
+      << " items: it parked through the ring of one published during its last poll";
   (*dev)->stop();
 }
 

@@ -97,15 +97,21 @@ void Core::program_loop(SpinPolicy policy, CoreProgram* program) {
   name_this_thread("{}{}", type_ == CoreType::AIC ? "aic" : "aiv", id_);
   IdleSpin idle(policy.spin_ns);
   for (;;) {
-    // Armed before stop_ and the poll are read, as on an AICPU thread: a ring
-    // after this point (new work, a gang peer, stop()) makes the park return.
-    const uint32_t armed = regs_.bell.arm();
     if (stop_.load(std::memory_order_acquire)) return;
     if (program->core_poll(id_, *this)) {
       idle.busy();
       continue;
     }
     if (idle.keep_polling()) continue;
+    // Armed on the way to a park, then stop_ and the poll read again, as on
+    // an AICPU thread: a ring after this point (new work, a gang peer,
+    // stop()) makes the park return, and one before it is seen by that poll.
+    const uint32_t armed = regs_.bell.arm();
+    if (stop_.load(std::memory_order_acquire)) return;
+    if (program->core_poll(id_, *this)) {
+      idle.busy();
+      continue;
+    }
     regs_.bell.park(armed);
     idle.woke();
   }

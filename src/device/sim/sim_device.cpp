@@ -72,17 +72,23 @@ void SimDevice::aicpu_loop(uint32_t index) {
   Doorbell& bell = bells_[index].bell;
   IdleSpin idle(policy_.spin_ns);
   for (;;) {
-    // Armed before stop_ and the poll are read: a ring that lands after this
-    // point (a FIN, a launch, stop()) makes the park below return at once, so
-    // no wake-up is lost. Reading stop_ before arming would let a stop() that
-    // lands in between park this thread for good, and stop() join it forever.
-    const uint32_t armed = bell.arm();
     if (stop_.load(std::memory_order_acquire)) return;
     if (program_->poll(index)) {
       idle.busy();
       continue;
     }
     if (idle.keep_polling()) continue;
+    // Armed only on the way to a park, then stop_ and the poll read once
+    // more: a ring that lands after this point (a FIN, a launch, stop())
+    // makes the park return at once, and one before it made its work visible
+    // to that poll, so no wake-up is lost. Arming on every poll would read the
+    // bell's line each round, and every FIN's ring would then miss on it.
+    const uint32_t armed = bell.arm();
+    if (stop_.load(std::memory_order_acquire)) return;
+    if (program_->poll(index)) {
+      idle.busy();
+      continue;
+    }
     parks_.fetch_add(1, std::memory_order_relaxed);
     // Level 3 shows a scheduler thread's parks; a spin is not worth an event.
     const bool traced = index < geometry_.aicpu_threads && recorder_.live_level() >= 3;
