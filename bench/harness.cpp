@@ -29,6 +29,13 @@ void flatten(const Json& j, const std::string& prefix, std::vector<std::pair<std
 
 }  // namespace
 
+namespace {
+uint32_t g_busy_neighbours = 0;  // CLI main thread only, like every benchmark
+}  // namespace
+
+uint32_t busy_neighbours() { return g_busy_neighbours; }
+void set_busy_neighbours(uint32_t n) { g_busy_neighbours = n; }
+
 uint64_t wall_ns() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())

@@ -62,6 +62,12 @@ Result<std::vector<uint32_t>> env_sizes(const char* name, const char* fallback, 
 // A comma-separated list of names from the environment, or `fallback`.
 std::vector<std::string> env_list(const char* name, const char* fallback);
 
+// The busy neighbour processes beside the benchmark that is running (set by
+// the registry around each measurement): a benchmark whose goal differs
+// quiet and loaded reads it.
+uint32_t busy_neighbours();
+void set_busy_neighbours(uint32_t n);
+
 inline double to_us(uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
 // Throughput with a fixed number of operations outstanding: start(k) begins one

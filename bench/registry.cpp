@@ -148,11 +148,13 @@ Result<Json> measure(const Entry& entry, uint32_t neighbours) {
   if (Status s = busy.start(neighbours); !s.ok()) return s;
   const NeighbourMeter meter;
   const uint64_t lost_before = load_sense().lost_batches();
+  set_busy_neighbours(neighbours);
   try {
     figures = entry.fn();
   } catch (const std::exception& e) {
     figures = Status(StatusCode::kInternal, std::string("exception: ") + e.what());
   }
+  set_busy_neighbours(0);
   head["context"]["neighbour_cpu_pct"] = meter.pct();
   // Spin batches of this process that lost their CPU for a time slice, each
   // of which made its waits park sooner for a while (base/load_sense.h).

@@ -129,6 +129,33 @@ TEST(Bench, ScalingRecordsAFailedRowAndMeasuresTheRest) {
   EXPECT_FALSE(j["goal"]["met"].get<bool>()) << "a failed row cannot meet the goal";
 }
 
+// Every shape of every runtime row measured, and issue 16's ratio goal
+// against oneTBB judged as it says: 2.5x quiet, 3x beside busy neighbours.
+TEST(Bench, DispatchReportsEveryShapeAndJudgesTheQuietOrLoadedGoal) {
+  Watchdog dog(std::chrono::seconds(170));
+  for (const char* neighbours : {"", "--neighbours 1"}) {
+    CommandResult c =
+        run_command(std::string("SIMPLER_BENCH_DISPATCH_TASKS=300 timeout 90 " SIMPLER_CLI_PATH " bench --json ") +
+                    neighbours + " dispatch");
+    ASSERT_EQ(c.exit_code, 0) << c.output;
+    const nlohmann::json j = parse(c);
+    ASSERT_TRUE(j.is_object()) << c.output;
+    EXPECT_EQ(j["tasks"], 300) << c.output;
+    const double goal = *neighbours == '\0' ? 2.5 : 3.0;
+    for (const char* shape : {"independent", "chain", "layered"}) {
+      const nlohmann::json& s = j["shapes"][shape];
+      for (const char* figure : {"ns_per_task", "reference_ns_per_task", "guarded_ns_per_task", "tmr_ns_per_task",
+                                 "resident_ns_per_task", "peer_ns_per_task"}) {
+        EXPECT_GT(s[figure].get<double>(), 0.0) << shape << " " << figure << "\n" << c.output;
+      }
+      EXPECT_EQ(s["peer_goal_ratio_max"].get<double>(), goal) << shape << " with '" << neighbours << "'";
+      EXPECT_EQ(s["peer_goal_met"].get<bool>(), s["ratio_vs_peer"].get<double>() <= goal) << shape;
+    }
+  }
+  CommandResult bad = run_bench("dispatch", "SIMPLER_BENCH_DISPATCH_TASKS=0");
+  EXPECT_NE(bad.output.find("SIMPLER_BENCH_DISPATCH_TASKS"), std::string::npos) << bad.output;
+}
+
 TEST(Bench, NeighboursRunBesideTheBenchmarkAndAreGoneAfterIt) {
   Watchdog dog(std::chrono::seconds(120));
   CommandResult c = run_command("timeout 90 " SIMPLER_CLI_PATH " bench --json --neighbours 2 mailbox_bytes");
