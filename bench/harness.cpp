@@ -27,10 +27,8 @@ void flatten(const Json& j, const std::string& prefix, std::vector<std::pair<std
   }
 }
 
-}  // namespace
-
-namespace {
 uint32_t g_busy_neighbours = 0;  // CLI main thread only, like every benchmark
+
 }  // namespace
 
 uint32_t busy_neighbours() { return g_busy_neighbours; }
