@@ -22,6 +22,7 @@
 #include "dist/node_server.h"
 #include "dist/remote_port.h"
 #include "dist/wire.h"
+#include "health_scan.h"
 #include "node_test_util.h"
 #include "task/args_blob.h"
 #include "test_util.h"
@@ -557,7 +558,9 @@ TEST(DistMpi, AnOutputAbandonedMidTransferLandsOnlyInItsHeldBlock) {
 TEST(DistMpi, ARunPastRunTimeoutEndsNamingTheRank) {
   Watchdog dog(std::chrono::seconds(50));
   StoppedRank stopped;
-  Network n = make_network(2, std::chrono::seconds(10), std::chrono::milliseconds(300));
+  // Every ordinary run here must end well inside run_timeout, also under
+  // TSan on two cores, where 300 ms was too short for a healthy rank's run.
+  Network n = make_network(2, std::chrono::seconds(10), std::chrono::milliseconds(kSanitized ? 3000 : 1000));
   const size_t len = 256;
   const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
   const DeviceBuffer hung = shared_floats(*n.w, len, 0);
