@@ -148,7 +148,7 @@ class ChainedDispatch : public ::testing::Test {
 // links behind it. Opened with no poll after that, the core runs every link,
 // in order; the polls that follow complete each once, in order.
 TEST_F(ChainedDispatch, ACoreRunsAChainsLinksOneAfterAnotherWithNoPollBetween) {
-  d_->push(TaskKind::AIV, ReadyItem{0, 0});
+  d_->push(tasks_[0], ReadyItem{0, 0});
   ASSERT_TRUE(poll());
   g_open = true;
   EXPECT_TRUE(eventually([] { return g_ran.load() == static_cast<int>(kLinks); }))
@@ -163,13 +163,13 @@ TEST_F(ChainedDispatch, ACoreRunsAChainsLinksOneAfterAnotherWithNoPollBetween) {
 // the next task starts on it (the first idle core of its kind).
 TEST_F(ChainedDispatch, ALinkBehindAFailedKernelEndsUnrunAndIsNotCompletedAgain) {
   g_fail = 1;
-  d_->push(TaskKind::AIV, ReadyItem{0, 0});
+  d_->push(tasks_[0], ReadyItem{0, 0});
   ASSERT_TRUE(poll());
   g_open = true;
   ASSERT_TRUE(poll_until([&] { return completed_.size() == 2 && some_core_ended(kLinks); }))
       << completed_.size() << " tasks completed, expected links 0 and 1 only";
   (void)poll();
-  d_->push(TaskKind::AIV, ReadyItem{0, kLinks});
+  d_->push(tasks_[kLinks], ReadyItem{0, kLinks});
   ASSERT_TRUE(poll_until([&] { return g_ran.load() == 3 && completed_.size() == 3; }))
       << "the task after the chain did not run: " << g_ran.load() << " kernels ran";
   EXPECT_EQ(completed_, (std::vector<uint32_t>{0, 1, kLinks}));
@@ -188,7 +188,7 @@ TEST_F(ChainedDispatch, NoSuccessorIsSoughtBehindALinkTheFailureEnded) {
   g_fail = 1;
   g_skip_open = false;
   set_core_skip_hook(hold_skip);
-  d_->push(TaskKind::AIV, ReadyItem{0, 0});
+  d_->push(tasks_[0], ReadyItem{0, 0});
   ASSERT_TRUE(poll());
   g_open = true;
   ASSERT_TRUE(poll_until([&] { return completed_.size() == 2; })) << completed_.size() << " tasks completed";

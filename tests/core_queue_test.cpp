@@ -241,7 +241,7 @@ TEST(QueuedDispatch, ADispatcherHoldingATaskBehindAKernelAsksToBePolledAgainByTh
         0, [&](ReadyItem it) -> GraphTask& { return tasks[it.task]; },
         [&](const CoreDispatcher::Inflight& f, const char*, std::vector<ReadyItem>&) { ++done[f.task]; });
   };
-  const auto push = [&](uint32_t task) { d.push(TaskKind::AIV, ReadyItem{0, task}); };
+  const auto push = [&](uint32_t task) { d.push(tasks[task], ReadyItem{0, task}); };
   const auto poll_until = [&](auto&& cond) {
     const uint64_t deadline = now_ns() + static_cast<uint64_t>(std::chrono::nanoseconds(kWait).count());
     while (!cond() && now_ns() < deadline) (void)poll();

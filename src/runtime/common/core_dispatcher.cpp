@@ -10,7 +10,7 @@ namespace simpler {
 
 CoreDispatcher::Storage CoreDispatcher::make_storage(size_t capacity_per_queue, uint32_t grant) const {
   Storage s;
-  for (auto& ring : s.rings) ring.resize(capacity_per_queue);
+  for (int k = 0; k < 3; ++k) s.rings[k] = queues_[k]->ring_for(capacity_per_queue);
   s.traces.resize(grant);
   s.records.assign(size_t{grant} * regs_.size(), CoreRecord{});
   return s;
@@ -132,7 +132,7 @@ uint32_t CoreDispatcher::take_back(uint32_t aicpu, uint32_t core) {
     --aicpu_[aicpu].on_cores;
     // Counted before the push: once another thread takes the task, it may finish the run.
     ++record(f.slot, core).taken_back;
-    to.push(ReadyItem{f.slot, f.task});
+    to.push(ReadyItem{f.slot, f.task}, f.alone && traces_[f.slot].capture == nullptr);
     q.drop_back();
     ++n;
   }

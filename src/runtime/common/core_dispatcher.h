@@ -64,7 +64,7 @@ class CoreDispatcher {
   // Storage for the three queues, each set's trace and each set's record of
   // each core, built ahead of a regrant of `grant` sets.
   struct Storage {
-    std::vector<ReadyItem> rings[3];
+    std::unique_ptr<ReadyQueue::Ring> rings[3];  // null: that queue keeps its ring
     std::vector<diag::RunTrace> traces;
     std::vector<CoreRecord> records;
   };
@@ -89,8 +89,12 @@ class CoreDispatcher {
     uint32_t taken_back = 0;
   };
   Counts counts(uint32_t slot) const;
-  void push(TaskKind kind, ReadyItem item) { queue(kind).push(item); }
-  void push_many(TaskKind kind, const ReadyItem* items, size_t n) { queue(kind).push_many(items, n); }
+  void push(const GraphTask& task, ReadyItem item) { queue(task.kind).push(item, queueable(task, item)); }
+  // Items of tasks of one kind; task_of(item) is the GraphTask.
+  template <typename TaskOf>
+  void push_many(TaskKind kind, const ReadyItem* items, size_t n, TaskOf&& task_of) {
+    queue(kind).push_many(items, n, [&](ReadyItem it) { return queueable(task_of(it), it); });
+  }
   // Queues every item of `ready` by its task's kind and empties it.
   template <typename TaskOf>
   void publish(std::vector<ReadyItem>& ready, TaskOf&& task_of);
@@ -172,6 +176,14 @@ class CoreDispatcher {
   };
 
   ReadyQueue& queue(TaskKind kind) { return *queues_[static_cast<int>(kind)]; }
+  // Whether `task` may wait on a core behind another (the queue-behind pass
+  // below): a lone kernel, and not of a dumping run, whose task taken back
+  // would capture its inputs twice. Decided by the pusher, which owns the
+  // task then: a pop may see an item another thread takes and whose task
+  // slot is refilled before it looks again.
+  bool queueable(const GraphTask& task, ReadyItem it) const {
+    return task.blocks == 1 && task.kind != TaskKind::Mix && traces_[it.slot].capture == nullptr;
+  }
   // The queue of the single-core tasks `core` runs.
   ReadyQueue& single_queue(uint32_t core) { return core % 3 == 0 ? aic_queue_ : aiv_queue_; }
   // Whether `q`'s core may take a lone subtask behind what it holds at `now`:
@@ -227,7 +239,7 @@ class CoreDispatcher {
     if (block == 0) capture_before(aicpu, item, task);
     if (task.blocks > 1) {
       handed_back = block + 1 < task.blocks;
-      if (handed_back) from.push(item);
+      if (handed_back) from.push(item, false);
     }
     dispatch(aicpu, core, item, task, block);
     return handed_back;
@@ -264,12 +276,12 @@ void CoreDispatcher::publish(std::vector<ReadyItem>& ready, TaskOf&& task_of) {
     const int k = static_cast<int>(task_of(it).kind);
     by_kind[k][n[k]++] = it;
     if (n[k] == 64) {
-      queues_[k]->push_many(by_kind[k], n[k]);
+      push_many(static_cast<TaskKind>(k), by_kind[k], n[k], task_of);
       n[k] = 0;
     }
   }
   for (int k = 0; k < 3; ++k) {
-    if (n[k] != 0) queues_[k]->push_many(by_kind[k], n[k]);
+    if (n[k] != 0) push_many(static_cast<TaskKind>(k), by_kind[k], n[k], task_of);
   }
   ready.clear();
 }
@@ -416,10 +428,7 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete,
         if (cores_[core].count != depth || !can_queue_behind(cores_[core], now)) continue;
         ReadyQueue& from = single_queue(core);
         ReadyItem item;
-        // Not a dumping run's task: one taken back would capture its inputs twice.
-        if (!from.pop_if(item,
-                         [&](ReadyItem it) { return task_of(it).blocks == 1 && traces_[it.slot].capture == nullptr; }))
-          continue;
+        if (!from.pop_queueable(item)) continue;
         GraphTask& task = task_of(item);
         capture_before(aicpu, item, task);
         dispatch(aicpu, core, item, task, 0);

@@ -70,6 +70,7 @@ void HbgRuntime::launch(uint32_t slot) {
   // must not allocate (T12's H2 loop found the vectors that were here).
   constexpr size_t kBatch = 64;
   ReadyItem roots[3][kBatch];
+  const auto task_of_root = [this](ReadyItem it) -> GraphTask& { return task_of(it); };
   size_t held[3] = {};
   for (uint32_t t = 0; t < s.task_count; ++t) {
     if (s.tasks[t].fanin != 0) continue;
@@ -77,12 +78,12 @@ void HbgRuntime::launch(uint32_t slot) {
     const int k = static_cast<int>(kind);
     roots[k][held[k]++] = {slot, t};
     if (held[k] == kBatch) {
-      dispatcher_.push_many(kind, roots[k], kBatch);
+      dispatcher_.push_many(kind, roots[k], kBatch, task_of_root);
       held[k] = 0;
     }
   }
   for (int k = 0; k < 3; ++k) {
-    if (held[k] != 0) dispatcher_.push_many(static_cast<TaskKind>(k), roots[k], held[k]);
+    if (held[k] != 0) dispatcher_.push_many(static_cast<TaskKind>(k), roots[k], held[k], task_of_root);
   }
   device_.ring_all_aicpu();
 }

@@ -205,7 +205,7 @@ void StreamBuilder::place(const CheckedTask& t) {
     rt_.finish_task(s, slot, true, ready);
     return;
   }
-  rt_.dispatcher_.push(task.kind, ReadyItem{s.index_, slot});
+  rt_.dispatcher_.push(task, ReadyItem{s.index_, slot});
   rt_.device_.ring_all_aicpu();
   // Where the orchestrator shares CPUs with the cores (the simulator on a
   // small host), the first ready task of a run must not wait for the whole
