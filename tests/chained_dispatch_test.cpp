@@ -73,7 +73,7 @@ class ChainedDispatch : public ::testing::Test {
     dev_ = std::move(dev).value();
     dev_->start(&idle_);
     d_ = std::make_unique<CoreDispatcher>(*dev_);
-    CoreDispatcher::Storage storage = d_->make_storage(16, 1);
+    CoreDispatcher::Storage storage = std::move(d_->make_storage(16, 1)).value();
     d_->swap_storage(storage);
     for (uint32_t i = 0; i < tasks_.size(); ++i) {
       GraphTask& t = tasks_[i];

@@ -225,7 +225,7 @@ TEST(QueuedDispatch, ADispatcherHoldingATaskBehindAKernelAsksToBePolledAgainByTh
   IdleProgram idle;
   (*dev)->start(&idle);
   CoreDispatcher d(**dev);
-  CoreDispatcher::Storage storage = d.make_storage(16, 1);
+  CoreDispatcher::Storage storage = std::move(d.make_storage(16, 1)).value();
   d.swap_storage(storage);
   std::array<GraphTask, 4> tasks{};
   for (uint32_t i = 0; i < tasks.size(); ++i) {

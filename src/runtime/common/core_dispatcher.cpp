@@ -4,11 +4,16 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/errors.h"
 #include "base/load_sense.h"
 
 namespace simpler {
 
-CoreDispatcher::Storage CoreDispatcher::make_storage(size_t capacity_per_queue, uint32_t grant) const {
+Result<CoreDispatcher::Storage> CoreDispatcher::make_storage(size_t capacity_per_queue, uint32_t grant) const {
+  if (grant > ReadyQueue::kMaxSlots) {
+    return invalid_argument("pipeline_depth = {}: a chip's ready queues hold at most {} run-resource sets", grant,
+                            ReadyQueue::kMaxSlots);
+  }
   Storage s;
   for (int k = 0; k < 3; ++k) s.rings[k] = queues_[k]->ring_for(capacity_per_queue);
   s.traces.resize(grant);

@@ -23,6 +23,7 @@
 #include "diag/lane.h"
 #include "runtime/common/ready_queue.h"
 #include "runtime/common/task_graph.h"
+#include "simpler/status.h"
 
 namespace simpler {
 
@@ -62,13 +63,14 @@ class CoreDispatcher {
     uint32_t taken_back = 0;       // subtasks queued on it, then taken back (and placed again)
   };
   // Storage for the three queues, each set's trace and each set's record of
-  // each core, built ahead of a regrant of `grant` sets.
+  // each core, built ahead of a regrant of `grant` sets (at most
+  // ReadyQueue::kMaxSlots, refused naming pipeline_depth).
   struct Storage {
     std::unique_ptr<ReadyQueue::Ring> rings[3];  // null: that queue keeps its ring
     std::vector<diag::RunTrace> traces;
     std::vector<CoreRecord> records;
   };
-  Storage make_storage(size_t capacity_per_queue, uint32_t grant) const;
+  Result<Storage> make_storage(size_t capacity_per_queue, uint32_t grant) const;
   explicit CoreDispatcher(Device& device);
 
   void swap_storage(Storage& storage) noexcept;

@@ -30,8 +30,9 @@ ReadyQueue::ReadyQueue(size_t capacity) : owned_(std::make_unique<Ring>(capacity
 }
 
 std::unique_ptr<ReadyQueue::Ring> ReadyQueue::ring_for(size_t capacity) const {
-  if (capacity <= ring_.load(std::memory_order_acquire)->capacity()) return nullptr;
-  return std::make_unique<Ring>(std::max<size_t>(capacity, 2 * owned_->capacity()));
+  const size_t now = owned_->capacity();
+  if (capacity <= now) return nullptr;
+  return std::make_unique<Ring>(std::max<size_t>(capacity, 2 * now));
 }
 
 void ReadyQueue::swap_storage(std::unique_ptr<Ring>& ring) noexcept {

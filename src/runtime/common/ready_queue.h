@@ -80,7 +80,8 @@ class ReadyQueue {
   // Pops the oldest item only when it was pushed queueable.
   bool pop_queueable(ReadyItem& out) { return pop_oldest(out, true); }
   // A ring for a grant whose queue holds `capacity` items at most, or null
-  // when the ring in use is large enough.
+  // when the ring in use is large enough. The regranting thread only, as
+  // swap_storage().
   std::unique_ptr<Ring> ring_for(size_t capacity) const;
   // Installs `ring` (for a regrant, while the queue is empty); null changes
   // nothing. Takes `ring`.

@@ -27,7 +27,7 @@ Result<std::unique_ptr<GrantOwner::Pending>> HbgRuntime::build_grant(uint32_t gr
     g->slots.push_back(std::make_unique<Slot>(capacity_, memory_));
     g->slots.back()->index = i;
   }
-  g->queues = dispatcher_.make_storage(size_t{grant} * capacity_.tasks, grant);
+  SIMPLER_ASSIGN_OR_RETURN(g->queues, dispatcher_.make_storage(size_t{grant} * capacity_.tasks, grant));
   return std::unique_ptr<Pending>(std::move(g));
 }
 

@@ -575,7 +575,7 @@ Result<std::unique_ptr<GrantOwner::Pending>> TmrRuntime::build_grant(uint32_t gr
   auto g = std::make_unique<GrantState>();
   g->sets.reserve(grant);
   for (uint32_t i = 0; i < grant; ++i) g->sets.push_back(std::make_unique<Set>(const_cast<TmrRuntime&>(*this), i));
-  g->queues = dispatcher_.make_storage(size_t{grant} * window_capacity_, grant);
+  SIMPLER_ASSIGN_OR_RETURN(g->queues, dispatcher_.make_storage(size_t{grant} * window_capacity_, grant));
   return std::unique_ptr<Pending>(std::move(g));
 }
 
