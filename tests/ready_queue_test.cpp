@@ -55,6 +55,34 @@ struct HookInstalled {
   }
 };
 
+// A queue of `capacity` cells holding tasks 1 and 2, and a thread whose pop
+// of the oldest is held at `point` until release().
+struct HeldPop {
+  HeldPop(ReadyQueuePoint point, size_t capacity) : q(capacity) {
+    hold.point = point;
+    q.push({0, 1}, true);
+    q.push({0, 2}, true);
+    thread = std::thread([this] {
+      hold.thread.store(std::this_thread::get_id());
+      popped = q.pop(out);
+    });
+    hold.reached.wait();
+  }
+  ~HeldPop() {
+    if (thread.joinable()) release();
+  }
+  void release() {
+    hold.release.count_down();
+    thread.join();
+  }
+  Hold hold;
+  HookInstalled installed{hold};
+  ReadyQueue q;
+  std::thread thread;
+  ReadyItem out{};
+  bool popped = false;
+};
+
 bool pop_within_deadline(ReadyQueue& q, ReadyItem& out) {
   return eventually([&] { return q.pop(out); });
 }
@@ -91,29 +119,17 @@ TEST(ReadyQueue, PopsInOrderAndOnlyAQueueableItemForTheQueueBehindPass) {
 // the next item, never the one taken meanwhile.
 TEST(ReadyQueue, APopHeldBeforeItsClaimHoldsUpNoOtherThread) {
   Watchdog dog(std::chrono::seconds(60));
-  Hold hold;
-  hold.point = ReadyQueuePoint::kBeforeClaim;
-  HookInstalled installed(hold);
-  ReadyQueue q(4);
-  q.push({0, 1}, true);
-  q.push({0, 2}, true);
-  ReadyItem held_out{};
-  bool held_popped = false;
-  std::thread held([&] {
-    hold.thread.store(std::this_thread::get_id());
-    held_popped = q.pop(held_out);
-  });
-  hold.reached.wait();
+  HeldPop held(ReadyQueuePoint::kBeforeClaim, 4);
+  ReadyQueue& q = held.q;
   ReadyItem out{};
   ASSERT_TRUE(pop_within_deadline(q, out));
   EXPECT_EQ(out.task, 1u);
   q.push({0, 3}, true);
   ASSERT_TRUE(pop_within_deadline(q, out));
   EXPECT_EQ(out.task, 2u);
-  hold.release.count_down();
-  held.join();
-  ASSERT_TRUE(held_popped);
-  EXPECT_EQ(held_out.task, 3u) << "the held pop took an item another pop had taken";
+  held.release();
+  ASSERT_TRUE(held.popped);
+  EXPECT_EQ(held.out.task, 3u) << "the held pop took an item another pop had taken";
   EXPECT_FALSE(q.pop(out));
 }
 
@@ -122,19 +138,9 @@ TEST(ReadyQueue, APopHeldBeforeItsClaimHoldsUpNoOtherThread) {
 // later) waits for the release and then loses nothing.
 TEST(ReadyQueue, APushIntoACellStillBeingReleasedWaitsForItAndLosesNothing) {
   Watchdog dog(std::chrono::seconds(60));
-  Hold hold;
-  hold.point = ReadyQueuePoint::kAfterClaim;
-  HookInstalled installed(hold);
-  ReadyQueue q(2);
+  HeldPop held(ReadyQueuePoint::kAfterClaim, 2);
+  ReadyQueue& q = held.q;
   ASSERT_EQ(q.capacity(), 2u);
-  q.push({0, 1}, true);
-  q.push({0, 2}, true);
-  ReadyItem held_out{};
-  std::thread held([&] {
-    hold.thread.store(std::this_thread::get_id());
-    EXPECT_TRUE(q.pop(held_out));
-  });
-  hold.reached.wait();
   ReadyItem out{};
   ASSERT_TRUE(pop_within_deadline(q, out));
   EXPECT_EQ(out.task, 2u);
@@ -143,12 +149,14 @@ TEST(ReadyQueue, APushIntoACellStillBeingReleasedWaitsForItAndLosesNothing) {
     q.push({0, 3}, true);  // position 2: the held pop's cell
     pushed.store(true);
   });
-  ASSERT_TRUE(eventually([&] { return hold.push_waited.load(); })) << "the push never met the held cell";
-  EXPECT_FALSE(pushed.load()) << "the push went on before the cell it fills was released";
-  hold.release.count_down();
-  held.join();
+  const bool waited = eventually([&] { return held.hold.push_waited.load(); });
+  const bool went_on_early = pushed.load();
+  held.release();
   pusher.join();
-  EXPECT_EQ(held_out.task, 1u);
+  EXPECT_TRUE(waited) << "the push never met the held cell";
+  EXPECT_FALSE(went_on_early) << "the push went on before the cell it fills was released";
+  ASSERT_TRUE(held.popped);
+  EXPECT_EQ(held.out.task, 1u);
   ASSERT_TRUE(pop_within_deadline(q, out)) << "the item pushed into the released cell was lost";
   EXPECT_EQ(out.task, 3u);
   EXPECT_FALSE(q.pop(out));
