@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "base/doorbell.h"
 #include "health_scan.h"
 #include "runtime/common/ready_queue.h"
 #include "test_util.h"
@@ -180,16 +181,18 @@ TEST(ReadyQueue, EveryItemIsPoppedOnceInEachPushersOrderAcrossManyWraps) {
   const uint64_t total = uint64_t{kThreads} * per_pusher;
   const uint64_t deadline = now_ns() + 60'000'000'000ull;
   std::atomic<bool> timed_out{false};
+  // A pusher waits for credit on its bell, a popper for items on `pushed`.
+  Doorbell credit[kThreads];
+  Doorbell pushed;
   std::vector<std::thread> threads;
   for (uint32_t p = 0; p < kThreads; ++p) {
     threads.emplace_back([&, p] {
       for (uint32_t i = 0; i < per_pusher; ++i) {
-        while (in_flight[p].load() >= kInFlight) {
-          if (now_ns() > deadline) return timed_out.store(true);
-          std::this_thread::yield();
-        }
+        const auto has_credit = [&] { return in_flight[p].load() < kInFlight; };
+        if (!spin_then_park(credit[p], has_credit, SpinPolicy{}, deadline)) return timed_out.store(true);
         in_flight[p].fetch_add(1);
         q.push({p, i}, (i & 1) == 0);
+        pushed.ring();
       }
     });
   }
@@ -198,17 +201,20 @@ TEST(ReadyQueue, EveryItemIsPoppedOnceInEachPushersOrderAcrossManyWraps) {
       std::vector<int64_t> last(kThreads, -1);
       while (popped.load() < total) {
         ReadyItem it{};
-        const bool got = (c == 0) ? q.pop_queueable(it) || q.pop(it) : q.pop(it);
-        if (!got) {
-          if (now_ns() > deadline) return timed_out.store(true);
-          std::this_thread::yield();
-          continue;
-        }
+        bool got = false;
+        const auto take = [&] {
+          got = (c == 0) ? q.pop_queueable(it) || q.pop(it) : q.pop(it);
+          return got || popped.load() >= total;
+        };
+        if (!spin_then_park(pushed, take, SpinPolicy{}, deadline)) return timed_out.store(true);
+        if (!got) continue;
         if (static_cast<int64_t>(it.task) <= last[it.slot]) order_broken.store(true);
         last[it.slot] = it.task;
         seen[size_t{it.slot} * per_pusher + it.task].fetch_add(1);
         in_flight[it.slot].fetch_sub(1);
-        popped.fetch_add(1);
+        credit[it.slot].ring();
+        // The last item wakes the other poppers, so they see the end.
+        if (popped.fetch_add(1) + 1 == total) pushed.ring();
       }
     });
   }
