@@ -15,20 +15,11 @@
 #include "diag/args_dump_file.h"
 #include "diag/args_dump_lane.h"
 #include "kernels.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace simpler::testing {
 namespace {
-
-// A fresh directory under the test's temp dir.
-std::string fresh_dir(const std::string& name) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("simpler_dump_" + std::to_string(::getpid()) + "_" + info->name() + "_" + name))
-                              .string();
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 DumpRecord meta_for(uint64_t task, uint16_t arg, DumpRole role, DumpStage stage, const TensorView& v, uint64_t order) {
   DumpRecord r;
@@ -96,7 +87,7 @@ Result<ArgsDump> finish_and_load(ArgsDumpWriter& writer, DumpLane& lane, const s
 
 TEST(ArgsDumpLane, RecordsEveryArgumentWithItsBytesInRowMajorOrder) {
   Watchdog dog;
-  const std::string dir = fresh_dir("a");
+  const std::string dir = scratch_dir("dump", "a");
   auto writer = ArgsDumpWriter::open(dir).value();
   DumpLaneConfig cfg;
   cfg.buffers = 2;
@@ -141,7 +132,7 @@ TEST(ArgsDumpLane, RecordsEveryArgumentWithItsBytesInRowMajorOrder) {
 
 TEST(ArgsDumpLane, APayloadLargerThanHalfTheArenaIsMarkedTruncatedNeverShort) {
   Watchdog dog;
-  const std::string dir = fresh_dir("a");
+  const std::string dir = scratch_dir("dump", "a");
   auto writer = ArgsDumpWriter::open(dir).value();
   DumpLaneConfig cfg;
   cfg.arena_bytes = 4096;
@@ -170,7 +161,7 @@ TEST(ArgsDumpLane, APayloadLargerThanHalfTheArenaIsMarkedTruncatedNeverShort) {
 // hands that buffer over so the host can acknowledge them.
 TEST(ArgsDumpLane, AFullArenaPublishesTheRecordsThatHoldItInsteadOfWaitingOnThem) {
   Watchdog dog;
-  const std::string dir = fresh_dir("a");
+  const std::string dir = scratch_dir("dump", "a");
   auto writer = ArgsDumpWriter::open(dir).value();
   DumpLaneConfig cfg;
   cfg.arena_bytes = 4096;
@@ -198,7 +189,7 @@ TEST(ArgsDumpLane, AFullArenaPublishesTheRecordsThatHoldItInsteadOfWaitingOnThem
 // capture resumes.
 TEST(ArgsDumpLane, AHostThatStopsAcknowledgingCostsDropsNotAHang) {
   Watchdog dog;
-  const std::string dir = fresh_dir("a");
+  const std::string dir = scratch_dir("dump", "a");
   auto writer = ArgsDumpWriter::open(dir).value();
   DumpLaneConfig cfg;
   cfg.arena_bytes = 4096;
@@ -298,8 +289,8 @@ std::string write_chain_dump(const std::string& dir, uint64_t tasks, uint64_t pe
 
 TEST(ArgsDumpDiff, NamesTheFirstPerturbedTaskOfAThousandTaskChain) {
   Watchdog dog;
-  const std::string a = write_chain_dump(fresh_dir("a"), 1000, UINT64_MAX, 0);
-  const std::string b = write_chain_dump(fresh_dir("b"), 1000, 637, 13);
+  const std::string a = write_chain_dump(scratch_dir("dump", "a"), 1000, UINT64_MAX, 0);
+  const std::string b = write_chain_dump(scratch_dir("dump", "b"), 1000, 637, 13);
   auto da = load_args_dump(a);
   auto db = load_args_dump(b);
   ASSERT_TRUE(da.ok() && db.ok());
@@ -317,7 +308,7 @@ TEST(ArgsDumpDiff, NamesTheFirstPerturbedTaskOfAThousandTaskChain) {
 }
 
 TEST(ArgsDumpFile, SummarisesATensorCountingNanAndInf) {
-  const std::string dir = fresh_dir("a");
+  const std::string dir = scratch_dir("dump", "a");
   auto writer = ArgsDumpWriter::open(dir).value();
   auto lane = DumpLane::create({}).value();
   HostTensor t(6);
@@ -338,7 +329,7 @@ TEST(ArgsDumpFile, SummarisesATensorCountingNanAndInf) {
 
 // The loader trusts nothing: each corruption is refused naming what is wrong.
 TEST(ArgsDumpFile, RefusesAManifestThatDisagreesWithItselfOrItsBin) {
-  const std::string dir = write_chain_dump(fresh_dir("a"), 3, UINT64_MAX, 0);
+  const std::string dir = write_chain_dump(scratch_dir("dump", "a"), 3, UINT64_MAX, 0);
   const std::string path = dir + "/manifest.json";
   nlohmann::json good;
   std::ifstream(path) >> good;
@@ -366,7 +357,7 @@ TEST(ArgsDumpFile, RefusesAManifestThatDisagreesWithItselfOrItsBin) {
 // arrives once, in one capture order, with the lanes' accounting summed.
 TEST(ArgsDumpCollector, TwoLanesDrainedByOneHostThreadLoseNothing) {
   Watchdog dog;
-  const std::string dir = fresh_dir("a");
+  const std::string dir = scratch_dir("dump", "a");
   ArgsDumpCollector::Options o;
   o.dir = dir;
   o.lanes = 2;
@@ -444,7 +435,7 @@ TEST(ArgCapture, EachSelectionCapturesWhatItSays) {
         {3, DumpStage::kAfter, false}}},
   };
   for (const Want& w : wants) {
-    const std::string dir = fresh_dir(dump_selection_name(w.sel));
+    const std::string dir = scratch_dir("dump", dump_selection_name(w.sel));
     ArgsDumpCollector::Options o;
     o.dir = dir;
     o.selection = w.sel;
@@ -523,7 +514,7 @@ TEST_P(ArgsDumpRun, EachStageHoldsTheBytesOfItsMomentAndTheHandOffIsExact) {
   args.add_tensor(da.view({n}, DType::F32), Tag::Input)
       .add_tensor(dc.view({n}, DType::F32), Tag::OutputExisting)
       .add_tensor(dd.view({n}, DType::F32), Tag::OutputExisting);
-  const std::string dir = fresh_dir(GetParam());
+  const std::string dir = scratch_dir("dump", GetParam());
   CallConfig call;
   call.trace_dir = dir;
   call.dump_args = DumpArgs::Full;
@@ -562,7 +553,7 @@ TEST_P(ArgsDumpRun, EachStageHoldsTheBytesOfItsMomentAndTheHandOffIsExact) {
   margs.add_tensor(ma.view({n}, DType::F32), Tag::Input)
       .add_tensor(mc.view({n}, DType::F32), Tag::OutputExisting)
       .add_tensor(md.view({n}, DType::F32), Tag::OutputExisting);
-  call.trace_dir = fresh_dir(GetParam() + "_partial");
+  call.trace_dir = scratch_dir("dump", GetParam() + "_partial");
   call.dump_args = DumpArgs::Partial;
   RunHandle p = marked.w.submit(marked.h, margs, call);
   ASSERT_TRUE(wait_run(p).ok()) << p.result().to_string();
@@ -616,7 +607,7 @@ TEST(ArgsDumpRun, DiffNamesThePerturbedTaskOfARealThousandTaskChain) {
         .add_tensor(b1.view({n}, DType::F32), Tag::InOut)
         .add_scalar(perturbed);
     CallConfig call;
-    call.trace_dir = fresh_dir(perturbed < 0 ? "a" : "b");
+    call.trace_dir = scratch_dir("dump", perturbed < 0 ? "a" : "b");
     call.dump_args = DumpArgs::Full;
     RunHandle h = hw.w.submit(hw.h, args, call);
     ASSERT_TRUE(wait_run(h).ok()) << h.result().to_string();
@@ -664,7 +655,7 @@ TEST(ArgsDumpRun, ACaptureTableWrapsWithTheRingOfAStreamingRun) {
       .add_tensor(b1.view({n}, DType::F32), Tag::InOut)
       .add_scalar(int64_t{-1});
   CallConfig call;
-  call.trace_dir = fresh_dir("ring");
+  call.trace_dir = scratch_dir("dump", "ring");
   call.dump_args = DumpArgs::Full;
   RunHandle h = hw.w.submit(hw.h, args, call);
   ASSERT_TRUE(wait_run(h).ok()) << h.result().to_string();
@@ -727,7 +718,7 @@ Result<ArgsDump> dump_on(const std::string& runtime, ChipCallable callable,
   }
   if (scalar) args.add_scalar(*scalar);
   CallConfig call;
-  call.trace_dir = fresh_dir(runtime + std::to_string(static_cast<int>(mode)));
+  call.trace_dir = scratch_dir("dump", runtime + std::to_string(static_cast<int>(mode)));
   call.dump_args = mode;
   RunHandle h = hw.w.submit(hw.h, args, call);
   SIMPLER_RETURN_IF_ERROR(wait_run(h));
@@ -823,7 +814,7 @@ TEST(ArgsDumpRun, ARuntimeThatCannotCaptureRefusesTheDumpNamingTheField) {
       .add_tensor(b.view({n}, DType::F32), Tag::OutputExisting)
       .add_tensor(b.view({n}, DType::F32), Tag::OutputExisting);
   CallConfig call;
-  call.trace_dir = fresh_dir("reference");
+  call.trace_dir = scratch_dir("dump", "reference");
   call.dump_args = DumpArgs::Full;
   RunHandle h = hw.w.submit(hw.h, args, call);
   EXPECT_REFUSED(h.result(), StatusCode::kUnimplemented, "dump_args");

@@ -17,6 +17,7 @@
 
 #include "conformance.h"
 #include "examples.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace simpler::examples {
@@ -26,6 +27,7 @@ namespace {
 // wait_for can bound) still fails fast.
 using simpler::testing::CommandResult;
 using simpler::testing::run_command;
+using simpler::testing::scratch_dir;
 using simpler::testing::Watchdog;
 
 ExampleOptions small_options(int runs, uint32_t depth) {
@@ -242,14 +244,6 @@ TEST(Cli, RunVerifiesAndStaysQuietWithoutATerminal) {
   EXPECT_EQ(r.output.find('\r'), std::string::npos) << r.output;
 }
 
-// A directory of its own under the temp dir, empty.
-std::string fresh_cli_dir(const std::string& name) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / fmt::format("simpler_cli_{}_{}", ::getpid(), name)).string();
-  std::filesystem::remove_all(dir);
-  return dir;
-}
-
 // The rows `simpler dump show` printed: lines whose first two fields are the
 // capture order and the task.
 std::vector<std::pair<uint64_t, uint64_t>> dump_rows(const std::string& output) {
@@ -273,7 +267,7 @@ std::vector<std::pair<uint64_t, uint64_t>> dump_rows(const std::string& output) 
 // finds nothing between the same example run on two runtimes.
 TEST(Cli, RunDumpsArgumentsThatDumpShowAndDiffRead) {
   Watchdog dog(std::chrono::seconds(120));
-  const std::string a = fresh_cli_dir("dump_a");
+  const std::string a = scratch_dir("cli", "dump_a");
   CommandResult run =
       run_cli(fmt::format("run matmul_chain --runs 2 --trace {} --swimlane 0 --dump-args full", a), "", 90);
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -315,7 +309,7 @@ TEST(Cli, RunDumpsArgumentsThatDumpShowAndDiffRead) {
   }
   EXPECT_EQ(std::count(seen.begin(), seen.end(), true), static_cast<long>(kTasks));
 
-  const std::string b = fresh_cli_dir("dump_b");
+  const std::string b = scratch_dir("cli", "dump_b");
   CommandResult other = run_cli(fmt::format("run matmul_chain --runs 1 --runtime tensormap_and_ringbuffer --trace {} "
                                             "--swimlane 0 --dump-args full",
                                             b),
@@ -325,8 +319,6 @@ TEST(Cli, RunDumpsArgumentsThatDumpShowAndDiffRead) {
   EXPECT_EQ(same.exit_code, 0) << same.output;
   EXPECT_NE(same.output.find(fmt::format("no difference in {} outputs compared", kTiles * 6)), std::string::npos)
       << same.output;
-  std::filesystem::remove_all(a);
-  std::filesystem::remove_all(b);
 }
 
 // `simpler demo` runs node_pipeline and network_pipeline first (their Workers

@@ -25,6 +25,7 @@
 #include "dist/node_server.h"
 #include "dist/wire.h"
 #include "node_test_util.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace simpler::testing {
@@ -83,13 +84,6 @@ int serve_rank(int rank) {
   const Status st = dist::serve(node_spec(2), {scale_callable()}, o, std::move(hooks));
   if (!st.ok()) std::fprintf(stderr, "rank %d: serve_node: %s\n", rank, st.to_string().c_str());
   return st.ok() ? 0 : 1;
-}
-
-std::string fresh_dir(const std::string& name) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("simpler_mpi_trace_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  return dir.string();
 }
 
 struct Network {
@@ -172,7 +166,7 @@ TEST(DistMpiTrace, ARemoteNodesTraceNestsInsideItsServeSlice) {
   Network n = make_network();
   CallConfig call;
   call.swimlane_level = 2;
-  call.trace_dir = fresh_dir("nest");
+  call.trace_dir = scratch_dir("mpi_trace", "nest");
   RunHandle h = n.w->submit(
       [&](Orchestrator& o) -> Status {
         SIMPLER_RETURN_IF_ERROR(o.submit_next_level(n.scale, scale_args(n.x, n.y0, 3, 1), 0).status());
@@ -256,7 +250,7 @@ TEST(DistMpiTrace, ARemoteNodesDumpsEqualAForkedNodes) {
   Network n = make_network();
   CallConfig call;
   call.dump_args = DumpArgs::Full;
-  call.trace_dir = fresh_dir("dump");
+  call.trace_dir = scratch_dir("mpi_trace", "dump");
   ASSERT_TRUE(run_both(n, call).ok());
   expect_outputs({&n.y0, &n.y1});
   const auto dumps = find_args_dumps(call.trace_dir);
@@ -301,7 +295,7 @@ TEST(DistMpiTrace, AMalformedShipmentIsRefusedAndTheRunFinishes) {
   Network n = make_network();
   CallConfig call;
   call.swimlane_level = 1;
-  call.trace_dir = fresh_dir("malformed");
+  call.trace_dir = scratch_dir("mpi_trace", "malformed");
   const char* want[] = {"name \"../../escaped.json\" has a component \"..\"", "file_bytes", "truncated"};
   for (int r = 1; r <= 3; ++r) {
     SCOPED_TRACE("run " + std::to_string(r));
@@ -348,7 +342,7 @@ TEST(DistMpiTrace, ARefusedDumpFailsItsRun) {
   Network n = make_network();
   CallConfig call;
   call.dump_args = DumpArgs::Full;
-  call.trace_dir = fresh_dir("refused_dump");
+  call.trace_dir = scratch_dir("mpi_trace", "refused_dump");
   const Status first = run_both(n, call, /*remote_only=*/true);
   EXPECT_EQ(first.code(), StatusCode::kInternal) << first.to_string();
   EXPECT_NE(first.message().find("argument dump from next-level worker 1 did not arrive"), std::string::npos)
@@ -373,7 +367,7 @@ TEST(DistMpiTrace, AnUnsentDumpFailsItsRun) {
   Network n = make_network();
   CallConfig call;
   call.dump_args = DumpArgs::Full;
-  call.trace_dir = fresh_dir("unsent_dump");
+  call.trace_dir = scratch_dir("mpi_trace", "unsent_dump");
   const Status first = run_both(n, call, /*remote_only=*/true);
   EXPECT_EQ(first.code(), StatusCode::kInternal) << first.to_string();
   EXPECT_NE(first.message().find("argument dump from next-level worker 1 did not arrive"), std::string::npos)

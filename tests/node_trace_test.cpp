@@ -16,19 +16,13 @@
 #include "diag/args_dump_file.h"
 #include "diag/trace_reader.h"
 #include "node_test_util.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace simpler::testing {
 namespace {
 
 constexpr int kN = 64;
-
-std::string fresh_dir(const std::string& name) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("simpler_node_trace_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  return dir.string();
-}
 
 Status add_sub(const TaskArgsView& a) {
   for (int64_t i = 0; i < a[0].tensor.shape(0); ++i) a.data<float>(2)[i] = a.data<float>(0)[i] + a.data<float>(1)[i];
@@ -106,7 +100,7 @@ TEST(NodeTrace, ANodeRunsFileHoldsItsHostLanesAndEachChipsTasksOnOneClock) {
   TwoChipNode n;
   CallConfig call;
   call.swimlane_level = 2;
-  call.trace_dir = fresh_dir("node");
+  call.trace_dir = scratch_dir("node_trace", "node");
   ASSERT_TRUE(n.run(call).ok());
   auto t = diag::read_trace_dir(call.trace_dir);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
@@ -164,7 +158,7 @@ TEST(NodeTrace, ANetworkRunsFileNestsEachNodeAndItsChips) {
   const DeviceBuffer x = shared_iota(net, kN, 1), y0 = shared_iota(net, kN, 0), y1 = shared_iota(net, kN, 0);
   CallConfig call;
   call.swimlane_level = 1;
-  call.trace_dir = fresh_dir("network");
+  call.trace_dir = scratch_dir("node_trace", "network");
   RunHandle h = net.submit(
       [&](Orchestrator& o) -> Status {
         for (uint32_t node = 0; node < 2; ++node) {
@@ -202,7 +196,7 @@ TEST(NodeTrace, DumpsLandPerChipAndTaskAndTheDiffNamesThePerturbedOne) {
   TwoChipNode n;
   CallConfig call;
   call.dump_args = DumpArgs::Full;
-  call.trace_dir = fresh_dir("dump_a");
+  call.trace_dir = scratch_dir("node_trace", "dump_a");
   ASSERT_TRUE(n.run(call).ok());
   const auto dumps = find_args_dumps(call.trace_dir);
   ASSERT_EQ(dumps.size(), 2u);
@@ -225,7 +219,7 @@ TEST(NodeTrace, DumpsLandPerChipAndTaskAndTheDiffNamesThePerturbedOne) {
   }
   // The same orchestration with chip1's addend perturbed.
   const std::string a = call.trace_dir;
-  call.trace_dir = fresh_dir("dump_b");
+  call.trace_dir = scratch_dir("node_trace", "dump_b");
   ASSERT_TRUE(n.run(call, 6).ok());
   const auto b = find_args_dumps(call.trace_dir);
   ASSERT_EQ(b.size(), 2u);
@@ -251,7 +245,7 @@ TEST(NodeTrace, ANodeRefusesABadCallConfigNamingTheFieldAndServesOn) {
   EXPECT_REFUSED(n.run(no_dir), StatusCode::kInvalidArgument, "call.trace_dir");
   CallConfig high;
   high.swimlane_level = 5;
-  high.trace_dir = fresh_dir("refused");
+  high.trace_dir = scratch_dir("node_trace", "refused");
   EXPECT_REFUSED(n.run(high), StatusCode::kInvalidArgument, "call.swimlane_level");
   EXPECT_FALSE(std::filesystem::exists(high.trace_dir));
   EXPECT_TRUE(n.run(CallConfig{}).ok());
@@ -260,7 +254,7 @@ TEST(NodeTrace, ANodeRefusesABadCallConfigNamingTheFieldAndServesOn) {
 // The order `dump show` and `dump diff` walk a run directory in: by run,
 // then by node task before chip at each level, numbers compared as numbers.
 TEST(NodeTrace, DumpsOfARunDirectoryComeInExecutionOrder) {
-  const std::string root = fresh_dir("order");
+  const std::string root = scratch_dir("node_trace", "order");
   const std::vector<std::string> expected{"run1/chip1/task0",
                                           "run1/chip0/task2",
                                           "run1/chip0/task10",

@@ -23,6 +23,7 @@
 #include "diag/args_dump_collector.h"
 #include "diag/args_dump_file.h"
 #include "runtime/resident/args_capture.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace simpler::testing {
@@ -54,15 +55,6 @@ constexpr int kExecute = 100;  // a test event: a participant "executes" its tas
 // R93: the layouts the seed prices.
 static_assert(sizeof(ArgsCaptureSlot) == 64 && sizeof(ArgsCaptureRequest) == 64 && sizeof(ArgsCaptureAck) == 64);
 static_assert(sizeof(ArgsCaptureControl) == 72 * 64 + 108 * 64 + 108 * 64 && sizeof(ArgsCaptureControl) == 18432);
-
-std::string fresh_dir(const std::string& name) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("simpler_capture_" + std::to_string(::getpid()) + "_" + info->name() + "_" + name))
-                              .string();
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 struct FakeEnv : CaptureEnv {
   explicit FakeEnv(uint32_t cores) : bells(cores) {}
@@ -99,7 +91,7 @@ struct Rig {
   explicit Rig(uint32_t cores, CaptureConfig cfg = {}, DumpLaneConfig lane = {}, uint32_t lanes_n = 1,
                uint64_t epoch = kEpoch)
       : env(cores), lanes(lanes_n) {
-    dir = fresh_dir("dump");
+    dir = scratch_dir("capture", "dump");
     ArgsDumpCollector::Options o;
     o.dir = dir;
     o.selection = DumpSelection::kFull;

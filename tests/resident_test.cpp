@@ -23,6 +23,7 @@
 #include "diag/args_dump_file.h"
 #include "kernels.h"
 #include "runtime/resident/resident_runtime.h"
+#include "scratch_dir.h"
 #include "simpler/simpler.h"
 #include "test_util.h"
 
@@ -367,15 +368,6 @@ ChipCallable inc_chain() {
       std::vector<Param>{Param::inout()});
 }
 
-std::string resident_dir(const std::string& name) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("simpler_resident_" + std::to_string(::getpid()) + "_" + info->name() + "_" + name))
-                              .string();
-  std::filesystem::remove_all(dir);
-  return dir;
-}
-
 // R93, R118, R130 (A11): with dumps off the route reserves no capture
 // block and enters no rendezvous (no gate access at all); with dumps on it
 // reserves exactly one 18 KiB block for the run, and frees it at retirement.
@@ -404,7 +396,7 @@ TEST(Resident, R93R118TheCaptureBlockIs18KiBWhenDumpingAndAbsentOtherwise) {
   EXPECT_EQ(blocks.load(), 0) << "dumps off reserved capture storage";
   EXPECT_EQ(gate_accesses.load(), 0) << "dumps off entered the rendezvous";
   CallConfig call;
-  call.trace_dir = resident_dir("on");
+  call.trace_dir = scratch_dir("resident", "on");
   call.dump_args = DumpArgs::Full;
   ASSERT_TRUE(wait_run(hw.w.submit(hw.h, args, call)).ok());
   EXPECT_EQ(blocks.load(), 1);
@@ -438,7 +430,7 @@ TEST(Resident, R105ASuccessorIsDispatchedOnlyAfterItsPredecessorsAfterSeal) {
   TaskArgs args;
   args.add_tensor(x.view({1}, DType::I64), Tag::InOut);
   CallConfig call;
-  call.trace_dir = resident_dir("r105");
+  call.trace_dir = scratch_dir("resident", "r105");
   call.dump_args = DumpArgs::Full;
   ASSERT_TRUE(wait_run(hw.w.submit(hw.h, args, call)).ok());
   std::lock_guard<std::mutex> lock(mu);
@@ -487,7 +479,7 @@ TEST(Resident, R129AnInducedCaptureTimeoutFailsTheRunRunningNothingAndLeavesTheD
   for (auto& r : g_ran) r = 0;
   const uint64_t free_before = free_bytes(hw.w);
   CallConfig call;
-  call.trace_dir = resident_dir("abort");
+  call.trace_dir = scratch_dir("resident", "abort");
   call.dump_args = DumpArgs::Full;
   // The run's own DEADLINE_EXCEEDED is its result; the test's deadline is 30 s.
   const Status st = hw.w.submit(hw.h, args, call).wait_for(std::chrono::seconds(30));
@@ -533,7 +525,7 @@ TEST(Resident, R117AnAbortedCaptureQuarantinesTheBankUntilFinalize) {
   HookScope scope(hooks);
   CallConfig call;
   call.dump_args = DumpArgs::Full;
-  call.trace_dir = resident_dir("clean");
+  call.trace_dir = scratch_dir("resident", "clean");
   RunHandle clean = chip.submit(0, args, call);
   ASSERT_TRUE(clean.wait_for(std::chrono::seconds(30)).ok());
   const std::optional<Settlement> c = chip.terminal_banks().settlement(clean.run_id());
@@ -542,7 +534,7 @@ TEST(Resident, R117AnAbortedCaptureQuarantinesTheBankUntilFinalize) {
   EXPECT_EQ(chip.terminal_banks().counts().quarantined, 0u);
 
   silent.store(true);
-  call.trace_dir = resident_dir("aborted");
+  call.trace_dir = scratch_dir("resident", "aborted");
   RunHandle bad = chip.submit(0, args, call);
   const Status st = bad.wait_for(std::chrono::seconds(30));
   EXPECT_TRUE(contains(st.message(), "ARGS_CAPTURE_TIMEOUT")) << st.to_string();
@@ -578,7 +570,7 @@ TEST(Resident, ADumpOfAnSpmdTaskIsRefusedNamingTheTask) {
   TaskArgs args;
   args.add_tensor(x.view({1}, DType::I64), Tag::InOut);
   CallConfig call;
-  call.trace_dir = resident_dir("spmd");
+  call.trace_dir = scratch_dir("resident", "spmd");
   call.dump_args = DumpArgs::Full;
   EXPECT_REFUSED(hw.w.submit(hw.h, args, call).result(), StatusCode::kUnimplemented, "dump_args");
 }

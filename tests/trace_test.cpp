@@ -13,6 +13,7 @@
 #include "diag/call_config.h"
 #include "diag/lane.h"
 #include "gate.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace simpler::testing {
@@ -29,13 +30,6 @@ void add_kernel1d(int64_t* args) {
   for (int64_t i = 0; i < a->shape[0]; ++i) {
     tensor_data<float>(c)[i] = tensor_data<float>(a)[i] + tensor_data<float>(b)[i];
   }
-}
-
-std::string fresh_dir(const std::string& name) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("simpler_trace_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  return dir.string();
 }
 
 json read_trace(const std::string& dir) {
@@ -145,7 +139,7 @@ Parsed parse(const json& doc) {
 TEST(TraceTest, TraceHoldsExactlyTheGraphsTasksAndEdges) {
   for (const std::string& rt : runtimes_with_cores()) {
     SCOPED_TRACE(rt);
-    const std::string dir = fresh_dir("graph_" + rt);
+    const std::string dir = scratch_dir("trace", "graph_" + rt);
     Diamond d(rt);
     d.init();
     CallConfig call;
@@ -169,7 +163,6 @@ TEST(TraceTest, TraceHoldsExactlyTheGraphsTasksAndEdges) {
     EXPECT_EQ(p.categories.count("sched"), 0u);
     EXPECT_EQ(p.categories.count("submit"), 0u);
     EXPECT_TRUE(d.w.close().ok());
-    std::filesystem::remove_all(dir);
   }
 }
 
@@ -179,7 +172,7 @@ TEST(TraceTest, TraceHoldsExactlyTheGraphsTasksAndEdges) {
 // and what stays is one whole run's trace and one whole run's dump, with no
 // temporary file or staging directory left.
 TEST(TraceTest, PipelinedRunsIntoOneDirectoryLeaveOneWholeTraceAndDump) {
-  const std::string dir = fresh_dir("pipelined");
+  const std::string dir = scratch_dir("trace", "pipelined");
   Diamond d("host_build_graph");
   d.init();
   CallConfig call;
@@ -223,7 +216,6 @@ TEST(TraceTest, PipelinedRunsIntoOneDirectoryLeaveOneWholeTraceAndDump) {
   for (const auto& e : std::filesystem::directory_iterator(dir)) left.insert(e.path().filename().string());
   EXPECT_EQ(left, (std::set<std::string>{"trace.json", "args_dump"}));
   EXPECT_TRUE(d.w.close().ok());
-  std::filesystem::remove_all(dir);
 }
 
 // Gates for the overlapping stream below: the gated kernel that enters
@@ -246,7 +238,7 @@ TEST(TraceTest, OverlappingTracedRunsKeepEveryTaskPastTheLaneCapacity) {
   std::unique_ptr<Gate[]> gates(new Gate[kRuns]);
   g_stream_gates = gates.get();
   g_stream_entered = 0;
-  const std::string dir = fresh_dir("overlapping");
+  const std::string dir = scratch_dir("trace", "overlapping");
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "stream_gate", stream_gate_kernel).ok());
   ASSERT_TRUE(k.add_function(1, CoreType::AIV, "noop", noop_kernel).ok());
@@ -283,7 +275,6 @@ TEST(TraceTest, OverlappingTracedRunsKeepEveryTaskPastTheLaneCapacity) {
   EXPECT_EQ(doc.at("otherData").at("runs")[0].at("dropped"), 0u);
   EXPECT_EQ(parse(doc).task_names.size(), kTasks);
   EXPECT_TRUE(w.close().ok());
-  std::filesystem::remove_all(dir);
 }
 
 TEST(TraceTest, LevelsAddTheirCategories) {
@@ -293,7 +284,7 @@ TEST(TraceTest, LevelsAddTheirCategories) {
     d.init();
     for (uint32_t level = 1; level <= kMaxSwimlaneLevel; ++level) {
       SCOPED_TRACE(level);
-      const std::string dir = fresh_dir("level_" + rt + std::to_string(level));
+      const std::string dir = scratch_dir("trace", "level_" + rt + std::to_string(level));
       CallConfig call;
       call.swimlane_level = level;
       call.trace_dir = dir;
@@ -308,7 +299,6 @@ TEST(TraceTest, LevelsAddTheirCategories) {
       EXPECT_EQ(count("dispatch"), level >= 2 ? 8 : 0);
       EXPECT_EQ(count("sched") != 0, level >= 3);
       EXPECT_EQ(count("submit"), level >= 4 ? 4 : 0);
-      std::filesystem::remove_all(dir);
     }
     EXPECT_TRUE(d.w.close().ok());
   }
@@ -320,7 +310,7 @@ TEST(TraceTest, LevelsAddTheirCategories) {
 TEST(TraceTest, TheResidentRouteRecordsEachTasksCoreSliceAtLevelOne) {
   Diamond d("resident");
   d.init();
-  const std::string dir = fresh_dir("resident_level1");
+  const std::string dir = scratch_dir("trace", "resident_level1");
   CallConfig call;
   call.swimlane_level = 1;
   call.trace_dir = dir;
@@ -336,11 +326,10 @@ TEST(TraceTest, TheResidentRouteRecordsEachTasksCoreSliceAtLevelOne) {
     EXPECT_EQ(e.at("args").at("core").get<std::string>().rfind("AIV", 0), 0u) << e.dump();
   }
   EXPECT_TRUE(d.w.close().ok());
-  std::filesystem::remove_all(dir);
 }
 
 TEST(TraceTest, LanesAreNamedPerTheGeometry) {
-  const std::string dir = fresh_dir("lanes");
+  const std::string dir = scratch_dir("trace", "lanes");
   CallConfig call;
   call.swimlane_level = 1;
   call.trace_dir = dir;
@@ -366,11 +355,10 @@ TEST(TraceTest, LanesAreNamedPerTheGeometry) {
   }
   EXPECT_TRUE(named_chip0);
   EXPECT_TRUE(d.w.close().ok());
-  std::filesystem::remove_all(dir);
 }
 
 TEST(TraceTest, UntracedRunWritesNothing) {
-  const std::string dir = fresh_dir("off");
+  const std::string dir = scratch_dir("trace", "off");
   Diamond d("host_build_graph");
   d.init();
   ASSERT_TRUE(d.w.submit(d.h, d.args()).wait_for(20s).ok());
@@ -382,7 +370,7 @@ TEST(TraceTest, UntracedRunWritesNothing) {
 TEST(TraceTest, BadCallConfigIsRefusedNamingTheField) {
   Diamond d("host_build_graph");
   d.init();
-  const std::string dir = fresh_dir("bad");
+  const std::string dir = scratch_dir("trace", "bad");
   CallConfig high;
   high.swimlane_level = 5;
   high.trace_dir = dir;
@@ -398,7 +386,7 @@ TEST(TraceTest, BadCallConfigIsRefusedNamingTheField) {
   EXPECT_NE(st.message().find("trace_dir"), std::string::npos) << st.to_string();
 
   // A directory under a regular file cannot be created.
-  const std::string file = fresh_dir("file");
+  const std::string file = scratch_dir("trace", "file");
   std::ofstream(file) << "x";
   CallConfig bad_dir;
   bad_dir.swimlane_level = 1;
