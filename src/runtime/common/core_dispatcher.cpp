@@ -59,6 +59,7 @@ CoreDispatcher::Counts CoreDispatcher::counts(uint32_t slot) const {
   Counts n;
   const CoreRecord* row = records_.data() + size_t{slot} * regs_.size();
   for (size_t c = 0; c < regs_.size(); ++c) {
+    n.executed += row[c].executed;
     n.chained += row[c].chained;
     n.taken_back += row[c].taken_back;
   }

@@ -59,6 +59,7 @@ class CoreDispatcher {
   // thread that finishes it, after every task's completion was published to it.
   struct CoreRecord {
     uint32_t last_done = kNoTask;  // the id of the last task of the run it finished
+    uint32_t executed = 0;         // subtasks it ended that ran a kernel (failed or not)
     uint32_t chained = 0;          // subtasks posted to it as chain links
     uint32_t taken_back = 0;       // subtasks queued on it, then taken back (and placed again)
   };
@@ -84,9 +85,12 @@ class CoreDispatcher {
   // (kNoTask: none); the number of cores written. Read by the thread that
   // finishes the run, after every task's completion was published to it.
   uint32_t last_done(uint32_t slot, uint32_t* out, uint32_t capacity) const;
-  // Set `slot`'s run so far: subtasks posted as chain links, and subtasks
-  // taken back from a blocked core. Read as last_done() is.
+  // Set `slot`'s run so far: subtasks that ran a kernel, subtasks posted as
+  // chain links, and subtasks taken back from a blocked core. Read as
+  // last_done() is. Kept per core, by the owning thread, so that counting
+  // costs no shared line per task.
   struct Counts {
+    uint32_t executed = 0;
     uint32_t chained = 0;
     uint32_t taken_back = 0;
   };
@@ -363,7 +367,9 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete,
               diag::Event{tr.run, seen, seen, f.name, f.task_id, 0, diag::EventKind::kFinish});
         }
         // Before complete(), whose release of the task publishes this to the run's finisher.
-        record(f.slot, core).last_done = f.task_id;
+        CoreRecord& rec = record(f.slot, core);
+        rec.last_done = f.task_id;
+        ++rec.executed;
         complete(f, failure, ready);
         progress = ended_any = true;
       }

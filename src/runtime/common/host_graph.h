@@ -55,7 +55,7 @@ struct HostGraph {
 
   // Execution state: shared by the scheduling threads after launch.
   std::atomic<uint32_t> remaining{0};
-  std::atomic<uint32_t> executed{0};
+  std::atomic<uint32_t> executed{0};  // the resident route's count (a CoreDispatcher's runtime counts per core)
   std::atomic<uint32_t> released_early{0};
   FirstError error;
   uint64_t launch_ns = 0;

@@ -92,7 +92,6 @@ void HbgRuntime::complete_subtask(const CoreDispatcher::Inflight& f, const char*
                                   std::vector<ReadyItem>& ready) {
   Slot& s = *slots_[f.slot];
   GraphTask& task = s.tasks[f.task];
-  s.executed.fetch_add(1, std::memory_order_relaxed);
   const auto damage = [this](uint64_t addr, uint64_t bytes) { return memory_.check_guards(addr, bytes); };
   if (!end_subtask(task, f.task, f.sub, failure, s.error, damage, s.guards.data(), *s.callable)) return;
   // Its outputs as the kernels left them, before a successor may overwrite them.
@@ -125,9 +124,9 @@ bool HbgRuntime::chain_after(ReadyItem after, TaskKind kind, ReadyItem& next) co
 void HbgRuntime::finish_run(Slot& s) {
   RunOutcome out;
   out.tasks = s.task_count;
-  out.executed = s.executed.load(std::memory_order_relaxed);
   out.released_early = s.released_early.load(std::memory_order_relaxed);
   const CoreDispatcher::Counts counts = dispatcher_.counts(s.index);
+  out.executed = counts.executed;
   out.chained = counts.chained;
   out.taken_back = counts.taken_back;
   out.launch_ns = s.launch_ns;

@@ -182,7 +182,11 @@ void StreamBuilder::place(const CheckedTask& t) {
   std::copy(guard_scratch_.begin(), guard_scratch_.end(), s.guards_.begin() + task.guards_begin);
 
   s.submitted_ = t.id + 1;
-  s.remaining_.fetch_add(1, std::memory_order_acq_rel);
+  if (s.credits_ == 0) {
+    s.remaining_.fetch_add(kCredits, std::memory_order_relaxed);
+    s.credits_ = kCredits;
+  }
+  --s.credits_;
   // Edges last: waiting for dependency entries may reclaim, which edits the
   // map, so it must not happen inside the map's walk above.
   // Counted in remaining_ and holding its fanin, the task must go on to the
@@ -223,9 +227,7 @@ Set::Set(TmrRuntime& rt, uint32_t index) : rt_(rt), index_(index) {}
 void Set::reset(const StreamSizes& sizes) {
   sizes_ = sizes;
   remaining_.store(1, std::memory_order_relaxed);
-  finished_.store(0, std::memory_order_relaxed);
-  wake_at_.store(UINT32_MAX, std::memory_order_relaxed);
-  executed_.store(0, std::memory_order_relaxed);
+  credits_ = 0;
   released_early_.store(0, std::memory_order_relaxed);
   error_.reset();
   orchestration_error_ = Status();
@@ -289,11 +291,11 @@ Status Set::wait_for_room(Room&& room, What&& what, uint32_t batch) {
   for (;;) {
     bool raced = false;
     const bool woke = spin_then_park(
-        progress_,
+        rt_.progress_,
         [&] {
           // Read before reclaim(): a task that finishes after this load is
-          // counted toward the target below, or seen by reclaim().
-          const uint32_t finished = finished_.load(std::memory_order_seq_cst);
+          // counted toward the mark below, or seen by reclaim().
+          const uint32_t left = remaining_.load(std::memory_order_seq_cst);
           if (reclaim()) last_progress = now_ns();
           if (room()) return true;
           // Every task submitted has finished and been reclaimed (a task's
@@ -305,16 +307,18 @@ Status Set::wait_for_room(Room&& room, What&& what, uint32_t batch) {
           // per task; never more than the tasks still unfinished, or no
           // finish would ever reach it (tasks that finished out of order
           // wait for reclaim behind an older one, they finish no more).
-          // Both sides store, then load the other's word (seq_cst): either
-          // a finisher sees this target, or this sees the finish and looks
-          // again instead of parking.
-          const uint32_t target = finished + std::min(batch, submitted_ - finished);
-          wake_at_.store(target, std::memory_order_seq_cst);
-          raced = finished_.load(std::memory_order_seq_cst) >= target;
+          // In remaining_ terms: the tasks in flight are what it holds
+          // beyond the hold and the unused credits. Both sides write, then
+          // load the other's word (seq_cst): either a finisher sees this
+          // mark, or this sees the finish and looks again instead of parking.
+          const uint32_t in_flight = left - 1 - credits_;
+          const uint32_t mark = left - std::min(batch, in_flight);
+          rt_.waiting_.store(uint64_t{index_ + 1} << 32 | mark, std::memory_order_seq_cst);
+          raced = remaining_.load(std::memory_order_seq_cst) <= mark;
           return raced;
         },
         SpinPolicy{}, last_progress + sizes_.stall_ns);
-    wake_at_.store(UINT32_MAX, std::memory_order_relaxed);
+    rt_.waiting_.store(0, std::memory_order_relaxed);
     if (stuck) {
       return resource_exhausted(
           "{}, and no task is in flight to free it: what holds it is held by the run or by "
@@ -655,15 +659,16 @@ void TmrRuntime::stream(Set& s) {
   // A stall recorded while placing a task is the run's error even when the
   // orchestration returned OK after it.
   s.orchestration_error_ = st.ok() ? s.stalled_ : std::move(st);
-  // Lets go of the run: once the tasks in flight retire, it ends.
-  drop_remaining(s, 1);
+  // Lets go of the run (its hold and the credits it did not use): once the
+  // tasks in flight retire, it ends.
+  drop_remaining(s, 1 + s.credits_);
+  s.credits_ = 0;
 }
 
 void TmrRuntime::complete_subtask(const CoreDispatcher::Inflight& f, const char* failure,
                                   std::vector<ReadyItem>& ready) {
   Set& s = *sets_[f.slot];
   GraphTask& task = s.tasks_[f.task].task;
-  s.executed_.fetch_add(1, std::memory_order_relaxed);
   const auto damage = [&](uint64_t addr, uint64_t bytes) {
     for (const HeapRing& ring : s.rings_) {
       const uint64_t base = ring.base.load(std::memory_order_relaxed);
@@ -712,8 +717,6 @@ void TmrRuntime::finish_task(Set& s, uint32_t slot, bool failed, std::vector<Rea
   }
   // Successors must be queued before `remaining` can reach zero and hand the set back.
   dispatcher_.publish(ready, [this](ReadyItem it) -> GraphTask& { return task_of(it); });
-  const uint32_t total = s.finished_.fetch_add(finished, std::memory_order_seq_cst) + finished;
-  if (total >= s.wake_at_.load(std::memory_order_seq_cst)) s.progress_.ring();
   drop_remaining(s, finished);
 }
 
@@ -733,13 +736,22 @@ bool TmrRuntime::chain_after(ReadyItem after, TaskKind kind, ReadyItem& next) co
 }
 
 void TmrRuntime::drop_remaining(Set& s, uint32_t n) {
-  if (s.remaining_.fetch_sub(n, std::memory_order_acq_rel) == n) finish_run(s);
+  const uint64_t tag = uint64_t{s.index_ + 1} << 32;
+  const uint32_t left = s.remaining_.fetch_sub(n, std::memory_order_seq_cst) - n;
+  if (left == 0) {
+    finish_run(s);
+    return;
+  }
+  // `s` may be another run's by now (the last task ended it on another
+  // thread): only the runtime's word is read, and a ring for a run whose
+  // orchestrator waits for nothing is a spurious wake-up it looks past.
+  const uint64_t w = waiting_.load(std::memory_order_seq_cst);
+  if ((w & ~uint64_t{UINT32_MAX}) == tag && left <= static_cast<uint32_t>(w)) progress_.ring();
 }
 
 void TmrRuntime::finish_run(Set& s) {
   RunOutcome out;
   out.tasks = s.submitted_;
-  out.executed = s.executed_.load(std::memory_order_relaxed);
   out.launch_ns = s.launch_ns_;
   // The orchestration's own error outranks its tasks': it is what a
   // runtime that builds first would have reported, with nothing run.
@@ -747,6 +759,7 @@ void TmrRuntime::finish_run(Set& s) {
   s.release_all();
   out.released_early = s.released_early_.load(std::memory_order_relaxed);
   const CoreDispatcher::Counts counts = dispatcher_.counts(s.index_);
+  out.executed = counts.executed;
   out.chained = counts.chained;
   out.taken_back = counts.taken_back;
   out.end_ns = now_ns();

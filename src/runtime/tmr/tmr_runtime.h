@@ -29,6 +29,8 @@ namespace simpler::tmr {
 inline constexpr uint32_t kHeapRings = 4;
 inline constexpr uint64_t kDefaultHeapRingBytes = 16ull << 20;
 inline constexpr uint64_t kDefaultStallMs = 10'000;
+// Tasks the orchestrator counts into a run's remaining_ at once, ahead of submitting them.
+inline constexpr uint32_t kCredits = 64;
 
 // The sizes one run streams with, from its RuntimeEnv and the runtime's capacity.
 struct StreamSizes {
@@ -139,17 +141,18 @@ class Set final : public Intermediates {
   const TaskArgs* run_args_ = nullptr;
   uint64_t launch_ns_ = 0;
   diag::RunTrace trace_;
-  std::atomic<uint32_t> remaining_{0};  // tasks in flight + 1 while the orchestration runs
-  std::atomic<uint32_t> executed_{0};
   std::atomic<uint32_t> released_early_{0};
   FirstError error_;
   Status orchestration_error_;  // written by the orchestrator before it lets go of the run
-  Doorbell progress_;           // rung by finishers once finished_ reaches wake_at_
-  std::atomic<uint32_t> finished_{0};
-  std::atomic<uint32_t> wake_at_{UINT32_MAX};  // UINT32_MAX: the orchestrator is not waiting
+  // The one word every finish writes, on a line of its own: the tasks in
+  // flight, plus, while the orchestration runs, its hold (1) and the credits
+  // it took ahead for tasks it has not submitted yet, so that submitting
+  // costs the orchestrator one shared write per kCredits tasks, not one each.
+  alignas(64) std::atomic<uint32_t> remaining_{0};
 
-  // Stream state: the orchestrator thread.
-  uint32_t submitted_ = 0;
+  // Stream state: the orchestrator thread, on lines no finisher writes.
+  alignas(64) uint32_t submitted_ = 0;
+  uint32_t credits_ = 0;  // counted in remaining_, not yet used by a submitted task
   uint32_t reclaimed_ = 0;
   Status stalled_;  // a task could not get its edges: the run fails with it
   uint64_t desc_head_ = 0;
@@ -222,7 +225,8 @@ class TmrRuntime final : public ChipRuntime {
   // `after` alone, with the consumer's arguments written. A task with guards
   // has none (its guard check may poison them after its kernel succeeded).
   bool chain_after(ReadyItem after, TaskKind kind, ReadyItem& next) const;
-  // Drops `n` of the run's remaining count; the one reaching zero ends the run.
+  // Drops `n` of the run's remaining count; the one reaching zero ends the
+  // run, and one reaching the orchestrator's wake-up mark rings it.
   void drop_remaining(Set& s, uint32_t n);
   void finish_run(Set& s);
 
@@ -234,6 +238,12 @@ class TmrRuntime final : public ChipRuntime {
   CoreDispatcher dispatcher_;
   std::mutex launched_mu_;
   std::deque<uint32_t> launched_;  // sets whose orchestration waits for the orchestrator thread
+  // The orchestrator waiting for a set's tasks to finish (Set::wait_for_room):
+  // (set + 1) << 32 | the remaining_ count at or below which a finisher rings
+  // progress_; 0 while it is not waiting. Here, not in the set: a finisher
+  // reads it after its decrement, when the set may have been handed back.
+  std::atomic<uint64_t> waiting_{0};
+  Doorbell progress_;
 };
 
 }  // namespace simpler::tmr
