@@ -148,6 +148,7 @@ Result<Json> measure(const Entry& entry, uint32_t neighbours) {
   if (Status s = busy.start(neighbours); !s.ok()) return s;
   const NeighbourMeter meter;
   const uint64_t lost_before = load_sense().lost_batches();
+  const uint64_t own_before = load_sense().own_batches();
   set_busy_neighbours(neighbours);
   try {
     figures = entry.fn();
@@ -157,8 +158,10 @@ Result<Json> measure(const Entry& entry, uint32_t neighbours) {
   set_busy_neighbours(0);
   head["context"]["neighbour_cpu_pct"] = meter.pct();
   // Spin batches of this process that lost their CPU for a time slice, each
-  // of which made its waits park sooner for a while (base/load_sense.h).
+  // of which made its waits park sooner for a while (base/load_sense.h),
+  // and those that lost it to this process's own threads, which did not.
   head["context"]["load_sense_lost_batches"] = load_sense().lost_batches() - lost_before;
+  head["context"]["load_sense_own_batches"] = load_sense().own_batches() - own_before;
   if (neighbours > 0) {
     Json pids = Json::array();
     for (const pid_t pid : busy.pids()) pids.push_back(pid);

@@ -2,14 +2,23 @@
 // times it is given, and a spin-then-park wait that reads the process as
 // oversubscribed (forced through the test hooks, never measured here) parks
 // after one batch instead of spinning its whole window.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "base/doorbell.h"
 #include "base/load_sense.h"
 #include "gate.h"
+#include "scratch_dir.h"
 
 namespace simpler {
 namespace {
@@ -21,10 +30,13 @@ struct HooksReset {
   ~HooksReset() {
     hooks::force_load_state(-1);
     hooks::add_spin_batch_gap(0);
+    hooks::force_others_runnable(-1);
   }
 };
 
 TEST(LoadSense, ABatchThatLostItsCpuHoldsTheProcessOversubscribedForTheHold) {
+  HooksReset reset;
+  hooks::force_others_runnable(1);
   LoadSense sense;
   const uint64_t t = 1'000'000'000;
   EXPECT_FALSE(sense.note_batch(LoadSense::kLostCpuNs - 1, t));
@@ -40,6 +52,8 @@ TEST(LoadSense, ABatchThatLostItsCpuHoldsTheProcessOversubscribedForTheHold) {
 }
 
 TEST(LoadSense, AnOlderLostBatchDoesNotShortenTheHold) {
+  HooksReset reset;
+  hooks::force_others_runnable(1);
   LoadSense sense;
   const uint64_t t = 1'000'000'000;
   ASSERT_TRUE(sense.note_batch(LoadSense::kLostCpuNs, t + 10));
@@ -52,6 +66,8 @@ TEST(LoadSense, AnOlderLostBatchDoesNotShortenTheHold) {
 // process is not held oversubscribed, during the build or for a batch that
 // began before the build ended. A batch lost wholly after it still is.
 TEST(LoadSense, ABatchLostToTheProcesssOwnBuildParksButDoesNotPress) {
+  HooksReset reset;
+  hooks::force_others_runnable(1);
   LoadSense sense;
   const uint64_t t = 1'000'000'000;
   sense.own_work_begin();
@@ -63,6 +79,114 @@ TEST(LoadSense, ABatchLostToTheProcesssOwnBuildParksButDoesNotPress) {
   EXPECT_TRUE(sense.note_batch(LoadSense::kLostCpuNs, t + 101 + LoadSense::kLostCpuNs));
   EXPECT_TRUE(sense.oversubscribed(t + 101 + LoadSense::kLostCpuNs));
   EXPECT_EQ(sense.lost_batches(), 3u);
+}
+
+// Issue 16: a long batch while no other process's thread is runnable lost
+// its CPU to this process's own threads (more simulator threads than CPUs):
+// it is not lost (the spinner spins on) and presses nothing; the verdict
+// stands for kOwnVerdictNs, after which a long batch asks again.
+TEST(LoadSense, ABatchLostToTheProcesssOwnThreadsIsNotLoad) {
+  HooksReset reset;
+  LoadSense sense;
+  const uint64_t t = 1'000'000'000;
+  hooks::force_others_runnable(0);
+  EXPECT_FALSE(sense.note_batch(LoadSense::kLostCpuNs * 10, t));
+  EXPECT_FALSE(sense.oversubscribed(t));
+  EXPECT_EQ(sense.own_batches(), 1u);
+  EXPECT_EQ(sense.lost_batches(), 0u);
+  // Others run now, but the verdict stands: not asked again within it.
+  hooks::force_others_runnable(1);
+  EXPECT_FALSE(sense.note_batch(LoadSense::kLostCpuNs, t + LoadSense::kOwnVerdictNs - 1));
+  EXPECT_FALSE(sense.oversubscribed(t + LoadSense::kOwnVerdictNs - 1));
+  EXPECT_EQ(sense.own_batches(), 2u);
+  // Once it lapsed, the next long batch asks, and is lost to them.
+  EXPECT_TRUE(sense.note_batch(LoadSense::kLostCpuNs, t + LoadSense::kOwnVerdictNs));
+  EXPECT_TRUE(sense.oversubscribed(t + LoadSense::kOwnVerdictNs));
+  EXPECT_EQ(sense.lost_batches(), 1u);
+}
+
+TEST(LoadSense, ProcTextIsParsedAndMalformedTextRefused) {
+  const auto running = [](const std::string& s) { return LoadSense::running_of_loadavg(s.data(), s.size()); };
+  EXPECT_EQ(running("0.20 0.18 0.12 3/80 11206\n"), 3);
+  EXPECT_EQ(running("12.00 9.50 8.01 117/1024 99"), 117);
+  EXPECT_EQ(running("0.20 0.18 0.12 /80 11206"), -1);
+  EXPECT_EQ(running("0.20 0.18 0.12 3"), -1);
+  EXPECT_EQ(running("0.20 0.18"), -1);
+  EXPECT_EQ(running(""), -1);
+  EXPECT_EQ(running("0.20 0.18 0.12 1234567890123/80 1"), -1);
+  const auto state = [](const std::string& s) { return LoadSense::state_of_task_stat(s.data(), s.size()); };
+  EXPECT_EQ(state("1234 (aiv1) R 1 2 3"), 'R');
+  EXPECT_EQ(state("1234 (a b) (c)) S 1 2 3"), 'S');  // a name with spaces and parentheses
+  EXPECT_EQ(state("1234 (aiv1)R 1"), -1);
+  EXPECT_EQ(state("1234 (aiv1) "), -1);
+  EXPECT_EQ(state("1234 aiv1 R 1"), -1);
+  EXPECT_EQ(state("1234 (aiv1) r 1"), -1);
+}
+
+// A tree standing in for /proc: loadavg's running count, and one stat file
+// per thread of "this process".
+struct FakeProc {
+  explicit FakeProc(const std::string& dir) : root(dir) {
+    std::filesystem::create_directories(root + "/self/task");
+    hooks::set_proc_root(root);
+  }
+  ~FakeProc() { hooks::set_proc_root("/proc"); }
+  void loadavg(int running) const { write(root + "/loadavg", fmt::format("0.50 0.40 0.30 {}/99 4242\n", running)); }
+  void thread(long tid, char state) const {
+    std::filesystem::create_directories(fmt::format("{}/self/task/{}", root, tid));
+    write(fmt::format("{}/self/task/{}/stat", root, tid), fmt::format("{} (aiv{}) {} 1 2 3 4\n", tid, tid, state));
+  }
+  static void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+  std::string root;
+};
+
+// Issue 16: the machine's runnable threads against this process's own: a
+// thread of another process is runnable only when the machine counts more
+// than this process's threads in state R.
+TEST(LoadSense, OthersAreTheMachinesRunnableThreadsBeyondThisProcesss) {
+  HooksReset reset;
+  FakeProc proc(testing::scratch_dir("load_sense", "proc"));
+  proc.thread(101, 'R');
+  proc.thread(102, 'R');
+  proc.thread(103, 'S');
+  proc.thread(104, 'R');
+  proc.loadavg(3);
+  EXPECT_FALSE(load_sense().others_runnable()) << "3 runnable, all 3 of them this process's";
+  proc.loadavg(2);
+  EXPECT_FALSE(load_sense().others_runnable());
+  proc.loadavg(4);
+  EXPECT_TRUE(load_sense().others_runnable()) << "4 runnable, 3 of them this process's";
+  proc.thread(103, 'R');
+  EXPECT_FALSE(load_sense().others_runnable());
+  // What cannot be read or parsed answers as before the check: others.
+  proc.write(proc.root + "/loadavg", "garbage");
+  EXPECT_TRUE(load_sense().others_runnable());
+  proc.loadavg(4);
+  proc.write(proc.root + "/self/task/102/stat", "102 aiv R");
+  EXPECT_TRUE(load_sense().others_runnable());
+}
+
+// Busy threads of another process are always runnable: others_runnable()
+// sees them (it counts this process's runnable threads apart, however many
+// of its own are busy).
+TEST(LoadSense, BusyProcessesBesideThisOneAreOthersRunnable) {
+  HooksReset reset;
+  hooks::force_others_runnable(-1);
+  pid_t busy[2];
+  for (pid_t& p : busy) {
+    p = fork();
+    ASSERT_GE(p, 0);
+    if (p == 0) {
+      for (;;) {
+      }
+    }
+  }
+  const bool seen = eventually([] { return load_sense().others_runnable(); });
+  for (pid_t p : busy) {
+    kill(p, SIGKILL);
+    waitpid(p, nullptr, 0);
+  }
+  EXPECT_TRUE(seen) << "two busy processes were never seen runnable beside this one";
 }
 
 TEST(LoadSense, OffEveryBatchReadsAsQuiet) {
@@ -119,6 +243,7 @@ TEST(LoadSense, OversubscribedAWaitParksAfterOneBatch) {
 TEST(LoadSense, ABatchThatLostItsCpuParksTheWaitAndMarksTheProcess) {
   HooksReset reset;
   hooks::force_load_state(-1);
+  hooks::force_others_runnable(1);
   // Every batch reads as a lost slice; a quiet window would spin a second.
   hooks::add_spin_batch_gap(LoadSense::kLostCpuNs);
   const uint64_t lost_before = load_sense().lost_batches();

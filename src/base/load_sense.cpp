@@ -1,9 +1,56 @@
 #include "base/load_sense.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace simpler {
+namespace {
+
+// Reads up to `size` bytes of file `path`; -1 on error.
+ssize_t read_file(const char* path, char* buf, size_t size) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const ssize_t n = ::read(fd, buf, size);
+  ::close(fd);
+  return n;
+}
+
+// Adds to `runnable` the ids of this process's threads that are runnable
+// now (state R); false when /proc cannot tell.
+bool add_runnable_threads(const char* proc, std::vector<long>& runnable) {
+  char path[512];
+  std::snprintf(path, sizeof path, "%s/self/task", proc);
+  DIR* dir = ::opendir(path);
+  if (dir == nullptr) return false;
+  bool ok = true;
+  char buf[256];
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::snprintf(path, sizeof path, "%s/self/task/%s/stat", proc, e->d_name);
+    const ssize_t n = read_file(path, buf, sizeof buf);
+    // A thread that ended since the listing is not runnable.
+    if (n <= 0) continue;
+    const int state = LoadSense::state_of_task_stat(buf, static_cast<size_t>(n));
+    if (state < 0) {
+      ok = false;
+      break;
+    }
+    const long tid = std::strtol(e->d_name, nullptr, 10);
+    if (state == 'R' && std::find(runnable.begin(), runnable.end(), tid) == runnable.end()) runnable.push_back(tid);
+  }
+  ::closedir(dir);
+  return ok;
+}
+
+}  // namespace
 
 LoadSense& load_sense() {
   // Never destroyed: a detached or late thread may still spin at exit.
@@ -16,15 +63,65 @@ LoadSense& load_sense() {
   return *sense;
 }
 
+int64_t LoadSense::running_of_loadavg(const char* text, size_t size) {
+  size_t i = 0;
+  for (int field = 0; field < 3; ++field) {
+    while (i < size && text[i] != ' ') ++i;
+    while (i < size && text[i] == ' ') ++i;
+  }
+  int64_t n = 0;
+  size_t digits = 0;
+  for (; i < size && text[i] >= '0' && text[i] <= '9' && digits < 9; ++i, ++digits) n = n * 10 + (text[i] - '0');
+  if (digits == 0 || i >= size || text[i] != '/') return -1;
+  return n;
+}
+
+int LoadSense::state_of_task_stat(const char* text, size_t size) {
+  // The name may hold spaces and parentheses: the state follows the last ')'.
+  size_t close = size;
+  for (size_t i = size; i > 0; --i) {
+    if (text[i - 1] == ')') {
+      close = i - 1;
+      break;
+    }
+  }
+  if (close == size || close + 2 >= size || text[close + 1] != ' ') return -1;
+  const char state = text[close + 2];
+  return state >= 'A' && state <= 'Z' ? state : -1;
+}
+
+bool LoadSense::others_runnable() const {
+  if (const int forced = hooks::forced_others_runnable(); forced >= 0) return forced == 1;
+  // This process's threads change state every few microseconds: one counts
+  // as runnable if it was so just before or just after the machine's count.
+  const char* proc = hooks::proc_root();
+  std::vector<long> ours;
+  ours.reserve(64);
+  if (!add_runnable_threads(proc, ours)) return true;
+  char path[512];
+  std::snprintf(path, sizeof path, "%s/loadavg", proc);
+  char buf[128];
+  const ssize_t n = read_file(path, buf, sizeof buf);
+  const int64_t running = n > 0 ? running_of_loadavg(buf, static_cast<size_t>(n)) : -1;
+  if (running < 0 || !add_runnable_threads(proc, ours)) return true;
+  return running > static_cast<int64_t>(ours.size());
+}
+
 #ifdef SIMPLER_TEST_HOOKS
 namespace hooks {
 namespace {
 std::atomic<int> g_forced_state{-1};
 std::atomic<uint64_t> g_batch_gap{0};
+std::atomic<int> g_forced_others{-1};
+std::string g_proc_root = "/proc";
 }  // namespace
 
 void force_load_state(int state) { g_forced_state.store(state, std::memory_order_relaxed); }
 int forced_load_state() noexcept { return g_forced_state.load(std::memory_order_relaxed); }
+void force_others_runnable(int state) { g_forced_others.store(state, std::memory_order_relaxed); }
+int forced_others_runnable() noexcept { return g_forced_others.load(std::memory_order_relaxed); }
+void set_proc_root(const std::string& root) { g_proc_root = root; }
+const char* proc_root() noexcept { return g_proc_root.c_str(); }
 void add_spin_batch_gap(uint64_t extra_ns) { g_batch_gap.store(extra_ns, std::memory_order_relaxed); }
 uint64_t spin_batch_gap() noexcept { return g_batch_gap.load(std::memory_order_relaxed); }
 }  // namespace hooks

@@ -1,13 +1,16 @@
 // LoadSense: whether this process's spinning threads keep losing their CPU to
-// other threads (the machine is oversubscribed: busy neighbours, or more
-// runnable simulator threads than CPUs), so that every spin-then-park wait
-// parks sooner instead of yielding its CPU away for a whole time slice.
-// Any thread, lock-free; one per process (load_sense()), forked children
-// start from their parent's state. Owns two atomics.
+// other processes' threads (busy neighbours), so that every spin-then-park
+// wait parks sooner instead of yielding its CPU away for a whole time slice.
+// A slice lost to this process's own threads (more simulator threads
+// runnable than CPUs) is not load: the yield handed the CPU to the work the
+// spinner waits for. Any thread, lock-free; the rare check of who is
+// runnable (others_runnable()) reads /proc. One per process (load_sense()),
+// forked children start from their parent's state.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "base/clock.h"
 
@@ -26,9 +29,18 @@ class LoadSense {
   // pauses only, no yield, then park.
   static constexpr uint64_t kPressedSpinNs = 2'000;
 
+  // How long the verdict "every runnable thread was this process's own"
+  // stands before a long batch asks again: at least this, and at least
+  // kOwnVerdictCost times what asking took, so that asking costs at most a
+  // twentieth of one CPU however many threads the process has.
+  static constexpr uint64_t kOwnVerdictNs = 1'000'000;
+  static constexpr uint64_t kOwnVerdictCost = 20;
+
   // A spinner's batch that ended at `now` took `elapsed_ns`; returns true
   // (and holds the process oversubscribed until now + kHoldNs) when it lost
-  // its CPU.
+  // its CPU to another process. A batch as long while no other process's
+  // thread was runnable (others_runnable()) lost nothing: false, and the
+  // spinner goes on as on a quiet machine.
   bool note_batch(uint64_t elapsed_ns, uint64_t now);
   bool oversubscribed(uint64_t now) const;
   // The spin window a waiter with `spin_ns` quiet uses at `now`.
@@ -47,6 +59,21 @@ class LoadSense {
     own_work_.fetch_sub(1, std::memory_order_release);
   }
   uint64_t lost_batches() const { return lost_.load(std::memory_order_relaxed); }
+  // Long batches that read as taken by this process's own threads.
+  uint64_t own_batches() const { return own_.load(std::memory_order_relaxed); }
+  // Whether a thread of another process is runnable now: the machine's
+  // runnable threads (/proc/loadavg) exceed this process's (each thread's
+  // state in /proc/self/task, read just before and just after the machine's
+  // count: a thread runnable in either read is). Anything unreadable
+  // answers true, the answer before this check existed. Six system calls
+  // per thread of the process: called only for a long batch, and while it
+  // answers false not again before the verdict lapses (kOwnVerdictNs).
+  bool others_runnable() const;
+  // Parsers of /proc text, -1 when malformed: the running count of
+  // /proc/loadavg ("0.20 0.18 0.12 3/80 11206"), and the state letter of
+  // /proc/<pid>/task/<tid>/stat ("1234 (name) R ...").
+  static int64_t running_of_loadavg(const char* text, size_t size);
+  static int state_of_task_stat(const char* text, size_t size);
   // Off: every batch reads as quiet, the waits spin as before issue 16 (the
   // process's LoadSense is off when SIMPLER_LOAD_SENSE=0, for A/B runs).
   void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
@@ -57,6 +84,8 @@ class LoadSense {
   std::atomic<uint64_t> lost_{0};
   std::atomic<uint32_t> own_work_{0};
   std::atomic<uint64_t> own_work_end_{0};
+  std::atomic<uint64_t> own_{0};
+  std::atomic<uint64_t> own_until_{0};  // the verdict "all ours" stands until then
 };
 
 // The process's LoadSense, shared by every spin-then-park wait and every
@@ -78,22 +107,45 @@ namespace hooks {
 // oversubscribed, whatever the batches measured.
 void force_load_state(int state);
 int forced_load_state() noexcept;
+// -1 reads /proc (the default); 0: no other process's thread is runnable;
+// 1: one is, whatever the machine runs.
+void force_others_runnable(int state);
+int forced_others_runnable() noexcept;
+// Where others_runnable() reads /proc from ("/proc" by default): a test's
+// tree of loadavg and self/task/<tid>/stat files. Set while no thread spins.
+void set_proc_root(const std::string& root);
+const char* proc_root() noexcept;
 // Every spin batch noted from now reads `extra_ns` longer than it took (0 disarms).
 void add_spin_batch_gap(uint64_t extra_ns);
 uint64_t spin_batch_gap() noexcept;
 #else
 inline constexpr int forced_load_state() noexcept { return -1; }
+inline constexpr int forced_others_runnable() noexcept { return -1; }
+inline constexpr const char* proc_root() noexcept { return "/proc"; }
 inline constexpr uint64_t spin_batch_gap() noexcept { return 0; }
 #endif
 }  // namespace hooks
 
 inline bool LoadSense::note_batch(uint64_t elapsed_ns, uint64_t now) {
   if (elapsed_ns + hooks::spin_batch_gap() < kLostCpuNs || !enabled_.load(std::memory_order_relaxed)) return false;
-  lost_.fetch_add(1, std::memory_order_relaxed);
   if (own_work_.load(std::memory_order_acquire) != 0 ||
       own_work_end_.load(std::memory_order_relaxed) + elapsed_ns + hooks::spin_batch_gap() >= now) {
+    lost_.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
+  if (now < own_until_.load(std::memory_order_relaxed)) {
+    own_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  const uint64_t asked = now_ns();
+  if (!others_runnable()) {
+    own_.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t cost = now_ns() - asked;
+    own_until_.store(now + (cost * kOwnVerdictCost > kOwnVerdictNs ? cost * kOwnVerdictCost : kOwnVerdictNs),
+                     std::memory_order_relaxed);
+    return false;
+  }
+  lost_.fetch_add(1, std::memory_order_relaxed);
   const uint64_t until = now + kHoldNs;
   uint64_t seen = pressed_until_.load(std::memory_order_relaxed);
   while (seen < until && !pressed_until_.compare_exchange_weak(seen, until, std::memory_order_relaxed)) {
