@@ -66,8 +66,9 @@ class LoadSense {
   // state in /proc/self/task, read just before and just after the machine's
   // count: a thread runnable in either read is). Anything unreadable
   // answers true, the answer before this check existed. Six system calls
-  // per thread of the process: called only for a long batch, and while it
-  // answers false not again before the verdict lapses (kOwnVerdictNs).
+  // per thread of the process: note_batch() asks only for a long batch
+  // while the process is not held oversubscribed, one thread at a time, and
+  // after a false answer not again before the verdict lapses.
   bool others_runnable() const;
   // Parsers of /proc text, -1 when malformed: the running count of
   // /proc/loadavg ("0.20 0.18 0.12 3/80 11206"), and the state letter of
@@ -86,6 +87,7 @@ class LoadSense {
   std::atomic<uint64_t> own_work_end_{0};
   std::atomic<uint64_t> own_{0};
   std::atomic<uint64_t> own_until_{0};  // the verdict "all ours" stands until then
+  std::atomic<bool> asking_{false};     // a thread is in others_runnable()
 };
 
 // The process's LoadSense, shared by every spin-then-park wait and every
@@ -137,13 +139,25 @@ inline bool LoadSense::note_batch(uint64_t elapsed_ns, uint64_t now) {
     own_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  const uint64_t asked = now_ns();
-  if (!others_runnable()) {
-    own_.fetch_add(1, std::memory_order_relaxed);
-    const uint64_t cost = now_ns() - asked;
-    own_until_.store(now + (cost * kOwnVerdictCost > kOwnVerdictNs ? cost * kOwnVerdictCost : kOwnVerdictNs),
-                     std::memory_order_relaxed);
-    return false;
+  // Held oversubscribed already, the batch is lost without asking; else one
+  // thread at a time asks, and a batch noted meanwhile spins on.
+  if (now >= pressed_until_.load(std::memory_order_relaxed)) {
+    if (asking_.exchange(true, std::memory_order_acquire)) {
+      own_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    const uint64_t asked = now_ns();
+    const bool others = others_runnable();
+    if (!others) {
+      const uint64_t cost = now_ns() - asked;
+      own_until_.store(now + (cost * kOwnVerdictCost > kOwnVerdictNs ? cost * kOwnVerdictCost : kOwnVerdictNs),
+                       std::memory_order_relaxed);
+    }
+    asking_.store(false, std::memory_order_release);
+    if (!others) {
+      own_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
   }
   lost_.fetch_add(1, std::memory_order_relaxed);
   const uint64_t until = now + kHoldNs;

@@ -660,9 +660,11 @@ void TmrRuntime::stream(Set& s) {
   // orchestration returned OK after it.
   s.orchestration_error_ = st.ok() ? s.stalled_ : std::move(st);
   // Lets go of the run (its hold and the credits it did not use): once the
-  // tasks in flight retire, it ends.
-  drop_remaining(s, 1 + s.credits_);
+  // tasks in flight retire, it ends, and the set may be another run's at
+  // once, so nothing of it is touched after the drop.
+  const uint32_t unused = s.credits_;
   s.credits_ = 0;
+  drop_remaining(s, 1 + unused);
 }
 
 void TmrRuntime::complete_subtask(const CoreDispatcher::Inflight& f, const char* failure,
