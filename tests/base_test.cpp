@@ -227,6 +227,59 @@ TEST(Doorbell, RingWakesEveryParkedThread) {
   EXPECT_EQ(woke.load(), 4);
 }
 
+// ring_parked(): a waiter counted by its Parking before it looked at its
+// condition is woken; with none counted the bell is left untouched.
+TEST(Doorbell, RingParkedWakesAThreadWaitingThroughParking) {
+  Watchdog dog;
+  Doorbell bell;
+  std::atomic<bool> flag{false};
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> woke_before_deadline{false};
+  const uint64_t deadline = now_ns() + std::chrono::nanoseconds(kWait).count();
+  std::thread waiter([&] {
+    tid.store(gettid());
+    for (;;) {
+      Doorbell::Parking parking(bell);
+      if (flag.load()) break;
+      parking.wait(deadline);
+      if (now_ns() >= deadline) return;
+    }
+    woke_before_deadline.store(now_ns() < deadline);
+  });
+  ASSERT_TRUE(testing::eventually([&] { return tid.load() != 0 && testing::thread_state(tid.load()) == 'S'; }));
+  EXPECT_EQ(bell.parked(), 1u);
+  flag.store(true);
+  bell.ring_parked();
+  waiter.join();
+  EXPECT_TRUE(woke_before_deadline.load()) << "the parked thread was not woken by ring_parked()";
+  EXPECT_EQ(bell.parked(), 0u) << "a Parking left its waiter counted";
+}
+
+// The interleaving ring_parked() exists for, forced on one thread: the
+// waiter counted itself and found nothing, then the news and the ring came,
+// then it waits. The wait must return at once, not sleep to its deadline.
+TEST(Doorbell, RingParkedBetweenAWaitersLookAndItsWaitIsNotLost) {
+  Watchdog dog;
+  Doorbell bell;
+  bool flag = false;
+  Doorbell::Parking parking(bell);
+  ASSERT_FALSE(flag);
+  flag = true;
+  bell.ring_parked();
+  const uint64_t deadline = now_ns() + 2'000'000'000ull;
+  parking.wait(deadline);
+  EXPECT_LT(now_ns(), deadline) << "the wait slept to its deadline: the ring after the waiter's look was lost";
+}
+
+TEST(Doorbell, RingParkedWithNobodyParkedLeavesTheBellUntouched) {
+  Doorbell bell;
+  const uint32_t armed = bell.arm();
+  bell.ring_parked();
+  EXPECT_EQ(bell.arm(), armed) << "ring_parked() wrote the bell with nobody parked";
+  bell.ring();
+  EXPECT_NE(bell.arm(), armed);
+}
+
 TEST(SpinThenPark, ReturnsTrueAtOnceWhenReady) {
   Doorbell bell;
   EXPECT_TRUE(spin_then_park(

@@ -27,8 +27,32 @@ class Doorbell {
  public:
   // The value to pass to park(): read it, re-check the condition, then park.
   uint32_t arm() { return seq_.load(std::memory_order_seq_cst); }
-  // Wakes every parked waiter; costs one atomic load when nobody is parked.
+  // Wakes every parked waiter; costs one atomic add on the bell's line and
+  // one load when nobody is parked.
   void ring();
+  // Wakes the waiters parked through a Parking, and costs a fence and a load
+  // of a line nobody writes while none is: for a bell rung far more often
+  // than its waiter parks (once per task), where ring()'s add would pull the
+  // line from every other ringer each time. Only for a bell whose every
+  // waiter parks through a Parking; the ringer makes its news visible first.
+  void ring_parked();
+  // A waiter of ring_parked(): counted as parked from construction, so a
+  // thread that makes one, then looks at its condition and waits, misses no
+  // ring_parked() that followed a change of that condition. Used by one
+  // thread, within one scope.
+  class Parking {
+   public:
+    explicit Parking(Doorbell& bell);
+    ~Parking();
+    Parking(const Parking&) = delete;
+    Parking& operator=(const Parking&) = delete;
+    // Until a ring after construction, or `deadline_ns` (0 = none). Spurious returns happen.
+    void wait(uint64_t deadline_ns = 0);
+
+   private:
+    Doorbell& bell_;
+    uint32_t armed_;
+  };
   // Parks until ring() was called after arm() returned `armed`, or until
   // `deadline_ns` (absolute now_ns() time, 0 = none) passes. Spurious returns happen.
   void park(uint32_t armed, uint64_t deadline_ns = 0);
@@ -36,6 +60,8 @@ class Doorbell {
   uint32_t parked() const { return waiters_.load(std::memory_order_seq_cst); }
 
  private:
+  void wait(uint32_t armed, uint64_t deadline_ns);
+
   std::atomic<uint32_t> seq_{0};
   std::atomic<uint32_t> waiters_{0};
 };

@@ -71,7 +71,7 @@ void Core::loop(SpinPolicy policy) {
 #endif
       regs_.ended[slot] = CoreRegisters::Ended{0, 0, 1};
       regs_.status.store(CoreRegisters::kFin | tok, std::memory_order_release);
-      owner_bell_->ring();
+      owner_bell_->ring_parked();
       continue;
     }
     regs_.status.store(CoreRegisters::kAck | tok, std::memory_order_release);
@@ -89,7 +89,7 @@ void Core::loop(SpinPolicy policy) {
     }
     executed_.fetch_add(1, std::memory_order_relaxed);
     regs_.status.store(CoreRegisters::kFin | tok, std::memory_order_release);
-    owner_bell_->ring();
+    owner_bell_->ring_parked();
   }
 }
 

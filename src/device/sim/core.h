@@ -32,6 +32,8 @@ class Core final : public CoreExecutor {
  public:
   // `fault`: the device's sticky fault, or null for a core of no device.
   // `lane`: where it records its tasks when their run is traced (null: never).
+  // `owner_bell` is rung with ring_parked() after each FIN: its waiter parks
+  // through a Doorbell::Parking.
   Core(uint32_t id, CoreType type, uint32_t cluster, Doorbell* owner_bell, StickyFault* fault = nullptr,
        diag::Lane* lane = nullptr);
   ~Core();

@@ -78,12 +78,14 @@ void SimDevice::aicpu_loop(uint32_t index) {
       continue;
     }
     if (idle.keep_polling()) continue;
-    // Armed only on the way to a park, then stop_ and the poll read once
-    // more: a ring that lands after this point (a FIN, a launch, stop())
-    // makes the park return at once, and one before it made its work visible
-    // to that poll, so no wake-up is lost. Arming on every poll would read the
-    // bell's line each round, and every FIN's ring would then miss on it.
-    const uint32_t armed = bell.arm();
+    // Counted as parked only on the way to a park, then stop_ and the poll
+    // read once more: a ring that lands after this point (a FIN, a launch,
+    // stop()) makes the wait return at once, and one before it made its work
+    // visible to that poll, so no wake-up is lost. Every ring of this bell is
+    // a ring_parked(): while this thread polls, the ringers (its cores' FINs,
+    // the orchestrator's submits, the other AICPU threads) only read the
+    // bell's line, where an add per ring moved it between them each time.
+    Doorbell::Parking parking(bell);
     if (stop_.load(std::memory_order_acquire)) return;
     if (program_->poll(index)) {
       idle.busy();
@@ -93,7 +95,7 @@ void SimDevice::aicpu_loop(uint32_t index) {
     // Level 3 shows a scheduler thread's parks; a spin is not worth an event.
     const bool traced = index < geometry_.aicpu_threads && recorder_.live_level() >= 3;
     const uint64_t parked = traced ? now_ns() : 0;
-    bell.park(armed, program_->poll_again_by(index));
+    parking.wait(program_->poll_again_by(index));
     if (traced) {
       recorder_.aicpu_lane(index).record(diag::Event{0, parked, now_ns(), "idle", 0, 0, diag::EventKind::kSched});
     }

@@ -30,7 +30,7 @@ class SimDevice final : public Device {
   CoreExecutor* core_executor(uint32_t core) override { return cores_[core].get(); }
   void start(AicpuProgram* program) override;
   void stop() override;
-  void ring_aicpu(uint32_t aicpu) override { bells_[aicpu].bell.ring(); }
+  void ring_aicpu(uint32_t aicpu) override { bells_[aicpu].bell.ring_parked(); }
   Result<std::unique_ptr<DeviceRunner>> create_runner(uint64_t arena_bytes) override;
   Status fault() const override { return fault_.status(); }
   diag::Recorder* recorder() override { return &recorder_; }
