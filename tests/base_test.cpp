@@ -280,6 +280,32 @@ TEST(Doorbell, RingParkedWithNobodyParkedLeavesTheBellUntouched) {
   EXPECT_NE(bell.arm(), armed);
 }
 
+// A waiter in spin_then_park() is counted before its last look, so news
+// published with ring_parked() right after that look (forced here, from
+// inside the look) still ends the wait: the bells of simulated cores are
+// rung that way.
+TEST(SpinThenPark, ARingParkedAfterTheLastLookEndsTheWait) {
+  Watchdog dog;
+  Doorbell bell;
+  bool news = false;
+  bool rang = false;
+  const uint64_t deadline = now_ns() + 2'000'000'000ull;
+  const bool ready = spin_then_park(
+      bell,
+      [&] {
+        if (news) return true;
+        if (!rang && bell.parked() == 1) {
+          news = true;
+          bell.ring_parked();
+          rang = true;
+        }
+        return false;
+      },
+      SpinPolicy{64, 0}, deadline);
+  EXPECT_TRUE(rang) << "the last look was not made counted as parked";
+  EXPECT_TRUE(ready) << "the wait ran to its deadline: the ring after the last look was lost";
+}
+
 TEST(SpinThenPark, ReturnsTrueAtOnceWhenReady) {
   Doorbell bell;
   EXPECT_TRUE(spin_then_park(

@@ -145,10 +145,11 @@ bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uin
     }
   }
   for (;;) {
-    const uint32_t armed = bell.arm();
+    // Counted before the last look, so the bell may be rung with ring_parked().
+    Doorbell::Parking parking(bell);
     if (ready()) return true;
     if (deadline_ns != 0 && now_ns() >= deadline_ns) return false;
-    bell.park(armed, deadline_ns);
+    parking.wait(deadline_ns);
   }
 }
 

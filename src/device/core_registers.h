@@ -73,7 +73,7 @@ struct alignas(64) CoreRegisters {
 
   // AICPU -> core.
   Descriptor descriptor[kDepth];
-  alignas(64) Doorbell bell;  // the core parks here
+  alignas(64) Doorbell bell;  // the core parks here, through a Doorbell::Parking: ring_parked() reaches it
   // core -> AICPU: what the AICPU polls, on one line.
   alignas(64) std::atomic<uint64_t> status{0};
   Ended ended[kDepth];

@@ -103,16 +103,16 @@ void Core::program_loop(SpinPolicy policy, CoreProgram* program) {
       continue;
     }
     if (idle.keep_polling()) continue;
-    // Armed on the way to a park, then stop_ and the poll read again, as on
+    // Counted as parked on the way to a park, then stop_ and the poll read again, as on
     // an AICPU thread: a ring after this point (new work, a gang peer,
     // stop()) makes the park return, and one before it is seen by that poll.
-    const uint32_t armed = regs_.bell.arm();
+    Doorbell::Parking parking(regs_.bell);
     if (stop_.load(std::memory_order_acquire)) return;
     if (program->core_poll(id_, *this)) {
       idle.busy();
       continue;
     }
-    regs_.bell.park(armed);
+    parking.wait();
     idle.woke();
   }
 }

@@ -102,7 +102,7 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
     next_token_[core] = f.token;
     const uint64_t flags = f.revocable ? CoreRegisters::kRevocable : chained ? CoreRegisters::kAfterOk : 0;
     d.token.store(f.token | flags, std::memory_order_release);
-    r.bell.ring();
+    r.bell.ring_parked();
   }
   if (tr.level >= 2) {
     // Only the cluster's owning AICPU thread dispatches to its cores.
