@@ -19,6 +19,7 @@
 #include "device/core_registers.h"
 #include "device/sim/core.h"
 #include "device/sim/sim_device.h"
+#include "forced_load.h"
 #include "kernels.h"
 #include "runtime/common/core_dispatcher.h"
 #include "test_util.h"
@@ -63,6 +64,7 @@ class IdleProgram final : public AicpuProgram {
 // does it, on these few tasks.
 class ChainedDispatch : public ::testing::Test {
  protected:
+  ForcedLoadState quiet_{0};  // how the cores are fed, not inline runs
   void SetUp() override {
     g_open = false;
     g_fail = -1;
@@ -253,6 +255,7 @@ ChainRun run_chain(Harness& hw, int64_t what) {
 // link ran (the value stops at kFailAt). Guards off: a task with guards
 // gets no link, and guards are on by default in sanitizer builds.
 TEST(ChainedRun, AChainRunsThroughLinksAndStopsAtAFailedOne) {
+  ForcedLoadState quiet(0);  // how the cores are fed, not inline runs
   for (const char* runtime : {"host_build_graph", "tensormap_and_ringbuffer"}) {
     SCOPED_TRACE(runtime);
     WorkerConfig c = small_config();
@@ -276,6 +279,7 @@ TEST(ChainedRun, AChainRunsThroughLinksAndStopsAtAFailedOne) {
 // check its AICPU thread runs after it: so no link follows a guarded task,
 // and nothing after the link that wrote past its tensor runs.
 TEST(ChainedRun, NoLinkFollowsATaskWhoseGuardCheckMayFailIt) {
+  ForcedLoadState quiet(0);  // how the cores are fed, not inline runs
   for (const char* runtime : {"host_build_graph", "tensormap_and_ringbuffer"}) {
     SCOPED_TRACE(runtime);
     WorkerConfig c = small_config();

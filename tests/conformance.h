@@ -7,8 +7,6 @@
 
 #include <gtest/gtest.h>
 
-#include <stdlib.h>
-
 #include <ostream>
 #include <string>
 #include <vector>
@@ -29,9 +27,10 @@ struct ChipTarget {
   // tasks submitted before a refusal or an orchestration error run.
   bool streaming = false;
   // The case runs with the process forced to read as oversubscribed
-  // (hooks::force_load_state(1)) and SIMPLER_INLINE_DISPATCH=1: every wait
-  // parks after one batch, and the AICPU-dispatch runtimes run short kernels
-  // inline on their AICPU threads.
+  // (hooks::force_load_state(1)): every wait parks after one batch, and the
+  // AICPU-dispatch runtimes run short kernels inline on their AICPU threads.
+  // Otherwise it is forced to read as quiet, so that the hand-off path is
+  // the one tested whatever else the machine runs meanwhile.
   bool loaded = false;
 };
 
@@ -84,16 +83,8 @@ inline WorkerConfig target_config(const ChipTarget& target, uint32_t depth = 2, 
 // The fixture of a case that runs on every target it is instantiated for.
 class TargetTest : public ::testing::TestWithParam<ChipTarget> {
  protected:
-  void SetUp() override {
-    if (GetParam().loaded) {
-      hooks::force_load_state(1);
-      setenv("SIMPLER_INLINE_DISPATCH", "1", 1);
-    }
-  }
-  void TearDown() override {
-    hooks::force_load_state(-1);
-    unsetenv("SIMPLER_INLINE_DISPATCH");
-  }
+  void SetUp() override { hooks::force_load_state(GetParam().loaded ? 1 : 0); }
+  void TearDown() override { hooks::force_load_state(-1); }
   WorkerConfig config(uint32_t depth = 2, uint32_t max_tasks = 1024) const {
     return target_config(GetParam(), depth, max_tasks);
   }

@@ -17,6 +17,7 @@
 #include "base/errors.h"
 #include "device/core_registers.h"
 #include "device/sim/sim_device.h"
+#include "forced_load.h"
 #include "gate.h"
 #include "kernels.h"
 #include "runtime/common/core_dispatcher.h"
@@ -171,6 +172,7 @@ constexpr const char* kRuntimes[] = {"host_build_graph", "tensormap_and_ringbuff
 // them one by one, so whether any reach the held core is a matter of timing
 // there, and only the first half is checked.
 TEST(QueuedDispatch, TasksQueuedBehindAShortKernelThatBlocksAreTakenBackAndRunElsewhere) {
+  ForcedLoadState quiet(0);  // how the cores are fed, not inline runs
   for (const char* runtime : kRuntimes) {
     SCOPED_TRACE(runtime);
     const bool fills_at_launch = std::string(runtime) == "host_build_graph";
@@ -219,6 +221,7 @@ class IdleProgram final : public AicpuProgram {
 };
 
 TEST(QueuedDispatch, ADispatcherHoldingATaskBehindAKernelAsksToBePolledAgainByTheBound) {
+  ForcedLoadState quiet(0);  // how the cores are fed, not inline runs
   Watchdog dog;
   auto dev = SimDevice::create(Geometry::small(), 1 << 20);
   ASSERT_TRUE(dev.ok()) << dev.status().to_string();
@@ -273,6 +276,7 @@ TEST(QueuedDispatch, ADispatcherHoldingATaskBehindAKernelAsksToBePolledAgainByTh
 // A kernel never seen before may run long (or wait on its gang, or on the
 // test): nothing is queued behind it, so every other task runs meanwhile.
 TEST(QueuedDispatch, NothingWaitsBehindAKernelNeverSeenShort) {
+  ForcedLoadState quiet(0);  // how the cores are fed, not inline runs
   for (const char* runtime : kRuntimes) {
     SCOPED_TRACE(runtime);
     Queue q(runtime);
@@ -290,6 +294,7 @@ TEST(QueuedDispatch, NothingWaitsBehindAKernelNeverSeenShort) {
 // gate, as a kernel on a host flag would) takes no task behind it: a later
 // run's tasks all start on the other cores while it is held.
 TEST(QueuedDispatch, AShortKernelHeldPastTheBoundTakesNothingBehindIt) {
+  ForcedLoadState quiet(0);  // how the cores are fed, not inline runs
   for (const char* runtime : kRuntimes) {
     SCOPED_TRACE(runtime);
     Queue q(runtime);
@@ -312,6 +317,7 @@ TEST(QueuedDispatch, AShortKernelHeldPastTheBoundTakesNothingBehindIt) {
 // Each queued task's failure is read from its own slot: exactly the failing
 // (odd) tasks' checks are poisoned, whichever tasks were queued where.
 TEST(QueuedDispatch, EachQueuedTaskFailsOrSucceedsAsItsOwnKernelDid) {
+  ForcedLoadState quiet(0);  // how the cores are fed, not inline runs
   for (const char* runtime : kRuntimes) {
     SCOPED_TRACE(runtime);
     Queue q(runtime);

@@ -1,10 +1,10 @@
-// Issue 16, inline dispatch: with SIMPLER_INLINE_DISPATCH=1 and the process
-// read as oversubscribed (forced through the test hooks, never measured
-// here), an AICPU thread of the AICPU-dispatch runtimes runs a kernel it has
-// seen run short itself, for the core it placed it on, instead of waking that
-// core; a mix task, an SPMD block, a kernel seen running long, a quiet
-// process, the last AICPU thread not running one and the default keep the
-// hand-off. Which thread ran each kernel is read from its name.
+// Issue 16, inline dispatch: with the process read as oversubscribed
+// (forced through the test hooks, never measured here), an AICPU thread of
+// the AICPU-dispatch runtimes runs a kernel it has seen run short itself,
+// for the core it placed it on, instead of waking that core; a mix task, an
+// SPMD block, a kernel seen running long, a quiet process, the last AICPU
+// thread not running one and SIMPLER_INLINE_DISPATCH=0 keep the hand-off.
+// Which thread ran each kernel is read from its name.
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -102,12 +102,12 @@ ChipCallable chain(int steps) {
                       kernels(), {Param::inout(), Param::scalar()});
 }
 
-// The load state forced and inline dispatch on (or left at its default) for
-// the Workers made while it lives.
+// The load state forced, and inline dispatch left at its default (on) or
+// turned off, for the Workers made while it lives.
 struct Forced {
   explicit Forced(int state, bool inline_on = true) {
     hooks::force_load_state(state);
-    if (inline_on) setenv("SIMPLER_INLINE_DISPATCH", "1", 1);
+    if (!inline_on) setenv("SIMPLER_INLINE_DISPATCH", "0", 1);
     g_on_aicpu = 0;
     g_on_core = 0;
   }
@@ -160,7 +160,7 @@ TEST(InlineDispatch, AQuietProcessHandsEveryKernelToItsCore) {
   EXPECT_EQ(g_on_core.load(), 200);
 }
 
-TEST(InlineDispatch, OffByDefault) {
+TEST(InlineDispatch, OffWithTheSwitchAtZero) {
   Forced forced(1, /*inline_on=*/false);
   Harness hw(chain(10));
   EXPECT_TRUE(run_chains(hw, 10, 20).ok());

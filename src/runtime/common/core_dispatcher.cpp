@@ -32,7 +32,7 @@ CoreDispatcher::CoreDispatcher(Device& device)
       aicpu_(new AicpuState[device.geometry().aicpu_threads]),
       inline_allowed_([] {
         const char* env = std::getenv("SIMPLER_INLINE_DISPATCH");
-        return env != nullptr && std::strcmp(env, "1") == 0;
+        return env == nullptr || std::strcmp(env, "0") != 0;
       }()) {
   for (uint32_t c = 0; c < device.core_count(); ++c) regs_.push_back(&device.core_registers(c));
   for (uint32_t c = 0; c < device.geometry().clusters; ++c) aicpu_[device.owner_of_cluster(c)].clusters.push_back(c);

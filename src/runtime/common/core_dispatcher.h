@@ -7,9 +7,10 @@
 // what a finished subtask does and which successor may follow a task.
 // poll() for an AICPU thread runs only on it; push and publish on any thread;
 // the queues' storage is swapped only at a regrant, while every queue is empty.
-// With SIMPLER_INLINE_DISPATCH=1, while the process is oversubscribed, an
-// AICPU thread runs a short kernel itself, for the core it placed it on,
-// instead of handing it over (see inline_executor()).
+// While the process is oversubscribed (other processes' threads hold the
+// CPUs), an AICPU thread runs a short kernel itself, for the core it placed
+// it on, instead of handing it over (see inline_executor();
+// SIMPLER_INLINE_DISPATCH=0 turns it off).
 #pragma once
 
 #include <atomic>
@@ -221,8 +222,7 @@ class CoreDispatcher {
   // pushes them to its ready queue for any core; the number taken back.
   uint32_t take_back(uint32_t aicpu, uint32_t core);
   // Where AICPU thread `aicpu` runs kernel `fn` of `task` inline for `core`,
-  // or null to hand it to the core. Only when SIMPLER_INLINE_DISPATCH=1 was
-  // set when the dispatcher was made, and while the process is oversubscribed
+  // or null to hand it to the core. Only while the process is oversubscribed
   // (load_sense()), where each hand-off waits for a wake-up behind other
   // processes' time slices (0.3-1.4 ms measured, against a kernel's
   // microseconds); only for a kernel that waits for no other (no mix task, no
@@ -230,8 +230,11 @@ class CoreDispatcher {
   // core of this thread behind it (none is running on a core thread); and
   // never on the last AICPU thread not already running one, so that a kernel
   // that blocks after all (on a gate, on another task) leaves one thread
-  // placing work. Off by default: such a kernel still takes its thread's
-  // clusters out of use while it blocks, which a kernel on a core does not.
+  // placing work. Such a kernel still takes its thread's clusters out of
+  // use while it blocks, which a kernel on a core does not; no kernel may
+  // count on running beside another it has no dependency on (the reference
+  // runtime runs one at a time), so that costs time, never progress. Off
+  // when SIMPLER_INLINE_DISPATCH=0 was set when the dispatcher was made.
   // A non-null answer counts the caller in `inlining_` until its kernel returns.
   CoreExecutor* inline_executor(uint32_t aicpu, uint32_t core, const GraphTask& task, simpler_kernel_fn fn);
   // Starts the next block of an AIC or AIV task on `core`; a task with

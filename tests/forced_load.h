@@ -1,0 +1,21 @@
+// ForcedLoadState: the process's load state forced through the test hooks
+// for a scope. A test of how the cores are fed (queued behind, chained) reads
+// the process as quiet with it: another process holding the CPUs meanwhile
+// (a parallel test) would otherwise have its short kernels run inline.
+// Test thread only; one at a time.
+#pragma once
+
+#include "base/load_sense.h"
+
+namespace simpler::testing {
+
+class ForcedLoadState {
+ public:
+  // 0 reads as quiet, 1 as oversubscribed (hooks::force_load_state).
+  explicit ForcedLoadState(int state) { hooks::force_load_state(state); }
+  ~ForcedLoadState() { hooks::force_load_state(-1); }
+  ForcedLoadState(const ForcedLoadState&) = delete;
+  ForcedLoadState& operator=(const ForcedLoadState&) = delete;
+};
+
+}  // namespace simpler::testing
