@@ -120,11 +120,11 @@ inline bool IdleSpin::keep_polling() {
 
 // Waits until ready() is true: spins for policy.spin_ns (yielding so that a
 // 2-core machine with many simulated cores makes progress), then parks on
-// `bell`, whose producers ring it after making ready() true. On an
-// oversubscribed machine (load_sense()) a yield hands the CPU to a neighbour
-// for a whole time slice, so the wait then spins one batch and parks, and a
-// batch that lost its CPU parks at once. Returns false when `deadline_ns`
-// (0 = none) passed first.
+// `bell`, whose producers ring it (ring() or ring_parked()) after making
+// ready() true. On an oversubscribed machine (load_sense()) a yield hands the
+// CPU to a neighbour for a whole time slice, so the wait then spins one batch
+// and parks, and a batch that lost its CPU parks at once. Returns false when
+// `deadline_ns` (0 = none) passed first.
 template <typename Ready>
 bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns = 0) {
   if (ready()) return true;
