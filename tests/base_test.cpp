@@ -178,29 +178,41 @@ TEST(Doorbell, ParkWithADeadlineReturns) {
   bell.park(armed, 1);
 }
 
-TEST(Doorbell, RingWakesAParkedThread) {
-  Watchdog dog;
-  Doorbell bell;
+// Starts a waiter that runs `round(flag, deadline)` (one look at the flag
+// and one park; true once it saw the flag) until it sees the flag, waits
+// until it sleeps in the kernel (futex), sets the flag and calls `ring`; the
+// waiter must wake before its deadline.
+template <typename Round, typename Ring>
+void expect_ring_wakes_a_sleeping_waiter(Round round, Ring ring, const char* what) {
   std::atomic<bool> flag{false};
   std::atomic<pid_t> tid{0};
   std::atomic<bool> woke_before_deadline{false};
   const uint64_t deadline = now_ns() + std::chrono::nanoseconds(kWait).count();
   std::thread waiter([&] {
     tid.store(gettid());
-    for (;;) {
-      const uint32_t armed = bell.arm();
-      if (flag.load()) break;
-      bell.park(armed, deadline);
+    while (!round(flag, deadline)) {
       if (now_ns() >= deadline) return;
     }
     woke_before_deadline.store(now_ns() < deadline);
   });
-  // Wait until the waiter sleeps in the kernel (futex), then ring.
   ASSERT_TRUE(testing::eventually([&] { return tid.load() != 0 && testing::thread_state(tid.load()) == 'S'; }));
   flag.store(true);
-  bell.ring();
+  ring();
   waiter.join();
-  EXPECT_TRUE(woke_before_deadline.load()) << "the parked thread was not woken by ring()";
+  EXPECT_TRUE(woke_before_deadline.load()) << "the parked thread was not woken by " << what;
+}
+
+TEST(Doorbell, RingWakesAParkedThread) {
+  Watchdog dog;
+  Doorbell bell;
+  expect_ring_wakes_a_sleeping_waiter(
+      [&](const std::atomic<bool>& flag, uint64_t deadline) {
+        const uint32_t armed = bell.arm();
+        if (flag.load()) return true;
+        bell.park(armed, deadline);
+        return false;
+      },
+      [&] { bell.ring(); }, "ring()");
 }
 
 TEST(Doorbell, RingWakesEveryParkedThread) {
@@ -232,26 +244,18 @@ TEST(Doorbell, RingWakesEveryParkedThread) {
 TEST(Doorbell, RingParkedWakesAThreadWaitingThroughParking) {
   Watchdog dog;
   Doorbell bell;
-  std::atomic<bool> flag{false};
-  std::atomic<pid_t> tid{0};
-  std::atomic<bool> woke_before_deadline{false};
-  const uint64_t deadline = now_ns() + std::chrono::nanoseconds(kWait).count();
-  std::thread waiter([&] {
-    tid.store(gettid());
-    for (;;) {
-      Doorbell::Parking parking(bell);
-      if (flag.load()) break;
-      parking.wait(deadline);
-      if (now_ns() >= deadline) return;
-    }
-    woke_before_deadline.store(now_ns() < deadline);
-  });
-  ASSERT_TRUE(testing::eventually([&] { return tid.load() != 0 && testing::thread_state(tid.load()) == 'S'; }));
-  EXPECT_EQ(bell.parked(), 1u);
-  flag.store(true);
-  bell.ring_parked();
-  waiter.join();
-  EXPECT_TRUE(woke_before_deadline.load()) << "the parked thread was not woken by ring_parked()";
+  expect_ring_wakes_a_sleeping_waiter(
+      [&](const std::atomic<bool>& flag, uint64_t deadline) {
+        Doorbell::Parking parking(bell);
+        if (flag.load()) return true;
+        parking.wait(deadline);
+        return false;
+      },
+      [&] {
+        EXPECT_EQ(bell.parked(), 1u) << "the sleeping waiter is not counted";
+        bell.ring_parked();
+      },
+      "ring_parked()");
   EXPECT_EQ(bell.parked(), 0u) << "a Parking left its waiter counted";
 }
 
