@@ -955,10 +955,12 @@ TEST(CaptureAbort, R131TheWorkedWalk) {
   EXPECT_TRUE(rig.collector->lane(0).reservation_open()) << "E, observed first, holds the lane";
   EXPECT_EQ(rig.collector->lane(0).counts().total, c1.total + 1) << "only E's argument was counted";
   // Step 5: E finishes; A's argument 1 is reserved and copied one chunk.
-  uint64_t steps = 0;
+  // Bounded by time, not by a count of steps: on a loaded machine E may
+  // not run between thousands of them, and its seal comes only from here.
+  const uint64_t step_deadline = now_ns() + static_cast<uint64_t>(std::chrono::nanoseconds(kWait).count());
   while (!(ack_of(2, &ArgsCaptureAck::status) == status(AckStatus::kInProgress) &&
            ack_of(2, &ArgsCaptureAck::arg_index) == 1) &&
-         steps++ < 100000) {
+         now_ns() < step_deadline) {
     rig.run->service(0);
     yield_cpu();
   }
