@@ -102,12 +102,17 @@ ChipCallable chain(int steps) {
                       kernels(), {Param::inout(), Param::scalar()});
 }
 
-// The load state forced, and inline dispatch left at its default (on) or
-// turned off, for the Workers made while it lives.
+// The load state forced, and inline dispatch at its default (on, whatever
+// the test's environment said) or turned off, for the Workers made while it
+// lives.
 struct Forced {
   explicit Forced(int state, bool inline_on = true) {
     hooks::force_load_state(state);
-    if (!inline_on) setenv("SIMPLER_INLINE_DISPATCH", "0", 1);
+    if (inline_on) {
+      unsetenv("SIMPLER_INLINE_DISPATCH");
+    } else {
+      setenv("SIMPLER_INLINE_DISPATCH", "0", 1);
+    }
     g_on_aicpu = 0;
     g_on_core = 0;
   }
