@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -245,20 +244,22 @@ TEST_F(CoreHandoff, RunsTheKernelAndAnswersFinWithTheToken) {
   EXPECT_EQ(core_.cluster(), 1u);
   int64_t value = 10;
   int64_t args[2] = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(&value)), 7};
-  // The core rings its owner with ring_parked(): only a waiter counted by a
-  // Parking, as an AICPU thread on its way to a park, makes it ring.
-  std::optional<Doorbell::Parking> parking(std::in_place, owner_);
-  const uint32_t armed = owner_.arm();
-  g_kernel_calls = 0;
-  const uint32_t t = dispatch(counting_kernel, args);
-  EXPECT_EQ(wait_end(t).failed, 0u);
-  EXPECT_EQ(status(), CoreRegisters::kFin | t);
-  EXPECT_EQ(value, 17);
-  EXPECT_EQ(g_kernel_calls.load(), 1);
-  EXPECT_EQ(core_.executed(), 1u);
-  // The core rings after its FIN store, so the ring may still be on its way.
-  EXPECT_TRUE(eventually([&] { return owner_.arm() != armed; })) << "the core did not ring its owner's doorbell on FIN";
-  parking.reset();
+  {
+    // The core rings its owner with ring_parked(): only a waiter counted by
+    // a Parking, as an AICPU thread on its way to a park, makes it ring.
+    Doorbell::Parking parking(owner_);
+    const uint32_t armed = owner_.arm();
+    g_kernel_calls = 0;
+    const uint32_t t = dispatch(counting_kernel, args);
+    EXPECT_EQ(wait_end(t).failed, 0u);
+    EXPECT_EQ(status(), CoreRegisters::kFin | t);
+    EXPECT_EQ(value, 17);
+    EXPECT_EQ(g_kernel_calls.load(), 1);
+    EXPECT_EQ(core_.executed(), 1u);
+    // The core rings after its FIN store, so the ring may still be on its way.
+    EXPECT_TRUE(eventually([&] { return owner_.arm() != armed; }))
+        << "the core did not ring its owner's doorbell on FIN";
+  }
   // The next task runs too (a new token), and exactly once each.
   const uint32_t t2 = dispatch(counting_kernel, args);
   wait_end(t2);
