@@ -1053,6 +1053,65 @@ TEST(MailboxControl, ACommandAfterOneThatTimedOutWaitsForItsReplyOrSendsNothing)
   loop.join();
 }
 
+// A handler with work of its own is polled by the serve loop while it spins
+// (a node child's Scheduler, which then parks instead of spinning beside it),
+// is told before the loop parks, and is not polled while it is parked; a
+// request wakes the loop, which polls again.
+TEST(MailboxChildPolling, TheLoopPollsWhileItSpinsAndHandsBackBeforeItParks) {
+  struct PollingHandler final : RunHandler {
+    void start(RunRequest request, RunTicket ticket) override {
+      stopped.store(false);
+      ticket.accepted();
+      ticket.complete(Status());
+    }
+    bool poll() override {
+      if (stopped.load()) polled_while_stopped.fetch_add(1);
+      polls.fetch_add(1);
+      return false;
+    }
+    void stop_polling() override {
+      stops.fetch_add(1);
+      stopped.store(true);
+    }
+    std::atomic<uint64_t> polls{0};
+    std::atomic<uint64_t> stops{0};
+    std::atomic<uint64_t> polled_while_stopped{0};
+    std::atomic<bool> stopped{false};
+  } h;
+  auto m = SharedMapping::create_anonymous(*mailbox_size(2));
+  ASSERT_TRUE(m.ok());
+  auto ep = MailboxEndpoint::create(m->data(), m->size(), 2);
+  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+  ChildOptions options;
+  options.spin = SpinPolicy{1, 200'000};
+  MailboxChild child((*ep)->view(), h, options);
+  std::thread loop([&] { (void)child.serve(); });
+  ASSERT_TRUE((*ep)->wait_ready(now_ns() + kTestWaitNs).ok());
+  Doorbell& bell = (*ep)->view().control().child_bell;
+  ASSERT_TRUE(eventually([&] { return bell.parked() == 1; })) << "the idle loop never parked";
+  EXPECT_GT(h.polls.load(), 0u) << "the loop spun without polling its handler";
+  EXPECT_EQ(h.stops.load(), 1u) << "the loop parked without handing the handler's work back";
+  EXPECT_EQ(h.polled_while_stopped.load(), 0u) << "the loop polled after it handed the work back";
+
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(encode_args_blob(TaskArgs{}, blob).ok());
+  PublishSpec s;
+  s.run_id = 1;
+  s.dispatch_id = 1;
+  s.args_blob = blob;
+  ASSERT_TRUE((*ep)->publish(s).ok());
+  std::vector<EndpointEvent> events;
+  ASSERT_TRUE(poll_until(
+      **ep, events, [&] { return find_event(events, 1, EndpointEvent::Kind::kTerminal) != nullptr; },
+      "terminal of run 1"));
+  const uint64_t polls = h.polls.load();
+  ASSERT_TRUE(eventually([&] { return h.polls.load() > polls; })) << "the woken loop did not poll again";
+  EXPECT_EQ(h.polled_while_stopped.load(), 0u);
+  (*ep)->request_shutdown();
+  loop.join();
+  EXPECT_EQ(h.stops.load(), 2u) << "the loop ended without handing the work back";
+}
+
 // A sub worker runs a function already seen to be short on the serve-loop
 // thread, and any other on its own thread, beside which the loop keeps
 // handing frames back (R4); a run queued behind it is never taken inline

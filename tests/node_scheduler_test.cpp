@@ -4,6 +4,7 @@
 // and observer lifetime (R75).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <stdexcept>
@@ -46,7 +47,8 @@ class FaultPort final : public EndpointPort {
 // One endpoint (G sets), its port and a scheduler over it, with the child of
 // the given kind serving it (kNone: nobody ever hands a frame back).
 struct SchedFixture {
-  explicit SchedFixture(ChildKind kind, uint64_t grant = 8, FaultPort* wrap = nullptr) {
+  explicit SchedFixture(ChildKind kind, uint64_t grant = 8, FaultPort* wrap = nullptr,
+                        uint64_t driver_grace_ns = Scheduler::kDriverGraceNs) {
     auto g = SharedMapping::create_anonymous(sizeof(TestGates));
     EXPECT_TRUE(g.ok());
     gates_mapping = std::move(g).value();
@@ -79,7 +81,8 @@ struct SchedFixture {
     Scheduler::Hooks hooks;
     hooks.free_heap = [](uint64_t) {};
     sched = std::make_unique<Scheduler>(std::vector<EndpointPort*>{p}, std::vector<EndpointPort*>{},
-                                        &ep->view().control().parent_bell, hooks);
+                                        &ep->view().control().parent_bell, hooks, Scheduler::kDefaultRunSets,
+                                        driver_grace_ns);
   }
   ~SchedFixture() {
     for (int i = 0; i < 64; ++i) gates->open_gate(i);
@@ -254,6 +257,88 @@ TEST_P(SchedulerCases, R17RunsAndFailuresThroughEitherChild) {
   Status st = wait_run(bad);
   EXPECT_EQ(st.code(), StatusCode::kKernelFailed);
   EXPECT_TRUE(contains(st.message(), "kernel says no")) << st.to_string();
+}
+
+// A driver that never goes quiet: the own thread takes over only when released.
+constexpr uint64_t kNeverQuietNs = 3'600'000'000'000ull;
+
+// Drives `fx`'s scheduler until every run in `runs` ended, or the deadline.
+bool drive_until_done(SchedFixture& fx, const std::vector<RunHandle>& runs) {
+  const uint64_t deadline = now_ns() + kTestWaitNs;
+  const auto all_done = [&] {
+    return std::all_of(runs.begin(), runs.end(), [](const RunHandle& r) { return r.done(); });
+  };
+  while (!all_done()) {
+    if (now_ns() >= deadline) return false;
+    if (!fx.sched->drive()) yield_cpu();
+  }
+  return true;
+}
+
+// A thread that polls anyway stands in for the scheduler thread (a node
+// child's serve loop): its rounds alone carry the runs to their terminals,
+// and the Scheduler's own thread stands by instead of spinning beside it.
+TEST(SchedulerDriver, ADriverCarriesTheRunsWhileTheOwnThreadStandsBy) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
+  fx.start();
+  (void)fx.sched->drive();
+  ASSERT_TRUE(eventually([&] { return fx.sched->standing_by(); })) << "the own thread never stood by";
+  const uint64_t own = fx.sched->own_rounds();
+  std::vector<RunHandle> runs;
+  for (int i = 0; i < 16; ++i) runs.push_back(fx.submit(i % 4 == 3 ? "fail=6;text=no" : "text=fine"));
+  ASSERT_TRUE(drive_until_done(fx, runs)) << "the driver's rounds did not finish the runs";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(runs[i].result().code(), i % 4 == 3 ? StatusCode::kKernelFailed : StatusCode::kOk)
+        << runs[i].result().to_string();
+  }
+  EXPECT_EQ(fx.sched->own_rounds(), own) << "the own thread kept stepping beside its driver";
+}
+
+// A driver that stops calling (inside a long orchestration, say) holds
+// nothing up for longer than the grace: the own thread takes over.
+TEST(SchedulerDriver, AQuietDriverIsReplacedAfterTheGrace) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4, nullptr, /*driver_grace_ns=*/2'000'000);
+  fx.start();
+  (void)fx.sched->drive();
+  const uint64_t own = fx.sched->own_rounds();
+  RunHandle r = fx.submit("text=fine");
+  EXPECT_TRUE(wait_run(r).ok()) << r.result().to_string();
+  EXPECT_GT(fx.sched->own_rounds(), own);
+}
+
+// release_driver() hands the rounds back at once, without waiting out the grace.
+TEST(SchedulerDriver, ReleaseHandsTheRoundsBackAtOnce) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
+  fx.start();
+  (void)fx.sched->drive();
+  ASSERT_TRUE(eventually([&] { return fx.sched->standing_by(); })) << "the own thread never stood by";
+  fx.sched->release_driver();
+  RunHandle r = fx.submit("text=fine");
+  EXPECT_TRUE(wait_run(r).ok()) << r.result().to_string();
+}
+
+// The role changes hands many times while runs are in flight (the driver
+// comes, stands in, releases; the own thread takes over between): every run
+// still ends once, with its own result.
+TEST(SchedulerDriver, RunsSurviveTheRoleChangingHands) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4, nullptr, /*driver_grace_ns=*/50'000);
+  fx.start();
+  std::vector<RunHandle> runs;
+  for (int i = 0; i < 200; ++i) {
+    runs.push_back(fx.submit(i % 7 == 0 ? "fail=6;text=seven" : "text=fine"));
+    for (int k = 0; k < i % 5; ++k) (void)fx.sched->drive();
+    if (i % 3 == 0) fx.sched->release_driver();
+  }
+  fx.sched->release_driver();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Status st = wait_run(runs[i]);
+    EXPECT_EQ(st.code(), i % 7 == 0 ? StatusCode::kKernelFailed : StatusCode::kOk)
+        << "run " << i << ": " << st.to_string();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(MockAndForked, SchedulerCases, ::testing::Values(ChildKind::kMock, ChildKind::kForked),

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <utility>
 
 #include "base/clock.h"
 #include "base/load_sense.h"
@@ -124,9 +125,12 @@ inline bool IdleSpin::keep_polling() {
 // ready() true. On an oversubscribed machine (load_sense()) a yield hands the
 // CPU to a neighbour for a whole time slice, so the wait then spins one batch
 // and parks, and a batch that lost its CPU parks at once. Returns false when
-// `deadline_ns` (0 = none) passed first.
-template <typename Ready>
-bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns = 0) {
+// `deadline_ns` (0 = none) passed first. `before_park` runs once, when the
+// spin ended without ready() and the wait is about to park: what the thread
+// did while it spun (ready() may poll work of its own) goes back to another.
+template <typename Ready, typename BeforePark>
+bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns,
+                    BeforePark&& before_park) {
   if (ready()) return true;
   LoadSense& load = load_sense();
   uint64_t batch_start = now_ns();
@@ -144,6 +148,7 @@ bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uin
       cpu_relax();
     }
   }
+  before_park();
   for (;;) {
     // Counted before the last look, so the bell may be rung with ring_parked().
     Doorbell::Parking parking(bell);
@@ -151,6 +156,11 @@ bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uin
     if (deadline_ns != 0 && now_ns() >= deadline_ns) return false;
     parking.wait(deadline_ns);
   }
+}
+
+template <typename Ready>
+bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns = 0) {
+  return spin_then_park(bell, std::forward<Ready>(ready), policy, deadline_ns, [] {});
 }
 
 }  // namespace simpler

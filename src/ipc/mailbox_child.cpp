@@ -96,19 +96,31 @@ int MailboxChild::serve() {
   ring_parent();
 
   std::string stop_reason;
+  // The handler's own work is polled while the loop spins, and handed back
+  // to it before the loop parks or ends.
+  bool polling = false;
+  const auto ready = [&] { return work_pending() || (polling && handler_.poll()); };
+  const auto stop_polling = [&] {
+    if (polling) handler_.stop_polling();
+    polling = false;
+  };
   for (;;) {
-    spin_then_park(
-        c.child_bell, [&] { return work_pending(); }, options_.spin);
+    polling = true;
+    spin_then_park(c.child_bell, ready, options_.spin, 0, stop_polling);
     if (load_acquire(c.shutdown) != 0) break;  // model: see_shutdown
     if (const uint64_t seq = load_acquire(c.cmd_seq); seq != handled_cmd_) handled_cmd_ = serve_command(seq);
     // At most one take per frame between two looks at shutdown and commands.
     for (size_t n = 0; n < kMailboxRequestFrames; ++n) {
       const std::optional<ReadyFrame> r = oldest_ready_frame();
       if (!r) break;
-      if (!take(r->frame, r->staged, stop_reason)) return stop(stop_reason);
+      if (!take(r->frame, r->staged, stop_reason)) {
+        stop_polling();
+        return stop(stop_reason);
+      }
     }
     serve_activations();
   }
+  stop_polling();
   // After shutdown nothing activates a staged run: each ends unlaunched.
   while (!awaiting_.empty()) {
     end_staged(awaiting_.size() - 1, false,

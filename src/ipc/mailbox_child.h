@@ -130,6 +130,14 @@ class RunHandler {
   // Before the exit sweep (not after a stop): finish or abandon every started
   // run by the deadline.
   virtual void drain(uint64_t deadline_ns) {}
+  // Serve-loop thread, on every look for work while the loop spins: one round
+  // of work the handler would otherwise leave to a thread of its own, which
+  // parks while the loop keeps calling (a node child's Scheduler: a request
+  // then reaches its node run without a hand-off). True when it moved.
+  virtual bool poll() { return false; }
+  // Serve-loop thread, when the loop stops calling poll() (it parks, or ends):
+  // the handler's own thread takes that work back.
+  virtual void stop_polling() {}
 };
 
 struct ChildOptions {

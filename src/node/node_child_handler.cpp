@@ -123,6 +123,9 @@ Result<ControlReply> NodeChildHandler::control(const ControlCommand& cmd, uint8_
 
 void NodeChildHandler::drain(uint64_t deadline_ns) {
   if (node_ == nullptr) return;
+  // A queued submission may wait for admission, which only the scheduler's
+  // rounds give: its own thread takes them over for the drain.
+  node_->release_scheduler();
   const bool idle = queue_.drain(deadline_ns);
   // Closing the node unblocks a submission waiting for admission and ends
   // every run it still holds, each through its ticket.

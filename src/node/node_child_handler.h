@@ -6,7 +6,8 @@
 // SerialRunQueue, the queue's thread submits what may wait for the node's
 // admission, the loop itself a request the node admits at once and whose
 // callable built quickly last time. Each run's terminal reaches its ticket
-// (and the queue) from the node's scheduler thread. Owns the NodeWorker.
+// (and the queue) from the node's scheduler thread, a role the serve loop
+// takes while it spins (poll). Owns the NodeWorker.
 #pragma once
 
 #include <atomic>
@@ -38,6 +39,12 @@ class NodeChildHandler final : public RunHandler {
   // kCtrlMemoryInfo only: the sum over the node's chips.
   Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity) override;
   void drain(uint64_t deadline_ns) override;
+  // The serve loop stands in for the node's scheduler thread while it spins,
+  // so a run the loop submits inline is published without a hand-off.
+  bool poll() override { return node_ != nullptr && node_->drive_scheduler(); }
+  void stop_polling() override {
+    if (node_ != nullptr) node_->release_scheduler();
+  }
 
  private:
   // Submits one request as a node run; its ticket completes (and the queue

@@ -133,6 +133,10 @@ class NodeWorker {
   // Drains every admitted run (past `drain` each held run is failed), stops
   // the scheduler and closes every child. After it, no run is live.
   Status close(std::chrono::milliseconds drain);
+  // A thread that polls anyway stands in for the node's scheduler thread
+  // (Scheduler::drive / release_driver): one driving thread, before close().
+  bool drive_scheduler() { return scheduler_->drive(); }
+  void release_scheduler() { scheduler_->release_driver(); }
 
   // Introspection for tests and the observer.
   uint32_t admitted_runs() const;

@@ -18,12 +18,13 @@ RunResourceArena make_arena(uint32_t sets) {
 }  // namespace
 
 Scheduler::Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*> subs, Doorbell* bell, Hooks hooks,
-                     uint32_t run_sets)
+                     uint32_t run_sets, uint64_t driver_grace_ns)
     : chip_lanes_(chips.size()),
       sub_lanes_(subs.size()),
       bell_(bell),
       hooks_(std::move(hooks)),
-      run_resources_(make_arena(run_sets)) {
+      run_resources_(make_arena(run_sets)),
+      driver_grace_ns_(driver_grace_ns) {
   for (size_t i = 0; i < chips.size(); ++i) chip_lanes_[i].start(chips[i]);
   for (size_t i = 0; i < subs.size(); ++i) sub_lanes_[i].start(subs[i]);
   uint64_t entries = 0;
@@ -54,8 +55,50 @@ void Scheduler::start() {
 void Scheduler::stop(uint64_t deadline_ns) {
   stop_deadline_ns_.store(deadline_ns);
   stop_requested_.store(true);
+  release_driver();
   bell_->ring();
   if (thread_.joinable()) thread_.join();
+}
+
+bool Scheduler::drive() {
+  const uint64_t t = now_ns();
+  driver_ns_.store(t, std::memory_order_relaxed);
+  const bool arriving = !driver_attached_.load(std::memory_order_relaxed);
+  if (arriving) driver_attached_.store(true, std::memory_order_release);
+  // Without a ring, a tick, or a round of the own thread since its last one
+  // (which may have left work for the next round), nothing can have moved.
+  const uint32_t seq = bell_->arm();
+  if (!arriving && !driver_again_ && seq == driver_seq_ &&
+      own_rounds_.load(std::memory_order_relaxed) == driver_saw_own_ && t - driver_step_ns_ < kTickNs) {
+    return false;
+  }
+  // Held by the own thread only while it finishes a round it began before
+  // the driver came: try again on the next call.
+  std::unique_lock<std::mutex> role(role_mu_, std::try_to_lock);
+  if (!role.owns_lock()) {
+    driver_again_ = true;
+    return false;
+  }
+  driver_seq_ = seq;
+  driver_saw_own_ = own_rounds_.load(std::memory_order_relaxed);
+  driver_step_ns_ = t;
+  driver_again_ = step();
+  return driver_again_;
+}
+
+void Scheduler::release_driver() {
+  driver_attached_.store(false, std::memory_order_release);
+  takeover_.ring();
+}
+
+void Scheduler::stand_by() {
+  for (;;) {
+    const uint32_t armed = takeover_.arm();
+    if (stop_requested_.load()) return;
+    const uint64_t since = driver_ns_.load(std::memory_order_relaxed);
+    if (!driven(now_ns())) return;
+    takeover_.park(armed, since + driver_grace_ns_);
+  }
 }
 
 bool Scheduler::idle() {
@@ -66,23 +109,31 @@ bool Scheduler::idle() {
 
 void Scheduler::main() {
   for (;;) {
-    const uint32_t armed = bell_->arm();
-    const bool progressed = step();
-    if (stop_requested_.load()) {
-      if (idle()) return;
-      if (!aborted_ && now_ns() >= stop_deadline_ns_.load()) {
-        aborted_ = true;
-        const Status cause = make_error(StatusCode::kAborted, "the worker closed before this task finished");
-        for (WorkerLane& l : chip_lanes_) l.port().poison(cause);
-        for (WorkerLane& l : sub_lanes_) l.port().poison(cause);
-        continue;
+    stand_by();
+    uint32_t armed = 0;
+    bool progressed = false;
+    {
+      std::lock_guard<std::mutex> role(role_mu_);
+      own_rounds_.fetch_add(1, std::memory_order_relaxed);
+      armed = bell_->arm();
+      progressed = step();
+      if (stop_requested_.load()) {
+        if (idle()) return;
+        if (!aborted_ && now_ns() >= stop_deadline_ns_.load()) {
+          aborted_ = true;
+          const Status cause = make_error(StatusCode::kAborted, "the worker closed before this task finished");
+          for (WorkerLane& l : chip_lanes_) l.port().poison(cause);
+          for (WorkerLane& l : sub_lanes_) l.port().poison(cause);
+          continue;
+        }
       }
     }
     if (progressed) continue;
     uint64_t wake = now_ns() + kTickNs;
     if (stop_requested_.load() && !aborted_) wake = std::min(wake, stop_deadline_ns_.load());
+    // A driver that arrives while this thread spins ends the spin: it stands by.
     spin_then_park(
-        *bell_, [&] { return bell_->arm() != armed; }, kNodeSpin, wake);
+        *bell_, [&] { return bell_->arm() != armed || driven(now_ns()); }, kNodeSpin, wake);
   }
 }
 

@@ -8,8 +8,10 @@
 // unfinished predecessors are all published on that same chip goes out
 // PREPARE_READY, is prepared in the child while they execute, and is
 // activated when the last one succeeds (cancelled when one fails).
-// Threads: enqueue() from any thread; everything else on the scheduler thread
-// (or, before start(), on a test thread driving step()). Owns the runs.
+// Threads: enqueue() from any thread; everything else on the scheduler thread,
+// which is a role: the Scheduler's own thread, or a thread standing in for it
+// through drive() while that one parks (one at a time, under role_mu_), or,
+// before start(), a test thread driving step(). Owns the runs.
 #pragma once
 
 #include <atomic>
@@ -149,7 +151,7 @@ class Scheduler {
   // `run_sets`: how many runs may be live at once (the node's pipeline_depth;
   // its admission keeps within it).
   Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*> subs, Doorbell* bell, Hooks hooks,
-            uint32_t run_sets = kDefaultRunSets);
+            uint32_t run_sets = kDefaultRunSets, uint64_t driver_grace_ns = kDriverGraceNs);
   static constexpr uint32_t kDefaultRunSets = 4096;
   ~Scheduler();
 
@@ -161,6 +163,22 @@ class Scheduler {
   // Lets every run reach its terminal, then ends the thread. At deadline_ns
   // every endpoint is poisoned so each held run gets its terminal now.
   void stop(uint64_t deadline_ns);
+
+  // The calling thread stands in for the scheduler thread: one round, when
+  // the bell rang since its last one (or a tick passed), so a thread that
+  // polls anyway (a node child's serve loop) reaches a submitted run without
+  // a hand-off, and the Scheduler's own thread parks instead of spinning
+  // beside it. That thread takes over again at release_driver(), or once the
+  // driver has not called for `driver_grace_ns` (it is inside a long
+  // orchestration or command). One driving thread, after start(). True when
+  // anything moved.
+  bool drive();
+  void release_driver();
+  static constexpr uint64_t kDriverGraceNs = 1'000'000;
+  // How a test sees the own thread stand by: the rounds it stepped, and
+  // whether it is parked (or about to) while a driver stands in.
+  uint64_t own_rounds() const { return own_rounds_.load(std::memory_order_relaxed); }
+  bool standing_by() const { return takeover_.parked() != 0; }
 
   // Scheduler thread, or a test between steps.
   size_t ready_count() const { return ready_.size(); }
@@ -184,6 +202,13 @@ class Scheduler {
   };
 
   void main();
+  // The own thread, while a driver stands in: parked until it is released,
+  // stops calling for the grace, or stop() is asked.
+  void stand_by();
+  bool driven(uint64_t now) const {
+    return driver_attached_.load(std::memory_order_acquire) &&
+           now < driver_ns_.load(std::memory_order_relaxed) + driver_grace_ns_;
+  }
   bool idle();
   void admit(std::unique_ptr<NodeRun> run);
   void wire(NodeTask* t);
@@ -252,6 +277,21 @@ class Scheduler {
   uint64_t publications_ = 0;
   uint64_t stagings_ = 0;
   RunResourceArena run_resources_;
+
+  // Held for every round: whoever holds it is the scheduler thread.
+  std::mutex role_mu_;
+  const uint64_t driver_grace_ns_;
+  std::atomic<bool> driver_attached_{false};
+  std::atomic<uint64_t> driver_ns_{0};  // the driver's last call
+  Doorbell takeover_;                   // the own thread stands by here; private to this process
+  std::atomic<uint64_t> own_rounds_{0};
+  // The driver's own: the bell and the own thread's rounds at its last round,
+  // whether that round moved (so it steps again without a ring), and when,
+  // for the tick.
+  uint32_t driver_seq_ = 0;
+  uint64_t driver_saw_own_ = 0;
+  bool driver_again_ = true;
+  uint64_t driver_step_ns_ = 0;
 
   std::atomic<bool> stop_requested_{false};
   std::atomic<uint64_t> stop_deadline_ns_{0};
