@@ -25,7 +25,7 @@ bool Backoff::take_wake() {
 
 void Backoff::pause() {
   if (take_wake()) return;
-  if (now_ns() - last_news_ns_ < yield_ns_) {
+  if (yielding()) {
     sched_yield();
     return;
   }

@@ -45,6 +45,8 @@ class Backoff {
     sleep_ns_ = 0;
   }
   void pause();
+  // pause() would yield now, not sleep: news came within the yield window.
+  bool yielding() const { return now_ns() - last_news_ns_ < yield_ns_; }
   void set_max_sleep(uint64_t ns) { max_sleep_ns_ = ns; }
   void wake();
 

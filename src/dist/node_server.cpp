@@ -232,7 +232,19 @@ Status NodeServer::run() {
   std::vector<uint8_t> buf;
   Status result;
   auto beat = std::make_unique<Heartbeat>(session_, ms_to_ns(options_.heartbeat_period));
+  bool driving = false;
   for (;;) {
+    // While news is fresh this loop yields rather than sleeps, and stands in
+    // for the node's scheduler thread (Scheduler::drive): a request reaches
+    // its node run, and the run's terminal this loop, without a hand-off.
+    // Before it sleeps it hands the rounds back.
+    if (backoff_.yielding()) {
+      driving = true;
+      if (node_->drive_scheduler()) backoff_.news();
+    } else if (driving) {
+      driving = false;
+      node_->release_scheduler();
+    }
     drain_completions();
     reap();
     Result<bool> got = try_recv_control(kNetworkRank, buf);
@@ -404,18 +416,20 @@ void NodeServer::handle_request(const Message& m) {
   };
   // The terminal reaches this thread through done_, from whichever thread ends the run.
   std::shared_ptr<Held> owner(h.release());
-  (void)node_->submit(
-      orchestration,
-      [this, owner](const Status& result) {
-        auto mine = std::make_unique<Held>(std::move(*owner));
-        mine->result = result;
-        {
-          std::lock_guard<std::mutex> lock(done_mu_);
-          done_.push_back(std::move(mine));
-        }
-        backoff_.wake();
-      },
-      *diagnostics);
+  const std::function<void(const Status&)> on_terminal = [this, owner](const Status& result) {
+    auto mine = std::make_unique<Held>(std::move(*owner));
+    mine->result = result;
+    {
+      std::lock_guard<std::mutex> lock(done_mu_);
+      done_.push_back(std::move(mine));
+    }
+    backoff_.wake();
+  };
+  if (node_->try_submit(orchestration, on_terminal, *diagnostics).has_value()) return;
+  // Admission waits for a run to retire, which takes scheduler rounds this
+  // thread, blocked, cannot drive: the node's own thread takes them back.
+  node_->release_scheduler();
+  (void)node_->submit(orchestration, on_terminal, *diagnostics);
 }
 
 Result<NodeWorker::RunDiagnostics> NodeServer::diagnostics_of(const Message& m, Held& h) {
