@@ -165,9 +165,16 @@ inline bool eventually(const std::function<bool()>& cond, std::chrono::nanosecon
 // helper thread of its own at the process's first thread creation; creating
 // and joining one thread before the first count makes that helper part of every
 // count, so a before/after comparison sees only the threads of the code under test.
+// That thread may still be listed for a moment after its join (see
+// settled_thread_count): the first count waits until it is gone, or it would
+// be one high, and every later count would differ from it.
 inline int thread_count() {
   static const bool runtime_helpers_started = [] {
-    std::thread([] {}).join();
+    std::atomic<pid_t> tid{0};
+    std::thread([&tid] { tid.store(gettid()); }).join();
+    const std::string listed = "/proc/self/task/" + std::to_string(tid.load());
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (access(listed.c_str(), F_OK) == 0 && std::chrono::steady_clock::now() < end) std::this_thread::yield();
     return true;
   }();
   (void)runtime_helpers_started;

@@ -280,7 +280,7 @@ TEST(BadInput, T12Grants) {
       std::vector<ChipCallable> cs;
       cs.push_back(copy_callable());
       const Status st = no_throw([&] { return ChipWorker::create(cfg, std::move(cs)).status(); });
-      std::string clean = thread_count() == threads ? "" : "a refused create left threads behind";
+      std::string clean = settled_thread_count(threads) == threads ? "" : "a refused create left threads behind";
       if (clean.empty()) clean = chip.unchanged();
       t.refusal(fmt::format("chip create depth {} max_tasks {}", c.depth, c.max_tasks), st, c.code, c.field, clean);
     }
@@ -320,7 +320,7 @@ TEST(BadInput, T12Grants) {
       const Status st = no_throw([&] { return NodeWorker::create(std::move(spec)).status(); });
       std::string clean;
       for (const std::string& p : node_scan.problems()) clean += p + "; ";
-      if (thread_count() != threads) clean += "threads left behind";
+      if (settled_thread_count(threads) != threads) clean += "threads left behind";
       t.refusal(fmt::format("node depth {}", g), st,
                 g == 0 ? StatusCode::kInvalidArgument
                        : (g == kMax ? StatusCode::kResourceExhausted : StatusCode::kOutOfRange),
