@@ -96,7 +96,7 @@ void Scheduler::stand_by() {
     const uint32_t armed = takeover_.arm();
     if (stop_requested_.load()) return;
     const uint64_t since = driver_ns_.load(std::memory_order_relaxed);
-    if (!driven(now_ns())) return;
+    if (!driven()) return;
     takeover_.park(armed, since + driver_grace_ns_);
   }
 }
@@ -133,7 +133,7 @@ void Scheduler::main() {
     if (stop_requested_.load() && !aborted_) wake = std::min(wake, stop_deadline_ns_.load());
     // A driver that arrives while this thread spins ends the spin: it stands by.
     spin_then_park(
-        *bell_, [&] { return bell_->arm() != armed || driven(now_ns()); }, kNodeSpin, wake);
+        *bell_, [&] { return bell_->arm() != armed || driven(); }, kNodeSpin, wake);
   }
 }
 

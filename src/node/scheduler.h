@@ -205,9 +205,11 @@ class Scheduler {
   // The own thread, while a driver stands in: parked until it is released,
   // stops calling for the grace, or stop() is asked.
   void stand_by();
-  bool driven(uint64_t now) const {
+  // Reads the clock only while a driver is attached: a Scheduler nobody
+  // drives asks this on every spin round.
+  bool driven() const {
     return driver_attached_.load(std::memory_order_acquire) &&
-           now < driver_ns_.load(std::memory_order_relaxed) + driver_grace_ns_;
+           now_ns() < driver_ns_.load(std::memory_order_relaxed) + driver_grace_ns_;
   }
   bool idle();
   void admit(std::unique_ptr<NodeRun> run);
