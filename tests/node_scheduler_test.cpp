@@ -275,15 +275,21 @@ bool drive_until_done(SchedFixture& fx, const std::vector<RunHandle>& runs) {
   return true;
 }
 
+// Starts `fx`'s scheduler with this thread as its driver; true once the own
+// thread stands by.
+bool start_driven(SchedFixture& fx) {
+  fx.start();
+  (void)fx.sched->drive();
+  return eventually([&] { return fx.sched->standing_by(); });
+}
+
 // A thread that polls anyway stands in for the scheduler thread (a node
 // child's serve loop): its rounds alone carry the runs to their terminals,
 // and the Scheduler's own thread stands by instead of spinning beside it.
 TEST(SchedulerDriver, ADriverCarriesTheRunsWhileTheOwnThreadStandsBy) {
   Watchdog dog;
   SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
-  fx.start();
-  (void)fx.sched->drive();
-  ASSERT_TRUE(eventually([&] { return fx.sched->standing_by(); })) << "the own thread never stood by";
+  ASSERT_TRUE(start_driven(fx)) << "the own thread never stood by";
   const uint64_t own = fx.sched->own_rounds();
   std::vector<RunHandle> runs;
   for (int i = 0; i < 16; ++i) runs.push_back(fx.submit(i % 4 == 3 ? "fail=6;text=no" : "text=fine"));
@@ -312,9 +318,7 @@ TEST(SchedulerDriver, AQuietDriverIsReplacedAfterTheGrace) {
 TEST(SchedulerDriver, ReleaseHandsTheRoundsBackAtOnce) {
   Watchdog dog;
   SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
-  fx.start();
-  (void)fx.sched->drive();
-  ASSERT_TRUE(eventually([&] { return fx.sched->standing_by(); })) << "the own thread never stood by";
+  ASSERT_TRUE(start_driven(fx)) << "the own thread never stood by";
   fx.sched->release_driver();
   RunHandle r = fx.submit("text=fine");
   EXPECT_TRUE(wait_run(r).ok()) << r.result().to_string();
