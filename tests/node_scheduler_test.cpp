@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -99,10 +101,11 @@ struct SchedFixture {
   }
 
   // A run of one chip task on worker 0 whose child follows `script`.
-  RunHandle submit(const std::string& script) {
+  RunHandle submit(const std::string& script, std::function<void(const Status&)> on_terminal = {}) {
     auto run = std::make_unique<NodeRun>();
     run->id = next_run++;
-    run->handle = std::make_shared<detail::RunState>(run->id);
+    run->handle = new_state(run->id);
+    run->handle->on_terminal = std::move(on_terminal);
     auto t = std::make_unique<NodeTask>();
     t->id = next_task++;
     t->run = run.get();
@@ -124,7 +127,7 @@ struct SchedFixture {
   RunHandle submit_tasks(const std::vector<TaskSpec>& specs) {
     auto run = std::make_unique<NodeRun>();
     run->id = next_run++;
-    run->handle = std::make_shared<detail::RunState>(run->id);
+    run->handle = new_state(run->id);
     for (const TaskSpec& s : specs) {
       auto t = std::make_unique<NodeTask>();
       t->id = next_task++;
@@ -210,6 +213,13 @@ struct SchedFixture {
     sched->start();
     started = true;
   }
+  // A run's completion record; its waiters drive the Scheduler when
+  // `waiter_drives` (as NodeWorker's runs do).
+  std::shared_ptr<detail::RunState> new_state(uint64_t id) {
+    auto st = std::make_shared<detail::RunState>(id, kNodeSpin);
+    if (waiter_drives) st->driver = sched->waiter_driver();
+    return st;
+  }
 
   SharedMapping gates_mapping;
   TestGates* gates = nullptr;
@@ -222,6 +232,7 @@ struct SchedFixture {
   std::unique_ptr<MailboxPort> port;
   std::unique_ptr<Scheduler> sched;
   bool started = false;
+  bool waiter_drives = false;
   uint64_t next_run = 1;
   uint64_t next_task = 1;
 };
@@ -343,6 +354,191 @@ TEST(SchedulerDriver, RunsSurviveTheRoleChangingHands) {
     EXPECT_EQ(st.code(), i % 7 == 0 ? StatusCode::kKernelFailed : StatusCode::kOk)
         << "run " << i << ": " << st.to_string();
   }
+}
+
+// R34's scheduler thread is a role: a thread waiting for a run steps the
+// rounds itself (no hop to the scheduler thread and back), and the own
+// thread stands by. Parked, the waiter stays the driver: the child's
+// terminal rings the Scheduler's bell, which wakes it, and its own round
+// ends the run.
+TEST(SchedulerWaiter, AWaiterCarriesItsRunWhileTheOwnThreadStandsBy) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
+  fx.waiter_drives = true;
+  fx.start();
+  RunHandle r = fx.submit("gate=1;text=fine");
+  Status result = internal_error("the waiter did not return");
+  std::thread waiter([&] { result = r.wait(); });
+  EXPECT_TRUE(eventually([&] { return fx.sched->driving_waiters() == 1 && fx.sched->standing_by(); }))
+      << "the waiter did not take the rounds over";
+  EXPECT_TRUE(eventually([&] { return fx.ep->view().control().parent_bell.parked() != 0; }))
+      << "the waiter never parked on the Scheduler's bell";
+  const uint64_t own = fx.sched->own_rounds();
+  fx.open_gate(1);
+  waiter.join();
+  EXPECT_TRUE(result.ok()) << result.to_string();
+  EXPECT_EQ(fx.sched->own_rounds(), own) << "the own thread stepped the round that ended the waiter's run";
+}
+
+// A waiter waits for a run held at `gate` until the own thread stands by
+// for it, then for the run's end: the own thread (never quiet for a grace
+// of kNeverQuietNs) goes on standing by after the waiter has left.
+bool waiter_leaves_the_own_thread_standing_by(SchedFixture& fx, int gate) {
+  RunHandle r = fx.submit(fmt::format("gate={};text=fine", gate));
+  Status result = internal_error("the waiter did not return");
+  std::thread waiter([&] { result = r.wait(); });
+  const bool stood_by = eventually([&] { return fx.sched->driving_waiters() == 1 && fx.sched->standing_by(); });
+  fx.open_gate(gate);
+  waiter.join();
+  EXPECT_TRUE(result.ok()) << result.to_string();
+  return stood_by && result.ok() && fx.sched->standing_by();
+}
+
+// A waiter parked on the Scheduler's bell whose run another thread ends
+// (here a poller's round, after a terminal that rang no bell) is woken by
+// that round, not left parked until some later event.
+TEST(SchedulerWaiter, AParkedWaiterWakesWhenAnotherThreadEndsItsRun) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kNone, 8, nullptr, kNeverQuietNs);
+  fx.waiter_drives = true;
+  fx.start();
+  RunHandle r = fx.submit("");
+  std::atomic<bool> returned{false};
+  Status result = internal_error("the waiter did not return");
+  std::thread waiter([&] {
+    result = r.wait();
+    returned.store(true);
+  });
+  Doorbell& bell = fx.ep->view().control().parent_bell;
+  ASSERT_TRUE(eventually([&] { return bell.parked() != 0 && fx.sched->standing_by(); }))
+      << "the waiter never parked on the Scheduler's bell";
+  ASSERT_TRUE(fx.frame_of(0).has_value()) << "the waiter's rounds did not publish its run";
+  fx.complete(0);
+  EXPECT_TRUE(r.done()) << "the poller's round did not end the run";
+  EXPECT_TRUE(eventually([&] { return returned.load(); })) << "the parked waiter was not woken";
+  bell.ring();  // lets a waiter that was not woken finish, so the test ends
+  waiter.join();
+  EXPECT_TRUE(result.ok()) << result.to_string();
+}
+
+// A waiter that returns while other runs are live leaves them to the own
+// thread, which takes the rounds back once nobody has stepped them for the
+// grace: nothing waits on a thread that went away.
+TEST(SchedulerWaiter, RunsAWaiterLeftLiveAreTakenOverAfterTheGrace) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4, nullptr, /*driver_grace_ns=*/2'000'000);
+  fx.waiter_drives = true;
+  fx.start();
+  std::atomic<bool> held_done{false};
+  RunHandle held = fx.submit("gate=2;text=fine", [&](const Status&) { held_done.store(true); });
+  RunHandle quick = fx.submit("text=fine");
+  ASSERT_TRUE(quick.wait().ok()) << quick.result().to_string();
+  const uint64_t own = fx.sched->own_rounds();
+  fx.open_gate(2);
+  // Neither wait() nor done(): either would step the rounds itself.
+  EXPECT_TRUE(eventually([&] { return held_done.load(); })) << "the run left live never ended";
+  EXPECT_GT(fx.sched->own_rounds(), own) << "the own thread never took the rounds back";
+  EXPECT_TRUE(held.result().ok()) << held.result().to_string();
+}
+
+// While the own thread stands by for a waiter that has gone, a submission
+// is admitted and published by its submitter before enqueue() returns: a
+// run submitted and then left alone (the caller goes on with other work)
+// starts at once.
+TEST(SchedulerWaiter, ARunSubmittedWhileTheOwnThreadStandsByIsPublishedBySubmit) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
+  fx.waiter_drives = true;
+  fx.start();
+  ASSERT_TRUE(waiter_leaves_the_own_thread_standing_by(fx, 3));
+  // Only this thread steps rounds now: the own thread stands by for good.
+  const uint64_t published = fx.sched->publications();
+  RunHandle second = fx.submit("gate=13;text=fine");
+  EXPECT_EQ(fx.sched->publications(), published + 1) << "the run waits for a round nobody will step";
+  fx.open_gate(13);
+  EXPECT_TRUE(second.wait().ok()) << second.result().to_string();
+}
+
+// A thread that polls done() instead of waiting carries the run too: each
+// poll steps a round, so the run ends without the own thread.
+TEST(SchedulerWaiter, PollingDoneCarriesARun) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
+  fx.waiter_drives = true;
+  fx.start();
+  ASSERT_TRUE(waiter_leaves_the_own_thread_standing_by(fx, 6));
+  RunHandle polled = fx.submit("text=fine");
+  EXPECT_TRUE(eventually([&] { return polled.done(); })) << "polling done() never ended the run";
+  EXPECT_TRUE(polled.result().ok()) << polled.result().to_string();
+}
+
+// A terminal callback that waits for another run (within a round) does not
+// step a round inside that round: it waits on the run's own bell, here
+// until its deadline, and the Scheduler goes on.
+TEST(SchedulerWaiter, ACallbackWaitingInsideARoundDoesNotStepAnother) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4);
+  fx.waiter_drives = true;
+  fx.start();
+  RunHandle held = fx.submit("gate=4;text=fine");
+  Status inner = internal_error("the callback did not run");
+  RunHandle outer =
+      fx.submit("text=fine", [&](const Status&) { inner = held.wait_for(std::chrono::milliseconds(20)); });
+  ASSERT_TRUE(outer.wait().ok()) << outer.result().to_string();
+  EXPECT_EQ(inner.code(), StatusCode::kDeadlineExceeded) << inner.to_string();
+  fx.open_gate(4);
+  EXPECT_TRUE(held.wait().ok()) << held.result().to_string();
+}
+
+// stop() with a waiter inside, driving a run that will never end on its
+// own: the run ends with the stop's abort, the waiter returns it, and stop()
+// returns once the waiter has left the Scheduler.
+TEST(SchedulerWaiter, StopEndsTheRunOfAWaiterInsideAndWaitsForItToLeave) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
+  fx.waiter_drives = true;
+  fx.start();
+  RunHandle stuck = fx.submit("gate=5;text=never");
+  Status result = internal_error("the waiter did not return");
+  std::thread waiter([&] { result = stuck.wait(); });
+  ASSERT_TRUE(eventually([&] { return fx.sched->driving_waiters() == 1 && fx.sched->standing_by(); }));
+  fx.sched->stop(now_ns() + 20'000'000);
+  fx.started = false;
+  EXPECT_EQ(fx.sched->driving_waiters(), 0u);
+  waiter.join();
+  EXPECT_EQ(result.code(), StatusCode::kAborted) << result.to_string();
+  fx.sched.reset();
+  EXPECT_EQ(stuck.wait().code(), StatusCode::kAborted) << "a handle outliving its Scheduler";
+  EXPECT_TRUE(stuck.done());
+}
+
+// Waiters on several threads and the own thread (a short grace, so it takes
+// the rounds back between waits) share the role: every run ends once, with
+// its own result.
+TEST(SchedulerWaiter, ManyWaitersAndTheOwnThreadShareTheRounds) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 8, nullptr, /*driver_grace_ns=*/50'000);
+  fx.waiter_drives = true;
+  fx.start();
+  std::mutex submit_mu;  // the fixture's run and task ids
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int i = 0; i < 100; ++i) {
+        const bool fails = (i + w) % 7 == 0;
+        RunHandle r;
+        {
+          std::lock_guard<std::mutex> lock(submit_mu);
+          r = fx.submit(fails ? "fail=6;text=seven" : "text=fine");
+        }
+        const Status st = i % 2 == 0 ? r.wait() : r.wait_for(kWait);
+        if (st.code() != (fails ? StatusCode::kKernelFailed : StatusCode::kOk)) wrong.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(MockAndForked, SchedulerCases, ::testing::Values(ChildKind::kMock, ChildKind::kForked),

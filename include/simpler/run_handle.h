@@ -33,7 +33,8 @@ class RunHandle {
   explicit RunHandle(std::shared_ptr<detail::RunState> state) : state_(std::move(state)) {}
 
   bool valid() const { return state_ != nullptr; }
-  // Never blocks.
+  // Never blocks. On a node-level run it may step the node's scheduler
+  // once on the calling thread, so a thread polling its run carries it.
   bool done() const;
   // Blocks (spin briefly, then park) until the run is terminal; returns its result.
   Status wait() const;

@@ -34,6 +34,10 @@ bool alloc_fault_hit(const char* site) noexcept {
   return true;
 }
 
+AllocFaultPause::AllocFaultPause() noexcept : fail_at_(t_fail_at) { t_fail_at = 0; }
+
+AllocFaultPause::~AllocFaultPause() { t_fail_at = fail_at_; }
+
 void arm_fork_fault(long n) { g_fork_fail_at.store(n, std::memory_order_relaxed); }
 
 bool fork_fault_hit() noexcept {

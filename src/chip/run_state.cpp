@@ -26,22 +26,35 @@ RunHandle refused_run(uint64_t run_id, Status status) {
 
 namespace {
 Status invalid_handle() { return failed_precondition("RunHandle is empty (default-constructed or moved from)"); }
+
+// Until `st` is done or `deadline_ns` (0 = none) passes: driving its worker
+// where it may, else spinning then parking on the run's own bell.
+bool await(detail::RunState& st, uint64_t deadline_ns) {
+  if (st.is_done()) return true;
+  if (st.driver != nullptr) {
+    if (const std::optional<bool> done = st.driver->wait(st, deadline_ns)) return *done;
+  }
+  return spin_then_park(
+      st.bell, [&] { return st.is_done(); }, st.spin, deadline_ns);
+}
 }  // namespace
 
-bool RunHandle::done() const { return state_ != nullptr && state_->is_done(); }
+bool RunHandle::done() const {
+  if (state_ == nullptr) return false;
+  if (!state_->is_done() && state_->driver != nullptr) state_->driver->poll(*state_);
+  return state_->is_done();
+}
 
 Status RunHandle::wait() const {
   if (state_ == nullptr) return invalid_handle();
-  spin_then_park(
-      state_->bell, [&] { return state_->is_done(); }, state_->spin);
+  await(*state_, 0);
   return state_->result;
 }
 
 Status RunHandle::wait_for(std::chrono::nanoseconds timeout) const {
   if (state_ == nullptr) return invalid_handle();
   const uint64_t deadline = now_ns() + static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 1));
-  if (!spin_then_park(
-          state_->bell, [&] { return state_->is_done(); }, state_->spin, deadline)) {
+  if (!await(*state_, deadline)) {
     return make_error(StatusCode::kDeadlineExceeded, "run {} not finished after {} ms", state_->run_id,
                       std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
   }

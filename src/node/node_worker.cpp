@@ -418,6 +418,7 @@ Result<std::unique_ptr<NodeWorker>> NodeWorker::create(NodeSpec spec) {
   hooks.free_heap = [self](uint64_t addr) { (void)self->heap_->free(addr); };
   w->scheduler_ =
       std::make_unique<Scheduler>(next_ports, sub_ports, &w->heap_->bell(), std::move(hooks), config.pipeline_depth);
+  w->waiter_driver_ = w->scheduler_->waiter_driver();
   w->scheduler_->start();
   return w;
 }
@@ -696,6 +697,7 @@ Result<std::unique_ptr<NodeRun>> NodeWorker::new_run(std::function<void(const St
     }
     run->handle = std::make_shared<detail::RunState>(run->id, kNodeSpin);
     run->handle->on_terminal = std::move(on_terminal);
+    run->handle->driver = waiter_driver_;
     return run;
   } catch (const std::bad_alloc&) {
     return resource_exhausted("submit: host memory exhausted creating the run; nothing was admitted");

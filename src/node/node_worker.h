@@ -224,6 +224,7 @@ class NodeWorker {
   std::vector<std::unique_ptr<ForkedChild>> subs_;
   std::vector<std::unique_ptr<MailboxPort>> ports_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::shared_ptr<detail::RunDriver> waiter_driver_;  // the scheduler's; set once, before any submit
 
   mutable std::mutex mem_mu_;
   std::map<uint64_t, DeviceAlloc> device_allocs_;  // by node address

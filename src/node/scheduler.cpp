@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/errors.h"
+#include "base/fault_hooks.h"
 
 namespace simpler {
 
@@ -15,7 +16,82 @@ RunResourceArena make_arena(uint32_t sets) {
   auto a = RunResourceArena::create(std::max<uint32_t>(sets, 1));
   return std::move(a).value();  // refuses only 0, excluded above
 }
+
+// Set while this thread is inside a round of any Scheduler: a terminal
+// callback that waits for a run must not step a round from within one.
+thread_local bool t_in_round = false;
+
+class InRound {
+ public:
+  InRound() : outer_(t_in_round) { t_in_round = true; }
+  ~InRound() { t_in_round = outer_; }
+  InRound(const InRound&) = delete;
+  InRound& operator=(const InRound&) = delete;
+
+ private:
+  const bool outer_;
+};
 }  // namespace
+
+class Scheduler::Gate final : public detail::RunDriver {
+ public:
+  explicit Gate(Scheduler& s) : s_(s) {}
+
+  std::optional<bool> wait(const detail::RunState& run, uint64_t deadline_ns) override {
+    if (t_in_round) return std::nullopt;
+    inside_.fetch_add(1, std::memory_order_seq_cst);
+    if (closed_.load(std::memory_order_seq_cst)) {
+      leave();
+      return std::nullopt;
+    }
+    s_.waiters_.fetch_add(1, std::memory_order_seq_cst);
+    bool closing = false;
+    // Parked on the Scheduler's bell, the waiter wakes for every event a
+    // round handles (retire() rings it for a run another thread ended), so
+    // it stays the driver while parked: no hand-off to the own thread.
+    const bool in_time = spin_then_park(
+        *s_.bell_,
+        [&] {
+          if (run.is_done()) return true;
+          if (closed_.load(std::memory_order_acquire)) return closing = true;
+          s_.drive_waiting();
+          return run.is_done();
+        },
+        run.spin, deadline_ns);
+    s_.waiters_.fetch_sub(1, std::memory_order_seq_cst);
+    leave();
+    if (closing && !run.is_done()) return std::nullopt;
+    return in_time;
+  }
+
+  void poll(const detail::RunState& run) override {
+    if (t_in_round || run.is_done()) return;
+    inside_.fetch_add(1, std::memory_order_seq_cst);
+    // Not a driver: a thread that polls now and then must not keep the own
+    // thread standing by between its polls.
+    if (!closed_.load(std::memory_order_seq_cst)) (void)s_.step_if_free();
+    leave();
+  }
+
+  // Refuses waiters from now on and returns once those inside have left:
+  // after it, nothing reaches the Scheduler through a handle. Idempotent.
+  void close() {
+    if (closed_.exchange(true, std::memory_order_seq_cst)) return;
+    s_.bell_->ring();  // a parked waiter looks again and sees it
+    spin_then_park(
+        left_, [&] { return inside_.load(std::memory_order_seq_cst) == 0; }, SpinPolicy{});
+  }
+
+ private:
+  void leave() {
+    if (inside_.fetch_sub(1, std::memory_order_seq_cst) == 1 && closed_.load(std::memory_order_seq_cst)) left_.ring();
+  }
+
+  Scheduler& s_;
+  std::atomic<uint32_t> inside_{0};
+  std::atomic<bool> closed_{false};
+  Doorbell left_;
+};
 
 Scheduler::Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*> subs, Doorbell* bell, Hooks hooks,
                      uint32_t run_sets, uint64_t driver_grace_ns)
@@ -24,7 +100,8 @@ Scheduler::Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*
       bell_(bell),
       hooks_(std::move(hooks)),
       run_resources_(make_arena(run_sets)),
-      driver_grace_ns_(driver_grace_ns) {
+      driver_grace_ns_(driver_grace_ns),
+      gate_(std::make_shared<Gate>(*this)) {
   for (size_t i = 0; i < chips.size(); ++i) chip_lanes_[i].start(chips[i]);
   for (size_t i = 0; i < subs.size(); ++i) sub_lanes_[i].start(subs[i]);
   uint64_t entries = 0;
@@ -35,16 +112,22 @@ Scheduler::Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*
 
 Scheduler::~Scheduler() {
   if (thread_.joinable()) stop(now_ns());
+  gate_->close();
 }
 
 bool Scheduler::enqueue(std::unique_ptr<NodeRun>&& run) {
   try {
     std::lock_guard<std::mutex> lock(inbox_mu_);
     inbox_.push_back(std::move(run));  // strong guarantee: a throw leaves `run` as it was
+    inbox_pending_.store(true, std::memory_order_seq_cst);
   } catch (const std::bad_alloc&) {
     return false;
   }
   bell_->ring();
+  // The own thread stands by for a waiter who may not come (the caller may
+  // go on with other work): the caller admits and publishes the run itself.
+  // Pairs with stand_by(): one of the two sees the other.
+  if (standby_.load(std::memory_order_seq_cst) && !t_in_round) (void)step_if_free();
   return true;
 }
 
@@ -58,6 +141,7 @@ void Scheduler::stop(uint64_t deadline_ns) {
   release_driver();
   bell_->ring();
   if (thread_.joinable()) thread_.join();
+  gate_->close();
 }
 
 bool Scheduler::drive() {
@@ -65,11 +149,12 @@ bool Scheduler::drive() {
   driver_ns_.store(t, std::memory_order_relaxed);
   const bool arriving = !driver_attached_.load(std::memory_order_relaxed);
   if (arriving) driver_attached_.store(true, std::memory_order_release);
-  // Without a ring, a tick, or a round of the own thread since its last one
-  // (which may have left work for the next round), nothing can have moved.
+  // Without a ring, a tick, or a round of the own thread or a waiter since
+  // its last one (which may have left work for the next round), nothing can
+  // have moved.
   const uint32_t seq = bell_->arm();
-  if (!arriving && !driver_again_ && seq == driver_seq_ &&
-      own_rounds_.load(std::memory_order_relaxed) == driver_saw_own_ && t - driver_step_ns_ < kTickNs) {
+  if (!arriving && !driver_again_ && seq == driver_seq_ && others_rounds() == driver_saw_others_ &&
+      t - driver_step_ns_ < kTickNs) {
     return false;
   }
   // Held by the own thread only while it finishes a round it began before
@@ -80,10 +165,29 @@ bool Scheduler::drive() {
     return false;
   }
   driver_seq_ = seq;
-  driver_saw_own_ = own_rounds_.load(std::memory_order_relaxed);
+  driver_saw_others_ = others_rounds();
   driver_step_ns_ = t;
   driver_again_ = step();
   return driver_again_;
+}
+
+std::shared_ptr<detail::RunDriver> Scheduler::waiter_driver() const { return gate_; }
+
+bool Scheduler::drive_waiting() noexcept {
+  driver_ns_.store(now_ns(), std::memory_order_relaxed);
+  return step_if_free();
+}
+
+bool Scheduler::step_if_free() noexcept {
+  std::unique_lock<std::mutex> role(role_mu_, std::try_to_lock);
+  if (!role.owns_lock()) return false;
+  // The round is the Scheduler's, whichever thread steps it: what it
+  // allocates is not its caller's, and a throw out of it ends the process
+  // (noexcept) as it would on the own thread, rather than reach the caller
+  // with the round half done.
+  [[maybe_unused]] const hooks::AllocFaultPause scheduler_allocations{};
+  waiter_rounds_.fetch_add(1, std::memory_order_relaxed);
+  return step();
 }
 
 void Scheduler::release_driver() {
@@ -92,13 +196,21 @@ void Scheduler::release_driver() {
 }
 
 void Scheduler::stand_by() {
+  standby_.store(true, std::memory_order_seq_cst);
   for (;;) {
     const uint32_t armed = takeover_.arm();
-    if (stop_requested_.load()) return;
+    if (stop_requested_.load()) break;
     const uint64_t since = driver_ns_.load(std::memory_order_relaxed);
-    if (!driven()) return;
+    if (!driven()) break;
+    // A run enqueued before this thread stood by, which no waiter is there
+    // to take: its submitter saw no one standing by and left it to this thread.
+    if (inbox_pending_.load(std::memory_order_seq_cst) && waiters_.load(std::memory_order_seq_cst) == 0 &&
+        !driver_attached_.load(std::memory_order_acquire)) {
+      break;
+    }
     takeover_.park(armed, since + driver_grace_ns_);
   }
+  standby_.store(false, std::memory_order_seq_cst);
 }
 
 bool Scheduler::idle() {
@@ -138,9 +250,11 @@ void Scheduler::main() {
 }
 
 bool Scheduler::step() {
+  [[maybe_unused]] const InRound in_round{};
   bool progressed = false;
   {
     std::lock_guard<std::mutex> lock(inbox_mu_);
+    inbox_pending_.store(false, std::memory_order_seq_cst);
     incoming_.swap(inbox_);
   }
   for (auto& run : incoming_) {
@@ -609,6 +723,8 @@ void Scheduler::retire(NodeRun* run) {
   // run still points into this one.
   runs_.erase(run->id);
   handle->complete(std::move(result), stats);
+  // Its waiter may be parked on this bell, driving (Gate::wait).
+  bell_->ring_parked();
 }
 
 }  // namespace simpler

@@ -10,7 +10,8 @@
 // activated when the last one succeeds (cancelled when one fails).
 // Threads: enqueue() from any thread; everything else on the scheduler thread,
 // which is a role: the Scheduler's own thread, or a thread standing in for it
-// through drive() while that one parks (one at a time, under role_mu_), or,
+// while that one parks (a serve loop through drive(), a thread waiting for a
+// run through waiter_driver(); one round at a time, under role_mu_), or,
 // before start(), a test thread driving step(). Owns the runs.
 #pragma once
 
@@ -174,6 +175,17 @@ class Scheduler {
   // anything moved.
   bool drive();
   void release_driver();
+  // What a RunHandle of this Scheduler's runs waits through: its waiter
+  // steps the rounds while it waits and parks on the Scheduler's bell, and
+  // the own thread stands by as for drive(). A waiter that leaves with runs
+  // still live does not wake the own thread (the next wait usually follows
+  // at once); that thread takes them over once no waiter has stepped for the
+  // grace, and until then a poller of done() steps them. A run enqueued
+  // while the own thread stands by is admitted and published by its
+  // submitter. Outlives the Scheduler (handles hold it); stop() closes it.
+  std::shared_ptr<detail::RunDriver> waiter_driver() const;
+  // Waiters stepping the rounds right now: what a test waits for.
+  uint32_t driving_waiters() const { return waiters_.load(std::memory_order_acquire); }
   static constexpr uint64_t kDriverGraceNs = 1'000'000;
   // How a test sees the own thread stand by: the rounds it stepped, and
   // whether it is parked (or about to) while a driver stands in.
@@ -208,9 +220,16 @@ class Scheduler {
   // Reads the clock only while a driver is attached: a Scheduler nobody
   // drives asks this on every spin round.
   bool driven() const {
-    return driver_attached_.load(std::memory_order_acquire) &&
+    return (driver_attached_.load(std::memory_order_acquire) || waiters_.load(std::memory_order_acquire) != 0) &&
            now_ns() < driver_ns_.load(std::memory_order_relaxed) + driver_grace_ns_;
   }
+  class Gate;
+  // A waiter's round: as drive(), but every call (a waiter spins on its run
+  // anyway) and any number of waiters at once.
+  bool drive_waiting() noexcept;
+  // A round if no other thread is in one, without claiming the role (a
+  // poller, a submitter): the own thread stands by no longer for it.
+  bool step_if_free() noexcept;
   bool idle();
   void admit(std::unique_ptr<NodeRun> run);
   void wire(NodeTask* t);
@@ -287,13 +306,25 @@ class Scheduler {
   std::atomic<uint64_t> driver_ns_{0};  // the driver's last call
   Doorbell takeover_;                   // the own thread stands by here; private to this process
   std::atomic<uint64_t> own_rounds_{0};
-  // The driver's own: the bell and the own thread's rounds at its last round,
-  // whether that round moved (so it steps again without a ring), and when,
-  // for the tick.
+  std::atomic<uint64_t> waiter_rounds_{0};
+  uint64_t others_rounds() const {
+    return own_rounds_.load(std::memory_order_relaxed) + waiter_rounds_.load(std::memory_order_relaxed);
+  }
+  // The driver's own: the bell and the other threads' rounds at its last
+  // round, whether that round moved (so it steps again without a ring), and
+  // when, for the tick.
   uint32_t driver_seq_ = 0;
-  uint64_t driver_saw_own_ = 0;
+  uint64_t driver_saw_others_ = 0;
   bool driver_again_ = true;
   uint64_t driver_step_ns_ = 0;
+  // Waiters inside the gate, driving; whether the own thread stands by, and
+  // whether the inbox holds a run no round took yet: enqueue() and
+  // stand_by() read each other's, so a run enqueued while nobody drives is
+  // taken at once by its submitter or by the own thread.
+  std::atomic<uint32_t> waiters_{0};
+  std::atomic<bool> standby_{false};
+  std::atomic<bool> inbox_pending_{false};
+  std::shared_ptr<Gate> gate_;
 
   std::atomic<bool> stop_requested_{false};
   std::atomic<uint64_t> stop_deadline_ns_{0};
