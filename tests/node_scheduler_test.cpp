@@ -394,6 +394,28 @@ bool waiter_leaves_the_own_thread_standing_by(SchedFixture& fx, int gate) {
   return stood_by && result.ok() && fx.sched->standing_by();
 }
 
+// A waiter whose run has others in flight beside it does not drive: their
+// hand-offs overlap anyway, and the own thread's rounds run beside the
+// waiter's own work. The own thread, standing by for an earlier waiter, is
+// woken to carry them.
+TEST(SchedulerWaiter, AWaiterAmongRunsInFlightLeavesThemToTheOwnThread) {
+  Watchdog dog;
+  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
+  fx.waiter_drives = true;
+  fx.start();
+  ASSERT_TRUE(waiter_leaves_the_own_thread_standing_by(fx, 8));
+  RunHandle first = fx.submit("gate=9;text=fine");
+  RunHandle second = fx.submit("gate=9;text=fine");
+  Status result = internal_error("the waiter did not return");
+  std::thread waiter([&] { result = first.wait(); });
+  EXPECT_TRUE(eventually([&] { return !fx.sched->standing_by(); })) << "the own thread was left standing by";
+  EXPECT_EQ(fx.sched->driving_waiters(), 0u) << "a waiter among runs in flight drives";
+  fx.open_gate(9);
+  waiter.join();
+  EXPECT_TRUE(result.ok()) << result.to_string();
+  EXPECT_TRUE(second.wait().ok()) << second.result().to_string();
+}
+
 // A waiter parked on the Scheduler's bell whose run another thread ends
 // (here a poller's round, after a terminal that rang no bell) is woken by
 // that round, not left parked until some later event.
@@ -482,9 +504,14 @@ TEST(SchedulerWaiter, ACallbackWaitingInsideARoundDoesNotStepAnother) {
   fx.start();
   RunHandle held = fx.submit("gate=4;text=fine");
   Status inner = internal_error("the callback did not run");
-  RunHandle outer =
-      fx.submit("text=fine", [&](const Status&) { inner = held.wait_for(std::chrono::milliseconds(20)); });
+  std::atomic<bool> called{false};
+  RunHandle outer = fx.submit("text=fine", [&](const Status&) {
+    inner = held.wait_for(std::chrono::milliseconds(20));
+    called.store(true);
+  });
   ASSERT_TRUE(outer.wait().ok()) << outer.result().to_string();
+  // The handle completes before its callback runs, on whichever thread ended it.
+  ASSERT_TRUE(eventually([&] { return called.load(); }));
   EXPECT_EQ(inner.code(), StatusCode::kDeadlineExceeded) << inner.to_string();
   fx.open_gate(4);
   EXPECT_TRUE(held.wait().ok()) << held.result().to_string();

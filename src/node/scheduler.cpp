@@ -44,8 +44,24 @@ class Scheduler::Gate final : public detail::RunDriver {
       leave();
       return std::nullopt;
     }
+    // Only a run alone in the Scheduler is carried: with others in flight
+    // their hand-offs overlap anyway, and the own thread's rounds beside
+    // this thread's orchestrations move more runs per second than this
+    // thread doing both. The own thread must not stand by for this waiter.
+    if (s_.live_.load(std::memory_order_seq_cst) > 1) {
+      leave();
+      if (s_.standby_.load(std::memory_order_seq_cst)) s_.takeover_.ring();
+      return std::nullopt;
+    }
     s_.waiters_.fetch_add(1, std::memory_order_seq_cst);
     bool closing = false;
+    // A round only when one may move something: the bell rang (every child
+    // and enqueue() ring it), another thread stepped a round (which may have
+    // left work), or the last one moved or could not be had. With many
+    // tasks in flight a round costs a look at each.
+    uint32_t seen_seq = 0;
+    uint64_t seen_rounds = 0;
+    bool again = true;
     // Parked on the Scheduler's bell, the waiter wakes for every event a
     // round handles (retire() rings it for a run another thread ended), so
     // it stays the driver while parked: no hand-off to the own thread.
@@ -54,7 +70,13 @@ class Scheduler::Gate final : public detail::RunDriver {
         [&] {
           if (run.is_done()) return true;
           if (closed_.load(std::memory_order_acquire)) return closing = true;
-          s_.drive_waiting();
+          const uint32_t seq = s_.bell_->arm();
+          const bool round = again || seq != seen_seq || s_.rounds() != seen_rounds;
+          const std::optional<bool> moved = s_.drive_waiting(round, &seen_rounds);
+          if (round) {
+            seen_seq = seq;
+            again = moved.value_or(true);
+          }
           return run.is_done();
         },
         run.spin, deadline_ns);
@@ -116,11 +138,13 @@ Scheduler::~Scheduler() {
 }
 
 bool Scheduler::enqueue(std::unique_ptr<NodeRun>&& run) {
+  live_.fetch_add(1, std::memory_order_seq_cst);
   try {
     std::lock_guard<std::mutex> lock(inbox_mu_);
     inbox_.push_back(std::move(run));  // strong guarantee: a throw leaves `run` as it was
     inbox_pending_.store(true, std::memory_order_seq_cst);
   } catch (const std::bad_alloc&) {
+    live_.fetch_sub(1, std::memory_order_seq_cst);
     return false;
   }
   bell_->ring();
@@ -153,7 +177,7 @@ bool Scheduler::drive() {
   // its last one (which may have left work for the next round), nothing can
   // have moved.
   const uint32_t seq = bell_->arm();
-  if (!arriving && !driver_again_ && seq == driver_seq_ && others_rounds() == driver_saw_others_ &&
+  if (!arriving && !driver_again_ && seq == driver_seq_ && rounds() == driver_saw_rounds_ &&
       t - driver_step_ns_ < kTickNs) {
     return false;
   }
@@ -165,29 +189,32 @@ bool Scheduler::drive() {
     return false;
   }
   driver_seq_ = seq;
-  driver_saw_others_ = others_rounds();
   driver_step_ns_ = t;
   driver_again_ = step();
+  driver_saw_rounds_ = rounds();
   return driver_again_;
 }
 
 std::shared_ptr<detail::RunDriver> Scheduler::waiter_driver() const { return gate_; }
 
-bool Scheduler::drive_waiting() noexcept {
+std::optional<bool> Scheduler::drive_waiting(bool round, uint64_t* rounds_after) noexcept {
   driver_ns_.store(now_ns(), std::memory_order_relaxed);
-  return step_if_free();
+  if (!round) return false;
+  return step_if_free(rounds_after);
 }
 
-bool Scheduler::step_if_free() noexcept {
+std::optional<bool> Scheduler::step_if_free(uint64_t* rounds_after) noexcept {
   std::unique_lock<std::mutex> role(role_mu_, std::try_to_lock);
-  if (!role.owns_lock()) return false;
+  if (!role.owns_lock()) return std::nullopt;
   // The round is the Scheduler's, whichever thread steps it: what it
   // allocates is not its caller's, and a throw out of it ends the process
   // (noexcept) as it would on the own thread, rather than reach the caller
   // with the round half done.
   [[maybe_unused]] const hooks::AllocFaultPause scheduler_allocations{};
-  waiter_rounds_.fetch_add(1, std::memory_order_relaxed);
-  return step();
+  const bool moved = step();
+  // Read while no other round can begin: this one's count, not a later one's.
+  if (rounds_after != nullptr) *rounds_after = rounds();
+  return moved;
 }
 
 void Scheduler::release_driver() {
@@ -251,6 +278,7 @@ void Scheduler::main() {
 
 bool Scheduler::step() {
   [[maybe_unused]] const InRound in_round{};
+  rounds_.fetch_add(1, std::memory_order_acq_rel);
   bool progressed = false;
   {
     std::lock_guard<std::mutex> lock(inbox_mu_);
@@ -722,6 +750,8 @@ void Scheduler::retire(NodeRun* run) {
   // tasks of other runs (their predecessors and successors), so no other
   // run still points into this one.
   runs_.erase(run->id);
+  // Before the handle completes: its waiter's next run must not find it live.
+  live_.fetch_sub(1, std::memory_order_seq_cst);
   handle->complete(std::move(result), stats);
   // Its waiter may be parked on this bell, driving (Gate::wait).
   bell_->ring_parked();

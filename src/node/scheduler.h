@@ -224,12 +224,15 @@ class Scheduler {
            now_ns() < driver_ns_.load(std::memory_order_relaxed) + driver_grace_ns_;
   }
   class Gate;
-  // A waiter's round: as drive(), but every call (a waiter spins on its run
-  // anyway) and any number of waiters at once.
-  bool drive_waiting() noexcept;
-  // A round if no other thread is in one, without claiming the role (a
-  // poller, a submitter): the own thread stands by no longer for it.
-  bool step_if_free() noexcept;
+  // A waiter's call: keeps the own thread standing by and, when `round`,
+  // steps a round as step_if_free() does. Any number of waiters at once.
+  std::optional<bool> drive_waiting(bool round, uint64_t* rounds_after) noexcept;
+  // A round if no other thread is in one (nullopt when one is: try again),
+  // without claiming the role (a poller, a submitter): the own thread stands
+  // by no longer for it. Whether the round moved anything; `rounds_after`,
+  // when given, gets rounds() as this round left it.
+  std::optional<bool> step_if_free(uint64_t* rounds_after = nullptr) noexcept;
+  uint64_t rounds() const { return rounds_.load(std::memory_order_acquire); }
   bool idle();
   void admit(std::unique_ptr<NodeRun> run);
   void wire(NodeTask* t);
@@ -306,15 +309,12 @@ class Scheduler {
   std::atomic<uint64_t> driver_ns_{0};  // the driver's last call
   Doorbell takeover_;                   // the own thread stands by here; private to this process
   std::atomic<uint64_t> own_rounds_{0};
-  std::atomic<uint64_t> waiter_rounds_{0};
-  uint64_t others_rounds() const {
-    return own_rounds_.load(std::memory_order_relaxed) + waiter_rounds_.load(std::memory_order_relaxed);
-  }
-  // The driver's own: the bell and the other threads' rounds at its last
-  // round, whether that round moved (so it steps again without a ring), and
-  // when, for the tick.
+  std::atomic<uint64_t> rounds_{0};  // every thread's
+  // The driver's own: the bell and the round count at its last round,
+  // whether that round moved (so it steps again without a ring), and when,
+  // for the tick.
   uint32_t driver_seq_ = 0;
-  uint64_t driver_saw_others_ = 0;
+  uint64_t driver_saw_rounds_ = 0;
   bool driver_again_ = true;
   uint64_t driver_step_ns_ = 0;
   // Waiters inside the gate, driving; whether the own thread stands by, and
@@ -322,6 +322,7 @@ class Scheduler {
   // stand_by() read each other's, so a run enqueued while nobody drives is
   // taken at once by its submitter or by the own thread.
   std::atomic<uint32_t> waiters_{0};
+  std::atomic<uint32_t> live_{0};  // runs enqueued and not yet retired
   std::atomic<bool> standby_{false};
   std::atomic<bool> inbox_pending_{false};
   std::shared_ptr<Gate> gate_;
