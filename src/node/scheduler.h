@@ -175,14 +175,16 @@ class Scheduler {
   // anything moved.
   bool drive();
   void release_driver();
-  // What a RunHandle of this Scheduler's runs waits through: its waiter
-  // steps the rounds while it waits and parks on the Scheduler's bell, and
-  // the own thread stands by as for drive(). A waiter that leaves with runs
-  // still live does not wake the own thread (the next wait usually follows
-  // at once); that thread takes them over once no waiter has stepped for the
-  // grace, and until then a poller of done() steps them. A run enqueued
-  // while the own thread stands by is admitted and published by its
-  // submitter. Outlives the Scheduler (handles hold it); stop() closes it.
+  // What a RunHandle of this Scheduler's runs waits through: when its run
+  // is the only one live, its waiter steps the rounds while it waits and
+  // parks on the Scheduler's bell, and the own thread stands by as for
+  // drive(); with others in flight it waits as before. A waiter that leaves
+  // with runs still live does not wake the own thread (the next wait
+  // usually follows at once); that thread takes them over once no waiter
+  // has stepped for the grace, and until then a poller of done() steps
+  // them. A run enqueued while the own thread stands by is admitted and
+  // published by its submitter. Outlives the Scheduler (handles hold it);
+  // stop() closes it.
   std::shared_ptr<detail::RunDriver> waiter_driver() const;
   // Waiters stepping the rounds right now: what a test waits for.
   uint32_t driving_waiters() const { return waiters_.load(std::memory_order_acquire); }
