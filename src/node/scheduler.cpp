@@ -142,7 +142,6 @@ bool Scheduler::enqueue(std::unique_ptr<NodeRun>&& run) {
   try {
     std::lock_guard<std::mutex> lock(inbox_mu_);
     inbox_.push_back(std::move(run));  // strong guarantee: a throw leaves `run` as it was
-    inbox_pending_.store(true, std::memory_order_seq_cst);
   } catch (const std::bad_alloc&) {
     live_.fetch_sub(1, std::memory_order_seq_cst);
     return false;
@@ -150,7 +149,7 @@ bool Scheduler::enqueue(std::unique_ptr<NodeRun>&& run) {
   bell_->ring();
   // The own thread stands by for a waiter who may not come (the caller may
   // go on with other work): the caller admits and publishes the run itself.
-  // Pairs with stand_by(): one of the two sees the other.
+  // Had the own thread not stood by yet, it finds no driver and steps.
   if (standby_.load(std::memory_order_seq_cst) && !t_in_round) (void)step_if_free();
   return true;
 }
@@ -229,12 +228,6 @@ void Scheduler::stand_by() {
     if (stop_requested_.load()) break;
     const uint64_t since = driver_ns_.load(std::memory_order_relaxed);
     if (!driven()) break;
-    // A run enqueued before this thread stood by, which no waiter is there
-    // to take: its submitter saw no one standing by and left it to this thread.
-    if (inbox_pending_.load(std::memory_order_seq_cst) && waiters_.load(std::memory_order_seq_cst) == 0 &&
-        !driver_attached_.load(std::memory_order_acquire)) {
-      break;
-    }
     takeover_.park(armed, since + driver_grace_ns_);
   }
   standby_.store(false, std::memory_order_seq_cst);
@@ -282,7 +275,6 @@ bool Scheduler::step() {
   bool progressed = false;
   {
     std::lock_guard<std::mutex> lock(inbox_mu_);
-    inbox_pending_.store(false, std::memory_order_seq_cst);
     incoming_.swap(inbox_);
   }
   for (auto& run : incoming_) {

@@ -319,14 +319,12 @@ class Scheduler {
   uint64_t driver_saw_rounds_ = 0;
   bool driver_again_ = true;
   uint64_t driver_step_ns_ = 0;
-  // Waiters inside the gate, driving; whether the own thread stands by, and
-  // whether the inbox holds a run no round took yet: enqueue() and
-  // stand_by() read each other's, so a run enqueued while nobody drives is
-  // taken at once by its submitter or by the own thread.
+  // Waiters inside the gate, driving; runs enqueued and not yet retired
+  // (a waiter drives only a lone run); whether the own thread stands by
+  // (enqueue() then steps the run itself).
   std::atomic<uint32_t> waiters_{0};
-  std::atomic<uint32_t> live_{0};  // runs enqueued and not yet retired
+  std::atomic<uint32_t> live_{0};
   std::atomic<bool> standby_{false};
-  std::atomic<bool> inbox_pending_{false};
   std::shared_ptr<Gate> gate_;
 
   std::atomic<bool> stop_requested_{false};
