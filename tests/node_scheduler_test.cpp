@@ -356,6 +356,38 @@ TEST(SchedulerDriver, RunsSurviveTheRoleChangingHands) {
   }
 }
 
+// A started fixture whose runs' waiters drive its Scheduler.
+struct WaiterFixture : SchedFixture {
+  WaiterFixture(ChildKind kind, uint64_t grant, uint64_t driver_grace_ns)
+      : SchedFixture(kind, grant, nullptr, driver_grace_ns) {
+    waiter_drives = true;
+    start();
+  }
+};
+
+// A thread waiting for `run` from construction.
+class WaitingThread {
+ public:
+  explicit WaitingThread(RunHandle run) : run_(std::move(run)), thread_([this] { result_ = run_.wait(); }) {}
+  ~WaitingThread() {
+    if (thread_.joinable()) thread_.join();
+  }
+  Status join() {
+    thread_.join();
+    return result_;
+  }
+
+ private:
+  RunHandle run_;
+  Status result_ = internal_error("the waiter did not return");
+  std::thread thread_;
+};
+
+// Whether a waiter comes to drive `fx`'s Scheduler, with its own thread standing by.
+bool waiter_drives(SchedFixture& fx) {
+  return eventually([&] { return fx.sched->driving_waiters() == 1 && fx.sched->standing_by(); });
+}
+
 // R34's scheduler thread is a role: a thread waiting for a run steps the
 // rounds itself (no hop to the scheduler thread and back), and the own
 // thread stands by. Parked, the waiter stays the driver: the child's
@@ -363,19 +395,14 @@ TEST(SchedulerDriver, RunsSurviveTheRoleChangingHands) {
 // ends the run.
 TEST(SchedulerWaiter, AWaiterCarriesItsRunWhileTheOwnThreadStandsBy) {
   Watchdog dog;
-  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
-  fx.waiter_drives = true;
-  fx.start();
-  RunHandle r = fx.submit("gate=1;text=fine");
-  Status result = internal_error("the waiter did not return");
-  std::thread waiter([&] { result = r.wait(); });
-  EXPECT_TRUE(eventually([&] { return fx.sched->driving_waiters() == 1 && fx.sched->standing_by(); }))
-      << "the waiter did not take the rounds over";
+  WaiterFixture fx(ChildKind::kMock, 4, kNeverQuietNs);
+  WaitingThread waiter(fx.submit("gate=1;text=fine"));
+  EXPECT_TRUE(waiter_drives(fx)) << "the waiter did not take the rounds over";
   EXPECT_TRUE(eventually([&] { return fx.ep->view().control().parent_bell.parked() != 0; }))
       << "the waiter never parked on the Scheduler's bell";
   const uint64_t own = fx.sched->own_rounds();
   fx.open_gate(1);
-  waiter.join();
+  const Status result = waiter.join();
   EXPECT_TRUE(result.ok()) << result.to_string();
   EXPECT_EQ(fx.sched->own_rounds(), own) << "the own thread stepped the round that ended the waiter's run";
 }
@@ -384,12 +411,10 @@ TEST(SchedulerWaiter, AWaiterCarriesItsRunWhileTheOwnThreadStandsBy) {
 // for it, then for the run's end: the own thread (never quiet for a grace
 // of kNeverQuietNs) goes on standing by after the waiter has left.
 bool waiter_leaves_the_own_thread_standing_by(SchedFixture& fx, int gate) {
-  RunHandle r = fx.submit(fmt::format("gate={};text=fine", gate));
-  Status result = internal_error("the waiter did not return");
-  std::thread waiter([&] { result = r.wait(); });
-  const bool stood_by = eventually([&] { return fx.sched->driving_waiters() == 1 && fx.sched->standing_by(); });
+  WaitingThread waiter(fx.submit(fmt::format("gate={};text=fine", gate)));
+  const bool stood_by = waiter_drives(fx);
   fx.open_gate(gate);
-  waiter.join();
+  const Status result = waiter.join();
   EXPECT_TRUE(result.ok()) << result.to_string();
   return stood_by && result.ok() && fx.sched->standing_by();
 }
@@ -400,9 +425,7 @@ bool waiter_leaves_the_own_thread_standing_by(SchedFixture& fx, int gate) {
 // woken to carry them.
 TEST(SchedulerWaiter, AWaiterAmongRunsInFlightLeavesThemToTheOwnThread) {
   Watchdog dog;
-  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
-  fx.waiter_drives = true;
-  fx.start();
+  WaiterFixture fx(ChildKind::kMock, 4, kNeverQuietNs);
   ASSERT_TRUE(waiter_leaves_the_own_thread_standing_by(fx, 8));
   RunHandle first = fx.submit("gate=9;text=fine");
   RunHandle second = fx.submit("gate=9;text=fine");
@@ -421,9 +444,7 @@ TEST(SchedulerWaiter, AWaiterAmongRunsInFlightLeavesThemToTheOwnThread) {
 // that round, not left parked until some later event.
 TEST(SchedulerWaiter, AParkedWaiterWakesWhenAnotherThreadEndsItsRun) {
   Watchdog dog;
-  SchedFixture fx(ChildKind::kNone, 8, nullptr, kNeverQuietNs);
-  fx.waiter_drives = true;
-  fx.start();
+  WaiterFixture fx(ChildKind::kNone, 8, kNeverQuietNs);
   RunHandle r = fx.submit("");
   std::atomic<bool> returned{false};
   Status result = internal_error("the waiter did not return");
@@ -448,9 +469,7 @@ TEST(SchedulerWaiter, AParkedWaiterWakesWhenAnotherThreadEndsItsRun) {
 // grace: nothing waits on a thread that went away.
 TEST(SchedulerWaiter, RunsAWaiterLeftLiveAreTakenOverAfterTheGrace) {
   Watchdog dog;
-  SchedFixture fx(ChildKind::kMock, 4, nullptr, /*driver_grace_ns=*/2'000'000);
-  fx.waiter_drives = true;
-  fx.start();
+  WaiterFixture fx(ChildKind::kMock, 4, /*driver_grace_ns=*/2'000'000);
   std::atomic<bool> held_done{false};
   RunHandle held = fx.submit("gate=2;text=fine", [&](const Status&) { held_done.store(true); });
   RunHandle quick = fx.submit("text=fine");
@@ -469,9 +488,7 @@ TEST(SchedulerWaiter, RunsAWaiterLeftLiveAreTakenOverAfterTheGrace) {
 // starts at once.
 TEST(SchedulerWaiter, ARunSubmittedWhileTheOwnThreadStandsByIsPublishedBySubmit) {
   Watchdog dog;
-  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
-  fx.waiter_drives = true;
-  fx.start();
+  WaiterFixture fx(ChildKind::kMock, 4, kNeverQuietNs);
   ASSERT_TRUE(waiter_leaves_the_own_thread_standing_by(fx, 3));
   // Only this thread steps rounds now: the own thread stands by for good.
   const uint64_t published = fx.sched->publications();
@@ -485,9 +502,7 @@ TEST(SchedulerWaiter, ARunSubmittedWhileTheOwnThreadStandsByIsPublishedBySubmit)
 // poll steps a round, so the run ends without the own thread.
 TEST(SchedulerWaiter, PollingDoneCarriesARun) {
   Watchdog dog;
-  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
-  fx.waiter_drives = true;
-  fx.start();
+  WaiterFixture fx(ChildKind::kMock, 4, kNeverQuietNs);
   ASSERT_TRUE(waiter_leaves_the_own_thread_standing_by(fx, 6));
   RunHandle polled = fx.submit("text=fine");
   EXPECT_TRUE(eventually([&] { return polled.done(); })) << "polling done() never ended the run";
@@ -499,9 +514,7 @@ TEST(SchedulerWaiter, PollingDoneCarriesARun) {
 // until its deadline, and the Scheduler goes on.
 TEST(SchedulerWaiter, ACallbackWaitingInsideARoundDoesNotStepAnother) {
   Watchdog dog;
-  SchedFixture fx(ChildKind::kMock, 4);
-  fx.waiter_drives = true;
-  fx.start();
+  WaiterFixture fx(ChildKind::kMock, 4, Scheduler::kDriverGraceNs);
   RunHandle held = fx.submit("gate=4;text=fine");
   Status inner = internal_error("the callback did not run");
   std::atomic<bool> called{false};
@@ -522,17 +535,14 @@ TEST(SchedulerWaiter, ACallbackWaitingInsideARoundDoesNotStepAnother) {
 // returns once the waiter has left the Scheduler.
 TEST(SchedulerWaiter, StopEndsTheRunOfAWaiterInsideAndWaitsForItToLeave) {
   Watchdog dog;
-  SchedFixture fx(ChildKind::kMock, 4, nullptr, kNeverQuietNs);
-  fx.waiter_drives = true;
-  fx.start();
+  WaiterFixture fx(ChildKind::kMock, 4, kNeverQuietNs);
   RunHandle stuck = fx.submit("gate=5;text=never");
-  Status result = internal_error("the waiter did not return");
-  std::thread waiter([&] { result = stuck.wait(); });
-  ASSERT_TRUE(eventually([&] { return fx.sched->driving_waiters() == 1 && fx.sched->standing_by(); }));
+  WaitingThread waiter(stuck);
+  ASSERT_TRUE(waiter_drives(fx));
   fx.sched->stop(now_ns() + 20'000'000);
   fx.started = false;
   EXPECT_EQ(fx.sched->driving_waiters(), 0u);
-  waiter.join();
+  const Status result = waiter.join();
   EXPECT_EQ(result.code(), StatusCode::kAborted) << result.to_string();
   fx.sched.reset();
   EXPECT_EQ(stuck.wait().code(), StatusCode::kAborted) << "a handle outliving its Scheduler";
@@ -544,9 +554,7 @@ TEST(SchedulerWaiter, StopEndsTheRunOfAWaiterInsideAndWaitsForItToLeave) {
 // its own result.
 TEST(SchedulerWaiter, ManyWaitersAndTheOwnThreadShareTheRounds) {
   Watchdog dog;
-  SchedFixture fx(ChildKind::kMock, 8, nullptr, /*driver_grace_ns=*/50'000);
-  fx.waiter_drives = true;
-  fx.start();
+  WaiterFixture fx(ChildKind::kMock, 8, /*driver_grace_ns=*/50'000);
   std::mutex submit_mu;  // the fixture's run and task ids
   std::vector<std::thread> threads;
   std::atomic<int> wrong{0};
