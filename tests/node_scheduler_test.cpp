@@ -517,13 +517,17 @@ TEST(SchedulerWaiter, ACallbackWaitingInsideARoundDoesNotStepAnother) {
   WaiterFixture fx(ChildKind::kMock, 4, Scheduler::kDriverGraceNs);
   RunHandle held = fx.submit("gate=4;text=fine");
   Status inner = internal_error("the callback did not run");
+  std::atomic<bool> waiting{false};
   std::atomic<bool> called{false};
   RunHandle outer = fx.submit("text=fine", [&](const Status&) {
-    inner = held.wait_for(std::chrono::milliseconds(20));
+    waiting.store(true);
+    inner = held.wait_for(std::chrono::milliseconds(300));
     called.store(true);
   });
   ASSERT_TRUE(outer.wait().ok()) << outer.result().to_string();
   // The handle completes before its callback runs, on whichever thread ended it.
+  ASSERT_TRUE(eventually([&] { return waiting.load(); }));
+  EXPECT_EQ(fx.sched->driving_waiters(), 0u) << "the callback's wait drives from inside a round";
   ASSERT_TRUE(eventually([&] { return called.load(); }));
   EXPECT_EQ(inner.code(), StatusCode::kDeadlineExceeded) << inner.to_string();
   fx.open_gate(4);

@@ -172,9 +172,8 @@ bool Scheduler::drive() {
   driver_ns_.store(t, std::memory_order_relaxed);
   const bool arriving = !driver_attached_.load(std::memory_order_relaxed);
   if (arriving) driver_attached_.store(true, std::memory_order_release);
-  // Without a ring, a tick, or a round of the own thread or a waiter since
-  // its last one (which may have left work for the next round), nothing can
-  // have moved.
+  // Without a ring, a tick, or another thread's round since its last one
+  // (which may have left work for the next round), nothing can have moved.
   const uint32_t seq = bell_->arm();
   if (!arriving && !driver_again_ && seq == driver_seq_ && rounds() == driver_saw_rounds_ &&
       t - driver_step_ns_ < kTickNs) {
