@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "base/leak.h"
+#include "base/load_sense.h"
 #include "base/shared_memory.h"
 #include "chip/chip_worker.h"
 #include "health_scan.h"
@@ -1606,6 +1607,40 @@ TEST(MailboxProcess, AChildForkedForASpawnThatTimedOutIsKilled) {
   };
   EXPECT_TRUE(eventually([&] { return live_children() == std::set<pid_t>{*claimed}; }))
       << "the server's live children are not just the claimed one: " << live_children().size() << " live";
+}
+
+// Issue 16: the fork server and the children it forks are this job's own
+// processes (LoadSense): a slice this process loses to them is not load. A
+// server reaped is forgotten.
+TEST(MailboxProcess, AForkServerAndItsChildrenAreTheJobsOwnProcesses) {
+  Watchdog dog;
+  Gates gates;
+  auto mailbox = ForkedChild::map_mailbox(1);
+  ASSERT_TRUE(mailbox.ok()) << mailbox.status().to_string();
+  auto view = MailboxView::attach((*mailbox)->data(), (*mailbox)->size(), 1);
+  ASSERT_TRUE(view.ok()) << view.status().to_string();
+  auto endpoint = MailboxEndpoint::create((*mailbox)->data(), (*mailbox)->size(), 1);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status().to_string();
+  const uint32_t noted_before = load_sense().fork_servers_noted();
+  std::vector<ChildRecipe> recipes;
+  TestGates* g = gates.g;
+  recipes.push_back(ChildRecipe{"simpler-job", [g] { return std::make_unique<TestHandler>(g); }, *view, {}});
+  auto server = ForkServer::start(std::move(recipes));
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  const Result<pid_t> child = (*server)->spawn(0, now_ns() + kTestWaitNs);
+  ASSERT_TRUE(child.ok()) << child.status().to_string();
+  ASSERT_TRUE((*endpoint)->wait_ready(now_ns() + kTestWaitNs).ok());
+  const long server_pid = (*server)->pid();
+  const auto in_job = [](long pid) {
+    const std::vector<long> job = load_sense().job_processes();
+    return std::find(job.begin(), job.end(), pid) != job.end();
+  };
+  EXPECT_TRUE(in_job(server_pid));
+  EXPECT_TRUE(in_job(*child));
+  EXPECT_FALSE(in_job(static_cast<long>(getpid()))) << "this process is counted apart";
+  EXPECT_EQ(load_sense().fork_servers_noted(), noted_before + 1);
+  server->reset();  // ends and reaps the server, which ends its child
+  EXPECT_EQ(load_sense().fork_servers_noted(), noted_before) << "a reaped server's pid may be reused";
 }
 
 // A child killed with SIGKILL: every run it held gets a terminal error while

@@ -121,6 +121,15 @@ TEST(LoadSense, ProcTextIsParsedAndMalformedTextRefused) {
   EXPECT_EQ(state("1234 (aiv1) "), -1);
   EXPECT_EQ(state("1234 aiv1 R 1"), -1);
   EXPECT_EQ(state("1234 (aiv1) r 1"), -1);
+  const auto parent = [](const std::string& s) { return LoadSense::parent_of_stat(s.data(), s.size()); };
+  EXPECT_EQ(parent("1234 (simpler-chip0) S 1200 1 2 3"), 1200);
+  EXPECT_EQ(parent("1234 (a b) (c)) R 7 1"), 7);
+  EXPECT_EQ(parent("1 (init) S 0 1"), 0);
+  EXPECT_EQ(parent("1234 (x) S 1200"), -1);  // cut off: the number may go on
+  EXPECT_EQ(parent("1234 (x) S  1200 1"), -1);
+  EXPECT_EQ(parent("1234 (x) S -1 1"), -1);
+  EXPECT_EQ(parent("1234 (x) S"), -1);
+  EXPECT_EQ(parent("1234 (x) S 1234567890123 1"), -1);
 }
 
 // A tree standing in for /proc: loadavg's running count, and one stat file
@@ -135,6 +144,13 @@ struct FakeProc {
   void thread(long tid, char state) const {
     std::filesystem::create_directories(fmt::format("{}/self/task/{}", root, tid));
     write(fmt::format("{}/self/task/{}/stat", root, tid), fmt::format("{} (aiv{}) {} 1 2 3 4\n", tid, tid, state));
+  }
+  // A thread of another process `pid` whose parent is `ppid`.
+  void process_thread(long pid, long ppid, long tid, char state) const {
+    std::filesystem::create_directories(fmt::format("{}/{}/task/{}", root, pid, tid));
+    write(fmt::format("{}/{}/stat", root, pid), fmt::format("{} (p{}) S {} 2 3 4\n", pid, pid, ppid));
+    write(fmt::format("{}/{}/task/{}/stat", root, pid, tid),
+          fmt::format("{} (t{}) {} {} 2 3\n", tid, tid, state, ppid));
   }
   static void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
   std::string root;
@@ -164,6 +180,51 @@ TEST(LoadSense, OthersAreTheMachinesRunnableThreadsBeyondThisProcesss) {
   proc.loadavg(4);
   proc.write(proc.root + "/self/task/102/stat", "102 aiv R");
   EXPECT_TRUE(load_sense().others_runnable());
+}
+
+// Issue 16: a worker's forked processes (its fork server's descendants, at
+// any depth) and the job's root are the job's own work: a slice lost to them
+// is not load. A process the root forked itself (a busy neighbour) is not.
+TEST(LoadSense, TheProcessesAWorkerForkedAreNotOthers) {
+  HooksReset reset;
+  FakeProc proc(testing::scratch_dir("load_sense", "job"));
+  const long self = static_cast<long>(getpid());
+  LoadSense sense;
+  sense.note_fork_server(500, static_cast<int32_t>(self));
+  proc.thread(101, 'R');
+  proc.process_thread(500, self, 500, 'S');  // the fork server
+  proc.process_thread(600, 500, 601, 'R');   // a chip child
+  proc.process_thread(600, 500, 602, 'R');
+  proc.process_thread(800, 600, 801, 'R');   // a node child's own child
+  proc.process_thread(700, self, 701, 'S');  // a busy neighbour, between slices
+  proc.loadavg(4);
+  EXPECT_FALSE(sense.others_runnable()) << "4 runnable: this process's 101, the job's 601, 602 and 801";
+  proc.process_thread(700, self, 701, 'R');
+  proc.loadavg(5);
+  EXPECT_TRUE(sense.others_runnable()) << "the neighbour's 701 is not the job's";
+  proc.process_thread(700, self, 701, 'S');
+  proc.loadavg(4);
+  sense.forget_fork_server(500);
+  EXPECT_TRUE(sense.others_runnable()) << "a reaped server's pid names no job process";
+}
+
+// A forked child counts its job's root and siblings as its own: the record
+// of the server it was forked from came with the fork.
+TEST(LoadSense, AChildCountsItsJobsRootAndSiblingsAsItsOwn) {
+  HooksReset reset;
+  FakeProc proc(testing::scratch_dir("load_sense", "child"));
+  LoadSense sense;
+  sense.note_fork_server(500, 400);  // as inherited: root 400, server 500
+  proc.thread(101, 'R');
+  proc.process_thread(400, 1, 401, 'R');  // the root
+  proc.process_thread(500, 400, 500, 'S');
+  proc.process_thread(600, 500, 601, 'R');  // a sibling
+  proc.process_thread(900, 1, 901, 'S');
+  proc.loadavg(3);
+  EXPECT_FALSE(sense.others_runnable()) << "this process's 101, the root's 401, the sibling's 601";
+  proc.process_thread(900, 1, 901, 'R');
+  proc.loadavg(4);
+  EXPECT_TRUE(sense.others_runnable());
 }
 
 // Busy threads of another process are always runnable: others_runnable()
@@ -255,6 +316,52 @@ TEST(LoadSense, ABatchThatLostItsCpuParksTheWaitAndMarksTheProcess) {
   EXPECT_GE(load_sense().lost_batches(), lost_before + 1);
   EXPECT_TRUE(load_sense().oversubscribed(now_ns()));
   w.finish();
+}
+
+// A wait whose condition came true while its yield lost the CPU for a slice
+// (the usual case on a loaded machine: the hand-off it waited for happened
+// meanwhile) returns at once; that batch is still noted, or every wait would
+// go on yielding slices away without the process ever reading as loaded.
+TEST(LoadSense, AWaitThatEndsRightAfterALostYieldStillNotesTheBatch) {
+  HooksReset reset;
+  hooks::force_load_state(0);  // quiet waits: spin and yield
+  hooks::force_others_runnable(1);
+  const uint64_t lost_before = load_sense().lost_batches();
+  Doorbell bell;
+  int polls = 0;
+  // One pause per yield: the first batch is noted quiet and yields; the
+  // poll after that yield finds the condition true, and that batch reads
+  // as a lost slice.
+  const bool ok = spin_then_park(
+      bell,
+      [&] {
+        if (++polls < 3) return false;
+        hooks::add_spin_batch_gap(LoadSense::kLostCpuNs);
+        return true;
+      },
+      SpinPolicy{1, 1'000'000'000});
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(polls, 3);
+  EXPECT_EQ(bell.parked(), 0u);
+  EXPECT_EQ(load_sense().lost_batches(), lost_before + 1);
+}
+
+// The same for a polling thread (a simulated AICPU or core): the poll after
+// a lost yield found work.
+TEST(LoadSense, APollThatFindsWorkRightAfterALostYieldStillNotesTheBatch) {
+  HooksReset reset;
+  hooks::force_load_state(0);
+  hooks::force_others_runnable(1);
+  const uint64_t lost_before = load_sense().lost_batches();
+  IdleSpin idle(1'000'000'000);
+  ASSERT_TRUE(idle.keep_polling()) << "a quiet empty poll polls again";
+  EXPECT_EQ(load_sense().lost_batches(), lost_before);
+  hooks::add_spin_batch_gap(LoadSense::kLostCpuNs);
+  idle.busy();
+  EXPECT_EQ(load_sense().lost_batches(), lost_before + 1);
+  // Busy again with no idle poll between: nothing more to note.
+  idle.busy();
+  EXPECT_EQ(load_sense().lost_batches(), lost_before + 1);
 }
 
 }  // namespace

@@ -86,8 +86,14 @@ struct SpinPolicy {
 class IdleSpin {
  public:
   explicit IdleSpin(uint64_t spin_ns) : spin_ns_(spin_ns) {}
-  // The poll found work.
+  // The poll found work. A yield just before may have lost the CPU for a
+  // time slice while the work arrived: noted, or a poller whose every lost
+  // slice ends in work would never learn that the machine is loaded.
   void busy() {
+    if (idle_since_ != 0) {
+      const uint64_t t = now_ns();
+      load_.note_batch(t - last_idle_, t);
+    }
     idle_since_ = 0;
     polls_ = 0;
   }
@@ -137,7 +143,17 @@ bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uin
   const uint64_t spin_until = batch_start + (load.oversubscribed(batch_start) ? 0 : policy.spin_ns);
   uint32_t n = 0;
   for (;;) {
-    if (ready()) return true;
+    if (ready()) {
+      // What this waited for may have arrived while a yield lost the CPU to
+      // another process for a time slice: noted, or a wait that always ends
+      // right after such a yield would never learn that the machine is
+      // loaded and would go on yielding slices away.
+      if (n >= policy.pauses_per_yield) {
+        const uint64_t t = now_ns();
+        load.note_batch(t - batch_start, t);
+      }
+      return true;
+    }
     if (++n % policy.pauses_per_yield == 0) {
       const uint64_t t = now_ns();
       if (deadline_ns != 0 && t >= deadline_ns) return false;

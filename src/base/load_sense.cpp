@@ -23,18 +23,18 @@ ssize_t read_file(const char* path, char* buf, size_t size) {
   return n;
 }
 
-// Adds to `runnable` the ids of this process's threads that are runnable
-// now (state R); false when /proc cannot tell.
-bool add_runnable_threads(const char* proc, std::vector<long>& runnable) {
+// Adds to `runnable` the ids of the threads of process `pid` ("self" or a
+// number) that are runnable now (state R); false when /proc cannot tell.
+bool add_runnable_threads(const char* proc, const char* pid, std::vector<long>& runnable) {
   char path[512];
-  std::snprintf(path, sizeof path, "%s/self/task", proc);
+  std::snprintf(path, sizeof path, "%s/%s/task", proc, pid);
   DIR* dir = ::opendir(path);
   if (dir == nullptr) return false;
   bool ok = true;
   char buf[256];
   while (const dirent* e = ::readdir(dir)) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    std::snprintf(path, sizeof path, "%s/self/task/%s/stat", proc, e->d_name);
+    std::snprintf(path, sizeof path, "%s/%s/task/%s/stat", proc, pid, e->d_name);
     const ssize_t n = read_file(path, buf, sizeof buf);
     // A thread that ended since the listing is not runnable.
     if (n <= 0) continue;
@@ -90,20 +90,111 @@ int LoadSense::state_of_task_stat(const char* text, size_t size) {
   return state >= 'A' && state <= 'Z' ? state : -1;
 }
 
+int64_t LoadSense::parent_of_stat(const char* text, size_t size) {
+  if (state_of_task_stat(text, size) < 0) return -1;
+  size_t i = size;
+  while (text[i - 1] != ')') --i;  // found: the state parsed
+  i += 3;                          // past ") S "
+  if (i > size || text[i - 1] != ' ') return -1;
+  int64_t n = 0;
+  size_t digits = 0;
+  for (; i < size && text[i] >= '0' && text[i] <= '9' && digits < 9; ++i, ++digits) n = n * 10 + (text[i] - '0');
+  if (digits == 0 || i >= size || text[i] != ' ') return -1;
+  return n;
+}
+
+void LoadSense::note_fork_server(int32_t server, int32_t forker) {
+  int32_t none = 0;
+  root_.compare_exchange_strong(none, forker, std::memory_order_relaxed);
+  for (auto& s : servers_) {
+    int32_t free = 0;
+    if (s.load(std::memory_order_relaxed) == server || s.compare_exchange_strong(free, server)) return;
+  }
+}
+
+void LoadSense::forget_fork_server(int32_t server) {
+  for (auto& s : servers_) {
+    int32_t was = server;
+    if (s.compare_exchange_strong(was, 0)) return;
+  }
+}
+
+std::vector<long> LoadSense::job_processes() const {
+  std::vector<long> servers;
+  for (const auto& s : servers_) {
+    if (const int32_t pid = s.load(std::memory_order_relaxed); pid != 0) servers.push_back(pid);
+  }
+  if (servers.empty()) return {};
+  const char* proc = hooks::proc_root();
+  const long root = root_.load(std::memory_order_relaxed);
+  std::vector<std::pair<long, long>> parent_of;  // (pid, ppid), sorted by pid
+  if (DIR* dir = ::opendir(proc)) {
+    char path[512];
+    char buf[256];
+    while (const dirent* e = ::readdir(dir)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      std::snprintf(path, sizeof path, "%s/%s/stat", proc, e->d_name);
+      const ssize_t n = read_file(path, buf, sizeof buf);
+      const int64_t ppid = n > 0 ? LoadSense::parent_of_stat(buf, static_cast<size_t>(n)) : -1;
+      if (ppid >= 0) parent_of.emplace_back(std::strtol(e->d_name, nullptr, 10), static_cast<long>(ppid));
+    }
+    ::closedir(dir);
+  }
+  std::sort(parent_of.begin(), parent_of.end());
+  const long self = static_cast<long>(::getpid());
+  std::vector<long> job;
+  if (root != self) job.push_back(root);
+  // A fork tree is a few levels deep; the bound only guards a cycle of
+  // reused pids read at different instants.
+  constexpr int kMaxDepth = 32;
+  for (const auto& entry : parent_of) {
+    const long pid = entry.first;
+    if (pid == self || pid == root) continue;
+    long p = pid;
+    for (int depth = 0; depth < kMaxDepth && p > 1; ++depth) {
+      if (std::find(servers.begin(), servers.end(), p) != servers.end()) {
+        job.push_back(pid);
+        break;
+      }
+      const auto it = std::lower_bound(parent_of.begin(), parent_of.end(), std::make_pair(p, 0L));
+      if (it == parent_of.end() || it->first != p) break;
+      p = it->second;
+    }
+  }
+  return job;
+}
+
+uint32_t LoadSense::fork_servers_noted() const {
+  uint32_t n = 0;
+  for (const auto& s : servers_) n += s.load(std::memory_order_relaxed) != 0 ? 1 : 0;
+  return n;
+}
+
 bool LoadSense::others_runnable() const {
   if (const int forced = hooks::forced_others_runnable(); forced >= 0) return forced == 1;
-  // This process's threads change state every few microseconds: one counts
-  // as runnable if it was so just before or just after the machine's count.
   const char* proc = hooks::proc_root();
+  const std::vector<long> job = job_processes();
   std::vector<long> ours;
   ours.reserve(64);
-  if (!add_runnable_threads(proc, ours)) return true;
+  // A process of the job that ended since the listing has no runnable thread.
+  const auto add_ours = [&] {
+    if (!add_runnable_threads(proc, "self", ours)) return false;
+    char pid[24];
+    for (const long p : job) {
+      std::snprintf(pid, sizeof pid, "%ld", p);
+      (void)add_runnable_threads(proc, pid, ours);
+    }
+    return true;
+  };
+  // The job's threads change state every few microseconds: one counts as
+  // runnable if it was so just before or just after the machine's count.
+  if (!add_ours()) return true;
   char path[512];
   std::snprintf(path, sizeof path, "%s/loadavg", proc);
   char buf[128];
   const ssize_t n = read_file(path, buf, sizeof buf);
   const int64_t running = n > 0 ? running_of_loadavg(buf, static_cast<size_t>(n)) : -1;
-  if (running < 0 || !add_runnable_threads(proc, ours)) return true;
+  if (running < 0 || !add_ours()) return true;
   return running > static_cast<int64_t>(ours.size());
 }
 

@@ -8,9 +8,11 @@
 // forked children start from their parent's state.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/clock.h"
 
@@ -69,12 +71,34 @@ class LoadSense {
   // per thread of the process: note_batch() asks only for a long batch
   // while the process is not held oversubscribed, one thread at a time, and
   // after a false answer not again before the verdict lapses.
+  // With a fork server noted (note_fork_server()), the job's other
+  // processes' threads count as this process's own too: those of the job's
+  // root, of its fork servers and of every process they forked.
   bool others_runnable() const;
+  // A fork server (ForkServer) was forked by `forker`. Its threads and those
+  // of every process it forks are this job's own work, not a neighbour's: a
+  // worker's children spin and yield to its parent and each other as its
+  // threads do. Called on both sides of the fork while each has one thread;
+  // what the server forks inherits the record. The first forker is the
+  // job's root. At most kMaxForkServers are tracked; later ones count as
+  // others.
+  static constexpr uint32_t kMaxForkServers = 16;
+  void note_fork_server(int32_t server, int32_t forker);
+  // The server was reaped: its pid may name an unrelated process later.
+  void forget_fork_server(int32_t server);
+  // How many servers are noted now: what a test of the call sites reads.
+  uint32_t fork_servers_noted() const;
+  // The job's processes other than this one, read from /proc now: its root
+  // unless that is this process, and every process whose ancestry reaches a
+  // noted fork server (the servers included). Empty while none is noted.
+  std::vector<long> job_processes() const;
   // Parsers of /proc text, -1 when malformed: the running count of
-  // /proc/loadavg ("0.20 0.18 0.12 3/80 11206"), and the state letter of
-  // /proc/<pid>/task/<tid>/stat ("1234 (name) R ...").
+  // /proc/loadavg ("0.20 0.18 0.12 3/80 11206"), the state letter of
+  // /proc/<pid>/task/<tid>/stat ("1234 (name) R ...") and the parent pid of
+  // /proc/<pid>/stat ("1234 (name) S 1200 ...").
   static int64_t running_of_loadavg(const char* text, size_t size);
   static int state_of_task_stat(const char* text, size_t size);
+  static int64_t parent_of_stat(const char* text, size_t size);
   // Off: every batch reads as quiet, the waits spin as before issue 16 (the
   // process's LoadSense is off when SIMPLER_LOAD_SENSE=0, for A/B runs).
   void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
@@ -86,8 +110,10 @@ class LoadSense {
   std::atomic<uint32_t> own_work_{0};
   std::atomic<uint64_t> own_work_end_{0};
   std::atomic<uint64_t> own_{0};
-  std::atomic<uint64_t> own_until_{0};  // the verdict "all ours" stands until then
-  std::atomic<bool> asking_{false};     // a thread is in others_runnable()
+  std::atomic<uint64_t> own_until_{0};                           // the verdict "all ours" stands until then
+  std::atomic<bool> asking_{false};                              // a thread is in others_runnable()
+  std::atomic<int32_t> root_{0};                                 // the job's root; 0 while no fork server was noted
+  std::array<std::atomic<int32_t>, kMaxForkServers> servers_{};  // 0 = a free entry
 };
 
 // The process's LoadSense, shared by every spin-then-park wait and every

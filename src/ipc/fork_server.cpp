@@ -16,6 +16,7 @@
 
 #include "base/errors.h"
 #include "base/fault_hooks.h"
+#include "base/load_sense.h"
 
 namespace simpler {
 
@@ -162,10 +163,14 @@ Result<std::unique_ptr<ForkServer>> ForkServer::start(std::vector<ChildRecipe> r
     close(sv[1]);
     return resource_exhausted("fork server: fork failed: {}", std::strerror(e));  // s closes sv[0]
   }
+  // On both sides, so that the server's children inherit the record: their
+  // threads are this job's, not a neighbour's (LoadSense).
   if (pid == 0) {
+    load_sense().note_fork_server(getpid(), parent);
     close(sv[0]);
     serve(sv[1], parent, recipes);
   }
+  load_sense().note_fork_server(pid, parent);
   close(sv[1]);
   s->pid_ = pid;
   std::lock_guard<std::mutex> lock(s->mu_);
@@ -192,6 +197,7 @@ ForkServer::~ForkServer() {
   int ws = 0;
   while (waitpid(pid_, &ws, 0) < 0 && errno == EINTR) {
   }
+  load_sense().forget_fork_server(pid_);
 }
 
 Result<ForkServer::Reply> ForkServer::receive(uint64_t seq, uint64_t deadline_ns) {
