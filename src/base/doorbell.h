@@ -86,13 +86,14 @@ struct SpinPolicy {
 class IdleSpin {
  public:
   explicit IdleSpin(uint64_t spin_ns) : spin_ns_(spin_ns) {}
-  // The poll found work. A yield just before may have lost the CPU for a
-  // time slice while the work arrived: noted, or a poller whose every lost
-  // slice ends in work would never learn that the machine is loaded.
+  // The poll found work. The yield just before it may have lost the CPU
+  // for a time slice while the work arrived: noted, or a poller whose every
+  // lost slice ends in work would never learn that the machine is loaded.
   void busy() {
-    if (idle_since_ != 0) {
+    if (yielded_) {
       const uint64_t t = now_ns();
       load_.note_batch(t - last_idle_, t);
+      yielded_ = false;
     }
     idle_since_ = 0;
     polls_ = 0;
@@ -100,7 +101,10 @@ class IdleSpin {
   // The poll found none: true to poll again, false to park now.
   bool keep_polling();
   // The thread parked and is polling again.
-  void woke() { idle_since_ = 0; }
+  void woke() {
+    idle_since_ = 0;
+    yielded_ = false;
+  }
 
  private:
   LoadSense& load_ = load_sense();
@@ -108,6 +112,7 @@ class IdleSpin {
   uint64_t idle_since_ = 0;
   uint64_t last_idle_ = 0;
   uint32_t polls_ = 0;
+  bool yielded_ = false;  // since last_idle_
 };
 
 inline bool IdleSpin::keep_polling() {
@@ -115,10 +120,12 @@ inline bool IdleSpin::keep_polling() {
   if (idle_since_ == 0) idle_since_ = last_idle_ = t;
   const bool lost = load_.note_batch(t - last_idle_, t);
   last_idle_ = t;
+  yielded_ = false;
   const bool pressed = load_.oversubscribed(t);
   if (lost || t - idle_since_ >= (pressed ? LoadSense::kPressedSpinNs : spin_ns_)) return false;
   if (!pressed && ++polls_ % 8 == 0) {
     yield_cpu();
+    yielded_ = true;
   } else {
     cpu_relax();
   }
@@ -144,11 +151,12 @@ bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uin
   uint32_t n = 0;
   for (;;) {
     if (ready()) {
-      // What this waited for may have arrived while a yield lost the CPU to
-      // another process for a time slice: noted, or a wait that always ends
-      // right after such a yield would never learn that the machine is
-      // loaded and would go on yielding slices away.
-      if (n >= policy.pauses_per_yield) {
+      // What this waited for may have arrived while the yield just before
+      // lost the CPU to another process for a time slice: noted, or a wait
+      // that always ends right after such a yield would never learn that
+      // the machine is loaded and would go on yielding slices away. (A wait
+      // still spinning notes the slice at the end of its batch.)
+      if (n != 0 && n % policy.pauses_per_yield == 0) {
         const uint64_t t = now_ns();
         load.note_batch(t - batch_start, t);
       }

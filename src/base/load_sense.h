@@ -31,12 +31,15 @@ class LoadSense {
   // pauses only, no yield, then park.
   static constexpr uint64_t kPressedSpinNs = 2'000;
 
-  // How long the verdict "every runnable thread was this process's own"
-  // stands before a long batch asks again: at least this, and at least
+  // How long the verdict "every runnable thread was the job's own" stands
+  // before a long batch asks again: at least this, and at least
   // kOwnVerdictCost times what asking took, so that asking costs at most a
-  // twentieth of one CPU however many threads the process has.
-  static constexpr uint64_t kOwnVerdictNs = 1'000'000;
-  static constexpr uint64_t kOwnVerdictCost = 20;
+  // hundredth of one CPU however many threads the job has. A process whose
+  // own threads outnumber the CPUs has a long batch after most yields, and
+  // an ask takes tens of microseconds from a thread the device waits for;
+  // a neighbour that arrives is seen this much later at most.
+  static constexpr uint64_t kOwnVerdictNs = 10'000'000;
+  static constexpr uint64_t kOwnVerdictCost = 100;
 
   // A spinner's batch that ended at `now` took `elapsed_ns`; returns true
   // (and holds the process oversubscribed until now + kHoldNs) when it lost
