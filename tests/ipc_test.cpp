@@ -1571,6 +1571,30 @@ struct Gates {
   TestGates* g;
 };
 
+// One mailbox, its parent's side (written first: each child forked serves
+// it, parked, instead of failing its init and exiting) and a fork server
+// whose one recipe, `name`, serves it with a TestHandler.
+struct OneRecipeServer {
+  void start(const char* name, TestGates* g) {
+    Result<std::shared_ptr<SharedMapping>> m = ForkedChild::map_mailbox(1);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    mailbox = *m;
+    auto view = MailboxView::attach(mailbox->data(), mailbox->size(), 1);
+    ASSERT_TRUE(view.ok()) << view.status().to_string();
+    auto e = MailboxEndpoint::create(mailbox->data(), mailbox->size(), 1);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    endpoint = std::move(*e);
+    std::vector<ChildRecipe> recipes;
+    recipes.push_back(ChildRecipe{name, [g] { return std::make_unique<TestHandler>(g); }, *view, {}});
+    auto s = ForkServer::start(std::move(recipes));
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    server = std::move(*s);
+  }
+  std::shared_ptr<SharedMapping> mailbox;
+  std::unique_ptr<MailboxEndpoint> endpoint;
+  std::unique_ptr<ForkServer> server;
+};
+
 // A spawn that timed out still forks its child, later. No one claimed that
 // child, and it would serve its recipe's mailbox beside the child spawned in
 // its place: the server's next answer has it killed, so only the claimed
@@ -1578,26 +1602,15 @@ struct Gates {
 TEST(MailboxProcess, AChildForkedForASpawnThatTimedOutIsKilled) {
   Watchdog dog;
   Gates gates;
-  auto mailbox = ForkedChild::map_mailbox(1);
-  ASSERT_TRUE(mailbox.ok()) << mailbox.status().to_string();
-  auto view = MailboxView::attach((*mailbox)->data(), (*mailbox)->size(), 1);
-  ASSERT_TRUE(view.ok()) << view.status().to_string();
-  // The parent's side, written first: each child forked serves it (parked)
-  // instead of failing its init and exiting.
-  auto endpoint = MailboxEndpoint::create((*mailbox)->data(), (*mailbox)->size(), 1);
-  ASSERT_TRUE(endpoint.ok()) << endpoint.status().to_string();
-  std::vector<ChildRecipe> recipes;
-  TestGates* g = gates.g;
-  recipes.push_back(ChildRecipe{"simpler-late", [g] { return std::make_unique<TestHandler>(g); }, *view, {}});
-  auto server = ForkServer::start(std::move(recipes));
-  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  OneRecipeServer one;
+  ASSERT_NO_FATAL_FAILURE(one.start("simpler-late", gates.g));
   // A deadline already past: the request is sent, its answer not awaited.
-  const Result<pid_t> late = (*server)->spawn(0, now_ns());
+  const Result<pid_t> late = one.server->spawn(0, now_ns());
   EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded) << late.status().to_string();
-  const Result<pid_t> claimed = (*server)->spawn(0, now_ns() + kTestWaitNs);
+  const Result<pid_t> claimed = one.server->spawn(0, now_ns() + kTestWaitNs);
   ASSERT_TRUE(claimed.ok()) << claimed.status().to_string();
-  ASSERT_TRUE((*endpoint)->wait_ready(now_ns() + kTestWaitNs).ok());
-  const pid_t server_pid = (*server)->pid();
+  ASSERT_TRUE(one.endpoint->wait_ready(now_ns() + kTestWaitNs).ok());
+  const pid_t server_pid = one.server->pid();
   auto live_children = [server_pid] {
     std::set<pid_t> live;
     for (const ProcInfo& p : list_processes()) {
@@ -1615,22 +1628,13 @@ TEST(MailboxProcess, AChildForkedForASpawnThatTimedOutIsKilled) {
 TEST(MailboxProcess, AForkServerAndItsChildrenAreTheJobsOwnProcesses) {
   Watchdog dog;
   Gates gates;
-  auto mailbox = ForkedChild::map_mailbox(1);
-  ASSERT_TRUE(mailbox.ok()) << mailbox.status().to_string();
-  auto view = MailboxView::attach((*mailbox)->data(), (*mailbox)->size(), 1);
-  ASSERT_TRUE(view.ok()) << view.status().to_string();
-  auto endpoint = MailboxEndpoint::create((*mailbox)->data(), (*mailbox)->size(), 1);
-  ASSERT_TRUE(endpoint.ok()) << endpoint.status().to_string();
   const uint32_t noted_before = load_sense().fork_servers_noted();
-  std::vector<ChildRecipe> recipes;
-  TestGates* g = gates.g;
-  recipes.push_back(ChildRecipe{"simpler-job", [g] { return std::make_unique<TestHandler>(g); }, *view, {}});
-  auto server = ForkServer::start(std::move(recipes));
-  ASSERT_TRUE(server.ok()) << server.status().to_string();
-  const Result<pid_t> child = (*server)->spawn(0, now_ns() + kTestWaitNs);
+  OneRecipeServer one;
+  ASSERT_NO_FATAL_FAILURE(one.start("simpler-job", gates.g));
+  const Result<pid_t> child = one.server->spawn(0, now_ns() + kTestWaitNs);
   ASSERT_TRUE(child.ok()) << child.status().to_string();
-  ASSERT_TRUE((*endpoint)->wait_ready(now_ns() + kTestWaitNs).ok());
-  const long server_pid = (*server)->pid();
+  ASSERT_TRUE(one.endpoint->wait_ready(now_ns() + kTestWaitNs).ok());
+  const long server_pid = one.server->pid();
   const auto in_job = [](long pid) {
     const std::vector<long> job = load_sense().job_processes();
     return std::find(job.begin(), job.end(), pid) != job.end();
@@ -1639,7 +1643,7 @@ TEST(MailboxProcess, AForkServerAndItsChildrenAreTheJobsOwnProcesses) {
   EXPECT_TRUE(in_job(*child));
   EXPECT_FALSE(in_job(static_cast<long>(getpid()))) << "this process is counted apart";
   EXPECT_EQ(load_sense().fork_servers_noted(), noted_before + 1);
-  server->reset();  // ends and reaps the server, which ends its child
+  one.server.reset();  // ends and reaps the server, which ends its child
   EXPECT_EQ(load_sense().fork_servers_noted(), noted_before) << "a reaped server's pid may be reused";
 }
 

@@ -1,9 +1,10 @@
 // LoadSense: whether this process's spinning threads keep losing their CPU to
 // other processes' threads (busy neighbours), so that every spin-then-park
 // wait parks sooner instead of yielding its CPU away for a whole time slice.
-// A slice lost to this process's own threads (more simulator threads
-// runnable than CPUs) is not load: the yield handed the CPU to the work the
-// spinner waits for. Any thread, lock-free; the rare check of who is
+// A slice lost to the job's own threads (more simulator threads runnable
+// than CPUs, in this process or in the processes its workers forked) is not
+// load: the yield handed the CPU to the work the spinner waits for. Any
+// thread, lock-free; the rare check of who is
 // runnable (others_runnable()) reads /proc. One per process (load_sense()),
 // forked children start from their parent's state.
 #pragma once
@@ -64,19 +65,18 @@ class LoadSense {
     own_work_.fetch_sub(1, std::memory_order_release);
   }
   uint64_t lost_batches() const { return lost_.load(std::memory_order_relaxed); }
-  // Long batches that read as taken by this process's own threads.
+  // Long batches that read as taken by the job's own threads.
   uint64_t own_batches() const { return own_.load(std::memory_order_relaxed); }
-  // Whether a thread of another process is runnable now: the machine's
-  // runnable threads (/proc/loadavg) exceed this process's (each thread's
-  // state in /proc/self/task, read just before and just after the machine's
-  // count: a thread runnable in either read is). Anything unreadable
+  // Whether a thread outside the job is runnable now: the machine's
+  // runnable threads (/proc/loadavg) exceed the job's (each thread's state
+  // in /proc/<pid>/task of this process and of job_processes(), read just
+  // before and just after the machine's count: a thread runnable in either
+  // read is). Anything unreadable in this process or the machine's count
   // answers true, the answer before this check existed. Six system calls
-  // per thread of the process: note_batch() asks only for a long batch
-  // while the process is not held oversubscribed, one thread at a time, and
-  // after a false answer not again before the verdict lapses.
-  // With a fork server noted (note_fork_server()), the job's other
-  // processes' threads count as this process's own too: those of the job's
-  // root, of its fork servers and of every process they forked.
+  // per thread of the job, and three per process on the machine while a
+  // fork server is noted: note_batch() asks only for a long batch while the
+  // process is not held oversubscribed, one thread at a time, and after a
+  // false answer not again before the verdict lapses.
   bool others_runnable() const;
   // A fork server (ForkServer) was forked by `forker`. Its threads and those
   // of every process it forks are this job's own work, not a neighbour's: a
