@@ -208,6 +208,26 @@ TEST(LoadSense, TheProcessesAWorkerForkedAreNotOthers) {
   EXPECT_TRUE(sense.others_runnable()) << "a reaped server's pid names no job process";
 }
 
+// Listing the job reads every process on the machine, so a long batch's ask
+// reuses the list for kJobListNs: a process forked since counts as others
+// until then, or until a fork server is noted or forgotten.
+TEST(LoadSense, TheJobIsListedAgainOnlyWhenItsServersChangeOrTheListAged) {
+  HooksReset reset;
+  FakeProc proc(testing::scratch_dir("load_sense", "list"));
+  const long self = static_cast<long>(getpid());
+  LoadSense sense;
+  sense.note_fork_server(500, static_cast<int32_t>(self));
+  proc.thread(101, 'R');
+  proc.process_thread(500, self, 500, 'S');
+  proc.loadavg(1);
+  EXPECT_FALSE(sense.others_runnable());
+  proc.process_thread(600, 500, 601, 'R');  // a child forked since
+  proc.loadavg(2);
+  EXPECT_TRUE(sense.others_runnable()) << "the job's list was read again before kJobListNs";
+  sense.note_fork_server(510, static_cast<int32_t>(self));
+  EXPECT_FALSE(sense.others_runnable()) << "a server noted lists the job again";
+}
+
 // A forked child counts its job's root and siblings as its own: the record
 // of the server it was forked from came with the fork.
 TEST(LoadSense, AChildCountsItsJobsRootAndSiblingsAsItsOwn) {

@@ -8,8 +8,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <string>
 #include <vector>
+
+#include "base/fault_hooks.h"
 
 namespace simpler {
 namespace {
@@ -23,16 +27,20 @@ ssize_t read_file(const char* path, char* buf, size_t size) {
   return n;
 }
 
+// An open directory, closed on every way out (an allocation may throw).
+using Dir = std::unique_ptr<DIR, int (*)(DIR*)>;
+Dir open_dir(const char* path) { return Dir(::opendir(path), &::closedir); }
+
 // Adds to `runnable` the ids of the threads of process `pid` ("self" or a
 // number) that are runnable now (state R); false when /proc cannot tell.
 bool add_runnable_threads(const char* proc, const char* pid, std::vector<long>& runnable) {
   char path[512];
   std::snprintf(path, sizeof path, "%s/%s/task", proc, pid);
-  DIR* dir = ::opendir(path);
+  const Dir dir = open_dir(path);
   if (dir == nullptr) return false;
   bool ok = true;
   char buf[256];
-  while (const dirent* e = ::readdir(dir)) {
+  while (const dirent* e = ::readdir(dir.get())) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
     std::snprintf(path, sizeof path, "%s/%s/task/%s/stat", proc, pid, e->d_name);
     const ssize_t n = read_file(path, buf, sizeof buf);
@@ -46,7 +54,6 @@ bool add_runnable_threads(const char* proc, const char* pid, std::vector<long>& 
     const long tid = std::strtol(e->d_name, nullptr, 10);
     if (state == 'R' && std::find(runnable.begin(), runnable.end(), tid) == runnable.end()) runnable.push_back(tid);
   }
-  ::closedir(dir);
   return ok;
 }
 
@@ -107,15 +114,22 @@ void LoadSense::note_fork_server(int32_t server, int32_t forker) {
   int32_t none = 0;
   root_.compare_exchange_strong(none, forker, std::memory_order_relaxed);
   for (auto& s : servers_) {
+    if (s.load(std::memory_order_relaxed) == server) return;
     int32_t free = 0;
-    if (s.load(std::memory_order_relaxed) == server || s.compare_exchange_strong(free, server)) return;
+    if (s.compare_exchange_strong(free, server)) {
+      servers_changed_.fetch_add(1, std::memory_order_release);
+      return;
+    }
   }
 }
 
 void LoadSense::forget_fork_server(int32_t server) {
   for (auto& s : servers_) {
     int32_t was = server;
-    if (s.compare_exchange_strong(was, 0)) return;
+    if (s.compare_exchange_strong(was, 0)) {
+      servers_changed_.fetch_add(1, std::memory_order_release);
+      return;
+    }
   }
 }
 
@@ -128,17 +142,16 @@ std::vector<long> LoadSense::job_processes() const {
   const char* proc = hooks::proc_root();
   const long root = root_.load(std::memory_order_relaxed);
   std::vector<std::pair<long, long>> parent_of;  // (pid, ppid), sorted by pid
-  if (DIR* dir = ::opendir(proc)) {
+  if (const Dir dir = open_dir(proc)) {
     char path[512];
     char buf[256];
-    while (const dirent* e = ::readdir(dir)) {
+    while (const dirent* e = ::readdir(dir.get())) {
       if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
       std::snprintf(path, sizeof path, "%s/%s/stat", proc, e->d_name);
       const ssize_t n = read_file(path, buf, sizeof buf);
       const int64_t ppid = n > 0 ? LoadSense::parent_of_stat(buf, static_cast<size_t>(n)) : -1;
       if (ppid >= 0) parent_of.emplace_back(std::strtol(e->d_name, nullptr, 10), static_cast<long>(ppid));
     }
-    ::closedir(dir);
   }
   std::sort(parent_of.begin(), parent_of.end());
   const long self = static_cast<long>(::getpid());
@@ -170,10 +183,32 @@ uint32_t LoadSense::fork_servers_noted() const {
   return n;
 }
 
-bool LoadSense::others_runnable() const {
+bool LoadSense::others_runnable() const noexcept {
   if (const int forced = hooks::forced_others_runnable(); forced >= 0) return forced == 1;
+  // Asked from inside any wait, whose caller's allocations a reliability
+  // test may be failing one by one: these are not the caller's.
+  const hooks::AllocFaultPause not_the_callers;
+  try {
+    return ask_others_runnable();
+  } catch (const std::bad_alloc&) {
+    return true;  // as for anything unreadable
+  }
+}
+
+bool LoadSense::ask_others_runnable() const {
   const char* proc = hooks::proc_root();
-  const std::vector<long> job = job_processes();
+  std::vector<long> job;
+  {
+    std::lock_guard<std::mutex> lock(job_mu_);
+    const uint64_t now = now_ns();
+    const uint32_t changed = servers_changed_.load(std::memory_order_acquire);
+    if (job_read_ns_ == 0 || now - job_read_ns_ >= kJobListNs || changed != job_servers_changed_) {
+      job_ = job_processes();
+      job_read_ns_ = now;
+      job_servers_changed_ = changed;
+    }
+    job = job_;
+  }
   std::vector<long> ours;
   ours.reserve(64);
   // A process of the job that ended since the listing has no runnable thread.

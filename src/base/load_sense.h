@@ -4,14 +4,15 @@
 // A slice lost to the job's own threads (more simulator threads runnable
 // than CPUs, in this process or in the processes its workers forked) is not
 // load: the yield handed the CPU to the work the spinner waits for. Any
-// thread, lock-free; the rare check of who is
-// runnable (others_runnable()) reads /proc. One per process (load_sense()),
-// forked children start from their parent's state.
+// thread, lock-free; the rare check of who is runnable (others_runnable())
+// reads /proc, under a lock. One per process (load_sense()), forked
+// children start from their parent's state.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -71,13 +72,17 @@ class LoadSense {
   // runnable threads (/proc/loadavg) exceed the job's (each thread's state
   // in /proc/<pid>/task of this process and of job_processes(), read just
   // before and just after the machine's count: a thread runnable in either
-  // read is). Anything unreadable in this process or the machine's count
-  // answers true, the answer before this check existed. Six system calls
-  // per thread of the job, and three per process on the machine while a
-  // fork server is noted: note_batch() asks only for a long batch while the
-  // process is not held oversubscribed, one thread at a time, and after a
-  // false answer not again before the verdict lapses.
-  bool others_runnable() const;
+  // read is; the job's processes are listed again every kJobListNs or
+  // when a fork server is noted or forgotten). Anything unreadable in this
+  // process or the machine's count answers true, the answer before this
+  // check existed. Six system calls per thread of the job: note_batch()
+  // asks only for a long batch while the process is not held
+  // oversubscribed, one thread at a time, and after a false answer not
+  // again before the verdict lapses.
+  bool others_runnable() const noexcept;
+  // Listing the job's processes reads every process's stat on the machine
+  // (three system calls each): thousands on a shared host.
+  static constexpr uint64_t kJobListNs = 1'000'000'000;
   // A fork server (ForkServer) was forked by `forker`. Its threads and those
   // of every process it forks are this job's own work, not a neighbour's: a
   // worker's children spin and yield to its parent and each other as its
@@ -117,6 +122,14 @@ class LoadSense {
   std::atomic<bool> asking_{false};                              // a thread is in others_runnable()
   std::atomic<int32_t> root_{0};                                 // the job's root; 0 while no fork server was noted
   std::array<std::atomic<int32_t>, kMaxForkServers> servers_{};  // 0 = a free entry
+  std::atomic<uint32_t> servers_changed_{0};                     // counts notes and forgets
+  // others_runnable()'s copy of job_processes(), read at job_read_ns_ (0 = never).
+  mutable std::mutex job_mu_;
+  mutable std::vector<long> job_;
+  mutable uint64_t job_read_ns_ = 0;
+  mutable uint32_t job_servers_changed_ = 0;
+
+  bool ask_others_runnable() const;  // others_runnable(), which may throw std::bad_alloc
 };
 
 // The process's LoadSense, shared by every spin-then-park wait and every

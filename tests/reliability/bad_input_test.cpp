@@ -26,6 +26,7 @@
 
 #include "alloc_hook.h"
 #include "base/fault_hooks.h"
+#include "base/load_sense.h"
 #include "chip/chip_worker.h"
 #include "health_scan.h"
 #include "ipc/forked_child.h"
@@ -548,6 +549,26 @@ TEST(BadInput, T12AllocationFaults) {
   t.print("alloc");
   EXPECT_EQ(t.correct, t.cases);
   scan.expect_clean();
+}
+
+// A wait asks who else is runnable (LoadSense::others_runnable) from inside
+// whatever operation it waits in. Those allocations are not the operation's:
+// a fault armed for the operation is not met there, and nothing the ask
+// opened stays open. (Before: met there, the ask threw out of the wait and
+// left /proc open, and an init refused at that point leaked a descriptor.)
+TEST(BadInput, T12ALoadCheckInsideAWaitIsNotTheWaitersAllocation) {
+  Watchdog dog;
+  const size_t fds = open_fd_count();
+  LoadSense sense;
+  sense.note_fork_server(static_cast<int32_t>(getppid()), static_cast<int32_t>(getpid()));
+  for (long n = 1; n <= 3; ++n) {
+    hooks::arm_alloc_fault(n);
+    (void)sense.others_runnable();
+    const char* site = hooks::alloc_fault_site();
+    (void)hooks::disarm_alloc_fault();
+    EXPECT_EQ(site, nullptr) << "allocation " << n << " of the ask met the caller's fault at " << site;
+  }
+  EXPECT_EQ(open_fd_count(), fds);
 }
 
 // H2 over a whole init, through the public Worker: a chip, and a node of two
