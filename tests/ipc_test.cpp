@@ -1100,12 +1100,15 @@ TEST(MailboxChildPolling, TheLoopPollsWhileItSpinsAndHandsBackBeforeItParks) {
   s.run_id = 1;
   s.dispatch_id = 1;
   s.args_blob = blob;
+  // Read while the loop is parked: after the run it polls again at once,
+  // and may have parked again (a loaded machine spins briefly) before this
+  // thread looks.
+  const uint64_t polls = h.polls.load();
   ASSERT_TRUE((*ep)->publish(s).ok());
   std::vector<EndpointEvent> events;
   ASSERT_TRUE(poll_until(
       **ep, events, [&] { return find_event(events, 1, EndpointEvent::Kind::kTerminal) != nullptr; },
       "terminal of run 1"));
-  const uint64_t polls = h.polls.load();
   ASSERT_TRUE(eventually([&] { return h.polls.load() > polls; })) << "the woken loop did not poll again";
   EXPECT_EQ(h.polled_while_stopped.load(), 0u);
   (*ep)->request_shutdown();
