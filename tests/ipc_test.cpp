@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "base/load_sense.h"
 #include "base/shared_memory.h"
 #include "chip/chip_worker.h"
+#include "gate.h"
 #include "health_scan.h"
 #include "ipc/chip_child_handler.h"
 #include "ipc/fork_server.h"
@@ -1911,6 +1913,75 @@ extern "C" void ipc_gated_marker_kernel(int64_t* args) {
       chip_gate_bell, [] { return chip_gate_open.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs);
 }
 
+// A chip child served by a thread of this process over an anonymous
+// mailbox: the loop's thread, the handler's counters and the parent's
+// endpoint are all in reach. A callable's runs are prepared on the loop once
+// one was seen, whatever a sanitizer build costs (the budget is 10 s).
+struct LoopChipChild {
+  LoopChipChild(const WorkerConfig& cfg, const std::vector<ChipCallable>& callables, ChildOptions options,
+                HostRanges heap = {})
+      : mapping(SharedMapping::create_anonymous(*mailbox_size(kEntries))),
+        endpoint(MailboxEndpoint::create(mapping->data(), mapping->size(), kEntries)),
+        handler(cfg, callables, std::move(heap), /*inline_budget_ns=*/10'000'000'000ull),
+        child((*endpoint)->view(), handler, std::move(options)),
+        loop([this] { (void)child.serve(); }) {}
+  ~LoopChipChild() { shut_down(); }
+  void shut_down() {
+    if (!loop.joinable()) return;
+    ep().request_shutdown();
+    loop.join();
+  }
+  MailboxEndpoint& ep() { return **endpoint; }
+  void publish(uint64_t run, const Digest& callable, const TaskArgs& args) {
+    std::vector<uint8_t> blob;
+    ASSERT_TRUE(encode_args_blob(args, blob).ok());
+    PublishSpec s;
+    s.run_id = run;
+    s.dispatch_id = run;
+    s.callable = callable;
+    s.args_blob = blob;
+    ASSERT_TRUE(ep().publish(s).ok());
+  }
+  // The run's terminal, or null (and a failure) at the deadline.
+  const EndpointEvent* terminal(uint64_t run) {
+    (void)poll_until(
+        ep(), events, [&] { return find_event(events, run, EndpointEvent::Kind::kTerminal) != nullptr; },
+        "terminal of run " + std::to_string(run));
+    return find_event(events, run, EndpointEvent::Kind::kTerminal);
+  }
+
+  static constexpr uint64_t kEntries = 3;
+  Result<SharedMapping> mapping;
+  Result<std::unique_ptr<MailboxEndpoint>> endpoint;
+  ChipChildHandler handler;
+  MailboxChild child;
+  std::vector<EndpointEvent> events;
+  std::thread loop;  // last: it starts serving once everything above is built
+};
+
+// A small chip for a chip child under test: `depth` runs in the pipeline.
+WorkerConfig chip_child_config(uint32_t depth) {
+  WorkerConfig cfg;
+  cfg.pipeline_depth = depth;
+  cfg.max_tasks_per_run = 16;
+  cfg.device_memory_bytes = 64ull << 20;
+  return cfg;
+}
+
+// Closes the chip gate for one test and opens it when the test ends:
+// declared after the chip child, so a kernel still at the gate lets the
+// child shut down.
+struct ChipGateScope {
+  ChipGateScope() {
+    chip_gate_reached.store(false);
+    chip_gate_open.store(false);
+  }
+  ~ChipGateScope() {
+    chip_gate_open.store(true);
+    chip_gate_bell.ring();
+  }
+};
+
 // A run whose callable prepared quickly last time is prepared on the serve
 // loop, and a preparer that finds the launcher idle and a launch slot free
 // launches its run itself. With the device full (launch_depth 1, a gated run
@@ -1921,8 +1992,6 @@ extern "C" void ipc_gated_marker_kernel(int64_t* args) {
 TEST(ChipChildInline, R4ShortRunsArePreparedOnTheLoopAndWaitTheirTurnWithoutHoldingIt) {
   Watchdog dog;
   chip_order.clear();
-  chip_gate_reached.store(false);
-  chip_gate_open.store(false);
   KernelLibrary k;
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_record_marker_kernel", ipc_record_marker_kernel).ok());
   ASSERT_TRUE(k.add_function(1, CoreType::AIV, "ipc_gated_marker_kernel", ipc_gated_marker_kernel).ok());
@@ -1942,53 +2011,20 @@ TEST(ChipChildInline, R4ShortRunsArePreparedOnTheLoopAndWaitTheirTurnWithoutHold
   callables.emplace_back(
       "gated", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(1, a).status(); }, k,
       std::vector<Param>{Param::scalar()});
-  WorkerConfig cfg;
-  cfg.pipeline_depth = 3;
+  WorkerConfig cfg = chip_child_config(3);
   cfg.launch_depth = 1;
-  cfg.max_tasks_per_run = 16;
-  cfg.device_memory_bytes = 64ull << 20;
-  constexpr uint64_t kEntries = 3;
-  auto m = SharedMapping::create_anonymous(*mailbox_size(kEntries));
-  ASSERT_TRUE(m.ok());
-  auto ep = MailboxEndpoint::create(m->data(), m->size(), kEntries);
-  ASSERT_TRUE(ep.ok()) << ep.status().to_string();
-  // A budget no sanitizer build can miss: the paths, not the budget, are under test.
-  ChipChildHandler handler(cfg, callables, HostRanges{}, /*inline_budget_ns=*/10'000'000'000ull);
   RecordingStores rec;
   ChildOptions options;
   options.stores = &rec;
-  MailboxChild child((*ep)->view(), handler, options);
-  std::thread loop([&] { (void)child.serve(); });
-  struct Stop {
-    MailboxEndpoint& ep;
-    std::thread& loop;
-    ~Stop() {
-      if (!loop.joinable()) return;
-      chip_gate_open.store(true);
-      chip_gate_bell.ring();
-      ep.request_shutdown();
-      loop.join();
-    }
-  } stop{**ep, loop};
-  ASSERT_TRUE((*ep)->wait_ready(now_ns() + kTestWaitNs).ok());
-  std::vector<EndpointEvent> events;
+  LoopChipChild c(cfg, callables, options);
+  ChipGateScope gate;
+  ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
   auto publish = [&](uint64_t run, size_t callable) {
     TaskArgs args;
     args.add_scalar(static_cast<int64_t>(run));
-    std::vector<uint8_t> blob;
-    ASSERT_TRUE(encode_args_blob(args, blob).ok());
-    PublishSpec s;
-    s.run_id = run;
-    s.dispatch_id = run;
-    s.callable = callables[callable].digest();
-    s.args_blob = blob;
-    ASSERT_TRUE((*ep)->publish(s).ok());
+    c.publish(run, callables[callable].digest(), args);
   };
-  auto terminal = [&](uint64_t run) {
-    return poll_until(
-        **ep, events, [&] { return find_event(events, run, EndpointEvent::Kind::kTerminal) != nullptr; },
-        "terminal of run " + std::to_string(run));
-  };
+  auto terminal = [&](uint64_t run) { return c.terminal(run) != nullptr; };
   auto order = [] {
     std::lock_guard<std::mutex> lock(chip_order_mu);
     return chip_order;
@@ -2005,14 +2041,14 @@ TEST(ChipChildInline, R4ShortRunsArePreparedOnTheLoopAndWaitTheirTurnWithoutHold
   {
     std::lock_guard<std::mutex> lock(mu);
     ASSERT_EQ(prepared_on.size(), static_cast<size_t>(kShortRuns));
-    EXPECT_NE(prepared_on.front(), loop.get_id()) << "a callable not yet seen to be short is prepared on the loop";
+    EXPECT_NE(prepared_on.front(), c.loop.get_id()) << "a callable not yet seen to be short is prepared on the loop";
     // Not every later one: the queue's thread may still be leaving run 1's
     // call when run 2 arrives, and a set or slot is freed just after a terminal.
-    const auto on_loop = std::count(prepared_on.begin(), prepared_on.end(), loop.get_id());
+    const auto on_loop = std::count(prepared_on.begin(), prepared_on.end(), c.loop.get_id());
     EXPECT_GT(on_loop, 0) << "no short run was prepared on the loop";
-    EXPECT_EQ(handler.prepared_inline(), static_cast<uint64_t>(on_loop));
+    EXPECT_EQ(c.handler.prepared_inline(), static_cast<uint64_t>(on_loop));
   }
-  EXPECT_GT(handler.launched_by_preparer(), 0u) << "no run was launched by its preparer";
+  EXPECT_GT(c.handler.launched_by_preparer(), 0u) << "no run was launched by its preparer";
 
   // The gated run holds the only launch slot; the two short runs behind it
   // are prepared, hand their frames back and wait, unaccepted.
@@ -2031,25 +2067,244 @@ TEST(ChipChildInline, R4ShortRunsArePreparedOnTheLoopAndWaitTheirTurnWithoutHold
   publish(103, 0);
   ASSERT_TRUE(prepared(kShortRuns + 2)) << "run 103 was never prepared";
   ASSERT_TRUE(poll_until(
-      **ep, events, [&] { return (*ep)->available_request_transport() == kMailboxRequestFrames; },
+      c.ep(), c.events, [&] { return c.ep().available_request_transport() == kMailboxRequestFrames; },
       "both frames handed back while the device is full"));
   for (uint64_t run : {102u, 103u}) {
-    EXPECT_EQ(find_event(events, run, EndpointEvent::Kind::kAccepted), nullptr) << "run " << run << " launched early";
-    EXPECT_EQ(find_event(events, run, EndpointEvent::Kind::kTerminal), nullptr) << "run " << run;
+    EXPECT_EQ(find_event(c.events, run, EndpointEvent::Kind::kAccepted), nullptr) << "run " << run << " launched early";
+    EXPECT_EQ(find_event(c.events, run, EndpointEvent::Kind::kTerminal), nullptr) << "run " << run;
   }
   chip_gate_open.store(true);
   chip_gate_bell.ring();
   for (uint64_t run : {101u, 102u, 103u}) ASSERT_TRUE(terminal(run));
-  for (const EndpointEvent& e : events) {
+  for (const EndpointEvent& e : c.events) {
     if (e.kind == EndpointEvent::Kind::kTerminal) {
       EXPECT_TRUE(e.status.ok()) << e.status.to_string();
     }
   }
   for (int64_t run : {101, 102, 103}) expected.push_back(run);
   EXPECT_EQ(order(), expected) << "the runs prepared behind the full device launched out of order";
-  (*ep)->request_shutdown();
-  loop.join();
-  EXPECT_EQ(expect_terminal_last_per_entry(rec.snapshot(), (*ep)->view()), static_cast<size_t>(kShortRuns + 3));
+  c.shut_down();
+  EXPECT_EQ(expect_terminal_last_per_entry(rec.snapshot(), c.ep().view()), static_cast<size_t>(kShortRuns + 3));
+}
+
+// The machine read as quiet while it lives, so a spinning loop spins its
+// whole window whatever else the test machine runs.
+struct QuietMachine {
+  QuietMachine() { hooks::force_load_state(0); }
+  ~QuietMachine() { hooks::force_load_state(-1); }
+};
+
+std::vector<ChipCallable> add_one_callable(KernelLibrary& k) {
+  EXPECT_TRUE(k.add_function(0, CoreType::AIV, "ipc_add_one_kernel", ipc_add_one_kernel).ok());
+  std::vector<ChipCallable> callables;
+  callables.emplace_back(
+      "add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+      std::vector<Param>{Param::inout()});
+  return callables;
+}
+
+// A light run's end is taken by the serve loop while it spins, which stores
+// the terminal without waking the completer; a run whose staged tensors would
+// hold the loop up copying them back is the completer's even then. Each run
+// adds one to its shared-heap tensor, which must come back whole (R6: the
+// terminal follows the copy back).
+TEST(ChipChildCompleter, ALightRunEndsOnTheSpinningLoopAHeavyOneOnTheCompleter) {
+  Watchdog dog;
+  QuietMachine quiet;
+  KernelLibrary k;
+  const std::vector<ChipCallable> callables = add_one_callable(k);
+  constexpr size_t kLight = 64;
+  constexpr size_t kHeavy = 2 * ChipChildHandler::kLightStagedBytes / sizeof(float);
+  std::vector<float> heap(kLight + kHeavy, 1.0f);
+  const auto base = reinterpret_cast<uint64_t>(heap.data());
+  HostRanges ranges{{HostRange{base, base + heap.size() * sizeof(float)}}};
+  const WorkerConfig cfg = chip_child_config(2);
+  ChildOptions options;
+  options.spin = SpinPolicy{64, 4 * kTestWaitNs};  // the loop never parks in this test
+  LoopChipChild c(cfg, callables, options, ranges);
+  ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
+  auto run = [&](uint64_t id, uint64_t addr, size_t floats) {
+    TaskArgs args;
+    args.add_tensor(DeviceBuffer{addr, floats * sizeof(float)}.view({static_cast<int64_t>(floats)}, DType::F32),
+                    Tag::InOut);
+    c.publish(id, callables[0].digest(), args);
+    const EndpointEvent* t = c.terminal(id);
+    ASSERT_NE(t, nullptr);
+    EXPECT_TRUE(t->status.ok()) << t->status.to_string();
+  };
+  run(1, base, kLight);
+  EXPECT_EQ(c.handler.finalized_on_loop(), 1u) << "the spinning loop left a light run to the completer";
+  run(2, base + kLight * sizeof(float), kHeavy);
+  EXPECT_EQ(c.handler.finalized_on_loop(), 1u) << "the loop copied a heavy run back itself";
+  run(3, base, kLight);
+  EXPECT_EQ(c.handler.finalized_on_loop(), 2u) << "after a heavy run the loop left a light one to the completer";
+  c.shut_down();
+  for (size_t i = 0; i < kLight; ++i) ASSERT_EQ(heap[i], 3.0f) << "light element " << i;
+  for (size_t i = kLight; i < heap.size(); ++i) ASSERT_EQ(heap[i], 2.0f) << "heavy element " << i - kLight;
+}
+
+// Adds one to its tensor after recording its marker (a scalar); marker 1
+// holds its core at the gate first.
+extern "C" void ipc_gated_add_one_kernel(int64_t* args) {
+  if (args[1] == 1) {
+    ipc_gated_marker_kernel(args + 1);
+  } else {
+    ipc_record_marker_kernel(args + 1);
+  }
+  ipc_add_one_kernel(args);
+}
+
+// A heavy run that ended while the completer is busy with another waits for
+// the completer, however long the spinning loop looks at it: run 2 ends on
+// the device while run 1 holds the completer, gated, and its terminal still
+// comes second.
+TEST(ChipChildCompleter, AHeavyRunThatEndsWhileTheCompleterIsBusyWaitsForIt) {
+  Watchdog dog;
+  QuietMachine quiet;
+  chip_order.clear();
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_gated_add_one_kernel", ipc_gated_add_one_kernel).ok());
+  std::vector<ChipCallable> callables;
+  callables.emplace_back(
+      "gated_add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+      std::vector<Param>{Param::inout(), Param::scalar()});
+  constexpr size_t kHeavy = 2 * ChipChildHandler::kLightStagedBytes / sizeof(float);
+  std::vector<float> heap(2 * kHeavy, 1.0f);
+  const auto base = reinterpret_cast<uint64_t>(heap.data());
+  HostRanges ranges{{HostRange{base, base + heap.size() * sizeof(float)}}};
+  WorkerConfig cfg = chip_child_config(2);
+  cfg.launch_depth = 2;
+  ChildOptions options;
+  options.spin = SpinPolicy{64, 4 * kTestWaitNs};  // the loop never parks in this test
+  LoopChipChild c(cfg, callables, options, ranges);
+  ChipGateScope gate;
+  ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
+  for (int64_t run : {1, 2}) {
+    TaskArgs args;
+    args.add_tensor(
+        DeviceBuffer{base + static_cast<uint64_t>(run - 1) * kHeavy * sizeof(float), kHeavy * sizeof(float)}.view(
+            {static_cast<int64_t>(kHeavy)}, DType::F32),
+        Tag::InOut);
+    args.add_scalar(run);
+    c.publish(static_cast<uint64_t>(run), callables[0].digest(), args);
+    if (run == 1) {
+      ASSERT_TRUE(eventually([] { return chip_gate_reached.load(); })) << "run 1 never started";
+    }
+  }
+  ASSERT_TRUE(eventually([] {
+    std::lock_guard<std::mutex> lock(chip_order_mu);
+    return chip_order.size() == 2;
+  })) << "run 2 never ran";
+  chip_gate_open.store(true);
+  chip_gate_bell.ring();
+  for (uint64_t run : {1u, 2u}) {
+    const EndpointEvent* t = c.terminal(run);
+    ASSERT_NE(t, nullptr);
+    EXPECT_TRUE(t->status.ok()) << t->status.to_string();
+  }
+  std::vector<uint64_t> terminals;
+  for (const EndpointEvent& e : c.events) {
+    if (e.kind == EndpointEvent::Kind::kTerminal) terminals.push_back(e.run_id);
+  }
+  EXPECT_EQ(terminals, (std::vector<uint64_t>{1, 2})) << "the loop ended heavy run 2 while the completer held run 1";
+  EXPECT_EQ(c.handler.finalized_on_loop(), 0u);
+  c.shut_down();
+  for (size_t i = 0; i < heap.size(); ++i) ASSERT_EQ(heap[i], 2.0f) << "element " << i;
+}
+
+// A light run launched while the loop polled, still on the device when the
+// loop parks: stop_polling hands it back and the completer, which the launch
+// did not wake, stores its terminal.
+TEST(ChipChildCompleter, ALightRunTheLoopStoppedPollingForIsEndedByTheCompleter) {
+  Watchdog dog;
+  QuietMachine quiet;
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_gated_marker_kernel", ipc_gated_marker_kernel).ok());
+  std::vector<ChipCallable> callables;
+  callables.emplace_back(
+      "gated", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+      std::vector<Param>{Param::scalar()});
+  const WorkerConfig cfg = chip_child_config(2);
+  ChildOptions options;
+  options.spin = SpinPolicy{1, 200'000};
+  LoopChipChild c(cfg, callables, options);
+  ChipGateScope gate;
+  ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
+  TaskArgs args;
+  args.add_scalar(1);
+  c.publish(1, callables[0].digest(), args);
+  ASSERT_TRUE(eventually([] { return chip_gate_reached.load(); })) << "the gated kernel never started";
+  Doorbell& bell = c.ep().view().control().child_bell;
+  ASSERT_TRUE(eventually([&] { return bell.parked() == 1; })) << "the idle loop never parked";
+  chip_gate_open.store(true);
+  chip_gate_bell.ring();
+  const EndpointEvent* t = c.terminal(1);
+  ASSERT_NE(t, nullptr) << "the run the loop handed back never ended";
+  EXPECT_TRUE(t->status.ok()) << t->status.to_string();
+  EXPECT_EQ(c.handler.finalized_on_loop(), 0u) << "the parked loop ended the run";
+}
+
+// A short run is prepared on the loop even while another frame waits: the
+// preparation never waits for the run, so the waiting frame is served sooner
+// than a wake of the preparer's thread would serve it (R4: each frame is
+// still handed back, and the runs reach the device in publication order).
+TEST(ChipChildInline, R4AShortRunIsPreparedOnTheLoopWhileAnotherFrameWaits) {
+  Watchdog dog;
+  chip_order.clear();
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_record_marker_kernel", ipc_record_marker_kernel).ok());
+  std::mutex mu;
+  std::map<int64_t, std::thread::id> prepared_on;  // run -> where its orchestration ran
+  Gate* const hold = new Gate;                     // holds run 2's orchestration on the loop
+  std::vector<ChipCallable> callables;
+  callables.emplace_back(
+      "short",
+      [&](ChipOrchestrator& o, const TaskArgs& a) {
+        const auto run = static_cast<int64_t>(a[0].scalar);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          prepared_on[run] = std::this_thread::get_id();
+        }
+        if (run == 2) hold->pass();
+        return o.submit_aiv(0, a).status();
+      },
+      k, std::vector<Param>{Param::scalar()});
+  WorkerConfig cfg = chip_child_config(3);
+  cfg.launch_depth = 3;
+  LoopChipChild c(cfg, callables, ChildOptions{});
+  struct Release {
+    Gate* gate;
+    ~Release() { gate->release(); }
+  } release_before_shutdown{hold};
+  ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
+  auto publish = [&](int64_t run) {
+    TaskArgs args;
+    args.add_scalar(run);
+    c.publish(static_cast<uint64_t>(run), callables[0].digest(), args);
+  };
+  publish(1);  // seen once: the callable is short from now on
+  ASSERT_NE(c.terminal(1), nullptr);
+  publish(2);
+  ASSERT_TRUE(hold->wait_entered()) << "run 2 was never prepared";
+  // Run 2's frame was handed back before its preparation began: both
+  // frames take a request while the loop is inside run 2.
+  publish(3);
+  publish(4);
+  hold->release();
+  for (uint64_t run : {2u, 3u, 4u}) {
+    const EndpointEvent* t = c.terminal(run);
+    ASSERT_NE(t, nullptr);
+    EXPECT_TRUE(t->status.ok()) << t->status.to_string();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(prepared_on[2], c.loop.get_id()) << "run 2 was not prepared on the loop";
+    EXPECT_EQ(prepared_on[3], c.loop.get_id()) << "run 3, taken while run 4's frame waited, went to the preparer";
+  }
+  std::lock_guard<std::mutex> lock(chip_order_mu);
+  std::vector<int64_t> ran = chip_order;
+  std::sort(ran.begin(), ran.end());  // three launch slots: the cores finish in any order
+  EXPECT_EQ(ran, (std::vector<int64_t>{1, 2, 3, 4}));
 }
 
 }  // namespace

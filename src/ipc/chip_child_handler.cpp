@@ -78,7 +78,7 @@ void ChipChildHandler::start(RunRequest request, RunTicket ticket) {
   if (it != staged_.end() && it->second.generation == ticket.generation()) staged_.erase(it);
 }
 
-bool ChipChildHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket) {
+bool ChipChildHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket, bool /*loop_quiet*/) {
   const Result<uint32_t> k = callable_for(request.callable);
   if (!k.ok() || !budget_.is_short(*k)) return false;
   return preparer_.try_run_inline([&] { return prepare(request, ticket, /*wait=*/false); });
@@ -273,7 +273,14 @@ bool ChipChildHandler::prepare(const RunRequest& req, const RunTicket& ticket, b
     fail(ticket, epoch.status(), kDispositionValidatedOnly);
     return true;
   }
-  Prepared p{storage, *epoch, ticket, std::move(staged), req.staged};
+  uint64_t staged_bytes = 0;
+  for (const Staged& st : staged) staged_bytes += st.device.bytes;
+  Prepared p{storage,
+             *epoch,
+             ticket,
+             std::move(staged),
+             req.staged,
+             /*light=*/!diagnostic && staged_bytes <= kLightStagedBytes};
   std::optional<Prepared> cancelled;
   bool launch_here = false;
   bool held = false;
@@ -330,13 +337,16 @@ void ChipChildHandler::launch(Prepared run) {
     set_bell_.ring();
   } else {
     run.ticket.accepted();  // launch() returned: the run passed the real launch marker
+    bool wake_completer = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      wake_completer = for_completer(run);
+      if (run.light) light_to_finalize_.fetch_add(1, std::memory_order_release);
       to_finalize_.push_back(std::move(run));
       launching_ = false;
       more = !to_launch_.empty();
     }
-    finalize_bell_.ring();
+    if (wake_completer) finalize_bell_.ring();
   }
   // Only then: a launcher ringing itself costs nothing, but waking a parked
   // one for nothing costs the system call this path exists to save.
@@ -368,37 +378,86 @@ void ChipChildHandler::launcher_main() {
 
 void ChipChildHandler::completer_main() {
   for (;;) {
-    std::optional<Prepared> run;
     spin_then_park(
         finalize_bell_,
         [&] {
           {
             std::lock_guard<std::mutex> lock(mu_);
-            if (!to_finalize_.empty()) return true;
+            for (const Prepared& p : to_finalize_) {
+              if (for_completer(p)) return true;
+            }
             if (!stopping_) return false;
           }
           return preparer_.idle();
         },
         SpinPolicy{});
+    std::optional<Prepared> run;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (to_finalize_.empty()) return;  // stopping and idle
-      run.emplace(std::move(to_finalize_.front()));
-      to_finalize_.pop_front();
+      auto it = std::find_if(to_finalize_.begin(), to_finalize_.end(),
+                             [this](const Prepared& p) { return for_completer(p); });
+      if (it == to_finalize_.end()) {
+        if (stopping_) return;  // stopping and idle
+        continue;               // the serve loop began to poll and took it
+      }
+      if (it->light) light_to_finalize_.fetch_sub(1, std::memory_order_relaxed);
+      run.emplace(std::move(*it));
+      to_finalize_.erase(it);
     }
-    Status st = worker_->finalize(run->storage, run->epoch);
-    if (st.ok()) st = stage_out(run->staged);
-    unstage(run->staged);
-    run->ticket.complete(st, kDispositionNativePrepared);
-    set_bell_.ring();  // a set was released
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      --launched_;  // only now: the entry read LAUNCHED until the terminal above
-    }
-    preparer_.finished();
-    launch_bell_.ring();
-    exit_if_faulted();
+    finish(std::move(*run));
   }
+}
+
+void ChipChildHandler::finish(Prepared run) {
+  Status st = worker_->finalize(run.storage, run.epoch);
+  if (st.ok()) st = stage_out(run.staged);
+  unstage(run.staged);
+  run.ticket.complete(st, kDispositionNativePrepared);
+  set_bell_.ring();  // a set was released
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --launched_;  // only now: the entry read LAUNCHED until the terminal above
+  }
+  preparer_.finished();
+  launch_bell_.ring();
+  exit_if_faulted();
+}
+
+bool ChipChildHandler::poll() {
+  if (!loop_polls_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    loop_polling_ = true;
+    loop_polls_ = true;
+  }
+  if (light_to_finalize_.load(std::memory_order_acquire) == 0) return false;
+  std::optional<Prepared> run;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The oldest light run: the completer took none since the loop polls.
+    auto it = std::find_if(to_finalize_.begin(), to_finalize_.end(), [](const Prepared& p) { return p.light; });
+    if (it == to_finalize_.end()) return false;
+    // A run the worker no longer knows is finalized all the same, which
+    // reports why as its terminal.
+    const Result<PollState> state = worker_->poll(it->storage, it->epoch);
+    if (state.ok() && *state != PollState::Complete) return false;
+    light_to_finalize_.fetch_sub(1, std::memory_order_relaxed);
+    run.emplace(std::move(*it));
+    to_finalize_.erase(it);
+  }
+  finalized_on_loop_.fetch_add(1, std::memory_order_relaxed);
+  finish(std::move(*run));
+  return true;
+}
+
+void ChipChildHandler::stop_polling() {
+  if (!loop_polls_) return;
+  loop_polls_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loop_polling_ = false;
+  }
+  // A light run launched while the loop polled did not wake the completer.
+  if (light_to_finalize_.load(std::memory_order_acquire) != 0) finalize_bell_.ring();
 }
 
 void ChipChildHandler::drain(uint64_t deadline_ns) {

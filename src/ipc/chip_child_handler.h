@@ -7,10 +7,11 @@
 // terminal). A staged run waits, prepared, between the preparer and the
 // launcher for activate(). A run whose callable prepared quickly last time
 // is prepared on the serve loop instead, and a preparer that finds the
-// launcher idle and a launch slot free launches its run itself: each spares
-// a hand-off to a parked thread. The serve loop calls
-// start/try_run_inline/activate/control/drain; the device calls are made by
-// the three threads and by the serve loop for a run it prepares. A sticky
+// launcher idle and a launch slot free launches its run itself, and while the
+// serve loop spins it finalizes a light run that ended (poll) in the
+// completer's place: each spares a hand-off to a parked thread. The serve
+// loop calls start/try_run_inline/activate/control/drain/poll; the device
+// calls are made by the three threads and by the serve loop. A sticky
 // device fault ends every run on the device DEVICE_FAULT and refuses later
 // ones (ChipWorker::health); once every started run has its terminal the
 // child exits (kChildExitDeviceFault), as only a new process resets the
@@ -47,8 +48,10 @@ class ChipChildHandler final : public RunHandler {
   void start(RunRequest request, RunTicket ticket) override;
   // Prepares (and launches) on the serve loop when nothing is queued or being
   // prepared, the callable's last preparation took at most the inline
-  // budget, the run is not diagnostic and a set is free now.
-  bool try_run_inline(const RunRequest& request, const RunTicket& ticket) override;
+  // budget, the run is not diagnostic and a set is free now, whether or not
+  // another frame waits: it never waits for the run, and a frame that waits
+  // a preparation long is still served sooner than by a wake of the preparer.
+  bool try_run_inline(const RunRequest& request, const RunTicket& ticket, bool loop_quiet) override;
   // A staged request is prepared natively (set, device buffers, graph) and
   // held; its shared-heap inputs are copied in only at activation, after
   // its predecessors wrote them.
@@ -56,11 +59,23 @@ class ChipChildHandler final : public RunHandler {
   void activate(uint32_t entry_index, uint64_t generation, bool launch) override;
   Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity) override;
   void drain(uint64_t deadline_ns) override;
+  // While the serve loop spins it is the completer of every light run
+  // (Prepared::light): it finalizes one that ended and stores its terminal,
+  // so the run's end reaches the parent without waking the completer, whose
+  // thread parks meanwhile. stop_polling hands them back to it.
+  bool poll() override;
+  void stop_polling() override;
 
   // Runs prepared on the serve loop, and runs their preparer launched
   // itself: what a test of those paths counts. Any thread.
   uint64_t prepared_inline() const { return prepared_inline_.load(std::memory_order_relaxed); }
   uint64_t launched_by_preparer() const { return launched_by_preparer_.load(std::memory_order_relaxed); }
+  uint64_t finalized_on_loop() const { return finalized_on_loop_.load(std::memory_order_relaxed); }
+
+  // A run is light when it is not diagnostic (whose finalize writes its
+  // files) and its staged tensors hold at most this many bytes (whose copy
+  // back would hold up the serve loop's frames).
+  static constexpr uint64_t kLightStagedBytes = 64 * 1024;
 
  private:
   // A shared-heap tensor's stand-in on the device for one run.
@@ -79,6 +94,7 @@ class ChipChildHandler final : public RunHandler {
     RunTicket ticket;
     std::vector<Staged> staged;
     bool copy_in_pending = false;  // a staged run: inputs are copied at launch
+    bool light = false;            // the serve loop may finalize it (kLightStagedBytes)
   };
   // A staged request from start() until it is launched or has ended.
   struct StagedRun {
@@ -103,6 +119,12 @@ class ChipChildHandler final : public RunHandler {
   void launch(Prepared run);
   void launcher_main();
   void completer_main();
+  // Whether the completer takes `run` now: every run unless the serve loop
+  // polls and the run is light. mu_ held.
+  bool for_completer(const Prepared& run) const { return !run.light || !loop_polling_ || stopping_; }
+  // Finalizes a run that left to_finalize_, stages its outputs back and
+  // stores its terminal: on the completer, or on the serve loop (poll).
+  void finish(Prepared run);
   // Fails the run and reports its terminal to the preparer's queue; every set
   // and staged buffer is already returned.
   void fail(const RunTicket& ticket, const Status& st, MailboxDisposition d);
@@ -144,8 +166,15 @@ class ChipChildHandler final : public RunHandler {
   // A run is being launched: nothing else launches meanwhile, so runs reach
   // the device in the order they were prepared.
   bool launching_ = false;
-  bool stopping_ = false;  // the launcher and completer end once nothing is left for them
-  InlineBudget budget_;    // per callable: its last preparation
+  bool stopping_ = false;      // the launcher and completer end once nothing is left for them
+  bool loop_polling_ = false;  // the serve loop finalizes light runs (poll) until stop_polling
+  // Serve-loop thread only: loop_polling_ as the loop last set it, so a poll
+  // takes mu_ to set it only on the first call of a spin.
+  bool loop_polls_ = false;
+  // Light runs in to_finalize_: a poll finding none takes no lock.
+  std::atomic<uint32_t> light_to_finalize_{0};
+  std::atomic<uint64_t> finalized_on_loop_{0};
+  InlineBudget budget_;  // per callable: its last preparation
   std::atomic<uint64_t> prepared_inline_{0};
   std::atomic<uint64_t> launched_by_preparer_{0};
   Doorbell set_bell_;       // a set was freed

@@ -311,7 +311,7 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   } else if (!staged) {
     // Asked after the ACK: a frame the parent fills during an inline run is
     // taken by the next pass, only later.
-    if (!quiet() || !handler_.try_run_inline(req, ticket)) handler_.start(std::move(req), ticket);
+    if (!handler_.try_run_inline(req, ticket, quiet())) handler_.start(std::move(req), ticket);
   } else if (handler_.stages_natively()) {
     awaiting_.push_back(Awaiting{req.entry_index, generation, std::nullopt});
     handler_.start(std::move(req), ticket);

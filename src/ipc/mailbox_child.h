@@ -110,14 +110,16 @@ class RunHandler {
   // On the serve-loop thread. Must not wait for the run: the loop keeps
   // serving frames while it executes; completion comes later through `ticket`.
   virtual void start(RunRequest request, RunTicket ticket) = 0;
-  // On the serve-loop thread, offered a non-staged request (already ACKed)
-  // instead of start() only while nothing else waits on the loop: no other
-  // frame ready, no command, no shutdown, no staged run awaiting activation.
-  // The handler may run it to its terminal right here and return true, which
-  // saves the hop to a thread of its own; the loop serves nothing else until
-  // this returns, so take only a run known to be short. False sends it to
+  // On the serve-loop thread, offered every non-staged request (already
+  // ACKed) before start(). The handler may take it right here and return
+  // true, which saves the hop to a thread of its own; the loop serves
+  // nothing else until this returns, so take only work known to be short.
+  // `loop_quiet` says nothing else waits on the loop (no other frame ready,
+  // no command, no shutdown, no staged run awaiting activation): a handler
+  // that runs the request to its terminal here takes it only then; one that
+  // only prepares and hands it on may take it either way. False sends it to
   // start().
-  virtual bool try_run_inline(const RunRequest& request, const RunTicket& ticket) { return false; }
+  virtual bool try_run_inline(const RunRequest& request, const RunTicket& ticket, bool loop_quiet) { return false; }
   // True when start() accepts a staged request and prepares it natively,
   // holding it until activate(). Otherwise the child keeps a staged request
   // itself and calls start() with it only at ACTIVATE.

@@ -35,7 +35,8 @@ Status SubWorkerHandler::init() {
 
 void SubWorkerHandler::start(RunRequest request, RunTicket ticket) { (void)queue_.start(std::move(request), ticket); }
 
-bool SubWorkerHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket) {
+bool SubWorkerHandler::try_run_inline(const RunRequest& request, const RunTicket& ticket, bool loop_quiet) {
+  if (!loop_quiet) return false;  // it runs to its terminal here
   const size_t index = find(request.callable);
   if (!budget_.is_short(index)) return false;
   return queue_.try_run_inline([&] {

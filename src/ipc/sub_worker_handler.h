@@ -31,7 +31,7 @@ class SubWorkerHandler final : public RunHandler {
 
   Status init() override;
   void start(RunRequest request, RunTicket ticket) override;
-  bool try_run_inline(const RunRequest& request, const RunTicket& ticket) override;
+  bool try_run_inline(const RunRequest& request, const RunTicket& ticket, bool loop_quiet) override;
   void drain(uint64_t deadline_ns) override;
 
  private:

@@ -35,7 +35,7 @@ class NodeChildHandler final : public RunHandler {
   // Submits on the loop when nothing is queued or being submitted (so order
   // holds), the callable's last build took at most kInlineRunBudgetNs and the
   // node admits the run without waiting.
-  bool try_run_inline(const RunRequest& request, const RunTicket& ticket) override;
+  bool try_run_inline(const RunRequest& request, const RunTicket& ticket, bool loop_quiet) override;
   // kCtrlMemoryInfo only: the sum over the node's chips.
   Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity) override;
   void drain(uint64_t deadline_ns) override;
