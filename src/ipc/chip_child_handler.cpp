@@ -414,12 +414,16 @@ void ChipChildHandler::finish(Prepared run) {
   unstage(run.staged);
   run.ticket.complete(st, kDispositionNativePrepared);
   set_bell_.ring();  // a set was released
+  bool waiting = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     --launched_;  // only now: the entry read LAUNCHED until the terminal above
+    waiting = !to_launch_.empty();
   }
   preparer_.finished();
-  launch_bell_.ring();
+  // Only a run waiting for the slot just freed needs the launcher: waking
+  // it for nothing after every run costs a system call and a switch.
+  if (waiting) launch_bell_.ring();
   exit_if_faulted();
 }
 
