@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -2103,9 +2104,9 @@ std::vector<ChipCallable> add_one_callable(KernelLibrary& k) {
   return callables;
 }
 
-// A light run's end is taken by the serve loop while it spins, which stores
-// the terminal without waking the completer; a run whose staged tensors would
-// hold the loop up copying them back is the completer's even then. Each run
+// A light run's end is taken by the serve loop, which stores the terminal
+// without waking the completer; a run whose staged tensors would hold the
+// loop up copying them back is the completer's. Each run
 // adds one to its shared-heap tensor, which must come back whole (R6: the
 // terminal follows the copy back).
 TEST(ChipChildCompleter, ALightRunEndsOnTheSpinningLoopAHeavyOneOnTheCompleter) {
@@ -2141,6 +2142,115 @@ TEST(ChipChildCompleter, ALightRunEndsOnTheSpinningLoopAHeavyOneOnTheCompleter) 
   c.shut_down();
   for (size_t i = 0; i < kLight; ++i) ASSERT_EQ(heap[i], 3.0f) << "light element " << i;
   for (size_t i = kLight; i < heap.size(); ++i) ASSERT_EQ(heap[i], 2.0f) << "heavy element " << i - kLight;
+}
+
+// A light run still on the device when the loop stops serving (shutdown):
+// the drain hands it to the completer, which stores its terminal.
+TEST(ChipChildCompleter, ALightRunOnTheDeviceAtShutdownIsEndedByTheCompleter) {
+  Watchdog dog;
+  QuietMachine quiet;
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_gated_marker_kernel", ipc_gated_marker_kernel).ok());
+  std::vector<ChipCallable> callables;
+  callables.emplace_back(
+      "gated", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+      std::vector<Param>{Param::scalar()});
+  ChildOptions options;
+  options.drain_timeout_ns = 1'000'000'000ull;  // a drain that waits for nothing fails fast
+  LoopChipChild c(chip_child_config(2), callables, options);
+  ChipGateScope gate;
+  ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
+  TaskArgs args;
+  args.add_scalar(1);
+  c.publish(1, callables[0].digest(), args);
+  ASSERT_TRUE(eventually([] { return chip_gate_reached.load(); })) << "the gated kernel never started";
+  c.ep().request_shutdown();
+  ASSERT_TRUE(eventually([&] { return c.handler.draining(); })) << "the loop never began to drain";
+  chip_gate_open.store(true);
+  chip_gate_bell.ring();
+  const EndpointEvent* t = c.terminal(1);
+  ASSERT_NE(t, nullptr) << "the run on the device at shutdown never ended";
+  EXPECT_TRUE(t->status.ok()) << t->status.to_string();
+  EXPECT_EQ(c.handler.finalized_on_loop(), 0u);
+  c.shut_down();
+}
+
+// Holds the first store of an entry's `accepted` word (the launch marker,
+// stored by the thread that launched the run, before the run is listed for
+// its end) at `gate`; every store goes through as PlainStores would.
+class HoldAcceptStores final : public StorePrimitive {
+ public:
+  void store32(uint32_t& w, uint32_t v) override {
+    if (accepted_word(&w) && !held_.exchange(true)) gate.pass();
+    store_release(w, v);
+  }
+  void store64(uint64_t& w, uint64_t v) override { store_release(w, v); }
+  void store_bytes(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void watch(MailboxView view, size_t entries) {
+    entries_ = entries;
+    view_ = std::move(view);
+    watching_.store(true);
+  }
+  Gate gate;
+
+ private:
+  bool accepted_word(const uint32_t* w) {
+    if (!watching_.load()) return false;
+    for (size_t k = 0; k < entries_; ++k) {
+      if (w == &view_.entry(k).accepted) return true;
+    }
+    return false;
+  }
+  std::atomic<bool> watching_{false};
+  std::atomic<bool> held_{false};
+  MailboxView view_;
+  size_t entries_ = 0;
+};
+
+// A light run launched off the loop that ends before it is listed for its
+// end: the device's ring finds nothing for the loop, which parks again, so
+// the launching thread must ring the loop once it lists the run.
+TEST(ChipChildCompleter, ARunThatEndsBeforeItIsListedStillReachesTheParkedLoop) {
+  Watchdog dog;
+  QuietMachine quiet;
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_gated_marker_kernel", ipc_gated_marker_kernel).ok());
+  std::vector<ChipCallable> callables;
+  callables.emplace_back(
+      "gated", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+      std::vector<Param>{Param::scalar()});
+  auto* stores = new HoldAcceptStores;  // never freed: a thread may still leave its gate
+  ChildOptions options;
+  options.spin = SpinPolicy{1, 200'000};
+  options.stores = stores;
+  LoopChipChild c(chip_child_config(2), callables, options);
+  ChipGateScope gate;
+  struct Release {
+    Gate& gate;
+    ~Release() { gate.release(); }
+  } release_before_shutdown{stores->gate};
+  ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
+  stores->watch(c.ep().view(), LoopChipChild::kEntries);
+  TaskArgs args;
+  args.add_scalar(1);
+  c.publish(1, callables[0].digest(), args);  // the callable's first run: its preparer launches it
+  ASSERT_TRUE(stores->gate.wait_entered()) << "the run never reached its launch marker";
+  Doorbell& bell = c.ep().view().control().child_bell;
+  ASSERT_TRUE(eventually([&] { return bell.parked() == 1; })) << "the idle loop never parked";
+  // Read while the loop is parked: it looks again only once something wakes it.
+  const uint64_t polls = c.handler.loop_polls();
+  const uint32_t rings = bell.arm();
+  chip_gate_open.store(true);
+  chip_gate_bell.ring();
+  ASSERT_TRUE(eventually([&] { return bell.arm() != rings; })) << "the run's end never rang the loop";
+  // The loop woke, found nothing listed, and parked again.
+  ASSERT_TRUE(eventually([&] { return c.handler.loop_polls() > polls; })) << "the rung loop never looked";
+  ASSERT_TRUE(eventually([&] { return bell.parked() == 1; })) << "the loop never parked again";
+  stores->gate.release();
+  const EndpointEvent* t = c.terminal(1);
+  ASSERT_NE(t, nullptr) << "the run listed after its end never reached the parent";
+  EXPECT_TRUE(t->status.ok()) << t->status.to_string();
+  EXPECT_EQ(c.handler.finalized_on_loop(), 1u);
 }
 
 // Adds one to its tensor after recording its marker (a scalar); marker 1
@@ -2212,10 +2322,9 @@ TEST(ChipChildCompleter, AHeavyRunThatEndsWhileTheCompleterIsBusyWaitsForIt) {
   for (size_t i = 0; i < heap.size(); ++i) ASSERT_EQ(heap[i], 2.0f) << "element " << i;
 }
 
-// A light run launched while the loop polled, still on the device when the
-// loop parks: stop_polling hands it back and the completer, which the launch
-// did not wake, stores its terminal.
-TEST(ChipChildCompleter, ALightRunTheLoopStoppedPollingForIsEndedByTheCompleter) {
+// A light run still on the device when the loop parks: its end rings the
+// loop's bell, and the loop, not the completer, stores its terminal.
+TEST(ChipChildCompleter, ALightRunThatEndsWhileTheLoopIsParkedWakesTheLoop) {
   Watchdog dog;
   QuietMachine quiet;
   KernelLibrary k;
@@ -2239,9 +2348,9 @@ TEST(ChipChildCompleter, ALightRunTheLoopStoppedPollingForIsEndedByTheCompleter)
   chip_gate_open.store(true);
   chip_gate_bell.ring();
   const EndpointEvent* t = c.terminal(1);
-  ASSERT_NE(t, nullptr) << "the run the loop handed back never ended";
+  ASSERT_NE(t, nullptr) << "the run that ended while the loop was parked never reached the parent";
   EXPECT_TRUE(t->status.ok()) << t->status.to_string();
-  EXPECT_EQ(c.handler.finalized_on_loop(), 0u) << "the parked loop ended the run";
+  EXPECT_EQ(c.handler.finalized_on_loop(), 1u) << "the completer, not the woken loop, ended the run";
 }
 
 // A short run is prepared on the loop even while another frame waits: the
@@ -2255,7 +2364,8 @@ TEST(ChipChildInline, R4AShortRunIsPreparedOnTheLoopWhileAnotherFrameWaits) {
   ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_record_marker_kernel", ipc_record_marker_kernel).ok());
   std::mutex mu;
   std::map<int64_t, std::thread::id> prepared_on;  // run -> where its orchestration ran
-  Gate* const hold = new Gate;                     // holds run 2's orchestration on the loop
+  std::atomic<int64_t> held{-1};                   // the run whose orchestration waits at `hold`
+  Gate* const hold = new Gate;
   std::vector<ChipCallable> callables;
   callables.emplace_back(
       "short",
@@ -2265,7 +2375,7 @@ TEST(ChipChildInline, R4AShortRunIsPreparedOnTheLoopWhileAnotherFrameWaits) {
           std::lock_guard<std::mutex> lock(mu);
           prepared_on[run] = std::this_thread::get_id();
         }
-        if (run == 2) hold->pass();
+        if (run == held.load()) hold->pass();
         return o.submit_aiv(0, a).status();
       },
       k, std::vector<Param>{Param::scalar()});
@@ -2282,29 +2392,42 @@ TEST(ChipChildInline, R4AShortRunIsPreparedOnTheLoopWhileAnotherFrameWaits) {
     args.add_scalar(run);
     c.publish(static_cast<uint64_t>(run), callables[0].digest(), args);
   };
-  publish(1);  // seen once: the callable is short from now on
-  ASSERT_NE(c.terminal(1), nullptr);
-  publish(2);
-  ASSERT_TRUE(hold->wait_entered()) << "run 2 was never prepared";
-  // Run 2's frame was handed back before its preparation began: both
-  // frames take a request while the loop is inside run 2.
-  publish(3);
-  publish(4);
+  auto on_loop = [&](int64_t run) {
+    std::lock_guard<std::mutex> lock(mu);
+    return prepared_on[run] == c.loop.get_id();
+  };
+  // Until one run is prepared on the loop: the first is the preparer's (the
+  // callable was not yet seen to be short), and the next may find the
+  // preparer's thread still leaving that call. Then the preparer is idle.
+  int64_t run = 0;
+  do {
+    ++run;
+    publish(run);
+    ASSERT_NE(c.terminal(static_cast<uint64_t>(run)), nullptr);
+  } while (!on_loop(run) && run < 20);
+  ASSERT_TRUE(on_loop(run)) << "no short run was prepared on the loop";
+  const int64_t h = run + 1;
+  held.store(h);
+  publish(h);
+  ASSERT_TRUE(hold->wait_entered()) << "run " << h << " was never prepared";
+  // The held run's frame was handed back before its preparation began: both
+  // frames take a request while the loop is inside it.
+  publish(h + 1);
+  publish(h + 2);
   hold->release();
-  for (uint64_t run : {2u, 3u, 4u}) {
-    const EndpointEvent* t = c.terminal(run);
+  for (int64_t r = h; r <= h + 2; ++r) {
+    const EndpointEvent* t = c.terminal(static_cast<uint64_t>(r));
     ASSERT_NE(t, nullptr);
     EXPECT_TRUE(t->status.ok()) << t->status.to_string();
   }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    EXPECT_EQ(prepared_on[2], c.loop.get_id()) << "run 2 was not prepared on the loop";
-    EXPECT_EQ(prepared_on[3], c.loop.get_id()) << "run 3, taken while run 4's frame waited, went to the preparer";
-  }
+  EXPECT_TRUE(on_loop(h)) << "the held run was not prepared on the loop";
+  EXPECT_TRUE(on_loop(h + 1)) << "the run taken while the next frame waited went to the preparer";
   std::lock_guard<std::mutex> lock(chip_order_mu);
   std::vector<int64_t> ran = chip_order;
   std::sort(ran.begin(), ran.end());  // three launch slots: the cores finish in any order
-  EXPECT_EQ(ran, (std::vector<int64_t>{1, 2, 3, 4}));
+  std::vector<int64_t> all(static_cast<size_t>(h + 2));
+  std::iota(all.begin(), all.end(), 1);
+  EXPECT_EQ(ran, all);
 }
 
 }  // namespace

@@ -923,6 +923,7 @@ void ChipWorker::on_run_done(uint32_t slot, RunOutcome out) {
     leaving_.fetch_add(1, std::memory_order_acq_rel);
     ctx->done_.store(1, std::memory_order_release);
     set_bells_[slot].bell.ring();
+    if (done_bell_ != nullptr) done_bell_->ring();
     leaving_.fetch_sub(1, std::memory_order_acq_rel);
     left_bell_.ring();
   }

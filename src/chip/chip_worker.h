@@ -79,6 +79,11 @@ class ChipWorker {
   Status launch(void* storage, uint64_t epoch);
   // Never blocks.
   Result<PollState> poll(void* storage, uint64_t epoch);
+  // Also rung (on the device thread that ends it) after each run a caller
+  // finalizes is done, besides its set's bell: one thread may then park on
+  // it for any of its runs (a chip child's serve loop). Set before the first
+  // launch; the bell must outlive this worker's runs.
+  void set_done_bell(Doorbell* bell) { done_bell_ = bell; }
   // Waits for the terminal and returns it; releases nothing. deadline_ns is an
   // absolute now_ns() time, 0 for none.
   Status wait(void* storage, uint64_t epoch, uint64_t deadline_ns = 0);
@@ -327,6 +332,7 @@ class ChipWorker {
   std::atomic<uint32_t> leaving_{0};
   Doorbell left_bell_;
   Doorbell admission_bell_;             // rung when a set is released, a run drains, or the worker closes
+  Doorbell* done_bell_ = nullptr;       // set_done_bell
   std::atomic<uint32_t> in_flight_{0};  // runs queued for launch or launched
   std::atomic<bool> closing_{false};
 

@@ -44,6 +44,7 @@ ChipChildHandler::~ChipChildHandler() { drain(now_ns() + 5'000'000'000ull); }
 
 Status ChipChildHandler::init() {
   SIMPLER_ASSIGN_OR_RETURN(worker_, ChipWorker::create(config_, callables_));
+  worker_->set_done_bell(loop_bell_);
   for (uint32_t s = 0; s < worker_->grant(); ++s) {
     auto* p = static_cast<unsigned char*>(
         ::operator new (native_run_storage_size(), std::align_val_t{native_run_storage_alignment()}));
@@ -338,15 +339,26 @@ void ChipChildHandler::launch(Prepared run) {
   } else {
     run.ticket.accepted();  // launch() returned: the run passed the real launch marker
     bool wake_completer = false;
+    void* const storage = run.storage;
+    const uint64_t epoch = run.epoch;
     {
       std::lock_guard<std::mutex> lock(mu_);
       wake_completer = for_completer(run);
-      if (run.light) light_to_finalize_.fetch_add(1, std::memory_order_release);
+      if (run.light) light_to_finalize_.fetch_add(1, std::memory_order_seq_cst);
       to_finalize_.push_back(std::move(run));
       launching_ = false;
       more = !to_launch_.empty();
     }
-    if (wake_completer) finalize_bell_.ring();
+    if (wake_completer) {
+      finalize_bell_.ring();
+    } else if (const Result<PollState> state = worker_->poll(storage, epoch);
+               !state.ok() || *state == PollState::Complete) {
+      // It ended before it was listed here, so the device's ring may have
+      // found nothing for a loop that then parked; one that ends later rings
+      // the loop itself. (A run the worker no longer knows is the loop's to
+      // report, like one that ended.)
+      loop_bell_->ring();
+    }
   }
   // Only then: a launcher ringing itself costs nothing, but waking a parked
   // one for nothing costs the system call this path exists to save.
@@ -396,10 +408,7 @@ void ChipChildHandler::completer_main() {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = std::find_if(to_finalize_.begin(), to_finalize_.end(),
                              [this](const Prepared& p) { return for_completer(p); });
-      if (it == to_finalize_.end()) {
-        if (stopping_) return;  // stopping and idle
-        continue;               // the serve loop began to poll and took it
-      }
+      if (it == to_finalize_.end()) return;  // stopping and idle
       if (it->light) light_to_finalize_.fetch_sub(1, std::memory_order_relaxed);
       run.emplace(std::move(*it));
       to_finalize_.erase(it);
@@ -427,17 +436,19 @@ void ChipChildHandler::finish(Prepared run) {
   exit_if_faulted();
 }
 
+bool ChipChildHandler::attach_loop_bell(Doorbell& bell) {
+  loop_bell_ = &bell;
+  loop_serves_ = true;  // no thread of this handler runs yet
+  return true;
+}
+
 bool ChipChildHandler::poll() {
-  if (!loop_polls_) {
-    std::lock_guard<std::mutex> lock(mu_);
-    loop_polling_ = true;
-    loop_polls_ = true;
-  }
+  loop_polls_.store(loop_polls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (light_to_finalize_.load(std::memory_order_acquire) == 0) return false;
   std::optional<Prepared> run;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // The oldest light run: the completer took none since the loop polls.
+    // The oldest light run: the completer takes none.
     auto it = std::find_if(to_finalize_.begin(), to_finalize_.end(), [](const Prepared& p) { return p.light; });
     if (it == to_finalize_.end()) return false;
     // A run the worker no longer knows is finalized all the same, which
@@ -453,19 +464,15 @@ bool ChipChildHandler::poll() {
   return true;
 }
 
-void ChipChildHandler::stop_polling() {
-  if (!loop_polls_) return;
-  loop_polls_ = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    loop_polling_ = false;
-  }
-  // A light run launched while the loop polled did not wake the completer.
-  if (light_to_finalize_.load(std::memory_order_acquire) != 0) finalize_bell_.ring();
-}
-
 void ChipChildHandler::drain(uint64_t deadline_ns) {
   if (!launcher_.joinable()) return;
+  {
+    // The loop looks no more: a light run still on the device is the completer's.
+    std::lock_guard<std::mutex> lock(mu_);
+    loop_serves_ = false;
+  }
+  draining_.store(true, std::memory_order_release);
+  finalize_bell_.ring();
   const bool idle = preparer_.drain(deadline_ns);
   {
     std::lock_guard<std::mutex> lock(mu_);

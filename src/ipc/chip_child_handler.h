@@ -7,15 +7,15 @@
 // terminal). A staged run waits, prepared, between the preparer and the
 // launcher for activate(). A run whose callable prepared quickly last time
 // is prepared on the serve loop instead, and a preparer that finds the
-// launcher idle and a launch slot free launches its run itself, and while the
-// serve loop spins it finalizes a light run that ended (poll) in the
-// completer's place: each spares a hand-off to a parked thread. The serve
-// loop calls start/try_run_inline/activate/control/drain/poll; the device
-// calls are made by the three threads and by the serve loop. A sticky
-// device fault ends every run on the device DEVICE_FAULT and refuses later
-// ones (ChipWorker::health); once every started run has its terminal the
-// child exits (kChildExitDeviceFault), as only a new process resets the
-// device, and the parent replaces it.
+// launcher idle and a launch slot free launches its run itself, and the serve
+// loop, which the device rings when a run ends, finalizes a light run that
+// ended (poll) in the completer's place: each spares a hand-off to a parked
+// thread. The serve loop calls start/try_run_inline/activate/control/drain/
+// poll; the device calls are made by the three threads and by the serve
+// loop. A sticky device fault ends every run on the device DEVICE_FAULT and
+// refuses later ones (ChipWorker::health); once every started run has its
+// terminal the child exits (kChildExitDeviceFault), as only a new process
+// resets the device, and the parent replaces it.
 #pragma once
 
 #include <atomic>
@@ -59,18 +59,21 @@ class ChipChildHandler final : public RunHandler {
   void activate(uint32_t entry_index, uint64_t generation, bool launch) override;
   Result<ControlReply> control(const ControlCommand& cmd, uint8_t* data, uint32_t in_bytes, uint32_t capacity) override;
   void drain(uint64_t deadline_ns) override;
-  // While the serve loop spins it is the completer of every light run
-  // (Prepared::light): it finalizes one that ended and stores its terminal,
-  // so the run's end reaches the parent without waking the completer, whose
-  // thread parks meanwhile. stop_polling hands them back to it.
+  // The serve loop is the completer of every light run (Prepared::light),
+  // spinning or parked: the device rings the loop's bell when a run ends, and
+  // poll() finalizes one that ended and stores its terminal, so the run's
+  // end reaches the parent without waking the completer's thread. Without a
+  // loop bell every run is the completer's.
+  bool attach_loop_bell(Doorbell& bell) override;
   bool poll() override;
-  void stop_polling() override;
 
   // Runs prepared on the serve loop, and runs their preparer launched
   // itself: what a test of those paths counts. Any thread.
   uint64_t prepared_inline() const { return prepared_inline_.load(std::memory_order_relaxed); }
   uint64_t launched_by_preparer() const { return launched_by_preparer_.load(std::memory_order_relaxed); }
   uint64_t finalized_on_loop() const { return finalized_on_loop_.load(std::memory_order_relaxed); }
+  uint64_t loop_polls() const { return loop_polls_.load(std::memory_order_relaxed); }
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
 
   // A run is light when it is not diagnostic (whose finalize writes its
   // files) and its staged tensors hold at most this many bytes (whose copy
@@ -119,9 +122,9 @@ class ChipChildHandler final : public RunHandler {
   void launch(Prepared run);
   void launcher_main();
   void completer_main();
-  // Whether the completer takes `run` now: every run unless the serve loop
-  // polls and the run is light. mu_ held.
-  bool for_completer(const Prepared& run) const { return !run.light || !loop_polling_ || stopping_; }
+  // Whether the completer takes `run`: a heavy one, or any once the loop no
+  // longer serves (or never had a bell). mu_ held.
+  bool for_completer(const Prepared& run) const { return !run.light || !loop_serves_; }
   // Finalizes a run that left to_finalize_, stages its outputs back and
   // stores its terminal: on the completer, or on the serve loop (poll).
   void finish(Prepared run);
@@ -166,15 +169,17 @@ class ChipChildHandler final : public RunHandler {
   // A run is being launched: nothing else launches meanwhile, so runs reach
   // the device in the order they were prepared.
   bool launching_ = false;
-  bool stopping_ = false;      // the launcher and completer end once nothing is left for them
-  bool loop_polling_ = false;  // the serve loop finalizes light runs (poll) until stop_polling
-  // Serve-loop thread only: loop_polling_ as the loop last set it, so a poll
-  // takes mu_ to set it only on the first call of a spin.
-  bool loop_polls_ = false;
+  bool stopping_ = false;          // the launcher and completer end once nothing is left for them
+  Doorbell* loop_bell_ = nullptr;  // set before init
+  // The serve loop finalizes light runs: from attach_loop_bell until drain,
+  // which the loop calls once it has stopped looking.
+  bool loop_serves_ = false;
+  std::atomic<bool> draining_{false};
   // Light runs in to_finalize_: a poll finding none takes no lock.
   std::atomic<uint32_t> light_to_finalize_{0};
   std::atomic<uint64_t> finalized_on_loop_{0};
-  InlineBudget budget_;  // per callable: its last preparation
+  std::atomic<uint64_t> loop_polls_{0};  // written by the serve loop only
+  InlineBudget budget_;                  // per callable: its last preparation
   std::atomic<uint64_t> prepared_inline_{0};
   std::atomic<uint64_t> launched_by_preparer_{0};
   Doorbell set_bell_;       // a set was freed

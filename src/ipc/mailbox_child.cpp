@@ -80,6 +80,7 @@ int MailboxChild::serve() {
   if (std::string d = wire_disagreements(wire, c.parent_wire, theirs); !d.empty()) {
     return fail_init(failed_precondition("wire constants disagree with the parent:\n{}", d));
   }
+  const bool loop_rung = handler_.attach_loop_bell(c.child_bell);
   if (Status st = handler_.init(); !st.ok()) return fail_init(st);
   const uint64_t grant = handler_.granted_sets();
   stores_->store32(c.child_grant, grant > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(grant));
@@ -97,10 +98,12 @@ int MailboxChild::serve() {
 
   std::string stop_reason;
   // The handler's own work is polled while the loop spins, and handed back
-  // to it before the loop parks or ends.
+  // to it before the loop parks or ends, unless the handler rings the loop
+  // for it: then it stays the loop's, parked or not.
   bool polling = false;
   const auto ready = [&] { return work_pending() || (polling && handler_.poll()); };
   const auto stop_polling = [&] {
+    if (loop_rung) return;
     if (polling) handler_.stop_polling();
     polling = false;
   };

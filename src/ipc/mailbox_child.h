@@ -140,6 +140,11 @@ class RunHandler {
   // Serve-loop thread, when the loop stops calling poll() (it parks, or ends):
   // the handler's own thread takes that work back.
   virtual void stop_polling() {}
+  // Before init(), on the serve-loop thread: the bell the loop parks on.
+  // True when the handler rings it (from any thread) whenever poll() would
+  // find work: the loop then polls after every wake as well and never hands
+  // that work back (stop_polling is not called).
+  virtual bool attach_loop_bell(Doorbell& bell) { return false; }
 };
 
 struct ChildOptions {
