@@ -1943,6 +1943,12 @@ struct LoopChipChild {
     s.args_blob = blob;
     ASSERT_TRUE(ep().publish(s).ok());
   }
+  // A run whose one argument is its id, as a scalar (a marker kernel's).
+  void publish_marker(uint64_t run, const Digest& callable) {
+    TaskArgs args;
+    args.add_scalar(static_cast<int64_t>(run));
+    publish(run, callable, args);
+  }
   // The run's terminal, or null (and a failure) at the deadline.
   const EndpointEvent* terminal(uint64_t run) {
     (void)poll_until(
@@ -2095,13 +2101,20 @@ struct QuietMachine {
   ~QuietMachine() { hooks::force_load_state(-1); }
 };
 
-std::vector<ChipCallable> add_one_callable(KernelLibrary& k) {
-  EXPECT_TRUE(k.add_function(0, CoreType::AIV, "ipc_add_one_kernel", ipc_add_one_kernel).ok());
+// One callable `name`: a single AIV task of `kernel`, over one argument.
+std::vector<ChipCallable> one_task_callable(KernelLibrary& k, const char* name, simpler_kernel_fn kernel, Param param) {
+  EXPECT_TRUE(k.add_function(0, CoreType::AIV, name, kernel).ok());
   std::vector<ChipCallable> callables;
   callables.emplace_back(
-      "add_one", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
-      std::vector<Param>{Param::inout()});
+      name, [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+      std::vector<Param>{param});
   return callables;
+}
+std::vector<ChipCallable> add_one_callable(KernelLibrary& k) {
+  return one_task_callable(k, "ipc_add_one_kernel", ipc_add_one_kernel, Param::inout());
+}
+std::vector<ChipCallable> gated_callable(KernelLibrary& k) {
+  return one_task_callable(k, "ipc_gated_marker_kernel", ipc_gated_marker_kernel, Param::scalar());
 }
 
 // A light run's end is taken by the serve loop, which stores the terminal
@@ -2150,19 +2163,13 @@ TEST(ChipChildCompleter, ALightRunOnTheDeviceAtShutdownIsEndedByTheCompleter) {
   Watchdog dog;
   QuietMachine quiet;
   KernelLibrary k;
-  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_gated_marker_kernel", ipc_gated_marker_kernel).ok());
-  std::vector<ChipCallable> callables;
-  callables.emplace_back(
-      "gated", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
-      std::vector<Param>{Param::scalar()});
+  const std::vector<ChipCallable> callables = gated_callable(k);
   ChildOptions options;
   options.drain_timeout_ns = 1'000'000'000ull;  // a drain that waits for nothing fails fast
   LoopChipChild c(chip_child_config(2), callables, options);
   ChipGateScope gate;
   ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
-  TaskArgs args;
-  args.add_scalar(1);
-  c.publish(1, callables[0].digest(), args);
+  c.publish_marker(1, callables[0].digest());
   ASSERT_TRUE(eventually([] { return chip_gate_reached.load(); })) << "the gated kernel never started";
   c.ep().request_shutdown();
   ASSERT_TRUE(eventually([&] { return c.handler.draining(); })) << "the loop never began to drain";
@@ -2214,11 +2221,7 @@ TEST(ChipChildCompleter, ARunThatEndsBeforeItIsListedStillReachesTheParkedLoop) 
   Watchdog dog;
   QuietMachine quiet;
   KernelLibrary k;
-  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_gated_marker_kernel", ipc_gated_marker_kernel).ok());
-  std::vector<ChipCallable> callables;
-  callables.emplace_back(
-      "gated", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
-      std::vector<Param>{Param::scalar()});
+  const std::vector<ChipCallable> callables = gated_callable(k);
   auto* stores = new HoldAcceptStores;  // never freed: a thread may still leave its gate
   ChildOptions options;
   options.spin = SpinPolicy{1, 200'000};
@@ -2231,9 +2234,7 @@ TEST(ChipChildCompleter, ARunThatEndsBeforeItIsListedStillReachesTheParkedLoop) 
   } release_before_shutdown{stores->gate};
   ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
   stores->watch(c.ep().view(), LoopChipChild::kEntries);
-  TaskArgs args;
-  args.add_scalar(1);
-  c.publish(1, callables[0].digest(), args);  // the callable's first run: its preparer launches it
+  c.publish_marker(1, callables[0].digest());  // the callable's first run: its preparer launches it
   ASSERT_TRUE(stores->gate.wait_entered()) << "the run never reached its launch marker";
   Doorbell& bell = c.ep().view().control().child_bell;
   ASSERT_TRUE(eventually([&] { return bell.parked() == 1; })) << "the idle loop never parked";
@@ -2328,20 +2329,14 @@ TEST(ChipChildCompleter, ALightRunThatEndsWhileTheLoopIsParkedWakesTheLoop) {
   Watchdog dog;
   QuietMachine quiet;
   KernelLibrary k;
-  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_gated_marker_kernel", ipc_gated_marker_kernel).ok());
-  std::vector<ChipCallable> callables;
-  callables.emplace_back(
-      "gated", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
-      std::vector<Param>{Param::scalar()});
+  const std::vector<ChipCallable> callables = gated_callable(k);
   const WorkerConfig cfg = chip_child_config(2);
   ChildOptions options;
   options.spin = SpinPolicy{1, 200'000};
   LoopChipChild c(cfg, callables, options);
   ChipGateScope gate;
   ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
-  TaskArgs args;
-  args.add_scalar(1);
-  c.publish(1, callables[0].digest(), args);
+  c.publish_marker(1, callables[0].digest());
   ASSERT_TRUE(eventually([] { return chip_gate_reached.load(); })) << "the gated kernel never started";
   Doorbell& bell = c.ep().view().control().child_bell;
   ASSERT_TRUE(eventually([&] { return bell.parked() == 1; })) << "the idle loop never parked";
