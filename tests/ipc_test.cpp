@@ -2222,7 +2222,7 @@ TEST(ChipChildCompleter, ARunThatEndsBeforeItIsListedStillReachesTheParkedLoop) 
   QuietMachine quiet;
   KernelLibrary k;
   const std::vector<ChipCallable> callables = gated_callable(k);
-  auto* stores = new HoldAcceptStores;  // never freed: a thread may still leave its gate
+  auto* stores = abandon(new HoldAcceptStores);  // a thread may still be leaving its gate
   ChildOptions options;
   options.spin = SpinPolicy{1, 200'000};
   options.stores = stores;
@@ -2360,7 +2360,7 @@ TEST(ChipChildInline, R4AShortRunIsPreparedOnTheLoopWhileAnotherFrameWaits) {
   std::mutex mu;
   std::map<int64_t, std::thread::id> prepared_on;  // run -> where its orchestration ran
   std::atomic<int64_t> held{-1};                   // the run whose orchestration waits at `hold`
-  Gate* const hold = new Gate;
+  Gate* const hold = abandon(new Gate);            // a loop left inside the orchestration may still pass it
   std::vector<ChipCallable> callables;
   callables.emplace_back(
       "short",
