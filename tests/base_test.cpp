@@ -281,6 +281,69 @@ TEST(Doorbell, RingParkedWithNobodyParkedLeavesTheBellUntouched) {
   EXPECT_NE(bell.arm(), armed);
 }
 
+// The cost the sleeping bit saves: a waiter woken but not yet running (on a
+// loaded machine, for a whole time slice) is still counted as parked, so
+// every ring_parked() meanwhile used to make a futex wake of its own. Here
+// the test thread stays counted (its Parking never waits), a second thread
+// sleeps in the kernel, and three rings follow: one system call, not three.
+TEST(Doorbell, OnlyTheRingThatWakesASleeperMakesASystemCall) {
+  Watchdog dog;
+  Doorbell bell;
+  Doorbell::Parking counted(bell);
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> woke{false};
+  const uint64_t deadline = now_ns() + std::chrono::nanoseconds(kWait).count();
+  std::thread sleeper([&] {
+    tid.store(gettid());
+    Doorbell::Parking parking(bell);
+    parking.wait(deadline);
+    woke.store(now_ns() < deadline);
+  });
+  ASSERT_TRUE(testing::eventually([&] { return tid.load() != 0 && testing::thread_state(tid.load()) == 'S'; }));
+  ASSERT_TRUE(bell.asleep()) << "a thread sleeps in the kernel but the bell does not say so";
+  const uint64_t before = doorbell_wakes();
+  for (int i = 0; i < 3; ++i) bell.ring_parked();
+  EXPECT_EQ(doorbell_wakes() - before, 1u) << "rings after the one that woke the sleeper made system calls";
+  EXPECT_FALSE(bell.asleep());
+  sleeper.join();
+  EXPECT_TRUE(woke.load()) << "the sleeping thread was not woken by the first ring";
+  // The counted waiter armed before the rings: its wait returns at once.
+  counted.wait(now_ns() + 2'000'000'000ull);
+}
+
+// A waiter whose bit a ring cleared and that sleeps again (a spurious return,
+// or a new park) sets it again: the next ring wakes it.
+TEST(Doorbell, AWaiterThatSleepsAgainAfterAWakeIsWokenByTheNextRing) {
+  Watchdog dog;
+  Doorbell bell;
+  std::atomic<int> round{0};
+  std::atomic<pid_t> tid{0};
+  std::atomic<int> woke{0};
+  const uint64_t deadline = now_ns() + std::chrono::nanoseconds(kWait).count();
+  std::thread waiter([&] {
+    tid.store(gettid());
+    for (int r = 1; r <= 2; ++r) {
+      for (;;) {
+        Doorbell::Parking parking(bell);
+        if (round.load() >= r) break;
+        if (now_ns() >= deadline) return;
+        parking.wait(deadline);
+      }
+      woke.store(r);
+    }
+  });
+  for (int r = 1; r <= 2; ++r) {
+    ASSERT_TRUE(testing::eventually([&] {
+      return woke.load() == r - 1 && testing::thread_state(tid.load()) == 'S' && bell.asleep();
+    })) << "round "
+        << r << ": the waiter never went to sleep";
+    round.store(r);
+    bell.ring_parked();
+  }
+  waiter.join();
+  EXPECT_EQ(woke.load(), 2) << "the second sleep was not woken";
+}
+
 // A waiter in spin_then_park() is counted before its last look, so news
 // published with ring_parked() right after that look (forced here, from
 // inside the look) still ends the wait: the bells of simulated cores are

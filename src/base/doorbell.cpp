@@ -10,13 +10,22 @@
 
 namespace simpler {
 
+namespace {
+std::atomic<uint64_t> futex_wakes{0};
+}  // namespace
+
 void yield_cpu() { sched_yield(); }
 
+uint64_t doorbell_wakes() { return futex_wakes.load(std::memory_order_relaxed); }
+
 void Doorbell::ring() {
-  seq_.fetch_add(1, std::memory_order_seq_cst);
-  if (waiters_.load(std::memory_order_seq_cst) != 0) {
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&seq_), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-  }
+  // A waiter that set kAsleep after this add sleeps on the new value, which
+  // the next ring changes; one that set it before sleeps on the old value
+  // and is woken here. Two rings that both saw the bit both wake: harmless.
+  if ((seq_.fetch_add(2, std::memory_order_seq_cst) & kAsleep) == 0) return;
+  seq_.fetch_and(~kAsleep, std::memory_order_seq_cst);
+  futex_wakes.fetch_add(1, std::memory_order_relaxed);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&seq_), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 void Doorbell::ring_parked() {
@@ -33,7 +42,6 @@ void Doorbell::park(uint32_t armed, uint64_t deadline_ns) {
 }
 
 void Doorbell::wait(uint32_t armed, uint64_t deadline_ns) {
-  if (seq_.load(std::memory_order_seq_cst) != armed) return;
   timespec ts{};
   timespec* tsp = nullptr;
   if (deadline_ns != 0) {
@@ -44,13 +52,18 @@ void Doorbell::wait(uint32_t armed, uint64_t deadline_ns) {
     ts.tv_nsec = static_cast<long>(left % 1'000'000'000ull);
     tsp = &ts;
   }
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&seq_), FUTEX_WAIT, armed, tsp, nullptr, 0);
+  uint32_t cur = seq_.load(std::memory_order_seq_cst);
+  do {
+    if ((cur & ~kAsleep) != armed) return;  // rung since it was armed
+  } while ((cur & kAsleep) == 0 &&
+           !seq_.compare_exchange_weak(cur, cur | kAsleep, std::memory_order_seq_cst, std::memory_order_seq_cst));
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&seq_), FUTEX_WAIT, armed | kAsleep, tsp, nullptr, 0);
 }
 
 Doorbell::Parking::Parking(Doorbell& bell) : bell_(bell) {
   bell_.waiters_.fetch_add(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  armed_ = bell_.seq_.load(std::memory_order_seq_cst);
+  armed_ = bell_.arm();
 }
 
 Doorbell::Parking::~Parking() { bell_.waiters_.fetch_sub(1, std::memory_order_seq_cst); }

@@ -24,12 +24,18 @@ inline void cpu_relax() {
 // sched_yield(): lets another runnable thread (a simulated core) have this CPU.
 void yield_cpu();
 
+// The system calls this process made to wake a Doorbell's sleepers: what a
+// test of the wake-up cost counts. Any thread.
+uint64_t doorbell_wakes();
+
 class Doorbell {
  public:
   // The value to pass to park(): read it, re-check the condition, then park.
-  uint32_t arm() { return seq_.load(std::memory_order_seq_cst); }
-  // Wakes every parked waiter; costs one atomic add on the bell's line and
-  // one load when nobody is parked.
+  uint32_t arm() { return seq_.load(std::memory_order_seq_cst) & ~kAsleep; }
+  // Wakes every parked waiter; costs one atomic add on the bell's line, and
+  // a system call only when a waiter went to sleep in the kernel since the
+  // last ring that woke it: a woken waiter that has not run yet (seconds
+  // later, on a loaded machine) costs the rings meanwhile nothing more.
   void ring();
   // Wakes the waiters parked through a Parking, and costs a fence and a load
   // of a line nobody writes while none is: for a bell rung far more often
@@ -59,11 +65,18 @@ class Doorbell {
   void park(uint32_t armed, uint64_t deadline_ns = 0);
   // Threads parked (or about to) right now: what a test waits for.
   uint32_t parked() const { return waiters_.load(std::memory_order_seq_cst); }
+  // True while a waiter may sleep in the kernel unwoken: the next ring makes
+  // a system call. What a test of the wake-up cost looks at.
+  bool asleep() const { return (seq_.load(std::memory_order_seq_cst) & kAsleep) != 0; }
 
  private:
+  // The low bit of seq_: set by a waiter before it sleeps in the kernel,
+  // cleared by the ring that wakes it. In the same word as the count, so a
+  // ring clears only the bit of the waiters armed before it.
+  static constexpr uint32_t kAsleep = 1;
   void wait(uint32_t armed, uint64_t deadline_ns);
 
-  std::atomic<uint32_t> seq_{0};
+  std::atomic<uint32_t> seq_{0};  // rings * 2, plus kAsleep
   std::atomic<uint32_t> waiters_{0};
 };
 static_assert(sizeof(Doorbell) == 8, "Doorbell lives in shared memory");
