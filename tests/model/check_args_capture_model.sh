@@ -48,28 +48,19 @@ LIVE_MUTANTS=(
 )
 total=$((${#MUTANTS[@]} + ${#LIVE_MUTANTS[@]}))
 
-for tool in spin gcc; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "FAIL $tool is not installed (make deps installs it: apt-get install -y $tool)"
-    echo "ARGS_CAPTURE_MODEL states=0 mutants_caught=0/$total"
-    exit 1
-  fi
-done
+source "$(dirname "$0")/model_lib.sh"
+require_tools "ARGS_CAPTURE_MODEL states=0 mutants_caught=0/$total"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# run <dir> <pan options> <spin -D options...>: builds (with $CFLAGS_PAN) and
-# runs one verifier in <dir>; its report is <dir>/out.
+# run <case> <pan options> <spin -D options...>: one verifier, in $work/<case>.
+PAN_MEMORY="-m200000 -w24"
 run() {
   local dir=$work/$1 pan_opts=$2
   shift 2
-  mkdir -p "$dir" && cp "$model" "$dir/" || return 1
-  (cd "$dir" && spin -a "$@" args_capture.pml >spin.log 2>&1 &&
-    gcc -w -DCOLLAPSE $CFLAGS_PAN -o pan pan.c 2>gcc.log && ./pan $pan_opts -m200000 -w24 >out 2>&1)
-  [[ -s $dir/out ]]
+  verify "$dir" "$model" "$pan_opts" "$@"
 }
-field() { sed -nE "s/.*$2.*/\\1/p" "$1" | head -1; }
 complete() { [[ $(field "$1" 'errors: ([0-9]+)') == 0 ]] && ! grep -q 'max search depth too small' "$1"; }
 
 status=0
@@ -128,7 +119,7 @@ check_mutant() {
     return
   fi
   local out=$work/$m/out why
-  why=$(grep -m1 -E '^pan:1: ' "$out" | sed -E 's/^pan:1: //; s/ \(at depth [0-9]+\)//')
+  why=$(pan_error "$out")
   if [[ $(field "$out" 'errors: ([0-9]+)') =~ ^[1-9] ]] && grep -m1 -E '^pan:1: ' "$out" | grep -qE "$want"; then
     echo "ok   mutant $m caught by \"$prop\": $why"
     caught=$((caught + 1))

@@ -23,27 +23,20 @@ MUTANTS=(
   "BIT_IN_ITS_OWN_WORD|the bit lives apart from the count, so a ring may clear a later waiter's"
 )
 
-for tool in spin gcc; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "FAIL $tool is not installed (make deps installs it: apt-get install -y $tool)"
-    echo "DOORBELL_MODEL states=0 mutants_caught=0/${#MUTANTS[@]}"
-    exit 1
-  fi
-done
+source "$(dirname "$0")/model_lib.sh"
+require_tools "DOORBELL_MODEL states=0 mutants_caught=0/${#MUTANTS[@]}"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# run <dir> <spin -D options...>: builds and runs one verifier in <dir>; its report is <dir>/out.
+# run <case> <spin -D options...>: one safety verifier, in $work/<case>.
+CFLAGS_PAN="-O2 -DSAFETY -DNOCLAIM"
+PAN_MEMORY="-m200000 -w24"
 run() {
   local dir=$work/$1
   shift
-  mkdir -p "$dir" && cp "$model" "$dir/" || return 1
-  (cd "$dir" && spin -a "$@" doorbell.pml >spin.log 2>&1 &&
-    gcc -w -DCOLLAPSE -O2 -DSAFETY -DNOCLAIM -o pan pan.c 2>gcc.log && ./pan -m200000 -w24 >out 2>&1)
-  [[ -s $dir/out ]]
+  verify "$dir" "$model" "" "$@"
 }
-field() { sed -nE "s/.*$2.*/\\1/p" "$1" | head -1; }
 
 status=0
 caught=0
@@ -76,7 +69,7 @@ for entry in "${MUTANTS[@]}"; do
     status=1
     continue
   fi
-  why=$(grep -m1 -E '^pan:1: ' "$work/$m/out" | sed -E 's/^pan:1: //; s/ \(at depth [0-9]+\)//')
+  why=$(pan_error "$work/$m/out")
   if [[ $why == "invalid end state" ]]; then
     echo "ok   mutant $m ($what) caught: a lost wake-up"
     caught=$((caught + 1))

@@ -21,28 +21,19 @@ MUTANTS=(PUBLISH_BEFORE_FILL NO_GENERATION_CHECK ACK_BEFORE_COPY RELEASE_KEEPS_F
          SWEEP_BY_STATE STOP_READ_AFTER_SCAN TERMINAL_NOT_LAST NO_ACTIVATION_RESET NO_REPLAY_CHECK
          FRAME_ORDER)
 
-for tool in spin gcc; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "FAIL $tool is not installed (make deps installs it: apt-get install -y $tool)"
-    echo "RELIABILITY T1 states=0 mutants_caught=0/${#MUTANTS[@]}"
-    exit 1
-  fi
-done
+source "$(dirname "$0")/model_lib.sh"
+require_tools "RELIABILITY T1 states=0 mutants_caught=0/${#MUTANTS[@]}"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# run <dir> <pan options> <spin -D options...>: builds (with $CFLAGS_PAN) and
-# runs one verifier in <dir>; its report is <dir>/out.
+# run <case> <pan options> <spin -D options...>: one verifier, in $work/<case>.
+PAN_MEMORY="-m100000 -w26"
 run() {
   local dir=$work/$1 pan_opts=$2
   shift 2
-  mkdir -p "$dir" && cp "$model" "$dir/" || return 1
-  (cd "$dir" && spin -a "$@" mailbox.pml >spin.log 2>&1 &&
-    gcc -w -DCOLLAPSE $CFLAGS_PAN -o pan pan.c 2>gcc.log && ./pan $pan_opts -m100000 -w26 >out 2>&1)
-  [[ -s $dir/out ]]
+  verify "$dir" "$model" "$pan_opts" "$@"
 }
-field() { sed -nE "s/.*$2.*/\\1/p" "$1" | head -1; }
 
 status=0
 caught=0
@@ -95,7 +86,7 @@ for m in "${MUTANTS[@]}"; do
   fi
   out=$work/$m/out
   if [[ $(field "$out" 'errors: ([0-9]+)') =~ ^[1-9] ]]; then
-    why=$(grep -m1 -E '^pan:1: ' "$out" | sed -E 's/^pan:1: //; s/ \(at depth [0-9]+\)//')
+    why=$(pan_error "$out")
     echo "ok   mutant $m caught: $why"
     caught=$((caught + 1))
   else
