@@ -69,24 +69,8 @@ start=$SECONDS
 bounds="TASKS=$TASKS, TO=$TO, WB=$WB"
 
 CFLAGS_PAN="-O2 -DSAFETY -DNOCLAIM"
-if run clean "" -DTASKS="$TASKS" -DTO="$TO" -DWB="$WB"; then
-  out=$work/clean/out
-  states=$(field "$out" '^ *([0-9]+) states, stored')
-  secs=$(field "$out" 'elapsed time ([0-9.]+)')
-  mb=$(field "$out" '^ *([0-9.]+)[[:space:]]+total actual memory usage')
-  if complete "$out"; then
-    echo "ok   clean model, safety ($bounds): $states states, ${secs} s, ${mb} MB"
-  else
-    echo "FAIL clean model, safety ($bounds): errors=$(field "$out" 'errors: ([0-9]+)')"
-    grep -E '^pan|violated|invalid end|too small' "$out" | head -5 | sed 's/^/     /'
-    status=1
-  fi
-else
-  echo "FAIL clean model, safety: spin or gcc failed"
-  cat "$work/clean/spin.log" "$work/clean/gcc.log" 2>/dev/null | head -20 | sed 's/^/     /'
-  states=0 secs=0 mb=0
-  status=1
-fi
+run clean "" -DTASKS="$TASKS" -DTO="$TO" -DWB="$WB"
+report_safety "clean model, safety ($bounds)" $? "$work/clean" || status=1
 
 CFLAGS_PAN="-O1"
 live_bounds="TASKS=$TASKS, TO=$LIVE_TO, WB=$LIVE_WB"

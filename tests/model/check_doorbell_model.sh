@@ -44,23 +44,8 @@ start=$SECONDS
 bounds="WAITERS=$WAITERS, RINGERS=$RINGERS, TO=$TO"
 opts=(-DWAITERS="$WAITERS" -DRINGERS="$RINGERS" -DTO="$TO")
 
-if run clean "${opts[@]}"; then
-  out=$work/clean/out
-  states=$(field "$out" '^ *([0-9]+) states, stored')
-  secs=$(field "$out" 'elapsed time ([0-9.]+)')
-  if [[ $(field "$out" 'errors: ([0-9]+)') == 0 ]] && ! grep -q 'max search depth too small' "$out"; then
-    echo "ok   clean model ($bounds): $states states, ${secs} s"
-  else
-    echo "FAIL clean model ($bounds): errors=$(field "$out" 'errors: ([0-9]+)')"
-    grep -E '^pan|violated|invalid end|too small' "$out" | head -5 | sed 's/^/     /'
-    status=1
-  fi
-else
-  echo "FAIL clean model: spin or gcc failed"
-  cat "$work/clean/spin.log" "$work/clean/gcc.log" 2>/dev/null | head -20 | sed 's/^/     /'
-  states=0 secs=0
-  status=1
-fi
+run clean "${opts[@]}"
+report_safety "clean model ($bounds)" $? "$work/clean" || status=1
 
 for entry in "${MUTANTS[@]}"; do
   IFS='|' read -r m what <<<"$entry"

@@ -40,25 +40,8 @@ caught=0
 start=$SECONDS
 
 CFLAGS_PAN="-O2 -DSAFETY -DNOCLAIM"
-if run clean "" -DR="$R" -DCHAOS="$CHAOS"; then
-  out=$work/clean/out
-  errors=$(field "$out" 'errors: ([0-9]+)')
-  states=$(field "$out" '^ *([0-9]+) states, stored')
-  secs=$(field "$out" 'elapsed time ([0-9.]+)')
-  mb=$(field "$out" '^ *([0-9.]+)[[:space:]]+total actual memory usage')
-  if [[ $errors == 0 ]] && ! grep -q 'max search depth too small' "$out"; then
-    echo "ok   clean model, safety (R=$R, $CHAOS faults): $states states, ${secs} s, ${mb} MB"
-  else
-    echo "FAIL clean model, safety (R=$R, $CHAOS faults): errors=${errors:-?}"
-    grep -E '^pan|violated|invalid end' "$out" | head -5 | sed 's/^/     /'
-    status=1
-  fi
-else
-  echo "FAIL clean model, safety: spin or gcc failed"
-  cat "$work/clean/spin.log" "$work/clean/gcc.log" 2>/dev/null | head -20 | sed 's/^/     /'
-  states=0 secs=0 mb=0
-  status=1
-fi
+run clean "" -DR="$R" -DCHAOS="$CHAOS"
+report_safety "clean model, safety (R=$R, $CHAOS faults)" $? "$work/clean" || status=1
 
 CFLAGS_PAN="-O1"
 if run live "-a -f -N every_run_ends" -DR="$LIVE_R" -DCHAOS="$LIVE_CHAOS"; then

@@ -32,3 +32,26 @@ field() { sed -nE "s/.*$2.*/\\1/p" "$1" | head -1; }
 
 # pan_error <report>: the first error pan reports, without its depth.
 pan_error() { grep -m1 -E '^pan:1: ' "$1" | sed -E 's/^pan:1: //; s/ \(at depth [0-9]+\)//'; }
+
+# report_safety <label> <verify's status> <dir>: the clean model's safety
+# run, as "ok" with its states, time and memory, or as FAIL with pan's first
+# lines (or the spin and gcc logs). Sets states, secs and mb; 1 on FAIL.
+report_safety() {
+  local label=$1 ran=$2 dir=$3 out=$3/out
+  if [[ $ran != 0 ]]; then
+    echo "FAIL $label: spin or gcc failed"
+    cat "$dir/spin.log" "$dir/gcc.log" 2>/dev/null | head -20 | sed 's/^/     /'
+    states=0 secs=0 mb=0
+    return 1
+  fi
+  states=$(field "$out" '^ *([0-9]+) states, stored')
+  secs=$(field "$out" 'elapsed time ([0-9.]+)')
+  mb=$(field "$out" '^ *([0-9.]+)[[:space:]]+total actual memory usage')
+  if [[ $(field "$out" 'errors: ([0-9]+)') == 0 ]] && ! grep -q 'max search depth too small' "$out"; then
+    echo "ok   $label: $states states, ${secs} s, ${mb} MB"
+    return 0
+  fi
+  echo "FAIL $label: errors=$(field "$out" 'errors: ([0-9]+)')"
+  grep -E '^pan|violated|invalid end|too small' "$out" | head -5 | sed 's/^/     /'
+  return 1
+}
