@@ -5,6 +5,7 @@
 #include <fstream>
 #include <thread>
 
+#include "base/doorbell.h"
 #include "base/load_sense.h"
 #include "bench.h"
 #include "benchmarks.h"
@@ -149,6 +150,7 @@ Result<Json> measure(const Entry& entry, uint32_t neighbours) {
   const NeighbourMeter meter;
   const uint64_t lost_before = load_sense().lost_batches();
   const uint64_t own_before = load_sense().own_batches();
+  const uint64_t wakes_before = doorbell_wakes();
   set_busy_neighbours(neighbours);
   try {
     figures = entry.fn();
@@ -162,6 +164,9 @@ Result<Json> measure(const Entry& entry, uint32_t neighbours) {
   // and those that lost it to this process's own threads, which did not.
   head["context"]["load_sense_lost_batches"] = load_sense().lost_batches() - lost_before;
   head["context"]["load_sense_own_batches"] = load_sense().own_batches() - own_before;
+  // Hand-offs in this process that found their thread asleep in the kernel:
+  // each one cost a system call and a wake-up (a forked child's are its own).
+  head["context"]["futex_wakes"] = doorbell_wakes() - wakes_before;
   if (neighbours > 0) {
     Json pids = Json::array();
     for (const pid_t pid : busy.pids()) pids.push_back(pid);

@@ -57,6 +57,8 @@ TEST(Bench, FirstTaskReportsEverySizeForBothRuntimes) {
   EXPECT_EQ(j["handoff_floor_us"]["n"], 30) << c.output;
   EXPECT_GT(j["handoff_floor_us"]["min"].get<double>(), 0.0);
   EXPECT_GT(j["tmr_worst_p50_over_floor_p50"].get<double>(), 0.0);
+  // Each rep of the floor rings threads that parked: the context counts the wakes.
+  EXPECT_GT(j["context"]["futex_wakes"].get<uint64_t>(), 0u) << c.output;
 }
 
 TEST(Bench, StreamCountsItsTasksAndIntermediates) {
