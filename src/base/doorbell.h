@@ -25,7 +25,7 @@ inline void cpu_relax() {
 void yield_cpu();
 
 // The system calls this process made to wake a Doorbell's sleepers: what a
-// test of the wake-up cost counts. Any thread.
+// test of the wake-up cost counts and every benchmark reports. Any thread.
 uint64_t doorbell_wakes();
 
 class Doorbell {
@@ -34,8 +34,8 @@ class Doorbell {
   uint32_t arm() { return seq_.load(std::memory_order_seq_cst) & ~kAsleep; }
   // Wakes every parked waiter; costs one atomic add on the bell's line, and
   // a system call only when a waiter went to sleep in the kernel since the
-  // last ring that woke it: a woken waiter that has not run yet (seconds
-  // later, on a loaded machine) costs the rings meanwhile nothing more.
+  // last ring that woke it: a woken waiter that has not run yet (a time
+  // slice later, on a loaded machine) costs the rings meanwhile nothing more.
   void ring();
   // Wakes the waiters parked through a Parking, and costs a fence and a load
   // of a line nobody writes while none is: for a bell rung far more often
