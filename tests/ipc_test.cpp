@@ -2069,10 +2069,16 @@ TEST(ChipChildInline, R4ShortRunsArePreparedOnTheLoopAndWaitTheirTurnWithoutHold
   };
   // One at a time, so each finds the loop alone (the path a loop that held
   // on to a run waiting for the device would block).
-  publish(102, 0);
-  ASSERT_TRUE(prepared(kShortRuns + 1)) << "run 102 was never prepared";
-  publish(103, 0);
-  ASSERT_TRUE(prepared(kShortRuns + 2)) << "run 103 was never prepared";
+  // Each waits unaccepted, so only its ACK rings the parent (R10: a parked
+  // parent learns the frame is back without a later ring).
+  Doorbell& parent_bell = c.ep().view().control().parent_bell;
+  for (int64_t run : {102, 103}) {
+    const uint32_t rung = parent_bell.arm();
+    publish(run, 0);
+    ASSERT_TRUE(prepared(static_cast<size_t>(kShortRuns + run - 101))) << "run " << run << " was never prepared";
+    EXPECT_TRUE(eventually([&] { return parent_bell.arm() != rung; }))
+        << "run " << run << " was prepared and is waiting for the device, and its ACK never rang the parent";
+  }
   ASSERT_TRUE(poll_until(
       c.ep(), c.events, [&] { return c.ep().available_request_transport() == kMailboxRequestFrames; },
       "both frames handed back while the device is full"));
@@ -2092,6 +2098,42 @@ TEST(ChipChildInline, R4ShortRunsArePreparedOnTheLoopAndWaitTheirTurnWithoutHold
   EXPECT_EQ(order(), expected) << "the runs prepared behind the full device launched out of order";
   c.shut_down();
   EXPECT_EQ(expect_terminal_last_per_entry(rec.snapshot(), c.ep().view()), static_cast<size_t>(kShortRuns + 3));
+}
+
+// R4, R10: a run the loop prepares and launches itself rings the parent for
+// its acceptance a few microseconds after its ACK, and one wake shows a
+// parked parent both (each a level that stays readable): the ACK does not
+// ring on its own. Every other run rings for its ACK, its acceptance and its
+// terminal. One run at a time, each inline run finds the launcher idle and a
+// slot free, so it is launched on the loop.
+TEST(ChipChildInline, R4ARunLaunchedOnTheLoopRingsTheParentOnceForItsAckAndAcceptance) {
+  Watchdog dog;
+  chip_order.clear();
+  KernelLibrary k;
+  ASSERT_TRUE(k.add_function(0, CoreType::AIV, "ipc_record_marker_kernel", ipc_record_marker_kernel).ok());
+  std::vector<ChipCallable> callables;
+  callables.emplace_back(
+      "short", [](ChipOrchestrator& o, const TaskArgs& a) { return o.submit_aiv(0, a).status(); }, k,
+      std::vector<Param>{Param::scalar()});
+  LoopChipChild c(chip_child_config(3), callables, ChildOptions{});
+  ASSERT_TRUE(c.ep().wait_ready(now_ns() + kTestWaitNs).ok());
+  Doorbell& bell = c.ep().view().control().parent_bell;
+  const uint32_t before = bell.arm();
+  constexpr uint64_t kRuns = 20;
+  for (uint64_t run = 1; run <= kRuns; ++run) {
+    c.publish_marker(run, callables[0].digest());
+    const EndpointEvent* t = c.terminal(run);
+    ASSERT_NE(t, nullptr);
+    ASSERT_TRUE(t->status.ok()) << t->status.to_string();
+  }
+  const uint64_t on_loop = c.handler.prepared_inline();
+  ASSERT_GT(on_loop, 0u) << "no run was prepared on the loop";
+  // The last terminal's ring may follow the store the parent saw.
+  const uint64_t expected = 3 * kRuns - on_loop;
+  const auto rings = [&] { return static_cast<uint64_t>((bell.arm() - before) / 2); };
+  EXPECT_TRUE(eventually([&] { return rings() == expected; }))
+      << rings() << " rings of the parent's bell for " << kRuns << " runs, " << on_loop
+      << " of them launched on the loop; expected " << expected;
 }
 
 // The machine read as quiet while it lives, so a spinning loop spins its

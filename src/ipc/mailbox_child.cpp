@@ -65,6 +65,7 @@ int MailboxChild::fail_init(const Status& why) {
 }
 
 int MailboxChild::serve() {
+  loop_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
   ControlFrame& c = view_.control();
   if (load_acquire(c.magic) != kMailboxMagic || load_acquire(c.version) != kMailboxProtocolVersion) {
     return fail_init(failed_precondition("mailbox magic {:#x} version {} is not {:#x} version {}",
@@ -306,7 +307,12 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   stores_->store32(e.state, kMailboxFrameStaged);
   stores_->store32(h.ready, kMailboxIdle);        // model: frame_idle
   stores_->store64(e.consumed_ack, publication);  // model: ack. The last store of this frame's hand-off
-  ring_parent();
+  const bool try_inline = malformed.ok() && !staged;
+  // A run tried on the loop rings for its ACCEPTED (or its terminal) within
+  // the inline budget, and one wake shows a parked parent both stores: its
+  // ACK rings only if nothing rang by the time the loop is back.
+  const uint64_t rings = loop_rings_;
+  if (!try_inline) ring_parent();
 
   RunTicket ticket(this, req.entry_index, generation);
   if (!malformed.ok()) {
@@ -314,7 +320,12 @@ bool MailboxChild::take(size_t f, bool staged, std::string& stop_reason) {
   } else if (!staged) {
     // Asked after the ACK: a frame the parent fills during an inline run is
     // taken by the next pass, only later.
-    if (!handler_.try_run_inline(req, ticket, quiet())) handler_.start(std::move(req), ticket);
+    if (handler_.try_run_inline(req, ticket, quiet())) {
+      if (loop_rings_ == rings) ring_parent();
+    } else {
+      ring_parent();
+      handler_.start(std::move(req), ticket);
+    }
   } else if (handler_.stages_natively()) {
     awaiting_.push_back(Awaiting{req.entry_index, generation, std::nullopt});
     handler_.start(std::move(req), ticket);

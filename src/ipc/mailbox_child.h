@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -202,6 +203,7 @@ class MailboxChild {
   void complete(uint32_t entry, uint64_t generation, const Status& result, MailboxDisposition disposition);
   void hold_set(uint32_t entry, uint64_t generation, uint32_t slot);
   void ring_parent() {
+    if (std::this_thread::get_id() == loop_thread_.load(std::memory_order_relaxed)) ++loop_rings_;
     view_.control().parent_bell.ring();
     if (options_.shared_parent_bell != nullptr) options_.shared_parent_bell->ring();
   }
@@ -216,6 +218,12 @@ class MailboxChild {
   StorePrimitive* stores_;
   uint64_t next_epoch_ = 1;
   uint64_t handled_cmd_ = 0;  // the last command sequence answered
+  // Rings of the parent's bell made on the serve loop: take() asks whether
+  // the run it tried inline rang after its ACK, which then need not ring.
+  // A ring of another thread would not be ordered after the ACK's stores.
+  // Atomic: handler threads compare it while serve() sets it.
+  std::atomic<std::thread::id> loop_thread_{};
+  uint64_t loop_rings_ = 0;
   // The handler's private copy of a command's payload: allocated once, since
   // zero-filling the whole capacity per command costs more than most commands.
   std::unique_ptr<uint8_t[]> command_data_;
