@@ -1914,6 +1914,32 @@ extern "C" void ipc_gated_marker_kernel(int64_t* args) {
       chip_gate_bell, [] { return chip_gate_open.load(); }, SpinPolicy{}, now_ns() + kTestWaitNs);
 }
 
+// A kind runs inline once a run of it was short; one run over the budget (a
+// run that lost its CPU for a time slice, on a loaded machine) keeps it
+// short, two in a row make it long. A kind first seen long, or never seen,
+// is long; a kind out of range is never short.
+TEST(InlineBudget, AKindStaysShortThroughOneLongRunAndTurnsLongAfterTwoInARow) {
+  constexpr uint64_t kBudget = 1'000'000'000;
+  InlineBudget b(2, kBudget);
+  const auto short_run = [&](size_t kind) { b.record(kind, now_ns()); };
+  const auto long_run = [&](size_t kind) { b.record(kind, now_ns() - 2 * kBudget); };
+  EXPECT_FALSE(b.is_short(0)) << "a kind never seen";
+  short_run(0);
+  EXPECT_TRUE(b.is_short(0));
+  long_run(0);
+  EXPECT_TRUE(b.is_short(0)) << "one run over the budget";
+  long_run(0);
+  EXPECT_FALSE(b.is_short(0)) << "two runs in a row over the budget";
+  short_run(0);
+  EXPECT_TRUE(b.is_short(0));
+  long_run(1);
+  EXPECT_FALSE(b.is_short(1)) << "a kind whose first run was long";
+  short_run(1);
+  EXPECT_TRUE(b.is_short(1));
+  short_run(2);
+  EXPECT_FALSE(b.is_short(2)) << "a kind out of range";
+}
+
 // A chip child served by a thread of this process over an anonymous
 // mailbox: the loop's thread, the handler's counters and the parent's
 // endpoint are all in reach. A callable's runs are prepared on the loop once

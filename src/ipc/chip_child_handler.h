@@ -5,9 +5,9 @@
 // device, prepares), a launcher (launches in order within launch_depth,
 // acceptance at the launch marker) and a completer (finalize, copy-back,
 // terminal). A staged run waits, prepared, between the preparer and the
-// launcher for activate(). A run whose callable prepared quickly last time
-// is prepared on the serve loop instead, and a preparer that finds the
-// launcher idle and a launch slot free launches its run itself, and the serve
+// launcher for activate(). A run whose callable prepares quickly
+// (InlineBudget) is prepared on the serve loop instead, and a preparer that
+// finds the launcher idle and a launch slot free launches its run itself, and the serve
 // loop, which the device rings when a run ends, finalizes a light run that
 // ended (poll) in the completer's place: each spares a hand-off to a parked
 // thread. The serve loop calls start/try_run_inline/activate/control/drain/
@@ -47,9 +47,9 @@ class ChipChildHandler final : public RunHandler {
   uint64_t granted_sets() const override { return worker_ != nullptr ? worker_->grant() : 0; }
   void start(RunRequest request, RunTicket ticket) override;
   // Prepares (and launches) on the serve loop when nothing is queued or being
-  // prepared, the callable's last preparation took at most the inline
-  // budget, the run is not diagnostic and a set is free now, whether or not
-  // another frame waits: it never waits for the run, and a frame that waits
+  // prepared, the callable's recent preparations were within the inline
+  // budget (InlineBudget), the run is not diagnostic and a set is free now,
+  // whether or not another frame waits: it never waits for the run, and a frame that waits
   // a preparation long is still served sooner than by a wake of the preparer.
   bool try_run_inline(const RunRequest& request, const RunTicket& ticket, bool loop_quiet) override;
   // A staged request is prepared natively (set, device buffers, graph) and
@@ -179,7 +179,7 @@ class ChipChildHandler final : public RunHandler {
   std::atomic<uint32_t> light_to_finalize_{0};
   std::atomic<uint64_t> finalized_on_loop_{0};
   std::atomic<uint64_t> loop_polls_{0};  // written by the serve loop only
-  InlineBudget budget_;                  // per callable: its last preparation
+  InlineBudget budget_;                  // per callable: its recent preparations
   std::atomic<uint64_t> prepared_inline_{0};
   std::atomic<uint64_t> launched_by_preparer_{0};
   Doorbell set_bell_;       // a set was freed

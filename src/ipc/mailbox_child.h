@@ -74,25 +74,39 @@ class RunTicket {
 inline constexpr uint64_t kInlineRunBudgetNs = 50'000;
 
 // Per kind of run a handler serves (a callable, a sub function): whether its
-// last run took at most the budget, which makes the next one a candidate for
-// try_run_inline. Starts false, so a kind runs inline only once it has been
-// seen to be short. Any thread; a kind out of range is never short.
+// recent runs took at most the budget, which makes the next one a candidate
+// for try_run_inline. A kind is short once a run of it was, and long again
+// only after two runs in a row over the budget: on a loaded machine one run
+// that lost its CPU for a time slice does not send the next to a thread hop.
+// Unseen, a kind is long, so it runs inline only once it was seen to be
+// short. Any thread (two threads' records may race: the last one stands); a
+// kind out of range is never short.
 class InlineBudget {
  public:
   explicit InlineBudget(size_t kinds, uint64_t budget_ns = kInlineRunBudgetNs)
-      : kinds_(kinds), budget_ns_(budget_ns), short_(new std::atomic<bool>[kinds]) {
-    for (size_t i = 0; i < kinds_; ++i) short_[i].store(false, std::memory_order_relaxed);
+      : kinds_(kinds), budget_ns_(budget_ns), history_(new std::atomic<uint8_t>[kinds]) {
+    for (size_t i = 0; i < kinds_; ++i) history_[i].store(0, std::memory_order_relaxed);
   }
-  bool is_short(size_t kind) const { return kind < kinds_ && short_[kind].load(std::memory_order_relaxed); }
+  bool is_short(size_t kind) const {
+    if (kind >= kinds_) return false;
+    const uint8_t h = history_[kind].load(std::memory_order_relaxed);
+    return (h & kSeen) != 0 && (h & (kLastLong | kBeforeLong)) != (kLastLong | kBeforeLong);
+  }
   // A run of `kind` that began at `began_ns` (now_ns()) has just ended.
   void record(size_t kind, uint64_t began_ns) {
-    if (kind < kinds_) short_[kind].store(now_ns() - began_ns <= budget_ns_, std::memory_order_relaxed);
+    if (kind >= kinds_) return;
+    const uint8_t h = history_[kind].load(std::memory_order_relaxed);
+    const bool before_long = (h & kSeen) == 0 || (h & kLastLong) != 0;
+    const bool last_long = now_ns() - began_ns > budget_ns_;
+    history_[kind].store(static_cast<uint8_t>(kSeen | (last_long ? kLastLong : 0) | (before_long ? kBeforeLong : 0)),
+                         std::memory_order_relaxed);
   }
 
  private:
+  static constexpr uint8_t kSeen = 1, kLastLong = 2, kBeforeLong = 4;
   const size_t kinds_;
   const uint64_t budget_ns_;
-  std::unique_ptr<std::atomic<bool>[]> short_;
+  std::unique_ptr<std::atomic<uint8_t>[]> history_;
 };
 
 // kCtrlMemoryInfo's reply, as every handler that serves it writes it: the

@@ -1,8 +1,8 @@
 // SubWorkerHandler: the RunHandler of a sub worker child. It runs registered
 // host functions (SubFunction) over tensors in the node's shared heap, one at
 // a time through a SerialRunQueue: on the serve-loop thread when the loop is
-// otherwise idle and the function's last run was short (no thread hop on the
-// latency path), else on the queue's thread (started in init, so after
+// otherwise idle and the function's recent runs were short (InlineBudget; no
+// thread hop on the latency path), else on the queue's thread (started in init, so after
 // fork). The serve loop calls start/try_run_inline/drain; the function table
 // is copied in before fork and never changes. A function that was short and
 // then blocks holds the loop with it: a later frame's hand-back waits for its
@@ -44,7 +44,7 @@ class SubWorkerHandler final : public RunHandler {
 
   std::vector<SubFunction> functions_;
   std::vector<Digest> digests_;  // sub_function_digest(i), hashed once
-  InlineBudget budget_;          // per function
+  InlineBudget budget_;          // per function: its recent runs
   const HostRanges heap_;
   SerialRunQueue queue_;
 };

@@ -60,7 +60,7 @@ class NodeChildHandler final : public RunHandler {
 
   const NodeSpec spec_;
   const std::vector<NodeCallable> callables_;
-  InlineBudget budget_;  // per callable: its last submission
+  InlineBudget budget_;  // per callable: its recent submissions
   std::unique_ptr<NodeWorker> node_;
   SerialRunQueue queue_;
 };
