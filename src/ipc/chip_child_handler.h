@@ -1,21 +1,21 @@
 // ChipChildHandler: the RunHandler of a chip child. It builds a ChipWorker in
-// the child (after fork, in init()) and drives each request through the
-// native lifecycle on three threads of its own: a preparer (a SerialRunQueue:
-// takes a set, records it in the entry, stages shared-heap tensors onto the
-// device, prepares), a launcher (launches in order within launch_depth,
-// acceptance at the launch marker) and a completer (finalize, copy-back,
-// terminal). A staged run waits, prepared, between the preparer and the
-// launcher for activate(). A run whose callable prepares quickly
-// (InlineBudget) is prepared on the serve loop instead, and a preparer that
-// finds the launcher idle and a launch slot free launches its run itself, and the serve
-// loop, which the device rings when a run ends, finalizes a light run that
-// ended (poll) in the completer's place: each spares a hand-off to a parked
-// thread. The serve loop calls start/try_run_inline/activate/control/drain/
-// poll; the device calls are made by the three threads and by the serve
-// loop. A sticky device fault ends every run on the device DEVICE_FAULT and
-// refuses later ones (ChipWorker::health); once every started run has its
-// terminal the child exits (kChildExitDeviceFault), as only a new process
-// resets the device, and the parent replaces it.
+// the child (after fork, in init()) and drives each request through the native
+// lifecycle on three threads of its own: a preparer (a SerialRunQueue: takes a
+// set, records it in the entry, stages shared-heap tensors onto the device,
+// prepares), a launcher (launches in order within launch_depth, acceptance at
+// the launch marker) and a completer (finalize, copy-back, terminal). A staged
+// run waits, prepared, between the preparer and the launcher for activate(). A
+// run whose callable prepares quickly (InlineBudget) is prepared on the serve
+// loop instead, and a preparer that finds the launcher idle and a launch slot
+// free launches its run itself, and the serve loop, which the device rings
+// when a run ends, finalizes a light run that ended (poll) in the completer's
+// place: each spares a hand-off to a parked thread. The serve loop calls
+// start/try_run_inline/activate/control/drain/poll; the device calls are made
+// by the three threads and by the serve loop. A sticky device fault ends every
+// run on the device DEVICE_FAULT and refuses later ones (ChipWorker::health);
+// once every started run has its terminal the child exits
+// (kChildExitDeviceFault), as only a new process resets the device, and the
+// parent replaces it.
 #pragma once
 
 #include <atomic>
@@ -49,8 +49,9 @@ class ChipChildHandler final : public RunHandler {
   // Prepares (and launches) on the serve loop when nothing is queued or being
   // prepared, the callable's recent preparations were within the inline
   // budget (InlineBudget), the run is not diagnostic and a set is free now,
-  // whether or not another frame waits: it never waits for the run, and a frame that waits
-  // a preparation long is still served sooner than by a wake of the preparer.
+  // whether or not another frame waits: it never waits for the run, and a
+  // frame that waits a preparation long is still served sooner than by a
+  // wake of the preparer.
   bool try_run_inline(const RunRequest& request, const RunTicket& ticket, bool loop_quiet) override;
   // A staged request is prepared natively (set, device buffers, graph) and
   // held; its shared-heap inputs are copied in only at activation, after

@@ -2,12 +2,12 @@
 // host functions (SubFunction) over tensors in the node's shared heap, one at
 // a time through a SerialRunQueue: on the serve-loop thread when the loop is
 // otherwise idle and the function's recent runs were short (InlineBudget; no
-// thread hop on the latency path), else on the queue's thread (started in init, so after
-// fork). The serve loop calls start/try_run_inline/drain; the function table
-// is copied in before fork and never changes. A function that was short and
-// then blocks holds the loop with it: a later frame's hand-back waits for its
-// return like the later function itself would, and past the node's
-// run_timeout the parent kills the child like a hung chip.
+// thread hop on the latency path), else on the queue's thread (started in
+// init, so after fork). The serve loop calls start/try_run_inline/drain; the
+// function table is copied in before fork and never changes. A function that
+// was short and then blocks holds the loop with it: a later frame's hand-back
+// waits for its return like the later function itself would, and past the
+// node's run_timeout the parent kills the child like a hung chip.
 #pragma once
 
 #include <atomic>
