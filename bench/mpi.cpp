@@ -8,8 +8,10 @@
 // forks before MPI starts (as every node server does).
 #include <mpi.h>
 
+#include <chrono>
 #include <cstring>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include <fmt/core.h>
@@ -27,6 +29,9 @@ constexpr int kLatencyRuns = 1000;
 constexpr int kBandwidthWarmup = 2;
 constexpr int kBandwidthRuns = 10;
 constexpr uint64_t kBandwidthBytes = 64ull << 20;
+// How long rank 1 waits for rank 0's peer plan: rank 0 measures the local
+// forked node first, a few seconds at most.
+constexpr auto kPlanWait = std::chrono::minutes(10);
 
 Status noop_sub(const TaskArgsView& /*args*/) { return Status(); }
 
@@ -226,9 +231,28 @@ int serve_rank(const std::string& name) {
     fmt::print(stderr, "{}: MPI rank {}: serve_node: {}\n", name, mpi_rank(), s.to_string());
     return 1;
   }
-  // The peer's other end: the plan, then that many echoes.
+  // The peer's other end: the plan, then that many echoes. The plan is
+  // awaited asleep: OpenMPI's blocking receive polls on a CPU, and rank 0
+  // measures the local forked node meanwhile, which must not share the
+  // machine with a spinning rank.
   uint64_t plan[3] = {0, 0, 0};
-  MPI_Recv(plan, 3, MPI_UINT64_T, 0, kPeerTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  MPI_Request request;
+  MPI_Irecv(plan, 3, MPI_UINT64_T, 0, kPeerTag, MPI_COMM_WORLD, &request);
+  const auto give_up = std::chrono::steady_clock::now() + kPlanWait;
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      fmt::print(stderr, "{}: MPI rank {}: MPI_Test of the peer plan failed\n", name, mpi_rank());
+      return 1;
+    }
+    if (done != 0) break;
+    if (std::chrono::steady_clock::now() > give_up) {
+      fmt::print(stderr, "{}: MPI rank {}: no peer plan from rank 0 within {} min\n", name, mpi_rank(),
+                 std::chrono::duration_cast<std::chrono::minutes>(kPlanWait).count());
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   std::vector<uint8_t> in(plan[1]), out(plan[2], 2);
   for (uint64_t i = 0; i < plan[0]; ++i) {
     MPI_Recv(in.data(), static_cast<int>(plan[1]), MPI_BYTE, 0, kPeerTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);

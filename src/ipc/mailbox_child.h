@@ -78,6 +78,7 @@ inline constexpr uint64_t kInlineRunBudgetNs = 50'000;
 // for try_run_inline. A kind is short once a run of it was, and long again
 // only after two runs in a row over the budget: on a loaded machine one run
 // that lost its CPU for a time slice does not send the next to a thread hop.
+// The price: a kind that turns slow for good holds the loop for one run more.
 // Unseen, a kind is long, so it runs inline only once it was seen to be
 // short. Any thread (two threads' records may race: the last one stands); a
 // kind out of range is never short.
