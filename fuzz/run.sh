@@ -5,40 +5,66 @@
 # go to build/fuzz/corpus/<target>/; the committed seeds are only read. Exits
 # non-zero when a target crashed, leaving the reproducer in
 # build/fuzz/artifacts/<target>/ (rerun it: build/fuzz/fuzz/<target> <file>).
+# Each target is one libFuzzer process on one thread, so FUZZ_JOBS of them
+# (default: one per CPU) run at once, the longest first; the lines are printed
+# in target order once all have ended.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build/fuzz
 seconds=${FUZZ_SECONDS:-60}
+jobs=${FUZZ_JOBS:-$(nproc)}
 failed=0
 
 stat() { sed -n "s/^stat::$1: *//p" "$2" | tail -1; }
 last() { grep -o "$1: [0-9]*" "$2" | tail -1 | cut -d' ' -f2; }
+test_id() { if [ "$1" = fuzz_endpoint_actions ]; then echo T8; else echo T7; fi; }
 
-for seeds in "$root"/fuzz/corpus/*/; do
-  target=$(basename "$seeds")
-  bin=$build/fuzz/$target
-  work=$build/corpus/$target
-  artifacts=$build/artifacts/$target/
-  log=$build/logs/$target.log
-  if [ ! -x "$bin" ]; then
-    echo "fuzz: no binary $bin for the corpus $seeds" >&2
-    failed=1
-    continue
-  fi
-  test_id=T7 run_seconds=$seconds
-  if [ "$target" = fuzz_endpoint_actions ]; then test_id=T8 run_seconds=$((2 * seconds)); fi
+# Runs one target to its end and leaves libFuzzer's exit code beside its log.
+fuzz_one() {
+  local target=$1 run_seconds=$seconds
+  local bin=$build/fuzz/$target work=$build/corpus/$target artifacts=$build/artifacts/$target/
+  local log=$build/logs/$target.log
+  if [ "$(test_id "$target")" = T8 ]; then run_seconds=$((2 * seconds)); fi
   mkdir -p "$work" "$(dirname "$log")"
   rm -rf "$artifacts" && mkdir -p "$artifacts"  # crashes= counts this run's only
   "$bin" -max_total_time="$run_seconds" -print_final_stats=1 -timeout=25 -artifact_prefix="$artifacts" \
-    "$work" "$seeds" >"$log" 2>&1
-  rc=$?
+    "$work" "$root/fuzz/corpus/$target/" >"$log" 2>&1
+  echo $? >"$log.rc"
+}
+
+targets=()
+for seeds in "$root"/fuzz/corpus/*/; do
+  target=$(basename "$seeds")
+  if [ ! -x "$build/fuzz/$target" ]; then
+    echo "fuzz: no binary $build/fuzz/$target for the corpus $seeds" >&2
+    failed=1
+    continue
+  fi
+  targets+=("$target")
+done
+
+running=0
+for target in $(for t in "${targets[@]}"; do echo "$(test_id "$t") $t"; done | sort -r | cut -d' ' -f2); do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n
+    running=$((running - 1))
+  fi
+  fuzz_one "$target" &
+  running=$((running + 1))
+done
+wait
+
+for target in "${targets[@]}"; do
+  log=$build/logs/$target.log
+  artifacts=$build/artifacts/$target/
+  rc=$(cat "$log.rc" 2>/dev/null || echo 1)
   crashes=$(find "$artifacts" -type f | wc -l)
   if [ "$rc" -ne 0 ] && [ "$crashes" -eq 0 ]; then crashes=1; fi  # died without writing a reproducer
   execs=$(stat number_of_executed_units "$log")
   rate=$(stat average_exec_per_sec "$log")
   edges=$(last cov "$log")
   corpus=$(last corp "$log")
-  echo "RELIABILITY $test_id target=$target execs=${execs:-0} exec_per_s=${rate:-0} edges=${edges:-0}" \
+  echo "RELIABILITY $(test_id "$target") target=$target execs=${execs:-0} exec_per_s=${rate:-0} edges=${edges:-0}" \
     "corpus=${corpus:-0} crashes=$crashes"
   if [ "$crashes" -ne 0 ]; then
     failed=1
