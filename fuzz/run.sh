@@ -13,6 +13,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build/fuzz
 seconds=${FUZZ_SECONDS:-60}
 jobs=${FUZZ_JOBS:-$(nproc)}
+if ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
+  echo "fuzz: FUZZ_JOBS='$jobs' is not a positive whole number of targets to run at once" >&2
+  exit 2
+fi
 failed=0
 
 stat() { sed -n "s/^stat::$1: *//p" "$2" | tail -1; }
@@ -34,6 +38,7 @@ fuzz_one() {
 }
 
 targets=()
+longest_first=()  # T8 runs twice as long: started first, it ends with the rest
 for seeds in "$root"/fuzz/corpus/*/; do
   target=$(basename "$seeds")
   if [ ! -x "$build/fuzz/$target" ]; then
@@ -42,10 +47,15 @@ for seeds in "$root"/fuzz/corpus/*/; do
     continue
   fi
   targets+=("$target")
+  if [ "$(test_id "$target")" = T8 ]; then
+    longest_first=("$target" "${longest_first[@]}")
+  else
+    longest_first+=("$target")
+  fi
 done
 
 running=0
-for target in $(for t in "${targets[@]}"; do echo "$(test_id "$t") $t"; done | sort -r | cut -d' ' -f2); do
+for target in "${longest_first[@]}"; do
   if [ "$running" -ge "$jobs" ]; then
     wait -n
     running=$((running - 1))
