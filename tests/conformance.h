@@ -1,6 +1,7 @@
 // The conformance suite's parameters: every registered chip runtime on every
-// registered backend and every geometry preset (issue 8), and once more on
-// `small` with the process read as oversubscribed (issue 16). A runtime or backend added later is tested by
+// registered backend and every geometry preset (issue 8), and twice more on
+// `small`: with the process read as oversubscribed, and with fewer CPUs than
+// AICPU threads (issue 16). A runtime or backend added later is tested by
 // registering it: the suites instantiate over the registry, not over a list
 // in the tests. Test-thread use only.
 #pragma once
@@ -32,20 +33,26 @@ struct ChipTarget {
   // Otherwise it is forced to read as quiet, so that the hand-off path is
   // the one tested whatever else the machine runs meanwhile.
   bool loaded = false;
+  // The case runs with the process forced to see one usable CPU
+  // (hooks::force_usable_cpus(1)), quiet: host_build_graph runs short
+  // kernels inline but chain heads on their cores. Otherwise it sees a CPU
+  // for every simulator thread.
+  bool few_cpus = false;
 };
 
 inline void PrintTo(const ChipTarget& t, std::ostream* os) {
-  *os << t.runtime << "/" << t.backend << "/" << t.geometry << (t.loaded ? "/loaded" : "");
+  *os << t.runtime << "/" << t.backend << "/" << t.geometry << (t.loaded ? "/loaded" : "")
+      << (t.few_cpus ? "/few_cpus" : "");
 }
 
 // "host_build_graph_sim_small": a gtest-safe name for the instance.
 inline std::string target_name(const ::testing::TestParamInfo<ChipTarget>& info) {
   return info.param.runtime + "_" + info.param.backend + "_" + info.param.geometry +
-         (info.param.loaded ? "_loaded" : "");
+         (info.param.loaded ? "_loaded" : "") + (info.param.few_cpus ? "_few_cpus" : "");
 }
 
 // Every registered runtime on every registered backend and geometry preset,
-// and on `small` loaded.
+// and on `small` loaded and with few CPUs.
 inline std::vector<ChipTarget> every_target() {
   std::vector<ChipTarget> out;
   for (const RuntimeInfo* r : registered_runtimes()) {
@@ -53,6 +60,8 @@ inline std::vector<ChipTarget> every_target() {
       for (const Geometry& g : Geometry::presets())
         out.push_back({r->name, g.name, b->name, r->concurrent, r->streaming});
       out.push_back({r->name, Geometry::small().name, b->name, r->concurrent, r->streaming, /*loaded=*/true});
+      out.push_back({r->name, Geometry::small().name, b->name, r->concurrent, r->streaming, /*loaded=*/false,
+                     /*few_cpus=*/true});
     }
   }
   return out;
@@ -83,8 +92,16 @@ inline WorkerConfig target_config(const ChipTarget& target, uint32_t depth = 2, 
 // The fixture of a case that runs on every target it is instantiated for.
 class TargetTest : public ::testing::TestWithParam<ChipTarget> {
  protected:
-  void SetUp() override { hooks::force_load_state(GetParam().loaded ? 1 : 0); }
-  void TearDown() override { hooks::force_load_state(-1); }
+  // More CPUs than any geometry has simulator threads.
+  static constexpr uint32_t kPlentyCpus = 1024;
+  void SetUp() override {
+    hooks::force_load_state(GetParam().loaded ? 1 : 0);
+    hooks::force_usable_cpus(GetParam().few_cpus ? 1 : kPlentyCpus);
+  }
+  void TearDown() override {
+    hooks::force_load_state(-1);
+    hooks::force_usable_cpus(0);
+  }
   WorkerConfig config(uint32_t depth = 2, uint32_t max_tasks = 1024) const {
     return target_config(GetParam(), depth, max_tasks);
   }

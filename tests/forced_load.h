@@ -1,8 +1,9 @@
 // ForcedLoadState: the process's load state forced through the test hooks
 // for a scope. A test of how the cores are fed (queued behind, chained) reads
 // the process as quiet with it: another process holding the CPUs meanwhile
-// (a parallel test) would otherwise have its short kernels run inline.
-// Test thread only; one at a time.
+// (a parallel test) would otherwise have its short kernels run inline. Quiet
+// also gives the process a CPU for every simulator thread, so that a machine
+// with few CPUs does not run them inline either. Test thread only; one at a time.
 #pragma once
 
 #include "base/load_sense.h"
@@ -11,9 +12,17 @@ namespace simpler::testing {
 
 class ForcedLoadState {
  public:
+  // More CPUs than any geometry has simulator threads.
+  static constexpr uint32_t kPlentyCpus = 1024;
   // 0 reads as quiet, 1 as oversubscribed (hooks::force_load_state).
-  explicit ForcedLoadState(int state) { hooks::force_load_state(state); }
-  ~ForcedLoadState() { hooks::force_load_state(-1); }
+  explicit ForcedLoadState(int state) {
+    hooks::force_load_state(state);
+    if (state == 0) hooks::force_usable_cpus(kPlentyCpus);
+  }
+  ~ForcedLoadState() {
+    hooks::force_load_state(-1);
+    hooks::force_usable_cpus(0);
+  }
   ForcedLoadState(const ForcedLoadState&) = delete;
   ForcedLoadState& operator=(const ForcedLoadState&) = delete;
 };

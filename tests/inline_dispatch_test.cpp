@@ -4,6 +4,8 @@
 // for the core it placed it on, instead of waking that core; a mix task, an
 // SPMD block, a kernel seen running long, a quiet process, the last AICPU
 // thread not running one and SIMPLER_INLINE_DISPATCH=0 keep the hand-off.
+// With fewer usable CPUs than AICPU threads (forced too), host_build_graph
+// does the same on a quiet machine, except for the head of a chain.
 // Which thread ran each kernel is read from its name.
 #include <pthread.h>
 #include <stdlib.h>
@@ -19,6 +21,7 @@
 #include "base/load_sense.h"
 #include "gate.h"
 #include "kernels.h"
+#include "runtime/common/task_graph.h"
 #include "test_util.h"
 
 namespace simpler {
@@ -102,12 +105,30 @@ ChipCallable chain(int steps) {
                       kernels(), {Param::inout(), Param::scalar()});
 }
 
-// The load state forced, and inline dispatch at its default (on, whatever
-// the test's environment said) or turned off, for the Workers made while it
-// lives.
+// `n` independent note tasks.
+ChipCallable independent(int n) {
+  return ChipCallable("inline_independent",
+                      [n](ChipOrchestrator& o, const TaskArgs&) -> Status {
+                        for (int i = 0; i < n; ++i) {
+                          TaskArgs t;
+                          t.add_scalar(i);
+                          if (auto r = o.submit_aiv(kNote, t); !r.ok()) return r.status();
+                        }
+                        return Status();
+                      },
+                      kernels(), {});
+}
+
+// More CPUs than any geometry has simulator threads.
+constexpr uint32_t kPlentyCpus = 1024;
+
+// The load state and the usable CPUs forced, and inline dispatch at its
+// default (on, whatever the test's environment said) or turned off, for the
+// Workers made while it lives.
 struct Forced {
-  explicit Forced(int state, bool inline_on = true) {
+  explicit Forced(int state, bool inline_on = true, uint32_t cpus = kPlentyCpus) {
     hooks::force_load_state(state);
+    hooks::force_usable_cpus(cpus);
     if (inline_on) {
       unsetenv("SIMPLER_INLINE_DISPATCH");
     } else {
@@ -118,6 +139,7 @@ struct Forced {
   }
   ~Forced() {
     hooks::force_load_state(-1);
+    hooks::force_usable_cpus(0);
     unsetenv("SIMPLER_INLINE_DISPATCH");
   }
 };
@@ -165,8 +187,59 @@ TEST(InlineDispatch, AQuietProcessHandsEveryKernelToItsCore) {
   EXPECT_EQ(g_on_core.load(), 200);
 }
 
+// Few CPUs: host_build_graph runs short lone kernels inline on a quiet
+// machine too; tensormap_and_ringbuffer, whose orchestrator shares the CPUs
+// with its AICPU threads, hands them over.
+TEST(InlineDispatch, WithFewerCpusThanAicpuThreadsHostBuildGraphRunsShortKernelsInline) {
+  for (const char* runtime : {"host_build_graph", "tensormap_and_ringbuffer"}) {
+    SCOPED_TRACE(runtime);
+    Forced forced(0, /*inline_on=*/true, /*cpus=*/Geometry::small().aicpu_threads);
+    WorkerConfig c = small_config();
+    c.runtime = runtime;
+    Harness hw(independent(16), c);
+    for (int r = 0; r < 20; ++r) ASSERT_TRUE(hw.run().ok());
+    EXPECT_EQ(g_on_core.load() + g_on_aicpu.load(), 20 * 16);
+    if (std::strcmp(runtime, "host_build_graph") == 0) {
+      EXPECT_GT(g_on_aicpu.load(), 0);
+    } else {
+      EXPECT_EQ(g_on_aicpu.load(), 0);
+    }
+  }
+}
+
+// One CPU more than AICPU threads: the cores can run beside them, so every
+// kernel is handed over.
+TEST(InlineDispatch, WithACpuMoreThanAicpuThreadsEveryKernelIsHandedOver) {
+  Forced forced(0, /*inline_on=*/true, /*cpus=*/Geometry::small().aicpu_threads + 1);
+  Harness hw(independent(16));
+  for (int r = 0; r < 20; ++r) ASSERT_TRUE(hw.run().ok());
+  EXPECT_EQ(g_on_aicpu.load(), 0);
+  EXPECT_EQ(g_on_core.load(), 20 * 16);
+}
+
+// Few CPUs, quiet: a step that heads a chain of at least two more goes to
+// its core, where the steps after it follow as links, so only the last two
+// steps of a chain may run inline; the results are the host's.
+TEST(InlineDispatch, WithFewCpusAChainHeadRunsOnItsCore) {
+  Forced forced(0, /*inline_on=*/true, /*cpus=*/1);
+  Harness hw(chain(10));
+  EXPECT_TRUE(run_chains(hw, 10, 20).ok());
+  EXPECT_EQ(g_on_core.load() + g_on_aicpu.load(), 200);
+  EXPECT_LE(g_on_aicpu.load(), 20 * 2);
+}
+
+// Few CPUs, loaded: the load rule holds for a chain head too, so once the
+// kernel is seen short its steps run inline.
+TEST(InlineDispatch, WithFewCpusUnderLoadAChainHeadRunsInline) {
+  Forced forced(1, /*inline_on=*/true, /*cpus=*/1);
+  Harness hw(chain(10));
+  EXPECT_TRUE(run_chains(hw, 10, 20).ok());
+  EXPECT_EQ(g_on_core.load() + g_on_aicpu.load(), 200);
+  EXPECT_GT(g_on_aicpu.load(), 20 * 2);
+}
+
 TEST(InlineDispatch, OffWithTheSwitchAtZero) {
-  Forced forced(1, /*inline_on=*/false);
+  Forced forced(1, /*inline_on=*/false, /*cpus=*/1);
   Harness hw(chain(10));
   EXPECT_TRUE(run_chains(hw, 10, 20).ok());
   EXPECT_EQ(g_on_aicpu.load(), 0);
@@ -286,6 +359,50 @@ TEST(InlineDispatch, TheLastAicpuThreadNotRunningAKernelInlineHandsOff) {
     EXPECT_TRUE(wait_run(second).ok());
   }
   EXPECT_TRUE(first_inline) << "the held kernel never ran inline, so this case proved nothing";
+}
+
+// heads_chain() on a hand-made graph: 0 -> 1 -> 2 -> 3 is a chain; 4 -> 5
+// a pair; 6 feeds 7 and 8; 9 -> 10 where 10 waits on 9 and 11 too; 12 -> 13
+// -> 14 where 13 runs on an AIC core.
+TEST(InlineDispatch, AChainHeadHasALoneSuccessorWaitingOnItAloneTwiceOver) {
+  std::vector<GraphTask> tasks(15);
+  std::vector<uint32_t> fanout;
+  const auto edges = [&](uint32_t from, std::vector<uint32_t> to) {
+    tasks[from].fanout_begin = static_cast<uint32_t>(fanout.size());
+    tasks[from].fanout_count = static_cast<uint32_t>(to.size());
+    for (uint32_t t : to) {
+      fanout.push_back(t);
+      ++tasks[t].fanin;
+    }
+  };
+  for (GraphTask& t : tasks) {
+    t.kind = TaskKind::AIV;
+    t.blocks = 1;
+    t.fanin = 0;
+    t.fanout_count = 0;
+  }
+  tasks[13].kind = TaskKind::AIC;
+  edges(0, {1});
+  edges(1, {2});
+  edges(2, {3});
+  edges(4, {5});
+  edges(6, {7, 8});
+  edges(9, {10});
+  edges(11, {10});
+  edges(12, {13});
+  edges(13, {14});
+  const TaskGraphView g{tasks.data(), fanout.data(), nullptr, nullptr};
+  EXPECT_TRUE(heads_chain(g, 0));
+  EXPECT_TRUE(heads_chain(g, 1));
+  EXPECT_FALSE(heads_chain(g, 2));  // 2 -> 3 is a pair
+  EXPECT_FALSE(heads_chain(g, 3));
+  EXPECT_FALSE(heads_chain(g, 4));
+  EXPECT_FALSE(heads_chain(g, 6));
+  EXPECT_FALSE(heads_chain(g, 9));
+  EXPECT_FALSE(heads_chain(g, 12));
+  tasks[3].blocks = 4;  // an SPMD task ends the chain
+  EXPECT_FALSE(heads_chain(g, 1));
+  EXPECT_TRUE(heads_chain(g, 0));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,6 +69,17 @@ LoadSense& load_sense() {
     return s;
   }();
   return *sense;
+}
+
+uint32_t usable_cpus() {
+  if (const uint32_t forced = hooks::forced_usable_cpus(); forced != 0) return forced;
+  static const uint32_t cpus = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+    return std::max(1, CPU_COUNT(&set));
+  }();
+  return cpus;
 }
 
 int64_t LoadSense::running_of_loadavg(const char* text, size_t size) {
@@ -239,6 +251,7 @@ namespace {
 std::atomic<int> g_forced_state{-1};
 std::atomic<uint64_t> g_batch_gap{0};
 std::atomic<int> g_forced_others{-1};
+std::atomic<uint32_t> g_forced_cpus{0};
 std::string g_proc_root = "/proc";
 }  // namespace
 
@@ -250,6 +263,8 @@ void set_proc_root(const std::string& root) { g_proc_root = root; }
 const char* proc_root() noexcept { return g_proc_root.c_str(); }
 void add_spin_batch_gap(uint64_t extra_ns) { g_batch_gap.store(extra_ns, std::memory_order_relaxed); }
 uint64_t spin_batch_gap() noexcept { return g_batch_gap.load(std::memory_order_relaxed); }
+void force_usable_cpus(uint32_t n) { g_forced_cpus.store(n, std::memory_order_relaxed); }
+uint32_t forced_usable_cpus() noexcept { return g_forced_cpus.load(std::memory_order_relaxed); }
 }  // namespace hooks
 #endif
 

@@ -136,6 +136,10 @@ class LoadSense {
 // simulated AICPU and core thread.
 LoadSense& load_sense();
 
+// The CPUs this process may run on (its affinity mask, read once), at
+// least 1: whether a simulated device's threads can each have one. Any thread.
+uint32_t usable_cpus();
+
 // Marks the process's own work (LoadSense::own_work_begin) for its scope.
 class OwnWorkScope {
  public:
@@ -162,11 +166,15 @@ const char* proc_root() noexcept;
 // Every spin batch noted from now reads `extra_ns` longer than it took (0 disarms).
 void add_spin_batch_gap(uint64_t extra_ns);
 uint64_t spin_batch_gap() noexcept;
+// usable_cpus() answers `n` from now on (0: the affinity mask again).
+void force_usable_cpus(uint32_t n);
+uint32_t forced_usable_cpus() noexcept;
 #else
 inline constexpr int forced_load_state() noexcept { return -1; }
 inline constexpr int forced_others_runnable() noexcept { return -1; }
 inline constexpr const char* proc_root() noexcept { return "/proc"; }
 inline constexpr uint64_t spin_batch_gap() noexcept { return 0; }
+inline constexpr uint32_t forced_usable_cpus() noexcept { return 0; }
 #endif
 }  // namespace hooks
 

@@ -21,7 +21,7 @@ Result<CoreDispatcher::Storage> CoreDispatcher::make_storage(size_t capacity_per
   return s;
 }
 
-CoreDispatcher::CoreDispatcher(Device& device)
+CoreDispatcher::CoreDispatcher(Device& device, InlinePolicy policy)
     : device_(device),
       rec_(device.recorder()),
       aic_queue_(0),
@@ -33,7 +33,8 @@ CoreDispatcher::CoreDispatcher(Device& device)
       inline_allowed_([] {
         const char* env = std::getenv("SIMPLER_INLINE_DISPATCH");
         return env == nullptr || std::strcmp(env, "0") != 0;
-      }()) {
+      }()),
+      few_cpus_policy_(policy == InlinePolicy::kUnderLoadOrFewCpus) {
   for (uint32_t c = 0; c < device.core_count(); ++c) regs_.push_back(&device.core_registers(c));
   for (uint32_t c = 0; c < device.geometry().clusters; ++c) aicpu_[device.owner_of_cluster(c)].clusters.push_back(c);
 }
@@ -66,8 +67,8 @@ CoreDispatcher::Counts CoreDispatcher::counts(uint32_t slot) const {
   return n;
 }
 
-void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub,
-                              bool chained) {
+void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub, Post post) {
+  const bool chained = post == Post::kLink;
   const diag::RunTrace& tr = traces_[item.slot];
   const uint64_t begin = tr.level >= 2 ? now_ns() : 0;
   const uint32_t k = kernel_of(task.kind, sub);
@@ -95,7 +96,7 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
   d.fn = f.fn;
   d.args = task.args;
   d.label = KernelLabel{task.name[k], task.id, task.func_id[k], task.kind == TaskKind::Mix ? 0 : sub, task.blocks};
-  CoreExecutor* const here = q.count == 1 ? inline_executor(aicpu, core, task, f.fn) : nullptr;
+  CoreExecutor* const here = q.count == 1 ? inline_executor(aicpu, core, task, f.fn, post) : nullptr;
   f.ran_inline = here != nullptr;
   if (here == nullptr) {
     ++aicpu_[aicpu].on_cores;
@@ -158,11 +159,13 @@ uint64_t CoreDispatcher::poll_again_by(uint32_t aicpu) const {
 }
 
 CoreExecutor* CoreDispatcher::inline_executor(uint32_t aicpu, uint32_t core, const GraphTask& task,
-                                              simpler_kernel_fn fn) {
-  if (!inline_allowed_ || task.blocks != 1 || task.kind == TaskKind::Mix || aicpu_[aicpu].on_cores != 0) {
-    return nullptr;
+                                              simpler_kernel_fn fn, Post post) {
+  if (!inline_allowed_ || task.blocks != 1 || task.kind == TaskKind::Mix || !costs_.short_kernel(fn)) return nullptr;
+  // With few CPUs the on_cores rule does not apply: a chain left on a core
+  // would keep every other kernel of this thread off the inline path.
+  if (post == Post::kHead || !few_cpus()) {
+    if (aicpu_[aicpu].on_cores != 0 || !load_sense().oversubscribed(now_ns())) return nullptr;
   }
-  if (!costs_.short_kernel(fn) || !load_sense().oversubscribed(now_ns())) return nullptr;
   CoreExecutor* const executor = device_.core_executor(core);
   if (executor == nullptr) return nullptr;
   const uint32_t others = device_.geometry().aicpu_threads - 1;

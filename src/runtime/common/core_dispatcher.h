@@ -8,9 +8,10 @@
 // poll() for an AICPU thread runs only on it; push and publish on any thread;
 // the queues' storage is swapped only at a regrant, while every queue is empty.
 // While the process is oversubscribed (other processes' threads hold the
-// CPUs), an AICPU thread runs a short kernel itself, for the core it placed
-// it on, instead of handing it over (see inline_executor();
-// SIMPLER_INLINE_DISPATCH=0 turns it off).
+// CPUs), or, for a runtime that asks, while the machine has no more CPUs than
+// the device has AICPU threads, an AICPU thread runs a short kernel itself,
+// for the core it placed it on, instead of handing it over (see
+// inline_executor(); SIMPLER_INLINE_DISPATCH=0 turns it off).
 #pragma once
 
 #include <atomic>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "base/load_sense.h"
 #include "device/device.h"
 #include "diag/arg_capture.h"
 #include "diag/lane.h"
@@ -73,7 +75,17 @@ class CoreDispatcher {
     std::vector<CoreRecord> records;
   };
   Result<Storage> make_storage(size_t capacity_per_queue, uint32_t grant) const;
-  explicit CoreDispatcher(Device& device);
+  // When an AICPU thread may run a short lone kernel inline (inline_executor()).
+  enum class InlinePolicy : uint8_t {
+    kUnderLoad,  // only while the process is oversubscribed
+    // Also while usable_cpus() is at most the device's AICPU threads: the
+    // cores cannot run beside the AICPU threads then, so a hand-off buys no
+    // parallelism and costs a wake-up. A runtime whose orchestration shares
+    // the CPUs with its AICPU threads keeps kUnderLoad: an inline kernel
+    // takes CPU time the orchestrator needs.
+    kUnderLoadOrFewCpus,
+  };
+  explicit CoreDispatcher(Device& device, InlinePolicy policy = InlinePolicy::kUnderLoad);
 
   void swap_storage(Storage& storage) noexcept;
   // The launching thread, before set `slot`'s run has a task queued: what
@@ -110,6 +122,10 @@ class CoreDispatcher {
   struct NoChains {
     bool operator()(ReadyItem, TaskKind, ReadyItem&) const { return false; }
   };
+  // For a runtime that names no chain heads.
+  struct NoChainHeads {
+    bool operator()(ReadyItem) const { return false; }
+  };
   // One round for AICPU thread `aicpu`: completes the subtasks its cores
   // finished (complete(inflight, failure, ready), where failure is the
   // kernel's message or null, pushes successors into `ready` and publishes
@@ -124,9 +140,15 @@ class CoreDispatcher {
   // poison its successors after its kernel succeeded (a guard check) has
   // none to chain. When the one ahead failed, the core ends the link unrun,
   // and complete() is not called for it: the failure's release already
-  // ended it, poisoned. True on any progress.
-  template <typename TaskOf, typename Complete, typename ChainAfter = NoChains>
-  bool poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete, ChainAfter&& chain_after = ChainAfter{});
+  // ended it, poisoned. heads_chain(item) says whether a ready task heads a
+  // chain of links (its lone successor waits on it alone, and so on): under
+  // kUnderLoadOrFewCpus such a task still goes to its core while the process
+  // is not oversubscribed, where its links follow it without a hand-off or a
+  // wake-up each and its AICPU thread completes them meanwhile. True on any
+  // progress.
+  template <typename TaskOf, typename Complete, typename ChainAfter = NoChains, typename HeadsChain = NoChainHeads>
+  bool poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete, ChainAfter&& chain_after = ChainAfter{},
+            HeadsChain&& heads_chain = HeadsChain{});
   // When AICPU thread `aicpu` must poll again to take back what one of its
   // cores holds queued behind a kernel that may block (0: never): a parked
   // thread is rung only by a FIN or new work, and a blocked kernel sends neither.
@@ -208,8 +230,11 @@ class CoreDispatcher {
     }
     return true;
   }
-  // A chain link (`chained`) is posted kAfterOk and is never revocable.
-  void dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub, bool chained = false);
+  // How a subtask is posted: free (it may run inline), as a chain link
+  // (kAfterOk, never revocable) or as the head of a chain (it may run inline
+  // only under load).
+  enum class Post : uint8_t { kFree, kLink, kHead };
+  void dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, uint32_t sub, Post post = Post::kFree);
   // Posts behind `core`'s newest subtask the successor that waits on it
   // alone, and behind that its own, while the core has room: only behind a
   // lone kernel posted to the core (a gang subtask's successor waits for the
@@ -222,24 +247,28 @@ class CoreDispatcher {
   // pushes them to its ready queue for any core; the number taken back.
   uint32_t take_back(uint32_t aicpu, uint32_t core);
   // Where AICPU thread `aicpu` runs kernel `fn` of `task` inline for `core`,
-  // or null to hand it to the core. Only while the process is oversubscribed
-  // (load_sense()), where each hand-off waits for a wake-up behind other
-  // processes' time slices (0.3-1.4 ms measured, against a kernel's
-  // microseconds); only for a kernel that waits for no other (no mix task, no
-  // SPMD block), was seen to be short, and holds no completion of another
-  // core of this thread behind it (none is running on a core thread); and
-  // never on the last AICPU thread not already running one, so that a kernel
-  // that blocks after all (on a gate, on another task) leaves one thread
-  // placing work. Such a kernel still takes its thread's clusters out of
-  // use while it blocks, which a kernel on a core does not; no kernel may
-  // count on running beside another it has no dependency on (the reference
-  // runtime runs one at a time), so that costs time, never progress. Off
+  // or null to hand it to the core. Only for a kernel that waits for no
+  // other (no mix task, no SPMD block) and was seen to be short; then either
+  // while the process is oversubscribed (load_sense()), where each hand-off
+  // waits for a wake-up behind other processes' time slices (0.3-1.4 ms
+  // measured, against a kernel's microseconds), if it holds no completion of
+  // another core of this thread behind it (none is running on a core
+  // thread); or under kUnderLoadOrFewCpus with few CPUs (few_cpus()), if it
+  // is no chain's head (`post`). Never on the last AICPU thread not already
+  // running one, so that a kernel that blocks after all (on a gate, on
+  // another task) leaves one thread placing work. Such a kernel still takes
+  // its thread's clusters out of use while it blocks, which a kernel on a
+  // core does not; no kernel may count on running beside another it has no
+  // dependency on (the reference runtime runs one at a time), so that costs
+  // time, never progress. Off
   // when SIMPLER_INLINE_DISPATCH=0 was set when the dispatcher was made.
   // A non-null answer counts the caller in `inlining_` until its kernel returns.
-  CoreExecutor* inline_executor(uint32_t aicpu, uint32_t core, const GraphTask& task, simpler_kernel_fn fn);
+  CoreExecutor* inline_executor(uint32_t aicpu, uint32_t core, const GraphTask& task, simpler_kernel_fn fn, Post post);
+  // kUnderLoadOrFewCpus, and no more usable CPUs than AICPU threads.
+  bool few_cpus() const { return few_cpus_policy_ && usable_cpus() <= device_.geometry().aicpu_threads; }
   // Starts the next block of an AIC or AIV task on `core`; a task with
   // blocks left goes back to `from` for the other cores (true then).
-  bool dispatch_single(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, ReadyQueue& from) {
+  bool dispatch_single(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, ReadyQueue& from, Post post) {
     uint32_t block = 0;
     bool handed_back = false;
     if (task.blocks > 1) block = task.next_block.fetch_add(1, std::memory_order_relaxed);
@@ -250,7 +279,7 @@ class CoreDispatcher {
       handed_back = block + 1 < task.blocks;
       if (handed_back) from.push(item, false);
     }
-    dispatch(aicpu, core, item, task, block);
+    dispatch(aicpu, core, item, task, block, post);
     return handed_back;
   }
   // An argument-dumping run's capture of `task`'s inputs, on AICPU thread `aicpu`.
@@ -272,6 +301,7 @@ class CoreDispatcher {
   std::vector<diag::RunTrace> traces_;  // per set
   std::unique_ptr<AicpuState[]> aicpu_;
   const bool inline_allowed_;
+  const bool few_cpus_policy_;         // InlinePolicy::kUnderLoadOrFewCpus
   std::atomic<uint32_t> inlining_{0};  // AICPU threads running a kernel inline now
   KernelCosts costs_;
 };
@@ -306,12 +336,13 @@ void CoreDispatcher::extend_chain(uint32_t aicpu, uint32_t core, TaskOf& task_of
     }
     ReadyItem next;
     if (!chain_after(ReadyItem{ahead.slot, ahead.task}, kind, next)) return;
-    dispatch(aicpu, core, next, task_of(next), 0, /*chained=*/true);
+    dispatch(aicpu, core, next, task_of(next), 0, Post::kLink);
   }
 }
 
-template <typename TaskOf, typename Complete, typename ChainAfter>
-bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete, ChainAfter&& chain_after) {
+template <typename TaskOf, typename Complete, typename ChainAfter, typename HeadsChain>
+bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete, ChainAfter&& chain_after,
+                          HeadsChain&& heads_chain) {
   AicpuState& st = aicpu_[aicpu];
   std::vector<ReadyItem>& ready = st.scratch;
   bool progress = false;
@@ -396,12 +427,14 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete,
   // tasks, so it drains and a mix task cannot starve behind a stream of singles.
   bool reserve_for_mix = !mix_queue_.empty_hint();
   uint32_t reserved = UINT32_MAX;
+  const bool few_cpus = this->few_cpus();
   const auto place_single = [&](uint32_t core) {
     ReadyQueue& from = single_queue(core);
     ReadyItem item;
     if (from.empty_hint() || !from.pop(item)) return;
     cores_[core].moved_ns = round_now();
-    handed_back |= dispatch_single(aicpu, core, item, task_of(item), from);
+    const Post post = few_cpus && heads_chain(item) ? Post::kHead : Post::kFree;
+    handed_back |= dispatch_single(aicpu, core, item, task_of(item), from, post);
     extend_chain(aicpu, core, task_of, chain_after);
     progress = true;
   };

@@ -112,6 +112,24 @@ inline bool take_as_chain_link(GraphTask& succ, TaskKind kind) {
   return true;
 }
 
+// Whether `task` heads a chain of at least kChainHeadLinks links: its lone
+// successor waits on it alone and runs on the same kind of core as a lone
+// kernel, and so on down the chain (CoreDispatcher's heads_chain). Read from
+// the counts the build wrote (fanin, fanout), which no release changes. A
+// pair does not count: one core wake-up for two kernels cost more than
+// running both inline in the dispatch benchmark's layered graphs (2 vCPUs).
+inline constexpr uint32_t kChainHeadLinks = 2;
+inline bool heads_chain(const TaskGraphView& g, uint32_t task) {
+  const GraphTask* t = &g.tasks[task];
+  for (uint32_t link = 0; link < kChainHeadLinks; ++link) {
+    if (t->fanout_count != 1 || t->blocks != 1 || t->kind == TaskKind::Mix) return false;
+    const GraphTask& next = g.tasks[g.fanout[t->fanout_begin]];
+    if (next.fanin != 1 || next.kind != t->kind) return false;
+    t = &next;
+  }
+  return t->blocks == 1;
+}
+
 // Whether `w`, a write, makes the earlier access `a` redundant: every later
 // access that conflicts with `a` conflicts with `w`, which is ordered after it.
 bool write_covers(const TensorView& w, const TensorView& a);

@@ -42,7 +42,7 @@ HbgRuntime::HbgRuntime(Device& device, GraphCapacity capacity, RunDoneFn on_done
       memory_(device.memory()),
       capacity_(capacity),
       on_done_(std::move(on_done)),
-      dispatcher_(device) {}
+      dispatcher_(device, CoreDispatcher::InlinePolicy::kUnderLoadOrFewCpus) {}
 
 HbgRuntime::~HbgRuntime() = default;
 
@@ -142,7 +142,12 @@ bool HbgRuntime::poll(uint32_t aicpu) {
       [this](const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready) {
         complete_subtask(f, failure, ready);
       },
-      [this](ReadyItem after, TaskKind kind, ReadyItem& next) { return chain_after(after, kind, next); });
+      [this](ReadyItem after, TaskKind kind, ReadyItem& next) { return chain_after(after, kind, next); },
+      [this](ReadyItem it) {
+        // A task with guard checks has no links (chain_after).
+        Slot& s = *slots_[it.slot];
+        return s.tasks[it.task].guards_count == 0 && heads_chain(s.graph(), it.task);
+      });
 }
 
 SIMPLER_REGISTER_RUNTIME(host_build_graph,
