@@ -229,7 +229,9 @@ Result<TaskRef> RunBuilder::submit(TaskKind kind, const uint32_t* funcs, const T
 
   TaskRef ref;
   ref.id = t.id;
-  std::array<uint32_t, kMaxTaskArgs> created{};
+  // Not zeroed: only the first created_count entries are read, and a
+  // zeroing rep stos was a third of submit()'s own time in the dispatch profile.
+  std::array<uint32_t, kMaxTaskArgs> created;
   uint32_t created_count = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const TaskArg& a = args[i];
