@@ -14,6 +14,7 @@
 
 #include "base/load_sense.h"
 #include "device/backend_registry.h"
+#include "forced_load.h"
 #include "runtime/runtime.h"
 #include "simpler/simpler.h"
 
@@ -92,11 +93,9 @@ inline WorkerConfig target_config(const ChipTarget& target, uint32_t depth = 2, 
 // The fixture of a case that runs on every target it is instantiated for.
 class TargetTest : public ::testing::TestWithParam<ChipTarget> {
  protected:
-  // More CPUs than any geometry has simulator threads.
-  static constexpr uint32_t kPlentyCpus = 1024;
   void SetUp() override {
     hooks::force_load_state(GetParam().loaded ? 1 : 0);
-    hooks::force_usable_cpus(GetParam().few_cpus ? 1 : kPlentyCpus);
+    hooks::force_usable_cpus(GetParam().few_cpus ? 1 : ForcedLoadState::kPlentyCpus);
   }
   void TearDown() override {
     hooks::force_load_state(-1);

@@ -19,6 +19,7 @@
 
 #include "base/clock.h"
 #include "base/load_sense.h"
+#include "forced_load.h"
 #include "gate.h"
 #include "kernels.h"
 #include "runtime/common/task_graph.h"
@@ -119,14 +120,11 @@ ChipCallable independent(int n) {
                       kernels(), {});
 }
 
-// More CPUs than any geometry has simulator threads.
-constexpr uint32_t kPlentyCpus = 1024;
-
 // The load state and the usable CPUs forced, and inline dispatch at its
 // default (on, whatever the test's environment said) or turned off, for the
 // Workers made while it lives.
 struct Forced {
-  explicit Forced(int state, bool inline_on = true, uint32_t cpus = kPlentyCpus) {
+  explicit Forced(int state, bool inline_on = true, uint32_t cpus = ForcedLoadState::kPlentyCpus) {
     hooks::force_load_state(state);
     hooks::force_usable_cpus(cpus);
     if (inline_on) {
