@@ -217,13 +217,25 @@ TEST(InlineDispatch, WithACpuMoreThanAicpuThreadsEveryKernelIsHandedOver) {
 
 // Few CPUs, quiet: a step that heads a chain of at least two more goes to
 // its core, where the steps after it follow as links, so only the last two
-// steps of a chain may run inline; the results are the host's.
-TEST(InlineDispatch, WithFewCpusAChainHeadRunsOnItsCore) {
-  Forced forced(0, /*inline_on=*/true, /*cpus=*/1);
-  Harness hw(chain(10));
-  EXPECT_TRUE(run_chains(hw, 10, 20).ok());
-  EXPECT_EQ(g_on_core.load() + g_on_aicpu.load(), 200);
-  EXPECT_LE(g_on_aicpu.load(), 20 * 2);
+// steps of a chain may run inline; the results are the host's. With guard
+// checks (guard_device_memory, the sanitized builds' default) a step has no
+// links (ChainedRun.NoLinkFollowsATaskWhoseGuardCheckMayFailIt), so it
+// heads no chain and runs inline like any short kernel.
+TEST(InlineDispatch, WithFewCpusAChainHeadRunsOnItsCoreUnlessGuardChecksEndItsChain) {
+  for (const bool guarded : {false, true}) {
+    SCOPED_TRACE(guarded ? "guarded" : "unguarded");
+    Forced forced(0, /*inline_on=*/true, /*cpus=*/1);
+    WorkerConfig c = small_config();
+    c.guard_device_memory = guarded;
+    Harness hw(chain(10), c);
+    EXPECT_TRUE(run_chains(hw, 10, 20).ok());
+    EXPECT_EQ(g_on_core.load() + g_on_aicpu.load(), 200);
+    if (guarded) {
+      EXPECT_GT(g_on_aicpu.load(), 20 * 2);
+    } else {
+      EXPECT_LE(g_on_aicpu.load(), 20 * 2);
+    }
+  }
 }
 
 // Few CPUs, loaded: the load rule holds for a chain head too, so once the
