@@ -2066,6 +2066,9 @@ TEST(ChipChildInline, R4ShortRunsArePreparedOnTheLoopAndWaitTheirTurnWithoutHold
   constexpr int64_t kShortRuns = 50;
   std::vector<int64_t> expected;
   for (int64_t run = 1; run <= kShortRuns; ++run) {
+    // Quiet first: a run published while the preparer's thread is still
+    // leaving the last one's call goes to that thread's queue.
+    ASSERT_TRUE(eventually([&] { return c.handler.quiet(); })) << "the handler never went quiet before run " << run;
     publish(run, 0);
     ASSERT_TRUE(terminal(run));
     expected.push_back(run);
@@ -2075,10 +2078,8 @@ TEST(ChipChildInline, R4ShortRunsArePreparedOnTheLoopAndWaitTheirTurnWithoutHold
     std::lock_guard<std::mutex> lock(mu);
     ASSERT_EQ(prepared_on.size(), static_cast<size_t>(kShortRuns));
     EXPECT_NE(prepared_on.front(), c.loop.get_id()) << "a callable not yet seen to be short is prepared on the loop";
-    // Not every later one: the queue's thread may still be leaving run 1's
-    // call when run 2 arrives, and a set or slot is freed just after a terminal.
     const auto on_loop = std::count(prepared_on.begin(), prepared_on.end(), c.loop.get_id());
-    EXPECT_GT(on_loop, 0) << "no short run was prepared on the loop";
+    EXPECT_EQ(on_loop, kShortRuns - 1) << "short runs prepared on the loop";
     EXPECT_EQ(c.handler.prepared_inline(), static_cast<uint64_t>(on_loop));
   }
   EXPECT_GT(c.handler.launched_by_preparer(), 0u) << "no run was launched by its preparer";
@@ -2130,8 +2131,11 @@ TEST(ChipChildInline, R4ShortRunsArePreparedOnTheLoopAndWaitTheirTurnWithoutHold
 // its acceptance a few microseconds after its ACK, and one wake shows a
 // parked parent both (each a level that stays readable): the ACK does not
 // ring on its own. Every other run rings for its ACK, its acceptance and its
-// terminal. One run at a time, each inline run finds the launcher idle and a
-// slot free, so it is launched on the loop.
+// terminal. One run at a time, each published once the handler is quiet,
+// so every run after the first finds the preparer, the launcher and a slot
+// free and is prepared and launched on the loop. (Without that wait, a run
+// that ends before its preparer's call returns sends the next run to the
+// preparer's queue, and so on: a loaded sanitizer build saw none on the loop.)
 TEST(ChipChildInline, R4ARunLaunchedOnTheLoopRingsTheParentOnceForItsAckAndAcceptance) {
   Watchdog dog;
   chip_order.clear();
@@ -2147,13 +2151,15 @@ TEST(ChipChildInline, R4ARunLaunchedOnTheLoopRingsTheParentOnceForItsAckAndAccep
   const uint32_t before = bell.arm();
   constexpr uint64_t kRuns = 20;
   for (uint64_t run = 1; run <= kRuns; ++run) {
+    ASSERT_TRUE(eventually([&] { return c.handler.quiet(); })) << "the handler never went quiet before run " << run;
     c.publish_marker(run, callables[0].digest());
     const EndpointEvent* t = c.terminal(run);
     ASSERT_NE(t, nullptr);
     ASSERT_TRUE(t->status.ok()) << t->status.to_string();
   }
   const uint64_t on_loop = c.handler.prepared_inline();
-  ASSERT_GT(on_loop, 0u) << "no run was prepared on the loop";
+  // The first run's callable was not yet seen to be short.
+  ASSERT_EQ(on_loop, kRuns - 1) << "runs prepared on the loop";
   // The last terminal's ring may follow the store the parent saw.
   const uint64_t expected = 3 * kRuns - on_loop;
   const auto rings = [&] { return static_cast<uint64_t>((bell.arm() - before) / 2); };
@@ -2459,16 +2465,13 @@ TEST(ChipChildInline, R4AShortRunIsPreparedOnTheLoopWhileAnotherFrameWaits) {
     std::lock_guard<std::mutex> lock(mu);
     return prepared_on[run] == c.loop.get_id();
   };
-  // Until one run is prepared on the loop: the first is the preparer's (the
-  // callable was not yet seen to be short), and the next may find the
-  // preparer's thread still leaving that call. Then the preparer is idle.
-  int64_t run = 0;
-  do {
-    ++run;
-    publish(run);
-    ASSERT_NE(c.terminal(static_cast<uint64_t>(run)), nullptr);
-  } while (!on_loop(run) && run < 20);
-  ASSERT_TRUE(on_loop(run)) << "no short run was prepared on the loop";
+  // The first run is the preparer's: the callable was not yet seen to be
+  // short. Once the handler is quiet, the next is the loop's.
+  const int64_t run = 1;
+  publish(run);
+  ASSERT_NE(c.terminal(static_cast<uint64_t>(run)), nullptr);
+  EXPECT_FALSE(on_loop(run)) << "a callable not yet seen to be short was prepared on the loop";
+  ASSERT_TRUE(eventually([&] { return c.handler.quiet(); })) << "the handler never went quiet after run " << run;
   const int64_t h = run + 1;
   held.store(h);
   publish(h);

@@ -75,6 +75,11 @@ class ChipChildHandler final : public RunHandler {
   uint64_t finalized_on_loop() const { return finalized_on_loop_.load(std::memory_order_relaxed); }
   uint64_t loop_polls() const { return loop_polls_.load(std::memory_order_relaxed); }
   bool draining() const { return draining_.load(std::memory_order_acquire); }
+  // Every run reached its terminal and the preparer's thread left its call:
+  // the next short run is prepared on the loop. A run that ends before its
+  // preparer's call returns would otherwise send the next run to that
+  // thread's queue, and so on. Any thread.
+  bool quiet() { return preparer_.quiet(); }
 
   // A run is light when it is not diagnostic (whose finalize writes its
   // files) and its staged tensors hold at most this many bytes (whose copy

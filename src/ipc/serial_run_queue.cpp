@@ -68,6 +68,11 @@ bool SerialRunQueue::idle() {
   return in_flight_ == 0;
 }
 
+bool SerialRunQueue::quiet() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_ == 0 && !busy_;
+}
+
 void SerialRunQueue::main() {
   for (;;) {
     std::optional<Job> job;

@@ -54,6 +54,9 @@ class SerialRunQueue {
   void finished();
   // Every started run has reported its terminal.
   bool idle();
+  // Idle, and no call of a run is still returning: a run offered now is
+  // taken inline (what a test of that path waits for). Any thread.
+  bool quiet();
   // Waits until idle or `deadline_ns`, then refuses every later start, ends
   // each queued run that never started with an error, and stops the thread:
   // joined, unless it is inside a run at the deadline (a call that may never
