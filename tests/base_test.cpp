@@ -11,6 +11,8 @@
 #include "base/clock.h"
 #include "base/doorbell.h"
 #include "base/errors.h"
+#include "base/load_sense.h"
+#include "forced_load.h"
 #include "simpler/simpler.h"
 #include "test_util.h"
 
@@ -413,6 +415,44 @@ TEST(SpinThenPark, WakesWhenAnotherThreadMakesItReadyAndRings) {
       bell, [&] { return ready.load(); }, no_spin, now_ns() + std::chrono::nanoseconds(kWait).count());
   producer.join();
   EXPECT_TRUE(ok);
+}
+
+// Issues 15 and 16: a process with one usable CPU (mpirun binds each rank of
+// a 2-rank job to one core) yields once and parks, for its producer runs only
+// once the waiter gives the CPU up; with more CPUs it spins its window first.
+// The window outlasts the deadline, so only the one-CPU rule parks.
+TEST(SpinThenPark, WithOneUsableCpuAWaitYieldsOnceThenParks) {
+  Watchdog dog;
+  Doorbell bell;
+  SpinPolicy long_spin;
+  long_spin.spin_ns = 10'000'000'000ull;
+  struct Looks {
+    int before_park = 0;
+    int parked = 0;
+  };
+  const auto wait_2ms = [&] {
+    Looks looks;
+    const bool ready = spin_then_park(
+        bell,
+        [&] {
+          ++(bell.parked() == 0 ? looks.before_park : looks.parked);
+          return false;
+        },
+        long_spin, now_ns() + 2'000'000);
+    EXPECT_FALSE(ready);
+    return looks;
+  };
+  {
+    testing::ForcedLoadState quiet(0);
+    hooks::force_usable_cpus(1);
+    const Looks one = wait_2ms();
+    EXPECT_EQ(one.before_park, 2) << "with one CPU: a look, a yield, a look, then park";
+    EXPECT_GE(one.parked, 1) << "with one CPU the wait never parked";
+  }
+  testing::ForcedLoadState plenty(0);
+  const Looks many = wait_2ms();
+  EXPECT_GT(many.before_park, 2) << "with many CPUs the wait did not spin";
+  EXPECT_EQ(many.parked, 0) << "with many CPUs the wait parked inside its spin window";
 }
 
 TEST(Version, IsNonEmpty) {

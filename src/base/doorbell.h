@@ -145,19 +145,10 @@ inline bool IdleSpin::keep_polling() {
   return true;
 }
 
-// Waits until ready() is true: spins for policy.spin_ns (yielding so that a
-// 2-core machine with many simulated cores makes progress), then parks on
-// `bell`, whose producers ring it (ring() or ring_parked()) after making
-// ready() true. On an oversubscribed machine (load_sense()) a yield hands the
-// CPU to a neighbour for a whole time slice, so the wait then spins one batch
-// and parks, and a batch that lost its CPU parks at once. Returns false when
-// `deadline_ns` (0 = none) passed first. `before_park` runs once, when the
-// spin ended without ready() and the wait is about to park: what the thread
-// did while it spun (ready() may poll work of its own) goes back to another.
-template <typename Ready, typename BeforePark>
-bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns,
-                    BeforePark&& before_park) {
-  if (ready()) return true;
+// spin_then_park's spin on a machine where the producer may run beside it.
+enum class SpinEnd { kReady, kDeadline, kPark };
+template <typename Ready>
+SpinEnd spin_before_park(Ready& ready, const SpinPolicy& policy, uint64_t deadline_ns) {
   LoadSense& load = load_sense();
   uint64_t batch_start = now_ns();
   const uint64_t spin_until = batch_start + (load.oversubscribed(batch_start) ? 0 : policy.spin_ns);
@@ -173,17 +164,43 @@ bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uin
         const uint64_t t = now_ns();
         load.note_batch(t - batch_start, t);
       }
-      return true;
+      return SpinEnd::kReady;
     }
     if (++n % policy.pauses_per_yield == 0) {
       const uint64_t t = now_ns();
-      if (deadline_ns != 0 && t >= deadline_ns) return false;
-      if (t >= spin_until || load.note_batch(t - batch_start, t)) break;
+      if (deadline_ns != 0 && t >= deadline_ns) return SpinEnd::kDeadline;
+      if (t >= spin_until || load.note_batch(t - batch_start, t)) return SpinEnd::kPark;
       yield_cpu();
       batch_start = t;
     } else {
       cpu_relax();
     }
+  }
+}
+
+// Waits until ready() is true: spins for policy.spin_ns (yielding so that a
+// 2-core machine with many simulated cores makes progress), then parks on
+// `bell`, whose producers ring it (ring() or ring_parked()) after making
+// ready() true. On an oversubscribed machine (load_sense()) a yield hands the
+// CPU to a neighbour for a whole time slice, so the wait then spins one batch
+// and parks, and a batch that lost its CPU parks at once. A process with one
+// usable CPU (usable_cpus()) yields once and parks: its producer cannot run
+// beside a spin, only after it. Returns false when
+// `deadline_ns` (0 = none) passed first. `before_park` runs once, when the
+// spin ended without ready() and the wait is about to park: what the thread
+// did while it spun (ready() may poll work of its own) goes back to another.
+template <typename Ready, typename BeforePark>
+bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns,
+                    BeforePark&& before_park) {
+  if (ready()) return true;
+  if (usable_cpus() == 1) {
+    // One CPU: what ready() waits for runs only once this thread gives the
+    // CPU up, so a spin only delays it. One yield lets a runnable producer
+    // finish (its ring then finds no sleeper: no system call); then park.
+    yield_cpu();
+    if (ready()) return true;
+  } else if (const SpinEnd end = spin_before_park(ready, policy, deadline_ns); end != SpinEnd::kPark) {
+    return end == SpinEnd::kReady;
   }
   before_park();
   for (;;) {

@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 #include <simpler/simpler.h>
 
+#include "base/load_sense.h"
 #include "progress.h"
 
 #ifdef SIMPLER_HAVE_EXAMPLES
@@ -21,6 +22,20 @@ namespace {
 std::string describe(const Geometry& g) {
   return fmt::format("{} ({} clusters: {} AIC + {} AIV, {} AICPU threads)", g.name, g.clusters, g.aic_cores(),
                      g.aiv_cores(), g.aicpu_threads);
+}
+
+// OpenMPI binds each rank to one core when -np is at most 2, and every
+// process a rank's workers fork inherits the mask: a node's children and its
+// simulated cores then take turns on one CPU, and each hand-off between them
+// is a context switch (docs/remote_nodes.md, "CPU binding"). Said on stderr,
+// once per rank, by the commands that run workers.
+void warn_if_rank_has_one_cpu() {
+  if (mpi_size() < 2 || usable_cpus() > 1) return;
+  fmt::print(stderr,
+             "simpler: MPI rank {} of {} may run on 1 CPU only (its affinity mask; mpirun binds each rank to one "
+             "core when -np is at most 2): every process and simulated core of its workers shares it. "
+             "`mpirun --bind-to none` or `--map-by slot:PE=N` gives a rank more.\n",
+             mpi_rank(), mpi_size());
 }
 
 std::string human_rate(double per_s) {
@@ -180,6 +195,7 @@ int cmd_demo() {
 }
 
 int cmd_run(const RunFlags& flags) {
+  warn_if_rank_has_one_cpu();
 #ifdef SIMPLER_HAVE_EXAMPLES
   examples::ExampleOptions options;
   Result<Geometry> geometry = Geometry::by_name(flags.geometry);
@@ -242,7 +258,8 @@ int cmd_run(const RunFlags& flags) {
 
 int cmd_info() {
   fmt::print("simpler {}\n", version_string());
-  fmt::print("build: {}\n\n", build_options());
+  fmt::print("build: {}\n", build_options());
+  fmt::print("usable CPUs: {} (this process's affinity mask)\n\n", usable_cpus());
   fmt::print("geometry presets (default {}):\n", Geometry::small().name);
   fmt::print("  {:<8} {:>8} {:>4} {:>4} {:>6} {:>6}\n", "name", "clusters", "AIC", "AIV", "cores", "AICPU");
   for (const Geometry& g : Geometry::presets()) {
@@ -271,6 +288,7 @@ int cmd_info() {
 }
 
 int cmd_bench(const BenchFlags& flags) {
+  warn_if_rank_has_one_cpu();
 #ifdef SIMPLER_HAVE_BENCH
   const std::vector<bench::BenchInfo> all = bench::list();
   if (flags.list) {
