@@ -215,16 +215,17 @@ TEST(InlineDispatch, WithACpuMoreThanAicpuThreadsEveryKernelIsHandedOver) {
   EXPECT_EQ(g_on_core.load(), 20 * 16);
 }
 
-// Few CPUs, quiet: a step that heads a chain of at least two more goes to
-// its core, where the steps after it follow as links, so only the last two
-// steps of a chain may run inline; the results are the host's. With guard
+// Few CPUs (two, small's AICPU threads), quiet: a step that heads a chain of
+// at least two more goes to its core, where the steps after it follow as
+// links, so only the last two steps of a chain may run inline; the results
+// are the host's. With guard
 // checks (guard_device_memory, the sanitized builds' default) a step has no
 // links (ChainedRun.NoLinkFollowsATaskWhoseGuardCheckMayFailIt), so it
 // heads no chain and runs inline like any short kernel.
 TEST(InlineDispatch, WithFewCpusAChainHeadRunsOnItsCoreUnlessGuardChecksEndItsChain) {
   for (const bool guarded : {false, true}) {
     SCOPED_TRACE(guarded ? "guarded" : "unguarded");
-    Forced forced(0, /*inline_on=*/true, /*cpus=*/1);
+    Forced forced(0, /*inline_on=*/true, /*cpus=*/Geometry::small().aicpu_threads);
     WorkerConfig c = small_config();
     c.guard_device_memory = guarded;
     Harness hw(chain(10), c);
@@ -236,6 +237,18 @@ TEST(InlineDispatch, WithFewCpusAChainHeadRunsOnItsCoreUnlessGuardChecksEndItsCh
       EXPECT_LE(g_on_aicpu.load(), 20 * 2);
     }
   }
+}
+
+// One CPU, quiet: a chain on its core would run only while the AICPU thread
+// is off the CPU, so a chain's head runs inline like any short kernel.
+TEST(InlineDispatch, WithOneCpuAChainHeadRunsInline) {
+  Forced forced(0, /*inline_on=*/true, /*cpus=*/1);
+  WorkerConfig c = small_config();
+  c.guard_device_memory = false;
+  Harness hw(chain(10), c);
+  EXPECT_TRUE(run_chains(hw, 10, 20).ok());
+  EXPECT_EQ(g_on_core.load() + g_on_aicpu.load(), 200);
+  EXPECT_GT(g_on_aicpu.load(), 20 * 2);
 }
 
 // Few CPUs, loaded: the load rule holds for a chain head too, so once the

@@ -247,22 +247,22 @@ class CoreDispatcher {
   // pushes them to its ready queue for any core; the number taken back.
   uint32_t take_back(uint32_t aicpu, uint32_t core);
   // Where AICPU thread `aicpu` runs kernel `fn` of `task` inline for `core`,
-  // or null to hand it to the core. Only for a kernel that waits for no
-  // other (no mix task, no SPMD block) and was seen to be short; then either
-  // while the process is oversubscribed (load_sense()), where each hand-off
-  // waits for a wake-up behind other processes' time slices (0.3-1.4 ms
-  // measured, against a kernel's microseconds), if it holds no completion of
-  // another core of this thread behind it (none is running on a core
-  // thread); or under kUnderLoadOrFewCpus with few CPUs (few_cpus()), if it
-  // is no chain's head (`post`). Never on the last AICPU thread not already
-  // running one, so that a kernel that blocks after all (on a gate, on
+  // or null to hand it to the core. Only for a kernel that waits for no other
+  // (no mix task, no SPMD block) and was seen to be short; then either while
+  // the process is oversubscribed (load_sense()), where each hand-off waits
+  // for a wake-up behind other processes' time slices (0.3-1.4 ms measured,
+  // against a kernel's microseconds), if it holds no completion of another
+  // core of this thread behind it (none is running on a core thread); or under
+  // kUnderLoadOrFewCpus with few CPUs (few_cpus()), if it is no chain's head
+  // (`post`; with one CPU no task is). Never on the last AICPU thread not
+  // already running one, so that a kernel that blocks after all (on a gate, on
   // another task) leaves one thread placing work. Such a kernel still takes
-  // its thread's clusters out of use while it blocks, which a kernel on a
-  // core does not; no kernel may count on running beside another it has no
+  // its thread's clusters out of use while it blocks, which a kernel on a core
+  // does not; no kernel may count on running beside another it has no
   // dependency on (the reference runtime runs one at a time), so that costs
-  // time, never progress. Off
-  // when SIMPLER_INLINE_DISPATCH=0 was set when the dispatcher was made.
-  // A non-null answer counts the caller in `inlining_` until its kernel returns.
+  // time, never progress. Off when SIMPLER_INLINE_DISPATCH=0 was set when the
+  // dispatcher was made. A non-null answer counts the caller in `inlining_`
+  // until its kernel returns.
   CoreExecutor* inline_executor(uint32_t aicpu, uint32_t core, const GraphTask& task, simpler_kernel_fn fn, Post post);
   // kUnderLoadOrFewCpus, and no more usable CPUs than AICPU threads.
   bool few_cpus() const { return few_cpus_policy_ && usable_cpus() <= device_.geometry().aicpu_threads; }
@@ -433,7 +433,9 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete,
     ReadyItem item;
     if (from.empty_hint() || !from.pop(item)) return;
     cores_[core].moved_ns = round_now();
-    const Post post = few_cpus && heads_chain(item) ? Post::kHead : Post::kFree;
+    // With one CPU a chain on its core runs only while this thread is off
+    // the CPU: inline, its head too, it takes no switch at all.
+    const Post post = few_cpus && usable_cpus() > 1 && heads_chain(item) ? Post::kHead : Post::kFree;
     handed_back |= dispatch_single(aicpu, core, item, task_of(item), from, post);
     extend_chain(aicpu, core, task_of, chain_after);
     progress = true;
