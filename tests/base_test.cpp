@@ -417,6 +417,14 @@ TEST(SpinThenPark, WakesWhenAnotherThreadMakesItReadyAndRings) {
   EXPECT_TRUE(ok);
 }
 
+// No other process's thread reads as runnable for a scope, so a spin that
+// loses its CPU to a parallel test for a time slice spins on (the spin
+// counts here, not the machine's load).
+struct NoNeighbours {
+  NoNeighbours() { hooks::force_others_runnable(0); }
+  ~NoNeighbours() { hooks::force_others_runnable(-1); }
+};
+
 // Issues 15 and 16: a process with one usable CPU (mpirun binds each rank of
 // a 2-rank job to one core) yields once and parks, for its producer runs only
 // once the waiter gives the CPU up; with more CPUs it spins its window first.
@@ -450,9 +458,34 @@ TEST(SpinThenPark, WithOneUsableCpuAWaitYieldsOnceThenParks) {
     EXPECT_GE(one.parked, 1) << "with one CPU the wait never parked";
   }
   testing::ForcedLoadState plenty(0);
+  NoNeighbours no_neighbours;
   const Looks many = wait_2ms();
   EXPECT_GT(many.before_park, 2) << "with many CPUs the wait did not spin";
   EXPECT_EQ(many.parked, 0) << "with many CPUs the wait parked inside its spin window";
+}
+
+// A poller (a simulated AICPU or core thread) with one usable CPU yields
+// once after an empty poll and then parks, and again after work or a wake;
+// with more it polls on through its window.
+TEST(IdleSpin, WithOneUsableCpuAPollerYieldsOnceThenParks) {
+  testing::ForcedLoadState quiet(0);
+  constexpr uint64_t kLongWindow = 10'000'000'000ull;
+  {
+    hooks::force_usable_cpus(1);
+    IdleSpin idle(kLongWindow);
+    EXPECT_TRUE(idle.keep_polling()) << "no yield before the park";
+    EXPECT_FALSE(idle.keep_polling()) << "a second empty poll did not park";
+    idle.busy();
+    EXPECT_TRUE(idle.keep_polling()) << "no yield after work";
+    EXPECT_FALSE(idle.keep_polling());
+    idle.woke();
+    EXPECT_TRUE(idle.keep_polling()) << "no yield after a wake";
+    EXPECT_FALSE(idle.keep_polling());
+  }
+  hooks::force_usable_cpus(testing::ForcedLoadState::kPlentyCpus);
+  NoNeighbours no_neighbours;
+  IdleSpin idle(kLongWindow);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(idle.keep_polling()) << "poll " << i << " parked inside its window";
 }
 
 TEST(Version, IsNonEmpty) {

@@ -205,6 +205,21 @@ TEST(InlineDispatch, WithFewerCpusThanAicpuThreadsHostBuildGraphRunsShortKernels
   }
 }
 
+// One CPU: no core and no orchestrator runs beside an AICPU thread, so every
+// runtime runs short lone kernels inline, tensormap_and_ringbuffer too.
+TEST(InlineDispatch, WithOneCpuEveryRuntimeRunsShortKernelsInline) {
+  for (const char* runtime : {"host_build_graph", "tensormap_and_ringbuffer"}) {
+    SCOPED_TRACE(runtime);
+    Forced forced(0, /*inline_on=*/true, /*cpus=*/1);
+    WorkerConfig c = small_config();
+    c.runtime = runtime;
+    Harness hw(independent(16), c);
+    for (int r = 0; r < 20; ++r) ASSERT_TRUE(hw.run().ok());
+    EXPECT_EQ(g_on_core.load() + g_on_aicpu.load(), 20 * 16);
+    EXPECT_GT(g_on_aicpu.load(), 0);
+  }
+}
+
 // One CPU more than AICPU threads: the cores can run beside them, so every
 // kernel is handed over.
 TEST(InlineDispatch, WithACpuMoreThanAicpuThreadsEveryKernelIsHandedOver) {

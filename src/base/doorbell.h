@@ -116,6 +116,7 @@ class IdleSpin {
   // The thread parked and is polling again.
   void woke() {
     idle_since_ = 0;
+    polls_ = 0;
     yielded_ = false;
   }
 
@@ -129,6 +130,13 @@ class IdleSpin {
 };
 
 inline bool IdleSpin::keep_polling() {
+  if (usable_cpus() == 1) {
+    // One CPU: the work this thread polls for is made only while it is off
+    // the CPU. One yield lets a runnable producer make it; then park.
+    if (polls_++ != 0) return false;
+    yield_cpu();
+    return true;
+  }
   const uint64_t t = now_ns();
   if (idle_since_ == 0) idle_since_ = last_idle_ = t;
   const bool lost = load_.note_batch(t - last_idle_, t);

@@ -77,12 +77,15 @@ class CoreDispatcher {
   Result<Storage> make_storage(size_t capacity_per_queue, uint32_t grant) const;
   // When an AICPU thread may run a short lone kernel inline (inline_executor()).
   enum class InlinePolicy : uint8_t {
-    kUnderLoad,  // only while the process is oversubscribed
+    // While the process is oversubscribed, or has one usable CPU: then no
+    // core and no orchestrator runs beside an AICPU thread, and a hand-off
+    // is a switch of the CPU each way.
+    kUnderLoad,
     // Also while usable_cpus() is at most the device's AICPU threads: the
     // cores cannot run beside the AICPU threads then, so a hand-off buys no
     // parallelism and costs a wake-up. A runtime whose orchestration shares
-    // the CPUs with its AICPU threads keeps kUnderLoad: an inline kernel
-    // takes CPU time the orchestrator needs.
+    // the CPUs with its AICPU threads keeps kUnderLoad: with two CPUs or
+    // more, an inline kernel takes CPU time the orchestrator needs.
     kUnderLoadOrFewCpus,
   };
   explicit CoreDispatcher(Device& device, InlinePolicy policy = InlinePolicy::kUnderLoad);
@@ -252,20 +255,21 @@ class CoreDispatcher {
   // the process is oversubscribed (load_sense()), where each hand-off waits
   // for a wake-up behind other processes' time slices (0.3-1.4 ms measured,
   // against a kernel's microseconds), if it holds no completion of another
-  // core of this thread behind it (none is running on a core thread); or under
-  // kUnderLoadOrFewCpus with few CPUs (few_cpus()), if it is no chain's head
-  // (`post`; with one CPU no task is). Never on the last AICPU thread not
-  // already running one, so that a kernel that blocks after all (on a gate, on
-  // another task) leaves one thread placing work. Such a kernel still takes
-  // its thread's clusters out of use while it blocks, which a kernel on a core
-  // does not; no kernel may count on running beside another it has no
-  // dependency on (the reference runtime runs one at a time), so that costs
-  // time, never progress. Off when SIMPLER_INLINE_DISPATCH=0 was set when the
-  // dispatcher was made. A non-null answer counts the caller in `inlining_`
-  // until its kernel returns.
+  // core of this thread behind it (none is running on a core thread); or with
+  // few CPUs (few_cpus()), if it is no chain's head (`post`; with one CPU no
+  // task is). Never on the last AICPU thread not already running one, so that
+  // a kernel that blocks after all (on a gate, on another task) leaves one
+  // thread placing work. Such a kernel still takes its thread's clusters out
+  // of use while it blocks, which a kernel on a core does not; no kernel may
+  // count on running beside another it has no dependency on (the reference
+  // runtime runs one at a time), so that costs time, never progress. Off when
+  // SIMPLER_INLINE_DISPATCH=0 was set when the dispatcher was made. A non-null
+  // answer counts the caller in `inlining_` until its kernel returns.
   CoreExecutor* inline_executor(uint32_t aicpu, uint32_t core, const GraphTask& task, simpler_kernel_fn fn, Post post);
-  // kUnderLoadOrFewCpus, and no more usable CPUs than AICPU threads.
-  bool few_cpus() const { return few_cpus_policy_ && usable_cpus() <= device_.geometry().aicpu_threads; }
+  // One usable CPU, or kUnderLoadOrFewCpus and no more than AICPU threads.
+  bool few_cpus() const {
+    return usable_cpus() == 1 || (few_cpus_policy_ && usable_cpus() <= device_.geometry().aicpu_threads);
+  }
   // Starts the next block of an AIC or AIV task on `core`; a task with
   // blocks left goes back to `from` for the other cores (true then).
   bool dispatch_single(uint32_t aicpu, uint32_t core, ReadyItem item, GraphTask& task, ReadyQueue& from, Post post) {
