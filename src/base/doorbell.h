@@ -95,7 +95,8 @@ struct SpinPolicy {
 // that a 2-core machine with many simulated cores makes progress; while
 // oversubscribed (load_sense()) a yield gives the CPU away for a time slice, so
 // it spins LoadSense::kPressedSpinNs without one, and a poll that lost its CPU
-// parks at once. One per polling thread, used by that thread only.
+// parks at once. With one usable CPU it yields once and parks. One per
+// polling thread, used by that thread only.
 class IdleSpin {
  public:
   explicit IdleSpin(uint64_t spin_ns) : spin_ns_(spin_ns) {}
@@ -193,10 +194,10 @@ SpinEnd spin_before_park(Ready& ready, const SpinPolicy& policy, uint64_t deadli
 // CPU to a neighbour for a whole time slice, so the wait then spins one batch
 // and parks, and a batch that lost its CPU parks at once. A process with one
 // usable CPU (usable_cpus()) yields once and parks: its producer cannot run
-// beside a spin, only after it. Returns false when
-// `deadline_ns` (0 = none) passed first. `before_park` runs once, when the
-// spin ended without ready() and the wait is about to park: what the thread
-// did while it spun (ready() may poll work of its own) goes back to another.
+// beside a spin, only after it. Returns false when `deadline_ns` (0 = none)
+// passed first. `before_park` runs once, when the spin ended without ready()
+// and the wait is about to park: what the thread did while it spun (ready() may
+// poll work of its own) goes back to another.
 template <typename Ready, typename BeforePark>
 bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns,
                     BeforePark&& before_park) {
