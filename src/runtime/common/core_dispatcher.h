@@ -431,15 +431,15 @@ bool CoreDispatcher::poll(uint32_t aicpu, TaskOf&& task_of, Complete&& complete,
   // tasks, so it drains and a mix task cannot starve behind a stream of singles.
   bool reserve_for_mix = !mix_queue_.empty_hint();
   uint32_t reserved = UINT32_MAX;
-  const bool few_cpus = this->few_cpus();
+  // With one CPU a chain on its core runs only while this thread is off
+  // the CPU: inline, its head too, it takes no switch at all.
+  const bool heads_to_cores = this->few_cpus() && usable_cpus() > 1;
   const auto place_single = [&](uint32_t core) {
     ReadyQueue& from = single_queue(core);
     ReadyItem item;
     if (from.empty_hint() || !from.pop(item)) return;
     cores_[core].moved_ns = round_now();
-    // With one CPU a chain on its core runs only while this thread is off
-    // the CPU: inline, its head too, it takes no switch at all.
-    const Post post = few_cpus && usable_cpus() > 1 && heads_chain(item) ? Post::kHead : Post::kFree;
+    const Post post = heads_to_cores && heads_chain(item) ? Post::kHead : Post::kFree;
     handed_back |= dispatch_single(aicpu, core, item, task_of(item), from, post);
     extend_chain(aicpu, core, task_of, chain_after);
     progress = true;
