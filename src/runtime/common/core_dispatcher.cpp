@@ -18,6 +18,7 @@ Result<CoreDispatcher::Storage> CoreDispatcher::make_storage(size_t capacity_per
   for (int k = 0; k < 3; ++k) s.rings[k] = queues_[k]->ring_for(capacity_per_queue);
   s.traces.resize(grant);
   s.records.assign(size_t{grant} * regs_.size(), CoreRecord{});
+  s.orchestrator_executed.assign(grant, 0);
   return s;
 }
 
@@ -43,10 +44,12 @@ void CoreDispatcher::swap_storage(Storage& storage) noexcept {
   for (int k = 0; k < 3; ++k) queues_[k]->swap_storage(storage.rings[k]);
   traces_.swap(storage.traces);
   records_.swap(storage.records);
+  orchestrator_executed_.swap(storage.orchestrator_executed);
 }
 
 void CoreDispatcher::begin_run(uint32_t slot) {
   std::fill_n(records_.begin() + static_cast<ptrdiff_t>(size_t{slot} * regs_.size()), regs_.size(), CoreRecord{});
+  orchestrator_executed_[slot] = 0;
 }
 
 uint32_t CoreDispatcher::last_done(uint32_t slot, uint32_t* out, uint32_t capacity) const {
@@ -58,6 +61,7 @@ uint32_t CoreDispatcher::last_done(uint32_t slot, uint32_t* out, uint32_t capaci
 
 CoreDispatcher::Counts CoreDispatcher::counts(uint32_t slot) const {
   Counts n;
+  n.executed = orchestrator_executed_[slot];
   const CoreRecord* row = records_.data() + size_t{slot} * regs_.size();
   for (size_t c = 0; c < regs_.size(); ++c) {
     n.executed += row[c].executed;
@@ -176,16 +180,38 @@ CoreExecutor* CoreDispatcher::inline_executor(uint32_t aicpu, uint32_t core, con
   return executor;
 }
 
+bool CoreDispatcher::run_on_orchestrator(ReadyItem item, GraphTask& task, KernelFailure& failure) {
+  const diag::RunTrace& tr = traces_[item.slot];
+  if (!inline_allowed_ || task.blocks != 1 || task.kind == TaskKind::Mix || tr.level != 0 || tr.capture != nullptr) {
+    return false;
+  }
+  const simpler_kernel_fn fn = task.fn[0];
+  if (!costs_.short_kernel(fn, kOrchestratorInlineMaxNs)) return false;
+  if (usable_cpus() > device_.geometry().aicpu_threads && !load_sense().oversubscribed(now_ns())) return false;
+  // Any core of the task's kind: untraced, an executor writes no lane of it.
+  CoreExecutor* const executor = device_.core_executor(task.kind == TaskKind::AIC ? 0 : 1);
+  if (executor == nullptr) return false;
+  // A kernel may write its argument words; the task's stay as placed, as on a core.
+  int64_t args[kMaxTaskArgs];
+  std::copy_n(task.args, task.nargs, args);
+  const KernelLabel label{task.name[0], task.id, task.func_id[0], 0, 1};
+  const uint64_t start = now_ns();
+  executor->execute(fn, args, label, failure, 0, 0);
+  costs_.note(fn, now_ns() - start);
+  ++orchestrator_executed_[item.slot];
+  return true;
+}
+
 namespace {
 // Slot in the high byte, fingerprint in the high half (never 0: 0 is an empty slot).
 uint64_t kernel_hash(simpler_kernel_fn fn) { return uint64_t{reinterpret_cast<uintptr_t>(fn)} * 0x9e3779b97f4a7c15ull; }
 uint64_t fingerprint(uint64_t hash) { return (hash | (uint64_t{1} << 32)) & ~uint64_t{0xffffffff}; }
 }  // namespace
 
-bool CoreDispatcher::KernelCosts::short_kernel(simpler_kernel_fn fn) const {
+bool CoreDispatcher::KernelCosts::short_kernel(simpler_kernel_fn fn, uint64_t max_ns) const {
   const uint64_t h = kernel_hash(fn);
   const uint64_t w = slots_[(h >> 56) % kSlots].load(std::memory_order_relaxed);
-  return (w & ~uint64_t{0xffffffff}) == fingerprint(h) && (w & 0xffffffff) <= kInlineMaxNs;
+  return (w & ~uint64_t{0xffffffff}) == fingerprint(h) && (w & 0xffffffff) <= max_ns;
 }
 
 void CoreDispatcher::KernelCosts::note(simpler_kernel_fn fn, uint64_t ns) {

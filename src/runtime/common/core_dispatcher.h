@@ -11,7 +11,9 @@
 // CPUs), or, for a runtime that asks, while the machine has no more CPUs than
 // the device has AICPU threads, an AICPU thread runs a short kernel itself,
 // for the core it placed it on, instead of handing it over (see
-// inline_executor(); SIMPLER_INLINE_DISPATCH=0 turns it off).
+// inline_executor(); SIMPLER_INLINE_DISPATCH=0 turns it off), and a
+// streaming runtime's orchestrator may run a ready kernel of a microsecond
+// or less itself (run_on_orchestrator(), the orchestrator thread only).
 #pragma once
 
 #include <atomic>
@@ -56,6 +58,10 @@ class CoreDispatcher {
   // A kernel whose recent runs took longer than this is not run inline: it
   // would hold its AICPU thread's placements for longer than a hand-off costs.
   static constexpr uint64_t kInlineMaxNs = 20'000;
+  // The orchestrator runs a kernel itself only if it costs about what
+  // handing it over does: it is the one thread that places every task, and a
+  // longer kernel run there delays them all while another CPU could run it.
+  static constexpr uint64_t kOrchestratorInlineMaxNs = 1'000;
   // What a core did for one set's run: written only by the core's owning
   // AICPU thread while the run is live (never once a failure ended it: a
   // doomed link's FIN writes nothing), reset by its launch, read by the
@@ -73,6 +79,7 @@ class CoreDispatcher {
     std::unique_ptr<ReadyQueue::Ring> rings[3];  // null: that queue keeps its ring
     std::vector<diag::RunTrace> traces;
     std::vector<CoreRecord> records;
+    std::vector<uint32_t> orchestrator_executed;
   };
   Result<Storage> make_storage(size_t capacity_per_queue, uint32_t grant) const;
   // When an AICPU thread may run a short lone kernel inline (inline_executor()).
@@ -112,6 +119,18 @@ class CoreDispatcher {
   };
   Counts counts(uint32_t slot) const;
   void push(const GraphTask& task, ReadyItem item) { queue(task.kind).push(item, queueable(task, item)); }
+  // A streaming runtime's orchestrator thread, holding `task` ready and not
+  // yet queued: runs its kernel right there instead of queueing it, when the
+  // kernel was seen to take at most kOrchestratorInlineMaxNs and the process
+  // has no more CPUs than AICPU threads or is oversubscribed. There a
+  // hand-off buys no parallelism: the thread that takes the task shares a
+  // CPU with the orchestrator, and handing it over costs the orchestrator
+  // more (the ready queue's line, a bell, a switch) than such a kernel does.
+  // Never for a traced or dumping run (every event keeps its lane, every
+  // input its capture), a mix task or an SPMD one. True when it ran:
+  // `failure` holds the outcome, and set item.slot's run counts it executed.
+  // The orchestrator thread only (one per device), while that run is live.
+  bool run_on_orchestrator(ReadyItem item, GraphTask& task, KernelFailure& failure);
   // Items of tasks of one kind; task_of(item) is the GraphTask.
   template <typename TaskOf>
   void push_many(TaskKind kind, const ReadyItem* items, size_t n, TaskOf&& task_of) {
@@ -198,8 +217,8 @@ class CoreDispatcher {
   // one of them.
   class KernelCosts {
    public:
-    // Seen, and its recent runs took at most kInlineMaxNs.
-    bool short_kernel(simpler_kernel_fn fn) const;
+    // Seen, and its recent runs took at most `max_ns`.
+    bool short_kernel(simpler_kernel_fn fn, uint64_t max_ns = kInlineMaxNs) const;
     void note(simpler_kernel_fn fn, uint64_t ns);
 
    private:
@@ -300,6 +319,9 @@ class CoreDispatcher {
   ReadyQueue* queues_[3] = {&aic_queue_, &aiv_queue_, &mix_queue_};
   std::vector<CoreQueue> cores_;
   std::vector<CoreRecord> records_;  // [slot * cores + core]
+  // Per set: kernels its run's orchestrator ran itself; written only by the
+  // orchestrator thread while the run is live, reset and read as records_.
+  std::vector<uint32_t> orchestrator_executed_;
   CoreRecord& record(uint32_t slot, uint32_t core) { return records_[size_t{slot} * regs_.size() + core]; }
   std::vector<uint32_t> next_token_;
   std::vector<diag::RunTrace> traces_;  // per set

@@ -42,7 +42,9 @@ class StreamBuilder final : public RunBuilder {
   Set& s_;
   uint64_t desc_pos_ = 0;  // where reserve() put the next task's descriptors
   std::vector<GuardCheck> guard_scratch_;
-  bool yielded_ = false;  // after the run's first ready task
+  KernelFailure failure_;         // a kernel this thread ran itself
+  std::vector<ReadyItem> ready_;  // what a task this thread ended made ready
+  bool yielded_ = false;          // after the run's first ready task
 };
 
 Status StreamBuilder::reserve(uint32_t task, uint32_t tensors) {
@@ -205,11 +207,17 @@ void StreamBuilder::place(const CheckedTask& t) {
   }
   if (task.fanin_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   if (task.poisoned.load(std::memory_order_acquire) != 0) {
-    std::vector<ReadyItem> ready;
-    rt_.finish_task(s, slot, true, ready);
+    rt_.finish_task(s, slot, true, ready_, TmrRuntime::Ender::kOrchestrator);
     return;
   }
-  rt_.dispatcher_.push(task, ReadyItem{s.index_, slot});
+  const ReadyItem item{s.index_, slot};
+  if (rt_.dispatcher_.run_on_orchestrator(item, task, failure_)) {
+    // No capture: a dumping run never takes this path, so no AICPU thread is named.
+    rt_.end_subtask_of(s, slot, 0, failure_.failed ? failure_.message : nullptr, 0, ready_,
+                       TmrRuntime::Ender::kOrchestrator);
+    return;
+  }
+  rt_.dispatcher_.push(task, item);
   rt_.device_.ring_all_aicpu();
   // Where the orchestrator shares CPUs with the cores (the simulator on a
   // small host), the first ready task of a run must not wait for the whole
@@ -669,8 +677,12 @@ void TmrRuntime::stream(Set& s) {
 
 void TmrRuntime::complete_subtask(const CoreDispatcher::Inflight& f, const char* failure,
                                   std::vector<ReadyItem>& ready) {
-  Set& s = *sets_[f.slot];
-  GraphTask& task = s.tasks_[f.task].task;
+  end_subtask_of(*sets_[f.slot], f.task, f.sub, failure, f.aicpu, ready, Ender::kAicpu);
+}
+
+void TmrRuntime::end_subtask_of(Set& s, uint32_t slot, uint32_t sub, const char* failure, uint32_t aicpu,
+                                std::vector<ReadyItem>& ready, Ender by) {
+  GraphTask& task = s.tasks_[slot].task;
   const auto damage = [&](uint64_t addr, uint64_t bytes) {
     for (const HeapRing& ring : s.rings_) {
       const uint64_t base = ring.base.load(std::memory_order_relaxed);
@@ -680,13 +692,13 @@ void TmrRuntime::complete_subtask(const CoreDispatcher::Inflight& f, const char*
     }
     return memory_.check_guards(addr, bytes);
   };
-  if (!end_subtask(task, task.id, f.sub, failure, s.error_, damage, s.guards_.data(), *s.callable_)) return;
+  if (!end_subtask(task, task.id, sub, failure, s.error_, damage, s.guards_.data(), *s.callable_)) return;
   // Its outputs as the kernels left them, before a successor may overwrite them.
-  if (s.trace_.capture != nullptr) s.trace_.capture->after(f.aicpu, task.id);
-  finish_task(s, f.task, task.poisoned.load(std::memory_order_acquire) != 0, ready);
+  if (s.trace_.capture != nullptr) s.trace_.capture->after(aicpu, task.id);
+  finish_task(s, slot, task.poisoned.load(std::memory_order_acquire) != 0, ready, by);
 }
 
-void TmrRuntime::finish_task(Set& s, uint32_t slot, bool failed, std::vector<ReadyItem>& ready) {
+void TmrRuntime::finish_task(Set& s, uint32_t slot, bool failed, std::vector<ReadyItem>& ready, Ender by) {
   std::vector<uint32_t> poisoned_done;  // allocates only when a failure poisons a successor
   uint32_t finished = 0;
   for (;;) {
@@ -719,6 +731,11 @@ void TmrRuntime::finish_task(Set& s, uint32_t slot, bool failed, std::vector<Rea
   }
   // Successors must be queued before `remaining` can reach zero and hand the set back.
   dispatcher_.publish(ready, [this](ReadyItem it) -> GraphTask& { return task_of(it); });
+  if (by == Ender::kOrchestrator) {
+    // Its hold keeps the run open: what it ended becomes its credits, with no shared write.
+    s.credits_ += finished;
+    return;
+  }
   drop_remaining(s, finished);
 }
 

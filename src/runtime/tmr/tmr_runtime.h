@@ -2,7 +2,8 @@
 // run to the device's orchestrator AICPU thread, which executes its
 // orchestration there, placing each submitted task into the set's task
 // window as it comes, while the scheduler AICPU threads already dispatch the
-// ready ones. Dependencies come from the TensorMap; intermediates stream
+// ready ones (with few CPUs, it runs a ready kernel of a microsecond or less
+// itself: CoreDispatcher::run_on_orchestrator). Dependencies come from the TensorMap; intermediates stream
 // through four heap rings; windows, rings and the dependency pool are
 // reclaimed in order as tasks retire, and a full one makes the orchestrator
 // wait (spin, then park). Threads as in runtime/runtime.h; a Set's stream
@@ -213,11 +214,22 @@ class TmrRuntime final : public ChipRuntime {
   uint64_t descriptor_capacity() const;
   void stream(Set& s);
   GraphTask& task_of(ReadyItem item) const { return sets_[item.slot]->tasks_[item.task].task; }
+  // Who ends a task: an AICPU thread that read its FIN, or the run's
+  // orchestrator, which ran its kernel itself or placed it poisoned.
+  enum class Ender : uint8_t { kAicpu, kOrchestrator };
   void complete_subtask(const CoreDispatcher::Inflight& f, const char* failure, std::vector<ReadyItem>& ready);
+  // Ends subtask `sub` of the task in set `s`'s window slot `slot`, whose
+  // kernel reported `failure` (null: none), and, at its last subtask, the
+  // task: what a FIN read on AICPU thread `aicpu` does, and what the
+  // orchestrator does after running a kernel itself.
+  void end_subtask_of(Set& s, uint32_t slot, uint32_t sub, const char* failure, uint32_t aicpu,
+                      std::vector<ReadyItem>& ready, Ender by);
   // Ends the task in window slot `slot` (`failed`: it or a predecessor
   // failed) and, iteratively, each poisoned successor that it leaves with no
-  // fanin; queues the successors that became ready into `ready`.
-  void finish_task(Set& s, uint32_t slot, bool failed, std::vector<ReadyItem>& ready);
+  // fanin; queues the successors that became ready into `ready`. The
+  // orchestrator keeps what it ended as credits; any other ender drops it
+  // from the run's remaining count.
+  void finish_task(Set& s, uint32_t slot, bool failed, std::vector<ReadyItem>& ready, Ender by);
   // CoreDispatcher's chain_after: a consumer of `after` that waits on it
   // alone, of `kind`, not SPMD, marked chained. A consumer is counted in its
   // fanin before it joins a producer's list, and its submission holds one
