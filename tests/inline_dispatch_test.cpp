@@ -393,6 +393,40 @@ TEST(InlineDispatch, TheOrchestratorHandsOverAKernelLongerThanAMicrosecond) {
   EXPECT_EQ(g_on_orchestrator.load(), 0);
 }
 
+// The orchestrator goes by a kernel's shortest recent run: one long run
+// (its thread preempted, say) does not send the kernel away, since a chain
+// handed over stays handed over to the end of its orchestration; a kernel
+// that turns long goes to the cores within a few runs.
+TEST(InlineDispatch, TheOrchestratorKeepsAKernelThatRanLongOnceAndHandsOverOneThatTurnedLong) {
+  Forced forced(0, /*inline_on=*/true, /*cpus=*/Geometry::small().aicpu_threads);
+  WorkerConfig c = small_config();
+  c.runtime = "tensormap_and_ringbuffer";
+  Harness hw(ChipCallable("orchestrator_once_long",
+                          [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
+                            TaskArgs t;
+                            t.add_scalar(a[0].scalar);
+                            return o.submit_aiv(kSlow, t).status();
+                          },
+                          kernels(), {Param::scalar()}),
+             c);
+  // Whether the run of a `us`-microsecond kernel ran on the orchestrator.
+  const auto on_orchestrator = [&](int64_t us) {
+    const int before = g_on_orchestrator.load();
+    TaskArgs a;
+    a.add_scalar(us);
+    EXPECT_TRUE(hw.run(a).ok());
+    return g_on_orchestrator.load() > before;
+  };
+  bool taken = false;
+  for (int r = 0; r < 20 && !taken; ++r) taken = on_orchestrator(0);
+  ASSERT_TRUE(taken) << "the kernel never ran on the orchestrator";
+  EXPECT_TRUE(on_orchestrator(200));
+  EXPECT_TRUE(on_orchestrator(0)) << "one 200 us run sent the kernel away";
+  int long_runs = 0;
+  while (long_runs < 40 && on_orchestrator(5)) ++long_runs;
+  EXPECT_LT(long_runs, 40) << "a kernel taking 5 us every run stayed on the orchestrator";
+}
+
 // A traced run keeps every kernel on a core, so each event has its lane: the
 // orchestrator, which runs the kernel in untraced runs, runs none of it.
 TEST(InlineDispatch, TheOrchestratorRunsNoKernelOfATracedRun) {

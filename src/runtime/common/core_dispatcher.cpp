@@ -186,7 +186,7 @@ bool CoreDispatcher::run_on_orchestrator(ReadyItem item, GraphTask& task, Kernel
     return false;
   }
   const simpler_kernel_fn fn = task.fn[0];
-  if (!costs_.short_kernel(fn, kOrchestratorInlineMaxNs)) return false;
+  if (!costs_.usually_at_most(fn, kOrchestratorInlineMaxNs)) return false;
   if (usable_cpus() > device_.geometry().aicpu_threads && !load_sense().oversubscribed(now_ns())) return false;
   // Any core of the task's kind: untraced, an executor writes no lane of it.
   CoreExecutor* const executor = device_.core_executor(task.kind == TaskKind::AIC ? 0 : 1);
@@ -208,19 +208,23 @@ uint64_t kernel_hash(simpler_kernel_fn fn) { return uint64_t{reinterpret_cast<ui
 uint64_t fingerprint(uint64_t hash) { return (hash | (uint64_t{1} << 32)) & ~uint64_t{0xffffffff}; }
 }  // namespace
 
-bool CoreDispatcher::KernelCosts::short_kernel(simpler_kernel_fn fn, uint64_t max_ns) const {
+bool CoreDispatcher::KernelCosts::at_most(const std::atomic<uint64_t> (&table)[kSlots], simpler_kernel_fn fn,
+                                          uint64_t max_ns) {
   const uint64_t h = kernel_hash(fn);
-  const uint64_t w = slots_[(h >> 56) % kSlots].load(std::memory_order_relaxed);
+  const uint64_t w = table[(h >> 56) % kSlots].load(std::memory_order_relaxed);
   return (w & ~uint64_t{0xffffffff}) == fingerprint(h) && (w & 0xffffffff) <= max_ns;
 }
 
 void CoreDispatcher::KernelCosts::note(simpler_kernel_fn fn, uint64_t ns) {
   const uint64_t h = kernel_hash(fn);
   const uint64_t fp = fingerprint(h);
-  std::atomic<uint64_t>& slot = slots_[(h >> 56) % kSlots];
-  const uint64_t w = slot.load(std::memory_order_relaxed);
-  const uint64_t recent = (w & ~uint64_t{0xffffffff}) == fp ? (w & 0xffffffff) / 2 : 0;
-  slot.store(fp | std::min<uint64_t>(std::max(ns, recent), 0xffffffff), std::memory_order_relaxed);
+  const size_t i = (h >> 56) % kSlots;
+  const uint64_t w = slots_[i].load(std::memory_order_relaxed);
+  const uint64_t longest = (w & ~uint64_t{0xffffffff}) == fp ? (w & 0xffffffff) / 2 : 0;
+  slots_[i].store(fp | std::min<uint64_t>(std::max(ns, longest), 0xffffffff), std::memory_order_relaxed);
+  const uint64_t v = shortest_[i].load(std::memory_order_relaxed);
+  const uint64_t shortest = (v & ~uint64_t{0xffffffff}) == fp ? (v & 0xffffffff) * 5 / 4 : UINT64_MAX;
+  shortest_[i].store(fp | std::min<uint64_t>(std::min(ns, shortest), 0xffffffff), std::memory_order_relaxed);
 }
 
 }  // namespace simpler
