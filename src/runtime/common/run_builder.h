@@ -109,7 +109,10 @@ bool end_subtask(GraphTask& task, uint32_t id, uint32_t sub, const char* failure
                  kernel_failure(id, task.kind, sub, task.func_id[kernel_of(task.kind, sub)], task.blocks, failure));
     task.poisoned.store(1, std::memory_order_relaxed);
   }
-  if (task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
+  // A task of one subtask ends with it: no other subtask counts down beside
+  // it, and the task's line, last written by its builder, stays shared.
+  const bool alone = task.blocks == 1 && task.kind != TaskKind::Mix;
+  if (!alone && task.subtasks_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
   if (task.guards_count != 0) {
     Status st =
         check_task_guards(damage, guards + task.guards_begin, task.guards_count, id, task.kind, task.func_id, callable);
