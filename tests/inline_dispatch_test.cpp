@@ -88,8 +88,13 @@ void hold_kernel(int64_t* args) {
   if (args[0] != 0) g_hold->pass();
 }
 
-// Runs args[0] microseconds (busy), then notes its thread.
+// Runs args[0] microseconds (busy), then notes its thread; with 0, reads no
+// clock, so it stays far below the orchestrator's 1 us bound.
 void slow_kernel(int64_t* args) {
+  if (args[0] == 0) {
+    note_thread();
+    return;
+  }
   const uint64_t until = now_ns() + static_cast<uint64_t>(args[0]) * 1000;
   while (now_ns() < until) {
   }
@@ -358,15 +363,21 @@ TEST(InlineDispatch, WithFewCpusTheOrchestratorRunsAKernelOfAMicrosecondItself) 
   EXPECT_TRUE(run_chains(hw, 10, 20).ok());
   EXPECT_EQ(ran(), 200);
   EXPECT_GT(g_on_orchestrator.load(), 0);
-  // Its own run of ten: every step counted once, wherever it ran.
+  // Every step of a run counted executed once, wherever it ran, in a run
+  // where the orchestrator ran some (bounded: a loaded machine may make the
+  // kernel look long for a run or two).
   DeviceBuffer x = upload(hw.w, std::vector<int64_t>{0});
   TaskArgs a;
   a.add_tensor(x.view({1}, DType::I64), Tag::InOut).add_scalar(0);
-  const int before = g_on_orchestrator.load();
-  RunHandle r = hw.submit(a);
-  ASSERT_TRUE(wait_run(r).ok());
-  EXPECT_EQ(r.stats().executed, 10u);
-  EXPECT_GT(g_on_orchestrator.load(), before);
+  bool some_on_orchestrator = false;
+  for (int attempt = 0; attempt < 20 && !some_on_orchestrator; ++attempt) {
+    const int before = g_on_orchestrator.load();
+    RunHandle r = hw.submit(a);
+    ASSERT_TRUE(wait_run(r).ok());
+    EXPECT_EQ(r.stats().executed, 10u);
+    some_on_orchestrator = g_on_orchestrator.load() > before;
+  }
+  EXPECT_TRUE(some_on_orchestrator);
 }
 
 // A kernel that takes longer (5 us) would delay every task the orchestrator
@@ -417,11 +428,19 @@ TEST(InlineDispatch, TheOrchestratorKeepsAKernelThatRanLongOnceAndHandsOverOneTh
     EXPECT_TRUE(hw.run(a).ok());
     return g_on_orchestrator.load() > before;
   };
-  bool taken = false;
-  for (int r = 0; r < 20 && !taken; ++r) taken = on_orchestrator(0);
-  ASSERT_TRUE(taken) << "the kernel never ran on the orchestrator";
-  EXPECT_TRUE(on_orchestrator(200));
-  EXPECT_TRUE(on_orchestrator(0)) << "one 200 us run sent the kernel away";
+  // Three runs in a row there, then one of 200 us there, then the short one
+  // again there. On a machine loaded enough that even the short runs measure
+  // near the bound the sequence may fail; it is tried again (bounded). The
+  // longest-halved rule fails every attempt: after 200 us the kernel stays
+  // away for eight runs.
+  bool kept = false;
+  for (int attempt = 0; attempt < 5 && !kept; ++attempt) {
+    int in_a_row = 0;
+    for (int r = 0; r < 40 && in_a_row < 3; ++r) in_a_row = on_orchestrator(0) ? in_a_row + 1 : 0;
+    ASSERT_EQ(in_a_row, 3) << "the kernel never ran on the orchestrator three times in a row";
+    kept = on_orchestrator(200) && on_orchestrator(0);
+  }
+  EXPECT_TRUE(kept) << "one 200 us run sent the kernel away, in each of 5 attempts";
   int long_runs = 0;
   while (long_runs < 40 && on_orchestrator(5)) ++long_runs;
   EXPECT_LT(long_runs, 40) << "a kernel taking 5 us every run stayed on the orchestrator";

@@ -15,6 +15,8 @@ constexpr uint32_t kClosed = UINT32_MAX;  // a finished task's successor list
 constexpr uint64_t kRingAlign = 64;
 constexpr uint64_t kRingGuardBytes = 64;
 constexpr uint8_t kRingGuardPattern = 0xA5;
+// Tasks the orchestrator ends itself between two of its reclaims.
+constexpr uint32_t kReclaimEvery = 16;
 
 constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -215,6 +217,9 @@ void StreamBuilder::place(const CheckedTask& t) {
     // No capture: a dumping run never takes this path, so no AICPU thread is named.
     rt_.end_subtask_of(s, slot, 0, failure_.failed ? failure_.message : nullptr, 0, ready_,
                        TmrRuntime::Ender::kOrchestrator);
+    // Retired now, not when the window fills: the map then holds only what
+    // is still in flight, and its walk stays in cache however long the run.
+    if (t.id % kReclaimEvery == kReclaimEvery - 1) s.reclaim();
     return;
   }
   rt_.dispatcher_.push(task, item);
