@@ -122,11 +122,11 @@ class CoreDispatcher {
   // A streaming runtime's orchestrator thread, holding `task` ready and not
   // yet queued: runs its kernel right there instead of queueing it, when the
   // kernel usually takes at most kOrchestratorInlineMaxNs (KernelCosts'
-  // shortest recent run) and the process
-  // has no more CPUs than AICPU threads or is oversubscribed. There a
-  // hand-off buys no parallelism: the thread that takes the task shares a
-  // CPU with the orchestrator, and handing it over costs the orchestrator
-  // more (the ready queue's line, a bell, a switch) than such a kernel does.
+  // shortest recent run) and the process has no more CPUs than AICPU
+  // threads or is oversubscribed. There a hand-off buys no parallelism: the
+  // thread that takes the task shares a CPU with the orchestrator, and
+  // handing it over costs the orchestrator more (the ready queue's line, a
+  // bell, a switch) than such a kernel does.
   // Never for a traced or dumping run (every event keeps its lane, every
   // input its capture), a mix task or an SPMD one. True when it ran:
   // `failure` holds the outcome, and set item.slot's run counts it executed.
@@ -216,13 +216,13 @@ class CoreDispatcher {
   // starts over. Any AICPU thread; one word per note, so two kernels of one
   // slot never mix their figures; two notes of one kernel at once may lose
   // one of them. A second table keeps the shortest recent run, grown by a
-  // quarter at each later run: what the orchestrator goes by. It runs a kernel between
-  // two placements, so every preemption of its thread lands in some kernel's
-  // figure; a chain it handed over for that reason stays handed over to the
-  // end of the orchestration, since each of its tasks is placed while the
-  // one before is still on a core. A kernel that does turn long still
-  // reaches any bound within a few runs (log base 1.25 of bound / shortest:
-  // 10 from a tenth of it).
+  // quarter at each later run: what the orchestrator goes by. It runs
+  // kernels between placements, so every preemption of its thread lands in
+  // some kernel's figure; a chain it handed over for that reason stays
+  // handed over to the end of the orchestration, since each of its tasks is
+  // placed while the one before is still on a core. A kernel that does turn
+  // long still reaches any bound within a few runs (log base 1.25 of bound /
+  // shortest: 10 from a tenth of it).
   class KernelCosts {
    public:
     // Seen, and its recent runs took at most `max_ns`.
