@@ -313,18 +313,23 @@ TEST(InlineDispatch, OffWithTheSwitchAtZero) {
   EXPECT_EQ(g_on_core.load(), 200);
 }
 
-TEST(InlineDispatch, AFailingInlineKernelFailsItsRunWithItsMessage) {
-  Forced forced(1);
-  g_failed_inline = 0;
-  Harness hw(chain(10));
+// Runs chains whose last step fails until that step failed on the thread
+// `failed_there` counts (bounded: a step preempted on a loaded machine makes
+// the kernel look long for a few runs), each run failing with its text.
+void fail_until_it_fails_there(Harness& hw, std::atomic<int>& failed_there) {
+  failed_there = 0;
   ASSERT_TRUE(run_chains(hw, 10, 5).ok());
-  // Until the failing step itself ran inline (bounded): a step preempted on a
-  // loaded machine makes the kernel look long for a few runs.
-  for (int attempt = 0; attempt < 50 && g_failed_inline.load() == 0; ++attempt) {
+  for (int attempt = 0; attempt < 50 && failed_there.load() == 0; ++attempt) {
     const Status s = run_chains(hw, 10, 1, /*fail=*/-1);
     EXPECT_FALSE(s.ok());
     EXPECT_NE(s.message().find("step: told to fail"), std::string::npos) << s.to_string();
   }
+}
+
+TEST(InlineDispatch, AFailingInlineKernelFailsItsRunWithItsMessage) {
+  Forced forced(1);
+  Harness hw(chain(10));
+  fail_until_it_fails_there(hw, g_failed_inline);
   EXPECT_GT(g_failed_inline.load(), 0) << "the failing step never ran inline";
 }
 
@@ -352,13 +357,18 @@ TEST(InlineDispatch, MixTasksAndSpmdBlocksStayOnTheirCores) {
 
 // ---- tensormap_and_ringbuffer: the orchestrator runs a kernel of a microsecond itself ----------
 
+WorkerConfig tmr_config() {
+  WorkerConfig c = small_config();
+  c.runtime = "tensormap_and_ringbuffer";
+  return c;
+}
+
 // Few CPUs (two, small's AICPU threads), quiet: once the step kernel is
 // seen taking a microsecond or less, the orchestrator runs each step as it
 // places it, and counts it executed; the results are the host's.
 TEST(InlineDispatch, WithFewCpusTheOrchestratorRunsAKernelOfAMicrosecondItself) {
   Forced forced(0, /*inline_on=*/true, /*cpus=*/Geometry::small().aicpu_threads);
-  WorkerConfig c = small_config();
-  c.runtime = "tensormap_and_ringbuffer";
+  const WorkerConfig c = tmr_config();
   Harness hw(chain(10), c);
   EXPECT_TRUE(run_chains(hw, 10, 20).ok());
   EXPECT_EQ(ran(), 200);
@@ -384,8 +394,7 @@ TEST(InlineDispatch, WithFewCpusTheOrchestratorRunsAKernelOfAMicrosecondItself) 
 // has still to place: it goes to the AICPU threads' cores.
 TEST(InlineDispatch, TheOrchestratorHandsOverAKernelLongerThanAMicrosecond) {
   Forced forced(0, /*inline_on=*/true, /*cpus=*/Geometry::small().aicpu_threads);
-  WorkerConfig c = small_config();
-  c.runtime = "tensormap_and_ringbuffer";
+  const WorkerConfig c = tmr_config();
   Harness hw(ChipCallable("orchestrator_slow",
                           [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
                             for (int i = 0; i < 8; ++i) {
@@ -410,8 +419,7 @@ TEST(InlineDispatch, TheOrchestratorHandsOverAKernelLongerThanAMicrosecond) {
 // that turns long goes to the cores within a few runs.
 TEST(InlineDispatch, TheOrchestratorKeepsAKernelThatRanLongOnceAndHandsOverOneThatTurnedLong) {
   Forced forced(0, /*inline_on=*/true, /*cpus=*/Geometry::small().aicpu_threads);
-  WorkerConfig c = small_config();
-  c.runtime = "tensormap_and_ringbuffer";
+  const WorkerConfig c = tmr_config();
   Harness hw(ChipCallable("orchestrator_once_long",
                           [](ChipOrchestrator& o, const TaskArgs& a) -> Status {
                             TaskArgs t;
@@ -450,8 +458,7 @@ TEST(InlineDispatch, TheOrchestratorKeepsAKernelThatRanLongOnceAndHandsOverOneTh
 // orchestrator, which runs the kernel in untraced runs, runs none of it.
 TEST(InlineDispatch, TheOrchestratorRunsNoKernelOfATracedRun) {
   Forced forced(0, /*inline_on=*/true, /*cpus=*/Geometry::small().aicpu_threads);
-  WorkerConfig c = small_config();
-  c.runtime = "tensormap_and_ringbuffer";
+  const WorkerConfig c = tmr_config();
   Harness hw(independent(16), c);
   for (int r = 0; r < 20; ++r) ASSERT_TRUE(hw.run().ok());
   ASSERT_GT(g_on_orchestrator.load(), 0)
@@ -469,18 +476,9 @@ TEST(InlineDispatch, TheOrchestratorRunsNoKernelOfATracedRun) {
 // text; the next run is whole again.
 TEST(InlineDispatch, AFailingKernelTheOrchestratorRanFailsItsRunWithItsMessage) {
   Forced forced(0, /*inline_on=*/true, /*cpus=*/Geometry::small().aicpu_threads);
-  g_failed_on_orchestrator = 0;
-  WorkerConfig c = small_config();
-  c.runtime = "tensormap_and_ringbuffer";
+  const WorkerConfig c = tmr_config();
   Harness hw(chain(10), c);
-  ASSERT_TRUE(run_chains(hw, 10, 5).ok());
-  // Until the failing step itself ran on the orchestrator (bounded): a step
-  // preempted on a loaded machine makes the kernel look long for a few runs.
-  for (int attempt = 0; attempt < 50 && g_failed_on_orchestrator.load() == 0; ++attempt) {
-    const Status s = run_chains(hw, 10, 1, /*fail=*/-1);
-    EXPECT_FALSE(s.ok());
-    EXPECT_NE(s.message().find("step: told to fail"), std::string::npos) << s.to_string();
-  }
+  fail_until_it_fails_there(hw, g_failed_on_orchestrator);
   EXPECT_GT(g_failed_on_orchestrator.load(), 0) << "the failing step never ran on the orchestrator";
   EXPECT_TRUE(run_chains(hw, 10, 3).ok());
 }
