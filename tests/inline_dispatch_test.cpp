@@ -24,6 +24,7 @@
 #include "forced_load.h"
 #include "gate.h"
 #include "kernels.h"
+#include "runtime/common/core_dispatcher.h"
 #include "runtime/common/task_graph.h"
 #include "scratch_dir.h"
 #include "test_util.h"
@@ -89,7 +90,7 @@ void hold_kernel(int64_t* args) {
 }
 
 // Runs args[0] microseconds (busy), then notes its thread; with 0, reads no
-// clock, so it stays far below the orchestrator's 1 us bound.
+// clock, so it stays far below the orchestrator's bound.
 void slow_kernel(int64_t* args) {
   if (args[0] == 0) {
     note_thread();
@@ -357,6 +358,9 @@ TEST(InlineDispatch, MixTasksAndSpmdBlocksStayOnTheirCores) {
 
 // ---- tensormap_and_ringbuffer: the orchestrator runs a kernel of a microsecond itself ----------
 
+// The orchestrator's bound in microseconds: 1, or 16 in a sanitized build.
+constexpr int64_t kBoundUs = static_cast<int64_t>(CoreDispatcher::kOrchestratorInlineMaxNs / 1000);
+
 WorkerConfig tmr_config() {
   WorkerConfig c = small_config();
   c.runtime = "tensormap_and_ringbuffer";
@@ -390,9 +394,9 @@ TEST(InlineDispatch, WithFewCpusTheOrchestratorRunsAKernelOfAMicrosecondItself) 
   EXPECT_TRUE(some_on_orchestrator);
 }
 
-// A kernel that takes longer (5 us) would delay every task the orchestrator
-// has still to place: it goes to the AICPU threads' cores.
-TEST(InlineDispatch, TheOrchestratorHandsOverAKernelLongerThanAMicrosecond) {
+// A kernel that takes longer (five times the bound: 5 us) would delay every
+// task the orchestrator has still to place: it goes to the AICPU threads' cores.
+TEST(InlineDispatch, TheOrchestratorHandsOverAKernelLongerThanItsBound) {
   Forced forced(0, /*inline_on=*/true, /*cpus=*/Geometry::small().aicpu_threads);
   const WorkerConfig c = tmr_config();
   Harness hw(ChipCallable("orchestrator_slow",
@@ -407,7 +411,7 @@ TEST(InlineDispatch, TheOrchestratorHandsOverAKernelLongerThanAMicrosecond) {
                           kernels(), {Param::scalar()}),
              c);
   TaskArgs a;
-  a.add_scalar(5);
+  a.add_scalar(5 * kBoundUs);
   for (int r = 0; r < 20; ++r) ASSERT_TRUE(hw.run(a).ok());
   EXPECT_EQ(ran(), 20 * 8);
   EXPECT_EQ(g_on_orchestrator.load(), 0);
@@ -436,22 +440,22 @@ TEST(InlineDispatch, TheOrchestratorKeepsAKernelThatRanLongOnceAndHandsOverOneTh
     EXPECT_TRUE(hw.run(a).ok());
     return g_on_orchestrator.load() > before;
   };
-  // Three runs in a row there, then one of 200 us there, then the short one
-  // again there. On a machine loaded enough that even the short runs measure
-  // near the bound the sequence may fail; it is tried again (bounded). The
-  // longest-halved rule fails every attempt: after 200 us the kernel stays
-  // away for eight runs.
+  // Three runs in a row there, then one of 200 bounds (200 us) there, then
+  // the short one again there. On a machine loaded enough that even the
+  // short runs measure near the bound the sequence may fail; it is tried
+  // again (bounded). The longest-halved rule fails every attempt: after 200
+  // bounds the kernel stays away for eight runs.
   bool kept = false;
   for (int attempt = 0; attempt < 5 && !kept; ++attempt) {
     int in_a_row = 0;
     for (int r = 0; r < 40 && in_a_row < 3; ++r) in_a_row = on_orchestrator(0) ? in_a_row + 1 : 0;
     ASSERT_EQ(in_a_row, 3) << "the kernel never ran on the orchestrator three times in a row";
-    kept = on_orchestrator(200) && on_orchestrator(0);
+    kept = on_orchestrator(200 * kBoundUs) && on_orchestrator(0);
   }
-  EXPECT_TRUE(kept) << "one 200 us run sent the kernel away, in each of 5 attempts";
+  EXPECT_TRUE(kept) << "one run of 200 bounds sent the kernel away, in each of 5 attempts";
   int long_runs = 0;
-  while (long_runs < 40 && on_orchestrator(5)) ++long_runs;
-  EXPECT_LT(long_runs, 40) << "a kernel taking 5 us every run stayed on the orchestrator";
+  while (long_runs < 40 && on_orchestrator(5 * kBoundUs)) ++long_runs;
+  EXPECT_LT(long_runs, 40) << "a kernel taking 5 bounds every run stayed on the orchestrator";
 }
 
 // A traced run keeps every kernel on a core, so each event has its lane: the

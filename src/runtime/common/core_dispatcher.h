@@ -32,6 +32,20 @@
 
 namespace simpler {
 
+// How many times slower a sanitized build runs a kernel call, for bounds on
+// measured kernel times.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+inline constexpr uint64_t kSanitizerSlowdown = 16;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+inline constexpr uint64_t kSanitizerSlowdown = 16;
+#else
+inline constexpr uint64_t kSanitizerSlowdown = 1;
+#endif
+#else
+inline constexpr uint64_t kSanitizerSlowdown = 1;
+#endif
+
 class CoreDispatcher {
  public:
   static constexpr uint32_t kNoTask = UINT32_MAX;
@@ -61,7 +75,10 @@ class CoreDispatcher {
   // The orchestrator runs a kernel itself only if it costs about what
   // handing it over does: it is the one thread that places every task, and a
   // longer kernel run there delays them all while another CPU could run it.
-  static constexpr uint64_t kOrchestratorInlineMaxNs = 1'000;
+  // A sanitized build's kernel call alone takes about that (an empty kernel
+  // measured 1-2 us under ASan, more under TSan), so there the bound is
+  // scaled, and a sanitized build still takes the path its tests check.
+  static constexpr uint64_t kOrchestratorInlineMaxNs = 1'000 * kSanitizerSlowdown;
   // What a core did for one set's run: written only by the core's owning
   // AICPU thread while the run is live (never once a failure ended it: a
   // doomed link's FIN writes nothing), reset by its launch, read by the
