@@ -75,9 +75,10 @@ class CoreDispatcher {
   // The orchestrator runs a kernel itself only if it costs about what
   // handing it over does: it is the one thread that places every task, and a
   // longer kernel run there delays them all while another CPU could run it.
-  // A sanitized build's kernel call alone takes about that (an empty kernel
-  // measured 1-2 us under ASan, more under TSan), so there the bound is
-  // scaled, and a sanitized build still takes the path its tests check.
+  // A sanitized build's instrumented kernel call alone can take about that
+  // (under ASan no single-task run of an empty kernel got below it in 40
+  // tries), so there the bound is scaled, and a sanitized build still takes
+  // the path its tests check.
   static constexpr uint64_t kOrchestratorInlineMaxNs = 1'000 * kSanitizerSlowdown;
   // What a core did for one set's run: written only by the core's owning
   // AICPU thread while the run is live (never once a failure ended it: a
