@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "base/sanitized.h"
 #include "chip/run_resource_arena.h"
 #include "simpler/status.h"
 
@@ -37,17 +38,7 @@ namespace simpler::testing {
 
 // Sanitizer builds run the reliability tests at a smaller size: ThreadSanitizer
 // slows this code 5-15x, and the suite must fit the CI budget.
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-inline constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-inline constexpr bool kSanitized = true;
-#else
-inline constexpr bool kSanitized = false;
-#endif
-#else
-inline constexpr bool kSanitized = false;
-#endif
+inline constexpr bool kSanitized = kSanitizedBuild;
 
 // One process as /proc/<pid>/stat shows it.
 struct ProcInfo {

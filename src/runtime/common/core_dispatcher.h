@@ -23,6 +23,7 @@
 
 #include "base/clock.h"
 #include "base/load_sense.h"
+#include "base/sanitized.h"
 #include "device/device.h"
 #include "diag/arg_capture.h"
 #include "diag/lane.h"
@@ -34,17 +35,7 @@ namespace simpler {
 
 // How many times slower a sanitized build runs a kernel call, for bounds on
 // measured kernel times.
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-inline constexpr uint64_t kSanitizerSlowdown = 16;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-inline constexpr uint64_t kSanitizerSlowdown = 16;
-#else
-inline constexpr uint64_t kSanitizerSlowdown = 1;
-#endif
-#else
-inline constexpr uint64_t kSanitizerSlowdown = 1;
-#endif
+inline constexpr uint64_t kSanitizerSlowdown = kSanitizedBuild ? 16 : 1;
 
 class CoreDispatcher {
  public:
@@ -243,7 +234,7 @@ class CoreDispatcher {
   // shortest: 10 from a tenth of it).
   class KernelCosts {
    public:
-    // Seen, and its recent runs took at most `max_ns`.
+    // Seen, and its recent runs took at most kInlineMaxNs.
     bool short_kernel(simpler_kernel_fn fn) const { return at_most(slots_, fn, kInlineMaxNs); }
     // Seen, and its shortest recent run, grown by a quarter per run since, is at most `max_ns`.
     bool usually_at_most(simpler_kernel_fn fn, uint64_t max_ns) const { return at_most(shortest_, fn, max_ns); }
