@@ -17,6 +17,7 @@
 #include "device/sim/core.h"
 #include "device/sim/global_memory.h"
 #include "device/sim/sim_device.h"
+#include "forced_load.h"
 #include "simpler/simpler.h"
 #include "test_util.h"
 
@@ -433,6 +434,42 @@ TEST(SimDevice, AParkedAicpuThreadPollsAgainWhenItsProgramAsked) {
   (*dev)->start(&program);
   EXPECT_TRUE(eventually([&] { return program.asked() >= 2; }))
       << "AICPU 0 parked past the time its program asked to be polled again";
+  (*dev)->stop();
+}
+
+// Polls nothing; asks AICPU thread 0 to poll far longer than the device's
+// window before it parks (what tensormap_and_ringbuffer's orchestrator asks
+// while it waits for a host that comes back quickly).
+class LongWindowProgram final : public AicpuProgram {
+ public:
+  static constexpr uint64_t kWindowNs = 600'000'000'000ull;
+  bool poll(uint32_t aicpu) override {
+    if (aicpu == 0) polls_.fetch_add(1);
+    return false;
+  }
+  uint64_t idle_spin_ns(uint32_t aicpu, uint64_t spin_ns) const override { return aicpu == 0 ? kWindowNs : spin_ns; }
+  uint64_t polls() const { return polls_.load(); }
+
+ private:
+  std::atomic<uint64_t> polls_{0};
+};
+
+// Issue 11: an AICPU thread polls for the window its program asks, not the
+// device's: thread 0 is still polling after every other one parked (red when
+// the device ignores the program's window: thread 0 parks with the others).
+TEST(SimDevice, AnAicpuThreadPollsForTheWindowItsProgramAsks) {
+  Watchdog dog;
+  testing::ForcedLoadState quiet(0);
+  testing::LoadSenseOff whole_windows;
+  auto dev = SimDevice::create(Geometry::small(), 1 << 20);
+  ASSERT_TRUE(dev.ok());
+  LongWindowProgram program;
+  const uint32_t others = Geometry::small().aicpu_threads - 1;
+  (*dev)->start(&program);
+  ASSERT_TRUE(eventually([&] { return (*dev)->aicpu_parks() >= others; })) << "the other AICPU threads never parked";
+  const uint64_t polls = program.polls();
+  EXPECT_TRUE(eventually([&] { return program.polls() > polls + 1000; }))
+      << "AICPU 0 stopped polling inside its program's window: it parked";
   (*dev)->stop();
 }
 

@@ -3,7 +3,8 @@
 // the process as quiet with it: another process holding the CPUs meanwhile
 // (a parallel test) would otherwise have its short kernels run inline. Quiet
 // also gives the process a CPU for every simulator thread, so that a machine
-// with few CPUs does not run them inline either. Test thread only; one at a time.
+// with few CPUs does not run them inline either. LoadSenseOff: no spin batch
+// read as a lost slice, for a scope. Test thread only; one at a time.
 #pragma once
 
 #include "base/load_sense.h"
@@ -25,6 +26,20 @@ class ForcedLoadState {
   }
   ForcedLoadState(const ForcedLoadState&) = delete;
   ForcedLoadState& operator=(const ForcedLoadState&) = delete;
+};
+
+// A spin that a preemption would cut short (a lost slice parks a poller at
+// once) runs its whole window, however loaded this machine is: for a test of
+// how long a thread polls.
+class LoadSenseOff {
+ public:
+  LoadSenseOff() : was_(load_sense().enabled()) { load_sense().set_enabled(false); }
+  ~LoadSenseOff() { load_sense().set_enabled(was_); }
+  LoadSenseOff(const LoadSenseOff&) = delete;
+  LoadSenseOff& operator=(const LoadSenseOff&) = delete;
+
+ private:
+  bool was_;
 };
 
 }  // namespace simpler::testing

@@ -235,10 +235,10 @@ inline char thread_state(pid_t tid) { return stat_state("/proc/self/task/" + std
 // The state letter of process `pid`, or '?' when it is gone.
 inline char process_state(pid_t pid) { return stat_state("/proc/" + std::to_string(pid) + "/stat"); }
 
-// The state letter of the thread of this process named `name` (its comm,
-// at most 15 characters), or '?' when there is none.
-inline char named_thread_state(const std::string& name) {
-  char state = '?';
+// The id of the thread of this process named `name` (its comm, at most 15
+// characters), or 0 when there is none.
+inline pid_t named_thread(const std::string& name) {
+  pid_t tid = 0;
   if (DIR* d = opendir("/proc/self/task")) {
     while (dirent* e = readdir(d)) {
       if (e->d_name[0] == '.') continue;
@@ -246,12 +246,29 @@ inline char named_thread_state(const std::string& name) {
       std::string line;
       std::getline(comm, line);
       if (line != name) continue;
-      state = thread_state(static_cast<pid_t>(std::stol(e->d_name)));
+      tid = static_cast<pid_t>(std::stol(e->d_name));
       break;
     }
     closedir(d);
   }
-  return state;
+  return tid;
+}
+
+// The state letter of the thread of this process named `name`, or '?' when there is none.
+inline char named_thread_state(const std::string& name) {
+  const pid_t tid = named_thread(name);
+  return tid == 0 ? '?' : thread_state(tid);
+}
+
+// How often thread `tid` of this process gave its CPU up to block (a park
+// on a futex; not a yield, which leaves it runnable), or -1 when it is gone.
+inline int64_t voluntary_switches(pid_t tid) {
+  std::ifstream status("/proc/self/task/" + std::to_string(tid) + "/status");
+  const std::string key = "voluntary_ctxt_switches:";
+  for (std::string line; std::getline(status, line);) {
+    if (line.compare(0, key.size(), key) == 0) return std::stoll(line.substr(key.size()));
+  }
+  return -1;
 }
 
 inline bool contains(const std::string& haystack, const std::string& needle) {

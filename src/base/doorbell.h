@@ -112,8 +112,11 @@ class IdleSpin {
     idle_since_ = 0;
     polls_ = 0;
   }
-  // The poll found none: true to poll again, false to park now.
-  bool keep_polling();
+  // The poll found none: true to poll again, false to park now. A quiet
+  // machine's window is `spin_ns` for this idle stretch, the constructor's by
+  // default; a loaded one's is LoadSense::kPressedSpinNs either way.
+  bool keep_polling() { return keep_polling(spin_ns_); }
+  bool keep_polling(uint64_t spin_ns);
   // The thread parked and is polling again.
   void woke() {
     idle_since_ = 0;
@@ -130,7 +133,7 @@ class IdleSpin {
   bool yielded_ = false;  // since last_idle_
 };
 
-inline bool IdleSpin::keep_polling() {
+inline bool IdleSpin::keep_polling(uint64_t spin_ns) {
   if (usable_cpus() == 1) {
     // One CPU: the work this thread polls for is made only while it is off
     // the CPU. One yield lets a runnable producer make it; then park.
@@ -144,7 +147,7 @@ inline bool IdleSpin::keep_polling() {
   last_idle_ = t;
   yielded_ = false;
   const bool pressed = load_.oversubscribed(t);
-  if (lost || t - idle_since_ >= (pressed ? LoadSense::kPressedSpinNs : spin_ns_)) return false;
+  if (lost || t - idle_since_ >= (pressed ? LoadSense::kPressedSpinNs : spin_ns)) return false;
   if (!pressed && ++polls_ % 8 == 0) {
     yield_cpu();
     yielded_ = true;

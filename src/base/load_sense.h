@@ -110,6 +110,7 @@ class LoadSense {
   // Off: every batch reads as quiet, the waits spin as before issue 16 (the
   // process's LoadSense is off when SIMPLER_LOAD_SENSE=0, for A/B runs).
   void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
  private:
   std::atomic<bool> enabled_{true};

@@ -102,6 +102,9 @@ class AicpuProgram {
   // must poll again though nothing rings it: an absolute now_ns() time, or 0
   // for never. Asked on that thread, before each park.
   virtual uint64_t poll_again_by(uint32_t /*aicpu*/) { return 0; }
+  // How long AICPU thread `aicpu` polls before it parks when the device's
+  // window is `spin_ns`. Asked on that thread after each empty poll, so cheap.
+  virtual uint64_t idle_spin_ns(uint32_t /*aicpu*/, uint64_t spin_ns) const { return spin_ns; }
   // AICPU threads beyond the geometry's, owning no cluster, that a runtime
   // executing orchestrations on the device asks for: poll(aicpu) with aicpu
   // >= geometry().aicpu_threads runs on them. At most kMaxOrchestratorThreads.

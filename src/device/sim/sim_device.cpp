@@ -77,7 +77,7 @@ void SimDevice::aicpu_loop(uint32_t index) {
       idle.busy();
       continue;
     }
-    if (idle.keep_polling()) continue;
+    if (idle.keep_polling(program_->idle_spin_ns(index, policy_.spin_ns))) continue;
     // Counted as parked only on the way to a park, then stop_ and the poll
     // read once more: a ring that lands after this point (a FIN, a launch,
     // stop()) makes the wait return at once, and one before it made its work

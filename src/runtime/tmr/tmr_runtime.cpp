@@ -630,6 +630,7 @@ Status TmrRuntime::build(const HostApi& api, const ChipCallable& callable, const
 
 void TmrRuntime::launch(uint32_t slot) {
   sets_[slot]->launch_ns_ = now_ns();
+  turnaround_.launched(sets_[slot]->launch_ns_);
   dispatcher_.set_trace(slot, sets_[slot]->trace_);
   dispatcher_.begin_run(slot);
   {
@@ -787,12 +788,15 @@ void TmrRuntime::finish_run(Set& s) {
   out.chained = counts.chained;
   out.taken_back = counts.taken_back;
   out.end_ns = now_ns();
+  turnaround_.ended(out.end_ns);
   on_done_(s.index_, std::move(out));
   // The next run usually follows at once (a waiting host submits again, or a
   // pipelined one is already queued): the orchestrator thread, parked since it
   // finished this run's orchestration, wakes now, while the host still learns
   // of this run's end, and spins through that hand-off instead of paying a
-  // futex wake after the next launch.
+  // futex wake after the next launch. The spin lasts as long as the host's
+  // last turnaround took (turnaround_), which on a paravirtualised host is
+  // longer than the device's window: the host's own wake-up is part of it.
   device_.ring_aicpu(device_.geometry().aicpu_threads);
 }
 

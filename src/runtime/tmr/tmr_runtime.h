@@ -20,6 +20,7 @@
 
 #include "base/doorbell.h"
 #include "runtime/common/core_dispatcher.h"
+#include "runtime/common/host_turnaround.h"
 #include "runtime/common/run_builder.h"
 #include "runtime/common/task_graph.h"
 #include "runtime/runtime.h"
@@ -203,6 +204,9 @@ class TmrRuntime final : public ChipRuntime {
     return aicpu < device_.geometry().aicpu_threads ? dispatcher_.poll_again_by(aicpu) : 0;
   }
   uint32_t orchestrator_threads() const override { return 1; }
+  uint64_t idle_spin_ns(uint32_t aicpu, uint64_t spin_ns) const override {
+    return aicpu < device_.geometry().aicpu_threads ? spin_ns : turnaround_.spin_ns(spin_ns);
+  }
 
  private:
   friend class Set;
@@ -256,6 +260,8 @@ class TmrRuntime final : public ChipRuntime {
   // reads it after its decrement, when the set may have been handed back.
   std::atomic<uint64_t> waiting_{0};
   Doorbell progress_;
+  // The host's last turnaround, which sets the orchestrator's wait for a launch.
+  HostTurnaround turnaround_;
 };
 
 }  // namespace simpler::tmr
