@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "base/clock.h"
+#include "base/cycle_clock.h"
 #include "base/doorbell.h"
 #include "base/errors.h"
 #include "base/load_sense.h"
@@ -486,6 +487,25 @@ TEST(IdleSpin, WithOneUsableCpuAPollerYieldsOnceThenParks) {
   NoNeighbours no_neighbours;
   IdleSpin idle(kLongWindow);
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(idle.keep_polling()) << "poll " << i << " parked inside its window";
+}
+
+// The inline dispatch times kernels with CycleClock: its nanoseconds agree
+// with now_ns() over the same stretch (red when the counter's rate is not
+// calibrated: the x86 counter ticks at the CPU's base clock, 2 GHz or so),
+// and a reading that went backwards is no estimate at all.
+TEST(CycleClock, AgreesWithTheSteadyClockAndRefusesAReadingThatWentBackwards) {
+  // The rate's first use waits out the calibration; then one stretch of 2 ms.
+  (void)CycleClock::elapsed_ns(0, 1);
+  const uint64_t ns0 = now_ns();
+  const uint64_t t0 = CycleClock::now();
+  uint64_t ns1 = now_ns();
+  while (ns1 - ns0 < 2'000'000) ns1 = now_ns();
+  const uint64_t t1 = CycleClock::now();
+  const double steady = static_cast<double>(ns1 - ns0);
+  const double cycles = static_cast<double>(CycleClock::elapsed_ns(t0, t1));
+  EXPECT_NEAR(cycles / steady, 1.0, 0.05) << "steady " << steady << " ns, cycle clock " << cycles << " ns";
+  EXPECT_EQ(CycleClock::elapsed_ns(t1, t0), UINT64_MAX);
+  EXPECT_EQ(CycleClock::elapsed_ns(t0, t0), 0u);
 }
 
 TEST(Version, IsNonEmpty) {

@@ -116,10 +116,10 @@ void CoreDispatcher::dispatch(uint32_t aicpu, uint32_t core, ReadyItem item, Gra
   }
   if (here != nullptr) {
     // Completed by this thread's next poll round, like a FIN it read.
-    const uint64_t start = now_ns();
+    const uint64_t start = CycleClock::now();
     f.inline_failed =
         !here->execute(d.fn, d.args, d.label, r.failure[CoreRegisters::slot_of(f.token)], tr.level, tr.run);
-    costs_.note(f.fn, now_ns() - start);
+    costs_.note_ticks(f.fn, start, CycleClock::now());
     inlining_.fetch_sub(1, std::memory_order_relaxed);
   }
 }
@@ -195,9 +195,9 @@ bool CoreDispatcher::run_on_orchestrator(ReadyItem item, GraphTask& task, Kernel
   int64_t args[kMaxTaskArgs];
   std::copy_n(task.args, task.nargs, args);
   const KernelLabel label{task.name[0], task.id, task.func_id[0], 0, 1};
-  const uint64_t start = now_ns();
+  const uint64_t start = CycleClock::now();
   executor->execute(fn, args, label, failure, 0, 0);
-  costs_.note(fn, now_ns() - start);
+  costs_.note_ticks(fn, start, CycleClock::now());
   ++orchestrator_executed_[item.slot];
   return true;
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "base/cycle_clock.h"
 #include "base/load_sense.h"
 #include "base/sanitized.h"
 #include "device/device.h"
@@ -239,6 +240,13 @@ class CoreDispatcher {
     // Seen, and its shortest recent run, grown by a quarter per run since, is at most `max_ns`.
     bool usually_at_most(simpler_kernel_fn fn, uint64_t max_ns) const { return at_most(shortest_, fn, max_ns); }
     void note(simpler_kernel_fn fn, uint64_t ns);
+    // Notes a run timed by CycleClock::now() readings `start` and `end` of
+    // this thread; one whose end came first (the thread moved to a lagging
+    // counter) is not noted.
+    void note_ticks(simpler_kernel_fn fn, uint64_t start, uint64_t end) {
+      const uint64_t ns = CycleClock::elapsed_ns(start, end);
+      if (ns != UINT64_MAX) note(fn, ns);
+    }
 
    private:
     static constexpr size_t kSlots = 256;
