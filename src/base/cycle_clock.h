@@ -4,7 +4,8 @@
 // the inline dispatch's kernel timings. The x86 time-stamp counter when the
 // CPU says it is invariant, the generic timer on AArch64, now_ns() anywhere
 // else. Good for estimates only: two threads' readings are not compared.
-// Any thread; lock-free after the first to_ns(), which calibrates once.
+// Any thread. The process's first elapsed_ns() calibrates the rate, waiting
+// out what is left of 2 ms since the library loaded; later ones are lock-free.
 #pragma once
 
 #include <cstdint>
