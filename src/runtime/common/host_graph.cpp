@@ -26,10 +26,12 @@ class GraphBuilder final : public RunBuilder {
     return Status();
   }
 
+  // `to` is always the task being placed, so its line is in cache.
   void add_edge(uint32_t from, uint32_t to) {
     if (from == to || g_.pred_mark[from] == to + 1) return;
     g_.pred_mark[from] = to + 1;
     g_.edges.emplace_back(from, to);
+    ++g_.tasks[to].fanin;
     trace_edge(from, to);
   }
 
@@ -48,6 +50,7 @@ class GraphBuilder final : public RunBuilder {
     task.id = t.id;
     task.blocks = t.blocks;
     task.nargs = static_cast<uint8_t>(t.args->size());
+    task.fanin = 0;
     for (uint32_t i = 0; i < 3; ++i) {
       task.func_id[i] = t.func_id[i];
       task.fn[i] = t.fn[i];
@@ -57,10 +60,20 @@ class GraphBuilder final : public RunBuilder {
       if (tag != Tag::NoDep && !t.local[i]) add_dependencies(t.id, v, tag, t.bases[i]);
     });
     for (uint32_t k = 0; k < t.dep_count; ++k) add_edge(t.deps[k], t.id);
+    // use_pairs is in task order, so its index is the task's place in `uses`.
+    task.uses_begin = static_cast<uint32_t>(g_.use_pairs.size());
+    task.uses_count = t.use_count;
     for (uint32_t u = 0; u < t.use_count; ++u) g_.use_pairs.emplace_back(t.id, t.uses[u]);
     task.guards_begin = static_cast<uint32_t>(g_.guards.size());
     if (memory().guarded()) collect_guard_checks(t, g_.guards);
     task.guards_count = static_cast<uint32_t>(g_.guards.size()) - task.guards_begin;
+    // Armed here, while the task's lines are in cache: a second pass over a
+    // million tasks after the build read them all back from memory.
+    task.fanin_left.store(task.fanin, std::memory_order_relaxed);
+    task.subtasks_left.store(subtask_count(task.kind, task.blocks), std::memory_order_relaxed);
+    task.next_block.store(0, std::memory_order_relaxed);
+    task.poisoned.store(0, std::memory_order_relaxed);
+    task.chained = 0;
     g_.task_count = t.id + 1;
   }
 
@@ -90,7 +103,8 @@ Status bind_arena(HostGraph& g, const GraphCapacity& capacity, const HostApi& ap
 
 void finalize_graph(HostGraph& g) {
   const uint32_t n = g.task_count;
-  // Fanout lists in CSR form, by counting sort on the source task.
+  // Fanout lists in CSR form, by counting sort on the source task; place()
+  // counted each task's fanin and armed its counters.
   std::fill(g.counts.begin(), g.counts.begin() + n + 1, 0);
   for (auto [from, to] : g.edges) ++g.counts[from + 1];
   for (uint32_t t = 0; t < n; ++t) g.counts[t + 1] += g.counts[t];
@@ -98,28 +112,9 @@ void finalize_graph(HostGraph& g) {
     GraphTask& task = g.tasks[t];
     task.fanout_begin = g.counts[t];
     task.fanout_count = g.counts[t + 1] - g.counts[t];
-    task.fanin = 0;
   }
-  for (auto [from, to] : g.edges) {
-    g.fanout[g.counts[from]++] = to;
-    ++g.tasks[to].fanin;
-  }
-  // use_pairs are appended in task order, so they are already grouped.
-  uint32_t u = 0;
-  for (uint32_t t = 0; t < n; ++t) {
-    GraphTask& task = g.tasks[t];
-    task.uses_begin = u;
-    while (u < g.use_pairs.size() && g.use_pairs[u].first == t) {
-      g.uses[u] = g.use_pairs[u].second;
-      ++u;
-    }
-    task.uses_count = u - task.uses_begin;
-    task.fanin_left.store(task.fanin, std::memory_order_relaxed);
-    task.subtasks_left.store(subtask_count(task.kind, task.blocks), std::memory_order_relaxed);
-    task.next_block.store(0, std::memory_order_relaxed);
-    task.poisoned.store(0, std::memory_order_relaxed);
-    task.chained = 0;
-  }
+  for (auto [from, to] : g.edges) g.fanout[g.counts[from]++] = to;
+  for (size_t u = 0; u < g.use_pairs.size(); ++u) g.uses[u] = g.use_pairs[u].second;
 }
 }  // namespace
 
