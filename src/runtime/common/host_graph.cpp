@@ -51,6 +51,8 @@ class GraphBuilder final : public RunBuilder {
     task.blocks = t.blocks;
     task.nargs = static_cast<uint8_t>(t.args->size());
     task.fanin = 0;
+    task.fanout_begin = 0;
+    task.fanout_count = 0;
     for (uint32_t i = 0; i < 3; ++i) {
       task.func_id[i] = t.func_id[i];
       task.fn[i] = t.fn[i];
@@ -108,7 +110,10 @@ void finalize_graph(HostGraph& g) {
   std::fill(g.counts.begin(), g.counts.begin() + n + 1, 0);
   for (auto [from, to] : g.edges) ++g.counts[from + 1];
   for (uint32_t t = 0; t < n; ++t) g.counts[t + 1] += g.counts[t];
+  // place() left every task with no successor; only those with some are
+  // read back (an independent graph's million tasks are not).
   for (uint32_t t = 0; t < n; ++t) {
+    if (g.counts[t + 1] == g.counts[t]) continue;
     GraphTask& task = g.tasks[t];
     task.fanout_begin = g.counts[t];
     task.fanout_count = g.counts[t + 1] - g.counts[t];
