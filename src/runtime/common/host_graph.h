@@ -64,10 +64,10 @@ struct HostGraph {
 };
 
 // Runs the callable's orchestration into `g` through `api` (bank api.bank's
-// arena, which must hold capacity.arena_bytes()), then lays out its fanout
-// lists and arms every task's counters. On an error the set holds nothing
-// (its intermediates are freed). The run's HostApi is reachable through `g`
-// only while this runs (R88). The building thread.
+// arena, which must hold capacity.arena_bytes()), arming each task's
+// counters as it is placed, then lays out the fanout lists. On an error the
+// set holds nothing (its intermediates are freed). The run's HostApi is
+// reachable through `g` only while this runs (R88). The building thread.
 Status build_host_graph(HostGraph& g, const GraphCapacity& capacity, DeviceMemory& memory, const HostApi& api,
                         const ChipCallable& callable, const TaskArgs& run_args, const diag::RunTrace& trace);
 
