@@ -43,7 +43,7 @@ TEST(Bench, FirstTaskReportsEverySizeForBothRuntimes) {
     const nlohmann::json& s = j["sizes"][size];
     EXPECT_EQ(s["tasks"], std::stoi(size));
     EXPECT_GE(s["reps"].get<int>(), 1);
-    for (const char* runtime : {"tmr_first_task_us", "hbg_first_task_us"}) {
+    for (const char* runtime : {"tmr_first_task_us", "hbg_first_task_us", "tmr_first_task_after_one_task_run_us"}) {
       EXPECT_GT(s[runtime]["p50"].get<double>(), 0.0) << runtime;
       EXPECT_LE(s[runtime]["p50"].get<double>(), s[runtime]["max"].get<double>()) << runtime;
     }
@@ -51,6 +51,7 @@ TEST(Bench, FirstTaskReportsEverySizeForBothRuntimes) {
     EXPECT_TRUE(s["goal_met"].is_boolean());
     EXPECT_GT(s["tmr_prepare_us_p50"].get<double>(), 0.0);
     EXPECT_GT(s["hbg_prepare_us_p50"].get<double>(), 0.0);
+    EXPECT_GT(s["tmr_submit_return_after_one_task_run_us_p50"].get<double>(), 0.0);
   }
   EXPECT_TRUE(j["goal"]["met"].is_boolean());
   // The floor beside it: every rep of the three-thread hand-off chain measured.
