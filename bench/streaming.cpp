@@ -166,8 +166,8 @@ struct FirstTaskFigures {
 };
 
 // `after_one_task_run`: each measured run follows a one-task run instead of
-// the previous run of `tasks`, so the figure is the run's own graph size's
-// and not what a long run before it left in the host's caches.
+// the previous run of `tasks`, so the figure shows what the run's own graph
+// size costs, not what a long run before it evicted from the host's caches.
 Result<FirstTaskFigures> measure_first_task(FirstTaskWorker& w, uint32_t tasks, bool after_one_task_run = false) {
   std::vector<double> first, returned, prepared, whole;
   FirstTaskFigures f;
