@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "base/doorbell.h"
+#include "base/errors.h"
 #include "simpler/run_handle.h"
 
 namespace simpler::detail {
@@ -56,6 +57,6 @@ struct RunState {
 };
 
 // A handle that is already terminal with `status` (a refused submission).
-RunHandle refused_run(uint64_t run_id, Status status);
+SIMPLER_COLD RunHandle refused_run(uint64_t run_id, Status status);
 
 }  // namespace simpler::detail

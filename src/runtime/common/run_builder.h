@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/errors.h"
 #include "device/device.h"
 #include "diag/lane.h"
 #include "runtime/common/run_allocations.h"
@@ -199,7 +200,7 @@ class RunBuilder : public ChipOrchestrator {
 
  private:
   Result<TaskRef> submit(TaskKind kind, const uint32_t* funcs, const TaskArgs& args, uint32_t blocks = 1);
-  Status refuse(Status st);
+  SIMPLER_COLD Status refuse(Status st);
   // Intermediate `i` was just made: in the open manual scope, or outside any.
   void note_made(uint32_t i);
   // What holds [addr, addr + bytes), from a small cache of caller
