@@ -48,6 +48,38 @@ TEST(GlobalMemory, CreateRefusesAbsurdSizes) {
   EXPECT_EQ(gm->free_bytes(), 0u);
 }
 
+// Pins count, guarded or not: free() is refused while any pin is left,
+// unpinning more often than pinned never leaves a pin behind nor wraps the
+// count, and an address that was never pinned is ignored. An allocation freed
+// after its pins went back carries none into the allocation made at its
+// address next.
+TEST(GlobalMemory, PinsCountAndEveryUnpinIsMatched) {
+  for (const bool guarded : {false, true}) {
+    SCOPED_TRACE(guarded ? "guarded" : "unguarded");
+    auto made = GlobalMemory::create(1 << 16, guarded);
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    GlobalMemory& gm = **made;
+    auto a = gm.allocate(256);
+    ASSERT_TRUE(a.ok());
+    gm.unpin(*a);  // never pinned: ignored
+    ASSERT_TRUE(gm.pin(*a).ok());
+    ASSERT_TRUE(gm.pin(*a).ok());
+    gm.unpin(*a);
+    EXPECT_REFUSED(gm.free(*a), StatusCode::kFailedPrecondition, "in use by a live run");
+    gm.unpin(*a);
+    gm.unpin(*a);  // one more than pinned: ignored, not a count below zero
+    ASSERT_TRUE(gm.pin(*a).ok());
+    EXPECT_REFUSED(gm.free(*a), StatusCode::kFailedPrecondition, "in use by a live run");
+    gm.unpin(*a);
+    ASSERT_TRUE(gm.free(*a).ok());
+    EXPECT_REFUSED(gm.pin(*a), StatusCode::kInvalidArgument, "not a live device allocation");
+    auto b = gm.allocate(256);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(*b, *a);  // first fit: the same address again
+    EXPECT_TRUE(gm.free(*b).ok()) << "the freed allocation's pins carried over";
+  }
+}
+
 // ---- Geometry ----------------------------------------------------------------------------------
 
 TEST(Geometry, PresetsHaveTheDocumentedShapes) {

@@ -60,14 +60,20 @@ bool GlobalMemory::live(uint64_t addr) const {
 
 Status GlobalMemory::free(uint64_t addr) {
   std::lock_guard<std::mutex> lock(meta_mu_);
-  if (pins_.count(addr) != 0) {
+  const auto pin = pins_.find(addr);
+  if (pin != pins_.end() && pin->second != 0) {
     return failed_precondition("addr = {:#x} is in use by a live run; free it once the runs using it ended", addr);
   }
-  if (!guarded_) return allocator_.free(addr);
-  auto it = requested_.find(addr);
-  if (it == requested_.end()) return invalid_argument("addr = {:#x} is not a live device allocation", addr);
-  requested_.erase(it);
-  return allocator_.free(addr - kGuardBytes);
+  if (guarded_) {
+    auto it = requested_.find(addr);
+    if (it == requested_.end()) return invalid_argument("addr = {:#x} is not a live device allocation", addr);
+    requested_.erase(it);
+    SIMPLER_RETURN_IF_ERROR(allocator_.free(addr - kGuardBytes));
+  } else {
+    SIMPLER_RETURN_IF_ERROR(allocator_.free(addr));
+  }
+  if (pin != pins_.end()) pins_.erase(pin);
+  return Status();
 }
 
 Status GlobalMemory::pin(uint64_t addr) {
@@ -84,8 +90,9 @@ Status GlobalMemory::pin(uint64_t addr) {
 void GlobalMemory::unpin(uint64_t addr) {
   std::lock_guard<std::mutex> lock(meta_mu_);
   auto it = pins_.find(addr);
-  if (it == pins_.end()) return;
-  if (--it->second == 0) pins_.erase(it);
+  // The entry stays at zero until free(): the next run's pin of the same
+  // allocation then allocates no host memory on its path.
+  if (it != pins_.end() && it->second != 0) --it->second;
 }
 
 uint64_t GlobalMemory::allocation_size(uint64_t addr) const {

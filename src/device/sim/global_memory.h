@@ -61,7 +61,8 @@ class GlobalMemory final : public DeviceMemory {
   const bool guarded_;
   FirstFitAllocator allocator_;
   mutable std::mutex meta_mu_;
-  std::unordered_map<uint64_t, uint32_t> pins_;       // allocation start -> live runs using it
+  // Allocation start -> live runs using it; kept at zero until the allocation is freed.
+  std::unordered_map<uint64_t, uint32_t> pins_;
   std::unordered_map<uint64_t, uint64_t> requested_;  // guarded: allocation start -> bytes asked for
 };
 

@@ -1,8 +1,56 @@
 #include "runtime/common/run_allocations.h"
 
+#include <algorithm>
+
 #include "base/errors.h"
 
 namespace simpler {
+
+bool BorrowedAllocations::holds(uint64_t base) const {
+  if (bases_.size() > kScanned) return index_.count(base) != 0;
+  return std::find(bases_.begin(), bases_.end(), base) != bases_.end();
+}
+
+void BorrowedAllocations::forget_last() {
+  const uint64_t base = bases_.back();
+  bases_.pop_back();
+  if (bases_.size() <= kScanned) {
+    index_.clear();
+  } else {
+    index_.erase(base);
+  }
+}
+
+Status BorrowedAllocations::borrow(DeviceMemory& memory, uint64_t base) {
+  if (holds(base)) return Status();
+  // Recorded before it is pinned, so a throw here leaves no pin behind.
+  bases_.push_back(base);
+  try {
+    if (bases_.size() == kScanned + 1) {
+      index_.insert(bases_.begin(), bases_.end());
+    } else if (bases_.size() > kScanned + 1) {
+      index_.insert(base);
+    }
+  } catch (...) {
+    forget_last();
+    throw;
+  }
+  if (Status st = memory.pin(base); !st.ok()) {
+    forget_last();
+    return st;
+  }
+  return Status();
+}
+
+void BorrowedAllocations::release(DeviceMemory& memory) {
+  for (uint64_t base : bases_) memory.unpin(base);
+  clear();
+}
+
+void BorrowedAllocations::clear() {
+  bases_.clear();
+  index_.clear();
+}
 
 RunAllocations::RunAllocations(DeviceMemory& memory, uint32_t capacity)
     : memory_(memory), capacity_(capacity), table_(new Intermediate[capacity]) {}
@@ -12,7 +60,6 @@ void RunAllocations::reset() {
   index_of_.clear();
   scopes_.clear();
   borrowed_.clear();
-  borrowed_set_.clear();
 }
 
 Result<uint32_t> RunAllocations::create(const HostApi& api, uint64_t bytes) {
@@ -58,7 +105,7 @@ Result<Intermediates::Held> RunAllocations::hold(uint64_t addr, uint64_t bytes) 
   if (auto it = index_of_.find(held.allocation.addr); it != index_of_.end()) {
     held.intermediate = it->second;
   } else {
-    SIMPLER_RETURN_IF_ERROR(borrow(held.allocation.addr));
+    SIMPLER_RETURN_IF_ERROR(borrowed_.borrow(memory_, held.allocation.addr));
   }
   return held;
 }
@@ -77,26 +124,12 @@ void RunAllocations::discard(uint32_t i) {
   count_ = i;
 }
 
-Status RunAllocations::borrow(uint64_t base) {
-  // Recorded before it is pinned, so a throw here leaves no pin behind.
-  if (!borrowed_set_.insert(base).second) return Status();
-  borrowed_.push_back(base);
-  if (Status st = memory_.pin(base); !st.ok()) {
-    borrowed_.pop_back();
-    borrowed_set_.erase(base);
-    return st;
-  }
-  return Status();
-}
-
 void RunAllocations::release_all() {
   for (uint32_t i = 0; i < count_; ++i) {
     if (table_[i].addr != 0) release(table_[i]);
   }
   count_ = 0;
-  for (uint64_t base : borrowed_) memory_.unpin(base);
-  borrowed_.clear();
-  borrowed_set_.clear();
+  borrowed_.release(memory_);
 }
 
 }  // namespace simpler

@@ -58,6 +58,33 @@ class Intermediates {
   virtual uint64_t addr(uint32_t i) const = 0;
 };
 
+// The caller allocations one run's tasks borrow: each pinned in DeviceMemory
+// on its first use in the run and unpinned when the run ends, so a
+// Worker::free of it is refused meanwhile. The building thread borrows; the
+// thread that ends the run releases. The storage stays from run to run: a run
+// that borrows at most kScanned allocations (most do) allocates no host memory
+// for them, and finds one again by a scan; beyond that a hash set indexes them.
+class BorrowedAllocations {
+ public:
+  static constexpr size_t kScanned = 16;
+
+  // Pins the allocation starting at `base` unless this run holds it already.
+  Status borrow(DeviceMemory& memory, uint64_t base);
+  // Unpins every allocation the run borrowed and forgets them.
+  void release(DeviceMemory& memory);
+  // Forgets them without unpinning: the previous run released them.
+  void clear();
+  size_t size() const { return bases_.size(); }
+
+ private:
+  bool holds(uint64_t base) const;
+  void forget_last();
+
+  std::vector<uint64_t> bases_;
+  // Every one of bases_ while there are more than kScanned, else empty.
+  std::unordered_set<uint64_t> index_;
+};
+
 // Each intermediate is its own device allocation, and every one is pinned in
 // DeviceMemory while the run holds it, so a Worker::free of it is refused
 // instead of letting the run write into memory handed out again. Sized at
@@ -85,9 +112,6 @@ class RunAllocations final : public Intermediates {
 
  private:
   void release(Intermediate& im);
-  // The run's tasks use the caller allocation starting at `base`: pinned on
-  // the first use in this run.
-  Status borrow(uint64_t base);
 
   DeviceMemory& memory_;
   const uint32_t capacity_;
@@ -95,8 +119,7 @@ class RunAllocations final : public Intermediates {
   uint32_t count_ = 0;
   std::unordered_map<uint64_t, uint32_t> index_of_;  // addr -> index
   std::vector<std::vector<uint32_t>> scopes_;
-  std::vector<uint64_t> borrowed_;
-  std::unordered_set<uint64_t> borrowed_set_;
+  BorrowedAllocations borrowed_;
 };
 
 }  // namespace simpler

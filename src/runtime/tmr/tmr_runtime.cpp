@@ -277,7 +277,6 @@ void Set::reset(const StreamSizes& sizes) {
   failed_reclaimed_.clear();
   scopes_.clear();
   borrowed_.clear();
-  borrowed_set_.clear();
 }
 
 void Set::release_all() {
@@ -289,9 +288,7 @@ void Set::release_all() {
     (void)memory.free(base);
     r.base.store(0, std::memory_order_relaxed);
   }
-  for (uint64_t base : borrowed_) memory.unpin(base);
-  borrowed_.clear();
-  borrowed_set_.clear();
+  borrowed_.release(memory);
 }
 
 template <typename Room, typename What>
@@ -511,16 +508,7 @@ Result<Intermediates::Held> Set::hold(uint64_t addr, uint64_t bytes) {
   }
   Held held;
   SIMPLER_ASSIGN_OR_RETURN(held.allocation, rt_.memory_.containing_allocation(addr, bytes));
-  const uint64_t base = held.allocation.addr;
-  // Recorded before it is pinned, so a throw here leaves no pin behind.
-  if (borrowed_set_.insert(base).second) {
-    borrowed_.push_back(base);
-    if (Status st = rt_.memory_.pin(base); !st.ok()) {
-      borrowed_.pop_back();
-      borrowed_set_.erase(base);
-      return st;
-    }
-  }
+  SIMPLER_RETURN_IF_ERROR(borrowed_.borrow(rt_.memory_, held.allocation.addr));
   return held;
 }
 

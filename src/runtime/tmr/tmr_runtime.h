@@ -21,6 +21,7 @@
 #include "base/doorbell.h"
 #include "runtime/common/core_dispatcher.h"
 #include "runtime/common/host_turnaround.h"
+#include "runtime/common/run_allocations.h"
 #include "runtime/common/run_builder.h"
 #include "runtime/common/task_graph.h"
 #include "runtime/runtime.h"
@@ -177,8 +178,7 @@ class Set final : public Intermediates {
   std::vector<uint32_t> im_free_;
   std::map<uint64_t, uint32_t> live_;  // block address -> intermediate, for hold()
   std::vector<std::vector<uint32_t>> scopes_;
-  std::vector<uint64_t> borrowed_;
-  std::unordered_set<uint64_t> borrowed_set_;
+  BorrowedAllocations borrowed_;
 };
 
 class TmrRuntime final : public ChipRuntime {
