@@ -49,7 +49,9 @@ void BorrowedAllocations::release(DeviceMemory& memory) {
 
 void BorrowedAllocations::clear() {
   bases_.clear();
-  index_.clear();
+  // clear() zeroes every bucket, however few entries: a run that once
+  // borrowed many would make every later run pay for its table.
+  if (!index_.empty()) index_.clear();
 }
 
 RunAllocations::RunAllocations(DeviceMemory& memory, uint32_t capacity)

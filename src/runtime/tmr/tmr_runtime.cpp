@@ -625,6 +625,9 @@ void TmrRuntime::launch(uint32_t slot) {
     std::lock_guard<std::mutex> lock(launched_mu_);
     launched_.push_back(slot);
   }
+  // After the push and before the ring: the orchestrator that sees the count
+  // finds the slot, and one about to park sees the count or is rung.
+  launches_.fetch_add(1, std::memory_order_release);
   device_.ring_aicpu(device_.geometry().aicpu_threads);
 }
 
@@ -637,10 +640,11 @@ bool TmrRuntime::poll(uint32_t aicpu) {
         },
         [this](ReadyItem after, TaskKind kind, ReadyItem& next) { return chain_after(after, kind, next); });
   }
+  if (launches_.load(std::memory_order_acquire) == launches_taken_) return false;
+  ++launches_taken_;
   uint32_t slot = 0;
   {
     std::lock_guard<std::mutex> lock(launched_mu_);
-    if (launched_.empty()) return false;
     slot = launched_.front();
     launched_.pop_front();
   }

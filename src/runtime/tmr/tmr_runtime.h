@@ -254,6 +254,13 @@ class TmrRuntime final : public ChipRuntime {
   CoreDispatcher dispatcher_;
   std::mutex launched_mu_;
   std::deque<uint32_t> launched_;  // sets whose orchestration waits for the orchestrator thread
+  // Launches pushed onto launched_, counted once each push is done: the idle
+  // orchestrator polls this word, not launched_mu_. Had it locked the mutex
+  // on every poll, a launching host thread would often find it held, and one
+  // side or the other would sleep in the kernel on it: 2-4 us between the
+  // launch and its pickup in a scratch build's stamps.
+  std::atomic<uint64_t> launches_{0};
+  uint64_t launches_taken_ = 0;  // the orchestrator thread's alone
   // The orchestrator waiting for a set's tasks to finish (Set::wait_for_room):
   // (set + 1) << 32 | the remaining_ count at or below which a finisher rings
   // progress_; 0 while it is not waiting. Here, not in the set: a finisher
