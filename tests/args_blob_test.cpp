@@ -128,6 +128,26 @@ TEST(ArgsBlob, EncodeRefusesTooManyArguments) {
   EXPECT_REFUSED(encode_args_blob(a, out), StatusCode::kInvalidArgument, "33 arguments");
 }
 
+// In place (how prepare stages a run's arguments in its slot's buffer): the
+// same bytes as the vector's, and nothing written past a capacity too small.
+TEST(ArgsBlob, InPlaceEncodingIsTheSameBytesAndStaysInItsCapacity) {
+  const TaskArgs args = sample_args();
+  std::vector<uint8_t> expected;
+  ASSERT_TRUE(encode_args_blob(args, expected).ok());
+  std::vector<uint8_t> buf(kArgsBlobMaxBytes + 8, 0xEE);
+  auto n = encode_args_blob(args, buf.data(), kArgsBlobMaxBytes);
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  ASSERT_EQ(*n, expected.size());
+  EXPECT_EQ(std::memcmp(buf.data(), expected.data(), expected.size()), 0);
+  std::vector<uint8_t> small(expected.size() - 1, 0xEE);
+  EXPECT_REFUSED(encode_args_blob(args, small.data(), small.size()).status(), StatusCode::kInvalidArgument, "bytes");
+  for (uint8_t b : small) ASSERT_EQ(b, 0xEE) << "wrote into a capacity too small";
+  TaskArgs too_many;
+  for (size_t i = 0; i <= kMaxTaskArgs; ++i) too_many.add_scalar(1);
+  EXPECT_REFUSED(encode_args_blob(too_many, buf.data(), buf.size()).status(), StatusCode::kInvalidArgument,
+                 "33 arguments");
+}
+
 TEST(ArgsBlob, EveryTruncationIsRefused) {
   const std::vector<uint8_t> bytes = encode(sample_args());
   for (size_t n = 0; n < bytes.size(); ++n) {

@@ -299,16 +299,23 @@ Status ChipWorker::check_signature(const ChipCallable& c, const TaskArgs& args) 
 
 Result<uint64_t> ChipWorker::prepare(void* storage, size_t storage_bytes, const NativeRunDescriptor& desc,
                                      uint32_t callable, const TaskArgs& args, RunConfig config) {
+  return prepare_as(Preparer::kNativeRun, storage, storage_bytes, desc, callable, args, std::move(config));
+}
+
+Result<uint64_t> ChipWorker::prepare_as(Preparer by, void* storage, size_t storage_bytes,
+                                        const NativeRunDescriptor& desc, uint32_t callable, const TaskArgs& args,
+                                        RunConfig config) {
   // Host memory exhaustion anywhere in prepare is an error value like any other.
   try {
-    return prepare_unchecked(storage, storage_bytes, desc, callable, args, std::move(config));
+    return prepare_unchecked(by, storage, storage_bytes, desc, callable, args, std::move(config));
   } catch (const std::bad_alloc&) {
     return resource_exhausted("prepare: host memory exhausted; nothing was prepared");
   }
 }
 
-Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_bytes, const NativeRunDescriptor& desc,
-                                               uint32_t callable, const TaskArgs& args, RunConfig config) {
+Result<uint64_t> ChipWorker::prepare_unchecked(Preparer by, void* storage, size_t storage_bytes,
+                                               const NativeRunDescriptor& desc, uint32_t callable, const TaskArgs& args,
+                                               RunConfig config) {
   SIMPLER_RETURN_IF_ERROR(context_.validate("prepare"));
   if (closing_.load(std::memory_order_acquire)) return failed_precondition("prepare: the worker is closed");
   SIMPLER_RETURN_IF_ERROR(refuse_if_faulted("prepare"));
@@ -353,7 +360,8 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
   // R91: a dump on a runtime that cannot capture is refused before anything
   // is touched, the trace directory (which the check below creates) included.
   if (!runtime_captures_args_) SIMPLER_RETURN_IF_ERROR(check_dump_supported(config.call.dump_args, config_.runtime));
-  SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(config.call, "call."));
+  // submit() checked these before it waited for a set.
+  if (by == Preparer::kNativeRun) SIMPLER_RETURN_IF_ERROR(diag::validate_call_config(config.call, "call."));
   const uint32_t level = config.call.swimlane_level;
   if (level > 0 && device_->recorder() == nullptr) {
     return make_error(StatusCode::kUnimplemented, "call.swimlane_level = {}: backend '{}' records no swimlanes", level,
@@ -363,22 +371,24 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
     return make_error(StatusCode::kUnimplemented, "call.dump_args: backend '{}' memory is not host-mapped",
                       device_->backend());
   }
-  SIMPLER_RETURN_IF_ERROR(args.validate());
-  SIMPLER_RETURN_IF_ERROR(check_signature(c, args));
+  if (by == Preparer::kNativeRun) {
+    SIMPLER_RETURN_IF_ERROR(args.validate());
+    SIMPLER_RETURN_IF_ERROR(check_signature(c, args));
+  }
   // The runtime sees the arguments only through their encoded form, the same
   // bytes that cross a mailbox at the node level, staged in the device memory
   // of the run's own set: the slot's retained temp buffer (R90), sized once
   // for the largest blob, so two runs in different slots never share it and
-  // a slot's later runs reuse it without allocating.
-  std::vector<uint8_t> blob;
-  SIMPLER_RETURN_IF_ERROR(encode_args_blob(args, blob));
+  // a slot's later runs reuse it without allocating. Device memory is
+  // host-addressable on every backend built (the runtimes build their graphs
+  // through it the same way), so the bytes are encoded in place, and the
+  // buffer is this slot's alone while the run holds the slot.
   SIMPLER_ASSIGN_OR_RETURN(const HostApi api, runner_->bind(lease.slot, desc.arena_bank));
   SIMPLER_ASSIGN_OR_RETURN(const uint64_t staging, api.retained_temp(kArgsBlobMaxBytes),
                            "prepare: the retained args buffer of slot {}", lease.slot);
-  SIMPLER_RETURN_IF_ERROR(api.copy_to_device(staging, blob.data(), blob.size()));
-  // Device memory is host-addressable on every backend built (the runtimes
-  // build their graphs through it the same way).
-  SIMPLER_ASSIGN_OR_RETURN(TaskArgs decoded, decode_args_blob(reinterpret_cast<const uint8_t*>(staging), blob.size()));
+  auto* const blob = reinterpret_cast<uint8_t*>(staging);
+  SIMPLER_ASSIGN_OR_RETURN(const size_t blob_bytes, encode_args_blob(args, blob, kArgsBlobMaxBytes));
+  SIMPLER_ASSIGN_OR_RETURN(TaskArgs decoded, decode_args_blob(blob, blob_bytes));
 
   // The run's own lane, sized for its edges and submits: allocated here, on
   // the preparing thread, never while it runs.
@@ -419,7 +429,8 @@ Result<uint64_t> ChipWorker::prepare_unchecked(void* storage, size_t storage_byt
         st = window.status();
       }
     }
-    if (st.ok()) {
+    // Only a native run is looked up by its epoch; the worker drives a submitted one.
+    if (st.ok() && by == Preparer::kNativeRun) {
       std::lock_guard<std::mutex> lock(runs_mu_);
       runs_.emplace(epoch, ctx);
     }
@@ -700,9 +711,8 @@ Status ChipWorker::finalize(void* storage, uint64_t epoch) {
   // racing this call either refuses it or has put it on the device (R49).
   if (phase == static_cast<uint32_t>(RunPhase::Prepared) &&
       c->phase_.compare_exchange_strong(phase, static_cast<uint32_t>(RunPhase::Empty), std::memory_order_acq_rel)) {
-    runtime_->discard(c->desc_.lease.slot);
     ref.disown();
-    return retire(c, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", epoch), 1);
+    return abort_prepared(c, 1);
   }
   if (static_cast<RunPhase>(phase) == RunPhase::Launching) {
     c->finalizing_.store(false, std::memory_order_release);  // a later finalize may retire it
@@ -724,6 +734,12 @@ Status ChipWorker::finalize(void* storage, uint64_t epoch) {
   }
   ref.disown();
   return retire(c, result, 1);
+}
+
+Status ChipWorker::abort_prepared(NativeRunContext* ctx, uint32_t own_holds) {
+  runtime_->discard(ctx->desc_.lease.slot);
+  return retire(ctx, make_error(StatusCode::kAborted, "run {} was finalized before launch; nothing ran", ctx->epoch_),
+                own_holds);
 }
 
 Status ChipWorker::retire(NativeRunContext* ctx, Status result, uint32_t own_holds) {
@@ -1039,7 +1055,8 @@ RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args, const Call
   RunConfig run_config;
   run_config.call = call;
   run_config.diagnostic = diagnostic;
-  auto epoch = prepare(storage, sizeof(StorageBlock), desc, callable, args, std::move(run_config));
+  auto epoch =
+      prepare_as(Preparer::kSubmit, storage, sizeof(StorageBlock), desc, callable, args, std::move(run_config));
   if (!epoch.ok()) {
     release_lease(*lease);
     return detail::refused_run(0, epoch.status());
@@ -1049,15 +1066,13 @@ RunHandle ChipWorker::submit(uint32_t callable, const TaskArgs& args, const Call
   try {
     state = std::make_shared<detail::RunState>(*epoch);
   } catch (const std::bad_alloc&) {
-    (void)finalize(storage, *epoch);  // aborts the prepared run and releases its set
+    // Prepared, never launched, and in no table a phase call reads: no other
+    // thread can reach it, so it is aborted here and its set released.
+    (void)abort_prepared(ctx, 0);
     return detail::refused_run(0, resource_exhausted("submit: host memory exhausted; run {} was not launched", *epoch));
   }
   ctx->auto_finalize_ = true;
   ctx->handle_ = state;
-  {
-    std::lock_guard<std::mutex> lock(runs_mu_);
-    runs_.erase(*epoch);  // a submitted run is driven by the worker, never by a phase call
-  }
   enqueue_launch(ctx);
   return RunHandle(std::move(state));
 }

@@ -216,7 +216,13 @@ class ChipWorker {
   };
 
   ChipWorker(const WorkerConfig& config, std::vector<ChipCallable> callables);
-  Result<uint64_t> prepare_unchecked(void* storage, size_t storage_bytes, const NativeRunDescriptor& desc,
+  // Who prepares: a native run's caller, whose later phase calls find the run
+  // by its epoch, or submit(), which checked the arguments and the call
+  // config before it waited for a set, and drives the run itself.
+  enum class Preparer { kNativeRun, kSubmit };
+  Result<uint64_t> prepare_as(Preparer by, void* storage, size_t storage_bytes, const NativeRunDescriptor& desc,
+                              uint32_t callable, const TaskArgs& args, RunConfig config);
+  Result<uint64_t> prepare_unchecked(Preparer by, void* storage, size_t storage_bytes, const NativeRunDescriptor& desc,
                                      uint32_t callable, const TaskArgs& args, RunConfig config);
   // OK, or `call`'s refusal naming what health() reports.
   Status refuse_unhealthy(const char* call) const;
@@ -283,6 +289,8 @@ class ChipWorker {
   // `slot`, if its deadline still reads `expected` (0: any run there).
   Claim claim_terminal(uint32_t slot, uint64_t expected);
   void stop_watchdog();
+  // Discards a prepared run that never launched and retires it as aborted.
+  Status abort_prepared(NativeRunContext* ctx, uint32_t own_holds);
   // Unregisters, waits until only `own_holds` phase calls are inside, then
   // destroys the context and releases its set.
   Status retire(NativeRunContext* ctx, Status result, uint32_t own_holds);

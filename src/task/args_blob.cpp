@@ -10,10 +10,19 @@ Status encode_args_blob(const TaskArgs& args, std::vector<uint8_t>& out) {
   if (args.size() > kMaxTaskArgs) {
     return invalid_argument("args: {} arguments exceed the limit of {}", args.size(), kMaxTaskArgs);
   }
-  out.assign(args_blob_size(args.size()), 0);
-  ArgsBlobHeader h{kArgsBlobMagic, kArgsBlobVersion, static_cast<uint16_t>(args.size()),
-                   static_cast<uint32_t>(out.size()), 0};
-  std::memcpy(out.data(), &h, sizeof h);
+  out.resize(args_blob_size(args.size()));
+  return encode_args_blob(args, out.data(), out.size()).status();
+}
+
+Result<size_t> encode_args_blob(const TaskArgs& args, uint8_t* out, size_t capacity) {
+  if (args.size() > kMaxTaskArgs) {
+    return invalid_argument("args: {} arguments exceed the limit of {}", args.size(), kMaxTaskArgs);
+  }
+  const size_t bytes = args_blob_size(args.size());
+  if (bytes > capacity) return invalid_argument("args: the blob takes {} bytes, {} given", bytes, capacity);
+  ArgsBlobHeader h{kArgsBlobMagic, kArgsBlobVersion, static_cast<uint16_t>(args.size()), static_cast<uint32_t>(bytes),
+                   0};
+  std::memcpy(out, &h, sizeof h);
   for (size_t i = 0; i < args.size(); ++i) {
     const TaskArg& a = args[i];
     ArgsBlobRecord r{};
@@ -32,9 +41,9 @@ Status encode_args_blob(const TaskArgs& args, std::vector<uint8_t>& out) {
         r.stride[d] = t.stride(d);
       }
     }
-    std::memcpy(out.data() + args_blob_size(i), &r, sizeof r);
+    std::memcpy(out + args_blob_size(i), &r, sizeof r);
   }
-  return Status();
+  return bytes;
 }
 
 Result<TaskArgs> decode_args_blob(const uint8_t* data, size_t n) {

@@ -48,6 +48,9 @@ inline constexpr size_t kArgsBlobMaxBytes = args_blob_size(kMaxTaskArgs);
 // Appends the encoding of `args` to `out` (cleared first). Refuses more than
 // kMaxTaskArgs arguments; does not otherwise validate (the decoder does).
 Status encode_args_blob(const TaskArgs& args, std::vector<uint8_t>& out);
+// The same encoding written to `out`, which holds `capacity` bytes (at least
+// kArgsBlobMaxBytes always suffices); returns its length.
+Result<size_t> encode_args_blob(const TaskArgs& args, uint8_t* out, size_t capacity);
 // Decodes `n` bytes at `data`. Never reads past data + n; refuses a wrong magic
 // or version, a count above kMaxTaskArgs, a length that disagrees with the
 // header, and any record that TaskArgs::validate() refuses.
