@@ -14,9 +14,10 @@ bool BorrowedAllocations::holds(uint64_t base) const {
 void BorrowedAllocations::forget_last() {
   const uint64_t base = bases_.back();
   bases_.pop_back();
-  if (bases_.size() <= kScanned) {
+  // The mirror of borrow(): the index goes with the entry that made it.
+  if (bases_.size() == kScanned) {
     index_.clear();
-  } else {
+  } else if (bases_.size() > kScanned) {
     index_.erase(base);
   }
 }
