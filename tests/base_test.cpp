@@ -465,6 +465,40 @@ TEST(SpinThenPark, WithOneUsableCpuAWaitYieldsOnceThenParks) {
   EXPECT_EQ(many.parked, 0) << "with many CPUs the wait parked inside its spin window";
 }
 
+// A wait whose ready() itself receives its answer from outside the process
+// (policy.polled_producers counts one: a remote rank over MPI) spins its
+// window even with one usable CPU, since no thread here produces that answer
+// while it parks; once the count is zero it yields once and parks again.
+TEST(SpinThenPark, WithOneCpuAWaitForAPolledProducerSpinsItsWindow) {
+  Watchdog dog;
+  Doorbell bell;
+  std::atomic<uint32_t> polled{1};
+  SpinPolicy policy;
+  policy.spin_ns = 10'000'000'000ull;
+  policy.polled_producers = &polled;
+  testing::ForcedLoadState quiet(0);
+  hooks::force_usable_cpus(1);
+  const auto looks_in_2ms = [&] {
+    std::pair<int, int> before_and_parked{0, 0};
+    const bool ready = spin_then_park(
+        bell,
+        [&] {
+          ++(bell.parked() == 0 ? before_and_parked.first : before_and_parked.second);
+          return false;
+        },
+        policy, now_ns() + 2'000'000);
+    EXPECT_FALSE(ready);
+    return before_and_parked;
+  };
+  const auto [spun, parked] = looks_in_2ms();
+  EXPECT_GT(spun, 2) << "a wait for a polled producer yielded once and parked";
+  EXPECT_EQ(parked, 0) << "a wait for a polled producer parked inside its spin window";
+  polled.store(0);
+  const auto [looked, parked_after] = looks_in_2ms();
+  EXPECT_EQ(looked, 2) << "with nothing polled, one CPU: a look, a yield, a look, then park";
+  EXPECT_GE(parked_after, 1);
+}
+
 // A poller (a simulated AICPU or core thread) with one usable CPU yields
 // once after an empty poll and then parks, and again after work or a wake;
 // with more it polls on through its window.

@@ -113,7 +113,8 @@ int serve_rank(int rank) {
       send(std::move(bad), dist::kTagControl);
     };
   }
-  if (g_case == "ARunPastRunTimeoutEndsNamingTheRank" && rank == 1) {
+  if ((g_case == "ARunPastRunTimeoutEndsNamingTheRank" || g_case == "AWaiterThatParksHandsTheReceivingBack") &&
+      rank == 1) {
     // Hangs in its first request (SIGSTOP) until rank 0 has seen that run
     // end and continues it; then serves on.
     hooks.on_request = [](uint64_t n) {
@@ -578,6 +579,41 @@ TEST(DistMpi, ARunPastRunTimeoutEndsNamingTheRank) {
   const auto m = n.w->memory_info_on(n.rank1);
   ASSERT_FALSE(m.ok()) << "memory_info_on answered for a node presumed hung";
   EXPECT_TRUE(contains(m.status().message(), "MPI rank 1")) << m.status().to_string();
+  EXPECT_TRUE(n.w->close().ok());
+}
+
+// A thread waiting for a lone remote run receives for its port while it
+// spins, and the port's receiver thread stands down meanwhile; a waiter that
+// parks hands the receiving back at once. With the stand-down made an hour
+// long (hooks::force_stand_in_grace), a run that rank 1 holds (stopped)
+// past the waiter's spin still ends, bit-exact, once the rank resumes: the
+// hand-back resumed the receiver, not the end of the stand-down (else rank
+// 1 would read as dead after heartbeat_timeout).
+TEST(DistMpi, AWaiterThatParksHandsTheReceivingBack) {
+  Watchdog dog(std::chrono::seconds(60));
+  StoppedRank stopped;
+  struct HourLongStandDown {
+    HourLongStandDown() { dist::hooks::force_stand_in_grace(3'600'000'000'000ull); }
+    ~HourLongStandDown() { dist::hooks::force_stand_in_grace(0); }
+  } stand_down;
+  Network n = make_network(2);
+  const size_t len = 256;
+  const DeviceBuffer x = shared_floats(*n.w, len, 1.0f);
+  const DeviceBuffer out = shared_floats(*n.w, len, 0);
+  const uint64_t handbacks = dist::RemotePort::stand_in_handbacks();
+  RunHandle h = submit_scale(n, n.rank1, x, out, len, 2, 3);
+  // Rank 1 stops on taking the request: the task is out on its port before
+  // the waiter comes, so the waiter stands in from its first look.
+  ASSERT_TRUE(eventually([&] { return stopped.pid() > 0 && process_state(stopped.pid()) == 'T'; }))
+      << "rank 1 never stopped on its request";
+  Status result = internal_error("the waiter did not return");
+  std::thread waiter([&] { result = h.wait_for(std::chrono::seconds(30)); });
+  EXPECT_TRUE(eventually([&] { return dist::RemotePort::stand_in_handbacks() > handbacks; }))
+      << "the waiter never handed the receiving back";
+  stopped.resume();
+  waiter.join();
+  ASSERT_TRUE(result.ok()) << result.to_string();
+  expect_scaled(x, out, len, 2, 3, "a run answered after its waiter parked");
   EXPECT_TRUE(n.w->close().ok());
 }
 

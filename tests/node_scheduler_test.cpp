@@ -13,7 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/doorbell.h"
+#include "base/load_sense.h"
 #include "base/shared_memory.h"
+#include "forced_load.h"
 #include "ipc/forked_child.h"
 #include "ipc/mailbox_endpoint.h"
 #include "ipc_test_util.h"
@@ -28,8 +31,14 @@ namespace {
 
 enum class ChildKind { kNone, kMock, kForked };
 
+// A port in front of the fixture's real one (inner_, set by the fixture).
+class WrappingPort : public EndpointPort {
+ public:
+  EndpointPort* inner_ = nullptr;
+};
+
 // Fails every publication while armed, writing nothing; otherwise the real endpoint.
-class FaultPort final : public EndpointPort {
+class FaultPort final : public WrappingPort {
  public:
   uint32_t available_request_transport() override { return inner_->available_request_transport(); }
   uint64_t max_inflight_tasks() const override { return inner_->max_inflight_tasks(); }
@@ -42,14 +51,86 @@ class FaultPort final : public EndpointPort {
   void poison(const Status& cause) override { inner_->poison(cause); }
   std::optional<Status> poisoned() const override { return inner_->poisoned(); }
   bool armed = true;
-  bool staged_only = false;        // fail only staged publications
-  EndpointPort* inner_ = nullptr;  // set by the fixture
+  bool staged_only = false;  // fail only staged publications
+};
+
+// A port whose news the Scheduler sees only once someone receives it, as a
+// remote node's (RemotePort): the mailbox's events wait until a waiter
+// standing in has looked kLooks times since they came (a spin, not one look
+// and a park, is what receives them), or until the port's own receiver, the
+// test thread here, takes them after the waiter handed the receiving back.
+class PolledPort final : public WrappingPort {
+ public:
+  static constexpr int kLooks = 4;
+  uint32_t available_request_transport() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return inner_->available_request_transport();
+  }
+  uint64_t max_inflight_tasks() const override { return inner_->max_inflight_tasks(); }
+  Result<Publication> publish(const PublishSpec& spec) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return inner_->publish(spec);
+  }
+  Status activate(const Publication& p, bool launch) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return inner_->activate(p, launch);
+  }
+  void poll(std::vector<EndpointEvent>& out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out.insert(out.end(), received_.begin(), received_.end());
+    received_.clear();
+  }
+  void poison(const Status& cause) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    inner_->poison(cause);
+  }
+  std::optional<Status> poisoned() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return inner_->poisoned();
+  }
+  bool needs_polling() const override { return true; }
+  void receive_standing_in() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    inner_->poll(arrived_);
+    if (!arrived_.empty() && ++looks_ >= kLooks) deliver(by_stand_in_);
+  }
+  void stop_standing_in() override { handed_back_.store(true); }
+  // The port's own receiver, once the waiter handed back or parked.
+  void receive_as_own_thread() {
+    std::lock_guard<std::mutex> lock(mu_);
+    inner_->poll(arrived_);
+    if (!arrived_.empty()) deliver(by_own_thread_);
+  }
+  bool handed_back() const { return handed_back_.load(); }
+  void forget_hand_back() { handed_back_.store(false); }
+  int by_stand_in() const { return by_stand_in_.load(); }
+  int by_own_thread() const { return by_own_thread_.load(); }
+  Doorbell* bell = nullptr;  // the Scheduler's
+
+ private:
+  void deliver(std::atomic<int>& taker) {
+    for (const EndpointEvent& ev : arrived_) {
+      if (ev.kind == EndpointEvent::Kind::kTerminal) ++taker;
+      received_.push_back(ev);
+    }
+    arrived_.clear();
+    looks_ = 0;
+    bell->ring();
+  }
+
+  mutable std::mutex mu_;
+  std::vector<EndpointEvent> arrived_;   // from the mailbox, not yet received
+  std::vector<EndpointEvent> received_;  // for the Scheduler's next poll
+  int looks_ = 0;
+  std::atomic<bool> handed_back_{false};
+  std::atomic<int> by_stand_in_{0};
+  std::atomic<int> by_own_thread_{0};
 };
 
 // One endpoint (G sets), its port and a scheduler over it, with the child of
 // the given kind serving it (kNone: nobody ever hands a frame back).
 struct SchedFixture {
-  explicit SchedFixture(ChildKind kind, uint64_t grant = 8, FaultPort* wrap = nullptr,
+  explicit SchedFixture(ChildKind kind, uint64_t grant = 8, WrappingPort* wrap = nullptr,
                         uint64_t driver_grace_ns = Scheduler::kDriverGraceNs) {
     auto g = SharedMapping::create_anonymous(sizeof(TestGates));
     EXPECT_TRUE(g.ok());
@@ -405,6 +486,49 @@ TEST(SchedulerWaiter, AWaiterCarriesItsRunWhileTheOwnThreadStandsBy) {
   const Status result = waiter.join();
   EXPECT_TRUE(result.ok()) << result.to_string();
   EXPECT_EQ(fx.sched->own_rounds(), own) << "the own thread stepped the round that ended the waiter's run";
+}
+
+// Issue 15: a waiter whose lone run has a task on a port that needs polling
+// (a remote node, whose answer no thread of this process produces) receives
+// for that port itself while it spins, even with one usable CPU, instead of
+// looking once and parking until the port's own thread hands the answer over.
+TEST(SchedulerWaiter, WithOneCpuAWaiterReceivesForAPortThatNeedsPolling) {
+  Watchdog dog;
+  testing::ForcedLoadState quiet(0);
+  hooks::force_usable_cpus(1);
+  PolledPort polled;
+  SchedFixture fx(ChildKind::kMock, 4, &polled, kNeverQuietNs);
+  polled.bell = &fx.ep->view().control().parent_bell;
+  fx.waiter_drives = true;
+  fx.start();
+  constexpr int kRuns = 3;
+  for (int i = 0; i < kRuns; ++i) {
+    polled.forget_hand_back();
+    RunHandle run = fx.submit("text=fine");
+    std::atomic<bool> returned{false};
+    Status result = internal_error("the waiter did not return");
+    std::thread waiter([&] {
+      result = run.wait();
+      returned.store(true);
+    });
+    // This thread is the port's own receiver: it takes over once the waiter
+    // handed the receiving back, and, so that a waiter that never stands in
+    // fails instead of hanging, after a deadline.
+    const uint64_t deadline = now_ns() + kTestWaitNs;
+    bool in_time = true;
+    while (!returned.load()) {
+      in_time = in_time && now_ns() < deadline;
+      if (polled.handed_back() || !in_time) polled.receive_as_own_thread();
+      std::this_thread::yield();
+    }
+    waiter.join();
+    EXPECT_TRUE(in_time) << "the waiter neither received its run's answer nor handed the receiving back";
+    EXPECT_TRUE(result.ok()) << result.to_string();
+  }
+  // A waiter preempted for its whole spin window hands back: not every run
+  // need be received by the waiter, but one that never is did not stand in.
+  EXPECT_GE(polled.by_stand_in(), 1) << "no waiter received its run's answer itself";
+  EXPECT_EQ(polled.by_stand_in() + polled.by_own_thread(), kRuns);
 }
 
 // A waiter waits for a run held at `gate` until the own thread stands by

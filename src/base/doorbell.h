@@ -86,6 +86,11 @@ struct SpinPolicy {
   // before parking. The window is what keeps a hand-off off the ~16 µs futex path.
   uint32_t pauses_per_yield = 64;
   uint64_t spin_ns = 20'000;
+  // While this counts above zero, ready() itself receives what it waits for
+  // from outside this process (a rank over MPI): no thread here produces it,
+  // so even with one usable CPU the wait spins its window rather than yield
+  // once and park. Read after ready()'s first look.
+  const std::atomic<uint32_t>* polled_producers = nullptr;
 };
 
 // The idle spin of a thread that polls for work and parks on its bell when
@@ -197,7 +202,8 @@ SpinEnd spin_before_park(Ready& ready, const SpinPolicy& policy, uint64_t deadli
 // CPU to a neighbour for a whole time slice, so the wait then spins one batch
 // and parks, and a batch that lost its CPU parks at once. A process with one
 // usable CPU (usable_cpus()) yields once and parks: its producer cannot run
-// beside a spin, only after it. Returns false when `deadline_ns` (0 = none)
+// beside a spin, only after it (unless policy.polled_producers counts one,
+// whose answer only ready() receives). Returns false when `deadline_ns` (0 = none)
 // passed first. `before_park` runs once, when the spin ended without ready()
 // and the wait is about to park: what the thread did while it spun (ready() may
 // poll work of its own) goes back to another.
@@ -205,7 +211,9 @@ template <typename Ready, typename BeforePark>
 bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns,
                     BeforePark&& before_park) {
   if (ready()) return true;
-  if (usable_cpus() == 1) {
+  const bool polled =
+      policy.polled_producers != nullptr && policy.polled_producers->load(std::memory_order_acquire) != 0;
+  if (usable_cpus() == 1 && !polled) {
     // One CPU: what ready() waits for runs only once this thread gives the
     // CPU up, so a spin only delays it. One yield lets a runnable producer
     // finish (its ring then finds no sleeper: no system call); then park.

@@ -30,9 +30,14 @@ void Backoff::pause() {
     return;
   }
   sleep_ns_ = sleep_ns_ == 0 ? first_sleep_ns_ : std::min(sleep_ns_ * 2, max_sleep_ns_);
+  doze(sleep_ns_);
+}
+
+void Backoff::doze(uint64_t ns) {
+  if (take_wake()) return;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::nanoseconds(sleep_ns_), [this] { return woken_.load(std::memory_order_acquire); });
+    cv_.wait_for(lock, std::chrono::nanoseconds(ns), [this] { return woken_.load(std::memory_order_acquire); });
   }
   take_wake();
 }

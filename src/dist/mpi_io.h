@@ -48,6 +48,8 @@ class Backoff {
   // pause() would yield now, not sleep: news came within the yield window.
   bool yielding() const { return now_ns() - last_news_ns_ < yield_ns_; }
   void set_max_sleep(uint64_t ns) { max_sleep_ns_ = ns; }
+  // Sleeps up to `ns` unless woken (a wake counts as news).
+  void doze(uint64_t ns);
   void wake();
 
  private:

@@ -1,5 +1,6 @@
 #include "dist/remote_port.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -14,6 +15,7 @@ namespace simpler::dist {
 namespace {
 
 std::atomic<uint64_t> g_stale_replies{0};
+std::atomic<uint64_t> g_stand_in_handbacks{0};
 
 uint64_t ms_to_ns(std::chrono::milliseconds ms) { return static_cast<uint64_t>(ms.count()) * 1'000'000ull; }
 
@@ -141,7 +143,13 @@ Result<std::unique_ptr<ExternalWorker>> RemotePort::start(int rank, RemoteNodeOp
 
 RemotePort::RemotePort(int rank, RemoteNodeOptions options, const ExternalContext& ctx, uint64_t session,
                        uint64_t granted)
-    : rank_(rank), options_(options), ctx_(ctx), session_(session), entries_(granted), sends_(new RemotePortSends) {
+    : rank_(rank),
+      options_(options),
+      ctx_(ctx),
+      session_(session),
+      entries_(granted),
+      sends_(new RemotePortSends),
+      stand_in_grace_ns_(hooks::forced_stand_in_grace() != 0 ? hooks::forced_stand_in_grace() : kStandInGraceNs) {
   for (uint64_t i = granted; i > 0; --i) free_.push_back(static_cast<uint32_t>(i - 1));
   free_count_.store(static_cast<uint32_t>(free_.size()));
   last_heard_ns_.store(now_ns());
@@ -150,6 +158,8 @@ RemotePort::RemotePort(int rank, RemoteNodeOptions options, const ExternalContex
 RemotePort::~RemotePort() { (void)close(now_ns() + 5'000'000'000ull); }
 
 uint64_t RemotePort::stale_replies() { return g_stale_replies.load(std::memory_order_relaxed); }
+
+uint64_t RemotePort::stand_in_handbacks() { return g_stand_in_handbacks.load(std::memory_order_relaxed); }
 
 std::string RemotePort::who() const { return fmt::format("remote node on MPI rank {}", rank_); }
 
@@ -237,7 +247,10 @@ Status RemotePort::send_request(uint32_t e) {
                                         reinterpret_cast<const uint8_t*>(row.addr + row.offset), row.bytes, en.sends),
                             "{}", who());
   }
-  receive_backoff_.wake();
+  // A waiter standing in receives the answer; waking this thread would
+  // cost it a hand-off per run on a shared core.
+  const uint64_t stand_in = stand_in_ns_.load(std::memory_order_acquire);
+  if (stand_in == 0 || now_ns() >= stand_in + stand_in_grace_ns_) receive_backoff_.wake();
   return Status();
 }
 
@@ -361,7 +374,6 @@ void RemotePort::receive_loop() {
   const uint64_t timeout_ns = ms_to_ns(options_.heartbeat_timeout);
   const uint64_t period_ns = std::max<uint64_t>(timeout_ns / 10, 1'000'000);
   uint64_t next_beat = 0;
-  std::vector<uint8_t> buf;
   while (!stop_.load() && !mpi_finalizing()) {
     Graveyard::instance().sweep();
     const uint64_t now = now_ns();
@@ -382,37 +394,83 @@ void RemotePort::receive_loop() {
       }
       next_beat = now + period_ns;
     }
-    Result<bool> got = try_recv_control(rank_, buf);
-    if (!got.ok() || *got) {
-      last_heard_ns_.store(now_ns());
-      bool news_for_scheduler = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        const size_t pending = pending_.size();
-        if (!got.ok()) {
-          poison_locked(make_error(StatusCode::kAborted, "{} broke the protocol, the endpoint stopped (R9): {}", who(),
-                                   got.status().message()));
-        } else {
-          handle(buf);
-        }
-        // A heartbeat or an ACK gives the scheduler nothing to do: waking it
-        // would cost a hand-off per message on a shared core.
-        news_for_scheduler = pending_.size() != pending || poisoned_.has_value();
-      }
-      if (news_for_scheduler && ctx_.bell != nullptr) ctx_.bell->ring();
+    // A waiter receiving for its run (receive_standing_in) does what this
+    // thread would; on one CPU this thread's polls would cost it a hand-off
+    // each, so it dozes until the stand-in stops or falls silent.
+    const uint64_t stand_in = stand_in_ns_.load(std::memory_order_acquire);
+    if (stand_in != 0 && now < stand_in + stand_in_grace_ns_) {
+      check_silence(timeout_ns);
+      receive_backoff_.doze(stand_in + stand_in_grace_ns_ - now);
+      continue;
+    }
+    bool received = false, news = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      received = receive_locked(1, news);
+    }
+    if (news && ctx_.bell != nullptr) ctx_.bell->ring();
+    if (received) {
       receive_backoff_.news();
       continue;
     }
-    if (now_ns() - last_heard_ns_.load() > timeout_ns) {
-      std::lock_guard<std::mutex> lock(mu_);
-      poison_locked(make_error(StatusCode::kAborted,
-                               "{} sent nothing for {} ms (heartbeat_timeout): the rank is presumed dead", who(),
-                               options_.heartbeat_timeout.count()));
-    }
+    check_silence(timeout_ns);
     const bool holding = free_count_.load(std::memory_order_acquire) < entries_.size();
     receive_backoff_.set_max_sleep(holding ? kBusySleepNs : kIdleSleepNs);
     receive_backoff_.pause();
   }
+}
+
+bool RemotePort::receive_locked(uint32_t max_messages, bool& news) {
+  bool received = false;
+  for (uint32_t i = 0; i < max_messages; ++i) {
+    Result<bool> got = try_recv_control(rank_, recv_buf_);
+    if (got.ok() && !*got) break;
+    received = true;
+    last_heard_ns_.store(now_ns());
+    const size_t pending = pending_.size();
+    if (!got.ok()) {
+      poison_locked(make_error(StatusCode::kAborted, "{} broke the protocol, the endpoint stopped (R9): {}", who(),
+                               got.status().message()));
+    } else {
+      handle(recv_buf_);
+    }
+    // Only a terminal gives the scheduler something to do (an ACCEPTED
+    // rides in its terminal's `accepted`): waking it for a heartbeat, an
+    // ACK or an ACCEPTED would cost a hand-off per message on a shared core.
+    news = news || poisoned_.has_value() ||
+           std::any_of(pending_.begin() + static_cast<std::ptrdiff_t>(pending), pending_.end(),
+                       [](const EndpointEvent& ev) { return ev.kind == EndpointEvent::Kind::kTerminal; });
+    if (poisoned_) break;
+  }
+  return received;
+}
+
+void RemotePort::receive_standing_in() {
+  stand_in_ns_.store(now_ns(), std::memory_order_release);
+  // Never behind the receiver's transfer of a large output: the next call looks again.
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  bool news = false;
+  (void)receive_locked(kStandInMessages, news);
+  lock.unlock();
+  if (news && ctx_.bell != nullptr) ctx_.bell->ring();
+}
+
+void RemotePort::stop_standing_in() {
+  stand_in_ns_.store(0, std::memory_order_release);
+  receive_backoff_.wake();
+  g_stand_in_handbacks.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RemotePort::check_silence(uint64_t timeout_ns) {
+  // Read before the clock: a stand-in may store a later time meanwhile.
+  const uint64_t heard = last_heard_ns_.load();
+  const uint64_t now = now_ns();
+  if (now <= heard || now - heard <= timeout_ns) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  poison_locked(make_error(StatusCode::kAborted,
+                           "{} sent nothing for {} ms (heartbeat_timeout): the rank is presumed dead", who(),
+                           options_.heartbeat_timeout.count()));
 }
 
 void RemotePort::handle(const std::vector<uint8_t>& bytes) {
@@ -722,6 +780,7 @@ Status RemotePort::close(uint64_t deadline_ns) {
     poison_locked(make_error(StatusCode::kAborted, "the network closed"));
   }
   stop_.store(true);
+  receive_backoff_.wake();  // from a sleep or a stand-down
   if (receiver_.joinable()) receiver_.join();
   std::lock_guard<std::mutex> lock(mu_);
   Backoff backoff(1'000'000);
@@ -734,5 +793,15 @@ Status RemotePort::close(uint64_t deadline_ns) {
   sends_->retired.clear();
   return Status();
 }
+
+#ifdef SIMPLER_TEST_HOOKS
+namespace hooks {
+namespace {
+std::atomic<uint64_t> g_forced_grace{0};
+}
+void force_stand_in_grace(uint64_t ns) { g_forced_grace.store(ns, std::memory_order_relaxed); }
+uint64_t forced_stand_in_grace() noexcept { return g_forced_grace.load(std::memory_order_relaxed); }
+}  // namespace hooks
+#endif
 
 }  // namespace simpler::dist

@@ -14,8 +14,9 @@
 // refused whole (the run's result unchanged). Ping-pongs at start and with
 // each heartbeat estimate the node's clock against this one.
 // Threads: the scheduler thread calls the EndpointPort methods; a receiver
-// thread of its own takes every message from the rank; memory_info and close
-// come from the controlling thread.
+// thread of its own takes every message from the rank, but stands down while
+// a thread waiting for a run receives for it (receive_standing_in, any
+// thread); memory_info and close come from the controlling thread.
 #pragma once
 
 #include <mpi.h>
@@ -48,6 +49,11 @@ class RemotePort final : public ExternalWorker {
   // publish wakes it; while a run is held its answer may come any moment.
   static constexpr uint64_t kIdleSleepNs = 1'000'000;
   static constexpr uint64_t kBusySleepNs = 50'000;
+  // The receiver stands down this long after a waiter's last
+  // receive_standing_in() (hooks::force_stand_in_grace), and at most this
+  // many messages are taken per call.
+  static constexpr uint64_t kStandInGraceNs = 100'000;
+  static constexpr uint32_t kStandInMessages = 8;
 
   // Says hello to `rank` and checks its answer (granted sets, callables)
   // before returning; then starts the receiver thread.
@@ -61,6 +67,9 @@ class RemotePort final : public ExternalWorker {
   void poll(std::vector<EndpointEvent>& out) override;
   void poison(const Status& cause) override;
   std::optional<Status> poisoned() const override;
+  bool needs_polling() const override { return true; }
+  void receive_standing_in() override;
+  void stop_standing_in() override;
 
   Result<MemoryInfo> memory_info(uint64_t deadline_ns) override;
   Status close(uint64_t deadline_ns) override;
@@ -69,6 +78,9 @@ class RemotePort final : public ExternalWorker {
 
   // Replies refused as stale (R8) so far by every port of this process; any thread.
   static uint64_t stale_replies();
+  // Stand-ins that handed the receiving back (stop_standing_in) so far, by
+  // every port of this process; any thread.
+  static uint64_t stand_in_handbacks();
 
  private:
   // The files of one run as they arrive (FILES), written as `<name>.part`
@@ -105,6 +117,13 @@ class RemotePort final : public ExternalWorker {
 
   RemotePort(int rank, RemoteNodeOptions options, const ExternalContext& ctx, uint64_t session, uint64_t granted);
   void receive_loop();
+  // Takes up to `max_messages` control messages from the rank and handles
+  // each; `news` is set when the scheduler has something to do (a terminal,
+  // or the endpoint stopped). Requires mu_: whoever receives handles in
+  // arrival order. Whether any message came.
+  bool receive_locked(uint32_t max_messages, bool& news);
+  // Stops the endpoint when the rank sent nothing for `timeout_ns`.
+  void check_silence(uint64_t timeout_ns);
   // One control message from the rank; requires mu_.
   void handle(const std::vector<uint8_t>& bytes);
   void handle_reply(const Message& m);
@@ -138,6 +157,7 @@ class RemotePort final : public ExternalWorker {
   std::vector<uint32_t> free_;           // a stack of free entries
   std::atomic<uint32_t> free_count_{0};  // free_.size(), 0 once poisoned
   std::vector<EndpointEvent> pending_;   // for the next poll
+  std::vector<uint8_t> recv_buf_;        // the message being handled
   // receive_outputs' bytes for a row it cannot receive in place
   std::shared_ptr<std::vector<uint8_t>> staging_ = std::make_shared<std::vector<uint8_t>>();
   std::optional<Status> poisoned_;  // written once, under mu_, before stopped_
@@ -163,7 +183,20 @@ class RemotePort final : public ExternalWorker {
   // The receiver's polling; woken when a request goes out, so a receiver
   // that slept through a quiet spell sees the answer without its sleep.
   Backoff receive_backoff_{kIdleSleepNs};
+  const uint64_t stand_in_grace_ns_;
+  std::atomic<uint64_t> stand_in_ns_{0};  // a waiter's last receive_standing_in(); 0 once it stopped
   std::thread receiver_;
 };
+
+namespace hooks {
+#ifdef SIMPLER_TEST_HOOKS
+// Test builds: ports started from now on stand their receiver down `ns`
+// after a stand-in's last call (0: kStandInGraceNs again).
+void force_stand_in_grace(uint64_t ns);
+uint64_t forced_stand_in_grace() noexcept;
+#else
+inline constexpr uint64_t forced_stand_in_grace() noexcept { return 0; }
+#endif
+}  // namespace hooks
 
 }  // namespace simpler::dist

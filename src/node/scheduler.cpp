@@ -62,6 +62,14 @@ class Scheduler::Gate final : public detail::RunDriver {
     uint32_t seen_seq = 0;
     uint64_t seen_rounds = 0;
     bool again = true;
+    // A run with a task on a port that needs polling (a remote node): this
+    // thread receives for that port while it spins, so the answer reaches
+    // the run without a hand-off from the port's own thread, and spins even
+    // on one CPU, since nothing in this process produces that answer. It
+    // hands the receiving back before it parks.
+    SpinPolicy policy = run.spin;
+    policy.polled_producers = &s_.polled_inflight_;
+    bool received = false, handed_back = false;
     // Parked on the Scheduler's bell, the waiter wakes for every event a
     // round handles (retire() rings it for a run another thread ended), so
     // it stays the driver while parked: no hand-off to the own thread.
@@ -70,6 +78,10 @@ class Scheduler::Gate final : public detail::RunDriver {
         [&] {
           if (run.is_done()) return true;
           if (closed_.load(std::memory_order_acquire)) return closing = true;
+          if (!handed_back && s_.polled_inflight_.load(std::memory_order_acquire) != 0) {
+            for (EndpointPort* p : s_.polled_ports_) p->receive_standing_in();
+            received = true;
+          }
           const uint32_t seq = s_.bell_->arm();
           const bool round = again || seq != seen_seq || s_.rounds() != seen_rounds;
           const std::optional<bool> moved = s_.drive_waiting(round, &seen_rounds);
@@ -79,7 +91,13 @@ class Scheduler::Gate final : public detail::RunDriver {
           }
           return run.is_done();
         },
-        run.spin, deadline_ns);
+        policy, deadline_ns,
+        [&] {
+          handed_back = true;
+          if (received) {
+            for (EndpointPort* p : s_.polled_ports_) p->stop_standing_in();
+          }
+        });
     s_.waiters_.fetch_sub(1, std::memory_order_seq_cst);
     leave();
     if (closing && !run.is_done()) return std::nullopt;
@@ -124,8 +142,14 @@ Scheduler::Scheduler(std::vector<EndpointPort*> chips, std::vector<EndpointPort*
       run_resources_(make_arena(run_sets)),
       driver_grace_ns_(driver_grace_ns),
       gate_(std::make_shared<Gate>(*this)) {
-  for (size_t i = 0; i < chips.size(); ++i) chip_lanes_[i].start(chips[i]);
-  for (size_t i = 0; i < subs.size(); ++i) sub_lanes_[i].start(subs[i]);
+  for (size_t i = 0; i < chips.size(); ++i) chip_lanes_[i].start(chips[i], &polled_inflight_);
+  for (size_t i = 0; i < subs.size(); ++i) sub_lanes_[i].start(subs[i], &polled_inflight_);
+  for (EndpointPort* p : chips) {
+    if (p->needs_polling()) polled_ports_.push_back(p);
+  }
+  for (EndpointPort* p : subs) {
+    if (p->needs_polling()) polled_ports_.push_back(p);
+  }
   uint64_t entries = 0;
   for (auto* p : chips) entries += p->max_inflight_tasks();
   for (auto* p : subs) entries += p->max_inflight_tasks();

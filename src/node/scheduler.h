@@ -325,6 +325,10 @@ class Scheduler {
   std::atomic<uint32_t> waiters_{0};
   std::atomic<uint32_t> live_{0};
   std::atomic<bool> standby_{false};
+  // The ports that need polling (fixed at construction), and their tasks in
+  // flight: a waiter whose run has one there receives for it (Gate::wait).
+  std::vector<EndpointPort*> polled_ports_;
+  std::atomic<uint32_t> polled_inflight_{0};
   std::shared_ptr<Gate> gate_;
 
   std::atomic<bool> stop_requested_{false};

@@ -4,8 +4,9 @@
 
 namespace simpler {
 
-void WorkerLane::start(EndpointPort* port) {
+void WorkerLane::start(EndpointPort* port, std::atomic<uint32_t>* polled_inflight) {
   port_ = port;
+  polled_inflight_ = port->needs_polling() ? polled_inflight : nullptr;
   lanes_.assign(port->max_inflight_tasks(), kNoTask);
   inflight_ = 0;
 }
@@ -30,6 +31,7 @@ Status WorkerLane::submit_dispatch(const PublishSpec& spec) {
   }
   lanes_[lane] = spec.dispatch_id;
   ++inflight_;
+  if (polled_inflight_ != nullptr) polled_inflight_->fetch_add(1, std::memory_order_release);
   return Status();
 }
 
@@ -49,6 +51,7 @@ void WorkerLane::progress(std::vector<EndpointEvent>& out) {
         l = kNoTask;
         if (staged_ == out[i].dispatch_id) staged_ = kNoTask;  // ended before its activation
         --inflight_;
+        if (polled_inflight_ != nullptr) polled_inflight_->fetch_sub(1, std::memory_order_release);
         break;
       }
     }

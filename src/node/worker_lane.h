@@ -10,6 +10,7 @@
 // and its port after start.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -42,6 +43,18 @@ class EndpointPort {
   // Which child serves the port: a task built against device buffers of
   // another one may not run here. 0 when the port never changes children.
   virtual uint64_t registration() const { return 0; }
+  // A port whose news arrives only when someone asks for it (a node on
+  // another MPI rank cannot ring this process's bell): a thread of the
+  // port's own receives it, unless a waiter stands in. Fixed for its life.
+  virtual bool needs_polling() const { return false; }
+  // Any thread, for a port that needs polling: receives what has arrived as
+  // the port's own thread would (a terminal rings the scheduler's bell), and
+  // that thread stands down for a short grace, so a waiter that polls anyway
+  // takes its run's answer without a hand-off between threads.
+  virtual void receive_standing_in() {}
+  // The stand-in stops receiving (it is about to park): the port's own
+  // thread takes over at once. Any thread.
+  virtual void stop_standing_in() {}
 };
 
 class MailboxPort final : public EndpointPort {
@@ -77,8 +90,10 @@ class WorkerLane {
  public:
   static constexpr uint64_t kNoTask = 0;
 
-  // Sizes the lanes from the endpoint's capacity; the only allocation.
-  void start(EndpointPort* port);
+  // Sizes the lanes from the endpoint's capacity; the only allocation. For
+  // a port that needs polling, `polled_inflight` counts its tasks in flight
+  // (with every such lane's), for a waiter on another thread to read.
+  void start(EndpointPort* port, std::atomic<uint32_t>* polled_inflight = nullptr);
   EndpointPort& port() const { return *port_; }
 
   // A lane free AND a request frame free; re-read on every call, so a second
@@ -107,7 +122,8 @@ class WorkerLane {
 
  private:
   EndpointPort* port_ = nullptr;
-  std::vector<uint64_t> lanes_;  // dispatch id per lane, kNoTask when free
+  std::atomic<uint32_t>* polled_inflight_ = nullptr;  // null unless the port needs polling
+  std::vector<uint64_t> lanes_;                       // dispatch id per lane, kNoTask when free
   uint32_t inflight_ = 0;
   uint64_t staged_ = kNoTask;  // the staged successor's dispatch id
   Publication staged_at_;      // where it was published
