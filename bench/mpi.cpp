@@ -2,7 +2,8 @@
 // served on rank 1 (`mpirun -np 2 simpler bench mpi_latency`). The peer is
 // MPI itself between the same two ranks in the same job: a ping-pong of the
 // bytes a one-task remote run puts on the wire (latency; the same run through
-// a forked node on rank 0 is measured beside it), and MPI_Send / MPI_Recv of
+// a forked node on rank 0, and the same remote task with a node run of no sub
+// task, are measured beside it), and MPI_Send / MPI_Recv of
 // the tensor bytes a 64 MiB-in, 64 MiB-OutputExisting run moves (bandwidth).
 // Rank 1 serves the node first and echoes for the peer after, so its node
 // forks before MPI starts (as every node server does).
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -96,10 +98,12 @@ Result<std::vector<double>> ping_pong(PeerPlan& plan, int iterations, uint64_t o
 }
 
 // The network with rank 1's node (or, `local`, a forked node on this rank
-// with the same configuration and callables): `run` is timed submit -> wait,
-// `runs` times after `warmup`.
-Result<std::vector<double>> network_runs(bool local, const char* callable, int warmup, int runs, uint64_t heap,
-                                         const std::function<TaskArgs(Worker&)>& make_args) {
+// with the same configuration and callables): a run of one task of each of
+// `callables` in turn is timed submit -> wait, `runs` times after `warmup`;
+// one vector of times per callable.
+Result<std::vector<std::vector<double>>> network_runs(bool local, const std::vector<std::string>& names, int warmup,
+                                                      int runs, uint64_t heap,
+                                                      const std::function<TaskArgs(Worker&)>& make_args) {
   Worker net(Level::Network, WorkerConfig{.pipeline_depth = 2, .shared_heap_bytes = heap});
   Worker node(Level::Node, node_config());
   Result<FunctionHandle> sub = node.register_function(noop_sub);
@@ -110,21 +114,26 @@ Result<std::vector<double>> network_runs(bool local, const char* callable, int w
   } else if (Status s = net.add_remote_worker(1).status(); !s.ok()) {
     return s;
   }
-  CallableHandle h;
+  std::vector<CallableHandle> handles(names.size());
   for (const NodeCallable& c : callables) {
     Result<CallableHandle> r = net.register_callable(c);
     if (!r.ok()) return r.status();
-    if (c.name() == callable) h = *r;
+    for (size_t k = 0; k < names.size(); ++k) {
+      if (c.name() == names[k]) handles[k] = *r;
+    }
   }
   if (Status s = net.init(); !s.ok()) return s;
   const TaskArgs args = make_args(net);
-  std::vector<double> us;
-  for (int i = 0; i < warmup + runs; ++i) {
-    const uint64_t t0 = wall_ns();
-    Status s = net.submit([&](Orchestrator& o) { return o.submit_next_level(h, args, 0).status(); }).wait();
-    const uint64_t t1 = wall_ns();
-    if (!s.ok()) return s;
-    if (i >= warmup) us.push_back(to_us(t1 - t0));
+  std::vector<std::vector<double>> us(names.size());
+  for (size_t k = 0; k < names.size(); ++k) {
+    const CallableHandle h = handles[k];
+    for (int i = 0; i < warmup + runs; ++i) {
+      const uint64_t t0 = wall_ns();
+      Status s = net.submit([&](Orchestrator& o) { return o.submit_next_level(h, args, 0).status(); }).wait();
+      const uint64_t t1 = wall_ns();
+      if (!s.ok()) return s;
+      if (i >= warmup) us[k].push_back(to_us(t1 - t0));
+    }
   }
   if (Status s = net.close(); !s.ok()) return s;
   return us;
@@ -142,11 +151,14 @@ Result<Json> mpi_latency() {
   if (Status s = require_job(); !s.ok()) return s;
   PeerPlan plan;
   const auto no_args = [](Worker&) { return TaskArgs(); };
-  Result<std::vector<double>> remote =
-      network_runs(false, "bench_mpi_one_sub", kLatencyWarmup, kLatencyRuns, 4ull << 20, no_args);
+  // The judged run (a node run of one no-op sub task), then the same task
+  // with a node run of none: the hop and the protocol without rank 1's
+  // hand-off to its sub worker process.
+  Result<std::vector<std::vector<double>>> remote =
+      network_runs(false, {"bench_mpi_one_sub", "bench_mpi_bytes"}, kLatencyWarmup, kLatencyRuns, 4ull << 20, no_args);
   if (!remote.ok()) return remote.status();
-  Result<std::vector<double>> local =
-      network_runs(true, "bench_mpi_one_sub", kLatencyWarmup, kLatencyRuns, 4ull << 20, no_args);
+  Result<std::vector<std::vector<double>>> local =
+      network_runs(true, {"bench_mpi_one_sub"}, kLatencyWarmup, kLatencyRuns, 4ull << 20, no_args);
   if (!local.ok()) return local.status();
   // The wire bytes of that run: its request (no tensors) out; ACK, ACCEPTED and TERMINAL back.
   std::vector<uint8_t> blob;
@@ -156,14 +168,20 @@ Result<Json> mpi_latency() {
   Result<std::vector<double>> peer = ping_pong(plan, kLatencyWarmup + kLatencyRuns, out, back);
   if (!peer.ok()) return peer.status();
   std::vector<double> measured(peer->begin() + kLatencyWarmup, peer->end());
-  const Summary r = summarize(std::move(*remote)), p = summarize(std::move(measured));
-  const Summary l = summarize(std::move(*local));
+  const Summary r = summarize(std::move((*remote)[0])), p = summarize(std::move(measured));
+  const Summary bare = summarize(std::move((*remote)[1]));
+  const Summary l = summarize(std::move((*local)[0]));
   Json j;
   j["unit"] = "us";
   j["simpler"] = summary_json(r);
   j["simpler"]["what"] =
       "Level::Network on rank 0, 1 remote node on rank 1 (1 sub worker): one NodeCallable task whose node run is "
       "one no-op sub task, submit -> wait";
+  j["remote_no_sub_task"] = summary_json(bare);
+  j["remote_no_sub_task"]["what"] =
+      "the same network and node: one NodeCallable task whose node run submits nothing (no hand-off to the sub "
+      "worker's process on rank 1), submit -> wait";
+  j["remote_no_sub_task"]["ratio_vs_peer"] = {{"p50", round3(bare.p50 / p.p50)}};
   // The same run through a forked node on rank 0: what the run costs
   // without MPI, so the hop's own cost can be set against the ping-pong.
   j["local_node"] = summary_json(l);
@@ -184,8 +202,9 @@ Result<Json> mpi_latency() {
 Result<Json> mpi_bandwidth() {
   if (Status s = require_job(); !s.ok()) return s;
   PeerPlan plan;
-  Result<std::vector<double>> remote = network_runs(
-      false, "bench_mpi_bytes", kBandwidthWarmup, kBandwidthRuns, 2 * kBandwidthBytes + (8ull << 20), [](Worker& net) {
+  Result<std::vector<std::vector<double>>> remote = network_runs(
+      false, {"bench_mpi_bytes"}, kBandwidthWarmup, kBandwidthRuns, 2 * kBandwidthBytes + (8ull << 20),
+      [](Worker& net) {
         TaskArgs a;
         auto x = net.malloc_shared(kBandwidthBytes);
         auto y = net.malloc_shared(kBandwidthBytes);
@@ -202,7 +221,7 @@ Result<Json> mpi_bandwidth() {
       ping_pong(plan, kBandwidthWarmup + kBandwidthRuns, 2 * kBandwidthBytes, kBandwidthBytes);
   if (!peer.ok()) return peer.status();
   std::vector<double> measured(peer->begin() + kBandwidthWarmup, peer->end());
-  const Summary r = summarize(std::move(*remote)), p = summarize(std::move(measured));
+  const Summary r = summarize(std::move((*remote)[0])), p = summarize(std::move(measured));
   const uint64_t moved = 3 * kBandwidthBytes;
   Json j;
   j["unit"] = "us";

@@ -497,6 +497,19 @@ TEST(SpinThenPark, WithOneCpuAWaitForAPolledProducerSpinsItsWindow) {
   const auto [looked, parked_after] = looks_in_2ms();
   EXPECT_EQ(looked, 2) << "with nothing polled, one CPU: a look, a yield, a look, then park";
   EXPECT_GE(parked_after, 1);
+  // Work sent out during the yield (the look after it publishes a task to a
+  // remote node, as a waiter's round does) is polled for: the wait spins.
+  int looks = 0, parked_looks = 0;
+  EXPECT_FALSE(spin_then_park(
+      bell,
+      [&] {
+        if (++looks == 2) polled.store(1);
+        if (bell.parked() != 0) ++parked_looks;
+        return false;
+      },
+      policy, now_ns() + 2'000'000));
+  EXPECT_GT(looks, 2);
+  EXPECT_EQ(parked_looks, 0) << "a wait that sent out polled work during its yield parked";
 }
 
 // A poller (a simulated AICPU or core thread) with one usable CPU yields

@@ -69,7 +69,9 @@ class PolledPort final : public WrappingPort {
   uint64_t max_inflight_tasks() const override { return inner_->max_inflight_tasks(); }
   Result<Publication> publish(const PublishSpec& spec) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return inner_->publish(spec);
+    Result<Publication> p = inner_->publish(spec);
+    if (p.ok()) ++published_;
+    return p;
   }
   Status activate(const Publication& p, bool launch) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -101,6 +103,7 @@ class PolledPort final : public WrappingPort {
     inner_->poll(arrived_);
     if (!arrived_.empty()) deliver(by_own_thread_);
   }
+  int published() const { return published_.load(); }
   bool handed_back() const { return handed_back_.load(); }
   void forget_hand_back() { handed_back_.store(false); }
   int by_stand_in() const { return by_stand_in_.load(); }
@@ -122,6 +125,7 @@ class PolledPort final : public WrappingPort {
   std::vector<EndpointEvent> arrived_;   // from the mailbox, not yet received
   std::vector<EndpointEvent> received_;  // for the Scheduler's next poll
   int looks_ = 0;
+  std::atomic<int> published_{0};
   std::atomic<bool> handed_back_{false};
   std::atomic<int> by_stand_in_{0};
   std::atomic<int> by_own_thread_{0};
@@ -505,6 +509,8 @@ TEST(SchedulerWaiter, WithOneCpuAWaiterReceivesForAPortThatNeedsPolling) {
   for (int i = 0; i < kRuns; ++i) {
     polled.forget_hand_back();
     RunHandle run = fx.submit("text=fine");
+    // Out on the port before the waiter comes, so it stands in from its first look.
+    ASSERT_TRUE(eventually([&] { return polled.published() == i + 1; })) << "run " << i << " was never published";
     std::atomic<bool> returned{false};
     Status result = internal_error("the waiter did not return");
     std::thread waiter([&] {

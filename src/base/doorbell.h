@@ -211,16 +211,23 @@ template <typename Ready, typename BeforePark>
 bool spin_then_park(Doorbell& bell, Ready&& ready, const SpinPolicy& policy, uint64_t deadline_ns,
                     BeforePark&& before_park) {
   if (ready()) return true;
-  const bool polled =
-      policy.polled_producers != nullptr && policy.polled_producers->load(std::memory_order_acquire) != 0;
-  if (usable_cpus() == 1 && !polled) {
+  const auto polled = [&] {
+    return policy.polled_producers != nullptr && policy.polled_producers->load(std::memory_order_acquire) != 0;
+  };
+  bool spin = usable_cpus() != 1 || polled();
+  if (!spin) {
     // One CPU: what ready() waits for runs only once this thread gives the
     // CPU up, so a spin only delays it. One yield lets a runnable producer
-    // finish (its ring then finds no sleeper: no system call); then park.
+    // finish (its ring then finds no sleeper: no system call); then park,
+    // unless what it did was send out work whose answer ready() polls for.
     yield_cpu();
     if (ready()) return true;
-  } else if (const SpinEnd end = spin_before_park(ready, policy, deadline_ns); end != SpinEnd::kPark) {
-    return end == SpinEnd::kReady;
+    spin = polled();
+  }
+  if (spin) {
+    if (const SpinEnd end = spin_before_park(ready, policy, deadline_ns); end != SpinEnd::kPark) {
+      return end == SpinEnd::kReady;
+    }
   }
   before_park();
   for (;;) {
