@@ -11,7 +11,8 @@
 // Threads: enqueue() from any thread; everything else on the scheduler thread,
 // which is a role: the Scheduler's own thread, or a thread standing in for it
 // while that one parks (a serve loop through drive(), a thread waiting for a
-// run through waiter_driver(); one round at a time, under role_mu_), or,
+// run through waiter_driver(), which between its rounds also receives for
+// the ports that need polling; one round at a time, under role_mu_), or,
 // before start(), a test thread driving step(). Owns the runs.
 #pragma once
 

@@ -7,7 +7,8 @@
 // EndpointPort is the endpoint as lanes see it, so a test can inject faults;
 // a MailboxPort over a ForkedChild also has a dead child replaced.
 // Threads: only the scheduler thread (the one publisher, R34) touches a lane
-// and its port after start.
+// and its port after start, but for a polled port's receive_standing_in and
+// stop_standing_in, which a waiting thread calls (any thread).
 #pragma once
 
 #include <atomic>
