@@ -115,8 +115,8 @@ int serve_rank(int rank) {
   }
   if ((g_case == "ARunPastRunTimeoutEndsNamingTheRank" || g_case == "AWaiterThatParksHandsTheReceivingBack") &&
       rank == 1) {
-    // Hangs in its first request (SIGSTOP) until rank 0 has seen that run
-    // end and continues it; then serves on.
+    // Hangs in its first request (SIGSTOP) until rank 0 continues it (once
+    // that run ended, or once its waiter parked); then serves on.
     hooks.on_request = [](uint64_t n) {
       if (n != 1) return;
       std::ofstream(stopped_rank_pid_file()) << getpid() << "\n";
