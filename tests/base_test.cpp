@@ -426,6 +426,25 @@ struct NoNeighbours {
   ~NoNeighbours() { hooks::force_others_runnable(-1); }
 };
 
+// The looks of a spin_then_park whose condition never holds, within 2 ms:
+// before it parked, and while parked.
+struct Looks {
+  int before_park = 0;
+  int parked = 0;
+};
+Looks looks_in_2ms(Doorbell& bell, const SpinPolicy& policy) {
+  Looks looks;
+  const bool ready = spin_then_park(
+      bell,
+      [&] {
+        ++(bell.parked() == 0 ? looks.before_park : looks.parked);
+        return false;
+      },
+      policy, now_ns() + 2'000'000);
+  EXPECT_FALSE(ready);
+  return looks;
+}
+
 // Issues 15 and 16: a process with one usable CPU (mpirun binds each rank of
 // a 2-rank job to one core) yields once and parks, for its producer runs only
 // once the waiter gives the CPU up; with more CPUs it spins its window first.
@@ -435,22 +454,7 @@ TEST(SpinThenPark, WithOneUsableCpuAWaitYieldsOnceThenParks) {
   Doorbell bell;
   SpinPolicy long_spin;
   long_spin.spin_ns = 10'000'000'000ull;
-  struct Looks {
-    int before_park = 0;
-    int parked = 0;
-  };
-  const auto wait_2ms = [&] {
-    Looks looks;
-    const bool ready = spin_then_park(
-        bell,
-        [&] {
-          ++(bell.parked() == 0 ? looks.before_park : looks.parked);
-          return false;
-        },
-        long_spin, now_ns() + 2'000'000);
-    EXPECT_FALSE(ready);
-    return looks;
-  };
+  const auto wait_2ms = [&] { return looks_in_2ms(bell, long_spin); };
   {
     testing::ForcedLoadState quiet(0);
     hooks::force_usable_cpus(1);
@@ -479,25 +483,13 @@ TEST(SpinThenPark, WithOneCpuAWaitForAPolledProducerSpinsItsWindow) {
   testing::ForcedLoadState quiet(0);
   testing::LoadSenseOff sense_off;  // a yield that loses its slice does not end the spin
   hooks::force_usable_cpus(1);
-  const auto looks_in_2ms = [&] {
-    std::pair<int, int> before_and_parked{0, 0};
-    const bool ready = spin_then_park(
-        bell,
-        [&] {
-          ++(bell.parked() == 0 ? before_and_parked.first : before_and_parked.second);
-          return false;
-        },
-        policy, now_ns() + 2'000'000);
-    EXPECT_FALSE(ready);
-    return before_and_parked;
-  };
-  const auto [spun, parked] = looks_in_2ms();
-  EXPECT_GT(spun, 2) << "a wait for a polled producer yielded once and parked";
-  EXPECT_EQ(parked, 0) << "a wait for a polled producer parked inside its spin window";
+  const Looks spun = looks_in_2ms(bell, policy);
+  EXPECT_GT(spun.before_park, 2) << "a wait for a polled producer yielded once and parked";
+  EXPECT_EQ(spun.parked, 0) << "a wait for a polled producer parked inside its spin window";
   polled.store(0);
-  const auto [looked, parked_after] = looks_in_2ms();
-  EXPECT_EQ(looked, 2) << "with nothing polled, one CPU: a look, a yield, a look, then park";
-  EXPECT_GE(parked_after, 1);
+  const Looks looked = looks_in_2ms(bell, policy);
+  EXPECT_EQ(looked.before_park, 2) << "with nothing polled, one CPU: a look, a yield, a look, then park";
+  EXPECT_GE(looked.parked, 1);
   // Work sent out during the yield (the look after it publishes a task to a
   // remote node, as a waiter's round does) is polled for: the wait spins.
   int looks = 0, parked_looks = 0;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -529,7 +530,8 @@ TEST(SchedulerWaiter, WithOneCpuAWaiterReceivesForAPortThatNeedsPolling) {
     while (!returned.load()) {
       in_time = in_time && now_ns() < deadline;
       if (polled.handed_back() || !in_time) polled.receive_as_own_thread();
-      std::this_thread::yield();
+      // A receiver's poll, not a spin beside the waiter on its one CPU.
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
     waiter.join();
     EXPECT_TRUE(in_time) << "the waiter neither received its run's answer nor handed the receiving back";
